@@ -1,0 +1,81 @@
+//! Grouped-query self-attention with RoPE, optional q/k bias and per-head
+//! q/k RMSNorm (Qwen3), optional sliding window, over a [`LayerCache`].
+//!
+//! Each query row is computed on its own, from the cache contents up to its
+//! position, in a fixed order: a prompt prefilled in one chunk and the same
+//! prompt fed token by token give bit-identical outputs.
+
+use larder_tensor::kernels::scalar::dot;
+use larder_tensor::ops::rms_norm_chunks_in_place;
+use larder_tensor::{Linear, Mat};
+
+use crate::kv_cache::LayerCache;
+use crate::rope::Rope;
+
+/// One attention layer.
+pub struct Attention {
+    pub q_proj: Linear,
+    pub k_proj: Linear,
+    pub v_proj: Linear,
+    pub o_proj: Linear,
+    /// Per-head RMSNorm weights for q and k (Qwen3).
+    pub qk_norm: Option<(Vec<f32>, Vec<f32>)>,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub sliding_window: Option<usize>,
+}
+
+impl Attention {
+    /// Attends rows `x` (positions `start..start + x.rows()`), appending their
+    /// keys and values to `cache` (which must hold exactly `start` positions).
+    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut LayerCache) -> Mat {
+        let hd = self.head_dim;
+        let mut q = self.q_proj.forward(x);
+        let mut k = self.k_proj.forward(x);
+        let v = self.v_proj.forward(x);
+        if let Some((qn, kn)) = &self.qk_norm {
+            rms_norm_chunks_in_place(q.as_mut_slice(), hd, qn, self.rms_norm_eps);
+            rms_norm_chunks_in_place(k.as_mut_slice(), hd, kn, self.rms_norm_eps);
+        }
+        debug_assert_eq!(cache.len(), start);
+        for r in 0..x.rows() {
+            let (cos, sin) = rope.cos_sin(start + r);
+            for head in q.row_mut(r).chunks_exact_mut(hd) {
+                Rope::apply(head, &cos, &sin);
+            }
+            for head in k.row_mut(r).chunks_exact_mut(hd) {
+                Rope::apply(head, &cos, &sin);
+            }
+            cache.push(k.row(r), v.row(r));
+        }
+
+        let scale = 1.0 / (hd as f32).sqrt();
+        let group = self.num_heads / self.num_kv_heads;
+        let mut out = Mat::zeros(x.rows(), self.num_heads * hd);
+        let mut scores = Vec::new();
+        for r in 0..x.rows() {
+            let pos = start + r;
+            let first = match self.sliding_window {
+                Some(w) => (pos + 1).saturating_sub(w),
+                None => 0,
+            };
+            for h in 0..self.num_heads {
+                let kvh = h / group;
+                let qh = &q.row(r)[h * hd..(h + 1) * hd];
+                scores.clear();
+                scores.extend((first..=pos).map(|j| dot(qh, &cache.key(j)[kvh * hd..(kvh + 1) * hd]) * scale));
+                larder_tensor::ops::softmax_in_place(&mut scores);
+                let o = &mut out.row_mut(r)[h * hd..(h + 1) * hd];
+                for (p, j) in scores.iter().zip(first..=pos) {
+                    let vj = &cache.value(j)[kvh * hd..(kvh + 1) * hd];
+                    for (oo, vv) in o.iter_mut().zip(vj) {
+                        *oo += p * vv;
+                    }
+                }
+            }
+        }
+        self.o_proj.forward(&out)
+    }
+}

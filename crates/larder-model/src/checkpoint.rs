@@ -1,0 +1,242 @@
+//! Opening a checkpoint's safetensors files.
+//!
+//! A checkpoint folder holds either `model.safetensors`, or shards listed by
+//! `model.safetensors.index.json`, or (older exports) any number of
+//! `*.safetensors` files. Each file is memory-mapped and its header validated
+//! (offsets inside the file, so a truncated download is caught at open time);
+//! weights are handed out as views over the mapping, in their stored dtype.
+
+use std::collections::{BTreeSet, HashMap};
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use larder_tensor::weight::SharedBytes;
+use larder_tensor::{WeightDType, WeightMatrix};
+use memmap2::Mmap;
+use safetensors::tensor::Dtype;
+
+use crate::error::ModelError;
+
+/// Where one tensor lives.
+#[derive(Debug, Clone)]
+struct TensorEntry {
+    file: usize,
+    dtype: Dtype,
+    shape: Vec<usize>,
+    /// Absolute byte range in the file.
+    start: usize,
+    len: usize,
+}
+
+struct MappedFile {
+    path: PathBuf,
+    map: Arc<Mmap>,
+}
+
+/// All tensors of a checkpoint folder, by name.
+pub struct Checkpoint {
+    files: Vec<MappedFile>,
+    tensors: HashMap<String, TensorEntry>,
+}
+
+impl Checkpoint {
+    /// Opens every safetensors file of `dir`.
+    pub fn open(dir: &Path) -> Result<Self, ModelError> {
+        let paths = shard_paths(dir)?;
+        let mut ckpt = Checkpoint {
+            files: Vec::new(),
+            tensors: HashMap::new(),
+        };
+        for path in paths {
+            ckpt.add_file(path)?;
+        }
+        Ok(ckpt)
+    }
+
+    fn add_file(&mut self, path: PathBuf) -> Result<(), ModelError> {
+        let file = File::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        // SAFETY: the mapping is read-only; larder never writes checkpoint files,
+        // and a concurrent external truncation is outside what any reader can defend against.
+        let map = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        let bad = |message: String| ModelError::Safetensors {
+            path: path.clone(),
+            message,
+        };
+        let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..])
+            .map_err(|e| bad(format!("invalid safetensors header ({e}); the file may be truncated or not a safetensors file")))?;
+        let data_start = 8 + header_len;
+        let data_len = map.len() - data_start;
+        let index = self.files.len();
+        for (name, info) in meta.tensors() {
+            let (s, e) = info.data_offsets;
+            if e > data_len || s > e {
+                return Err(bad(format!(
+                    "tensor `{name}` claims bytes {s}..{e} but the file holds only {data_len} data bytes (truncated?)"
+                )));
+            }
+            if let Some(prev) = self.tensors.get(&name) {
+                return Err(bad(format!(
+                    "tensor `{name}` appears twice (also in {})",
+                    self.files[prev.file].path.display()
+                )));
+            }
+            self.tensors.insert(
+                name,
+                TensorEntry {
+                    file: index,
+                    dtype: info.dtype,
+                    shape: info.shape.clone(),
+                    start: data_start + s,
+                    len: e - s,
+                },
+            );
+        }
+        self.files.push(MappedFile { path, map: Arc::new(map) });
+        Ok(())
+    }
+
+    /// Whether a tensor of this name exists.
+    pub fn has(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Names of all tensors (sorted).
+    pub fn names(&self) -> Vec<&str> {
+        let mut v: Vec<&str> = self.tensors.keys().map(|s| s.as_str()).collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// The stored shape of a tensor.
+    pub fn shape(&self, name: &str) -> Result<&[usize], ModelError> {
+        Ok(&self.entry(name)?.shape)
+    }
+
+    fn entry(&self, name: &str) -> Result<&TensorEntry, ModelError> {
+        self.tensors.get(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_string() })
+    }
+
+    fn check(&self, name: &str, expected: &[usize]) -> Result<(&TensorEntry, WeightDType), ModelError> {
+        let e = self.entry(name)?;
+        let path = &self.files[e.file].path;
+        if e.shape != expected {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                path: path.clone(),
+                got: e.shape.clone(),
+                expected: expected.to_vec(),
+            });
+        }
+        let dtype = match e.dtype {
+            Dtype::F32 => WeightDType::F32,
+            Dtype::F16 => WeightDType::F16,
+            Dtype::BF16 => WeightDType::BF16,
+            other => {
+                return Err(ModelError::TensorDType {
+                    name: name.to_string(),
+                    path: path.clone(),
+                    dtype: format!("{other:?}"),
+                })
+            }
+        };
+        let want = expected.iter().product::<usize>() * dtype.size();
+        if want != e.len {
+            return Err(ModelError::Safetensors {
+                path: path.clone(),
+                message: format!("tensor `{name}`: {} bytes for shape {:?} {dtype}", e.len, e.shape),
+            });
+        }
+        Ok((e, dtype))
+    }
+
+    /// A 2-D weight `[rows, cols]`, kept in its stored dtype (no copy).
+    pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
+        let (e, dtype) = self.check(name, &[rows, cols])?;
+        let map: Arc<dyn AsRef<[u8]> + Send + Sync> = self.files[e.file].map.clone();
+        let bytes = SharedBytes::new(map, e.start, e.len);
+        WeightMatrix::new(name, dtype, rows, cols, bytes).map_err(|err| ModelError::Safetensors {
+            path: self.files[e.file].path.clone(),
+            message: err.to_string(),
+        })
+    }
+
+    /// A 1-D tensor of length `len`, widened to f32 (norm weights, biases).
+    pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let (e, dtype) = self.check(name, &[len])?;
+        let mut out = vec![0.0f32; len];
+        dtype.decode_into(&self.files[e.file].map[e.start..e.start + e.len], &mut out);
+        Ok(out)
+    }
+
+    /// An optional 1-D tensor: `None` when absent, an error when present but wrong.
+    pub fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
+        if self.has(name) {
+            self.vector(name, len).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// The safetensors files of a checkpoint folder, in a stable order.
+fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let index = dir.join("model.safetensors.index.json");
+    if index.exists() {
+        let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io {
+            path: index.clone(),
+            source,
+        })?;
+        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path: index.clone(),
+            message: e.to_string(),
+        })?;
+        let map = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .ok_or_else(|| ModelError::config(&index, "weight_map", "missing or not an object"))?;
+        let mut files = BTreeSet::new();
+        for (tensor, file) in map {
+            let f = file
+                .as_str()
+                .ok_or_else(|| ModelError::config(&index, "weight_map", format!("entry for `{tensor}` is not a file name")))?;
+            if f.contains('/') || f.contains('\\') || f == ".." {
+                return Err(ModelError::config(&index, "weight_map", format!("file name {f:?} leaves the folder")));
+            }
+            files.insert(f.to_string());
+        }
+        let paths: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
+        for p in &paths {
+            if !p.exists() {
+                return Err(ModelError::Io {
+                    path: p.clone(),
+                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in model.safetensors.index.json is missing"),
+                });
+            }
+        }
+        return Ok(paths);
+    }
+    let single = dir.join("model.safetensors");
+    if single.exists() {
+        return Ok(vec![single]);
+    }
+    let mut paths = Vec::new();
+    let rd = std::fs::read_dir(dir).map_err(|source| ModelError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    for entry in rd.flatten() {
+        let p = entry.path();
+        if p.extension().is_some_and(|e| e == "safetensors") {
+            paths.push(p);
+        }
+    }
+    paths.sort();
+    if paths.is_empty() {
+        return Err(ModelError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no *.safetensors files in the checkpoint folder"),
+        });
+    }
+    Ok(paths)
+}

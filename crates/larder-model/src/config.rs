@@ -1,0 +1,258 @@
+//! The architecture-independent description of a decoder model, and the
+//! helpers each architecture uses to read its `config.json` with errors that
+//! name the field.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use crate::error::ModelError;
+use crate::rope::RopeSpec;
+
+/// Everything the shared decoder needs to build and run a model.
+#[derive(Debug, Clone)]
+pub struct ModelSpec {
+    /// `model_type` from config.json.
+    pub model_type: String,
+    pub hidden_size: usize,
+    pub vocab_size: usize,
+    pub num_heads: usize,
+    pub num_kv_heads: usize,
+    pub head_dim: usize,
+    pub rms_norm_eps: f32,
+    pub max_position_embeddings: usize,
+    pub rope: RopeSpec,
+    pub tie_word_embeddings: bool,
+    /// q/k/v projections carry biases.
+    pub qkv_bias: bool,
+    /// o projection carries a bias.
+    pub o_bias: bool,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+    pub layers: Vec<LayerSpec>,
+    /// Tensor naming of the MoE block.
+    pub moe_names: MoeNames,
+}
+
+/// One decoder layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerSpec {
+    /// Attend only to the last `n` positions (None: full causal attention).
+    pub sliding_window: Option<usize>,
+    pub ffn: FfnSpec,
+}
+
+/// The feed-forward part of a layer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FfnSpec {
+    /// A SwiGLU MLP with this intermediate size.
+    Dense { intermediate: usize },
+    /// A routed mixture of SwiGLU experts.
+    Moe(MoeSpec),
+}
+
+/// A routed MoE block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeSpec {
+    pub num_experts: usize,
+    pub top_k: usize,
+    /// Renormalise the top-k weights to sum to one.
+    pub renormalize: bool,
+    pub expert_intermediate: usize,
+    /// An always-applied shared expert.
+    pub shared_expert: Option<SharedExpertSpec>,
+}
+
+/// The shared expert of a MoE block.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharedExpertSpec {
+    pub intermediate: usize,
+    /// Scaled by `sigmoid(shared_expert_gate(x))` (Qwen2-MoE).
+    pub sigmoid_gate: bool,
+}
+
+/// How an architecture names its MoE tensors, relative to `model.layers.{L}.`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MoeNames {
+    /// The block's module name (`mlp`, `block_sparse_moe`).
+    pub block: &'static str,
+    /// Router weight module under the block (`gate`).
+    pub router: &'static str,
+    /// Per-expert projection names: gate, up, down.
+    pub expert_proj: [&'static str; 3],
+    /// Shared expert module under the block (`shared_expert`).
+    pub shared_expert: &'static str,
+    /// Shared expert gate module under the block (`shared_expert_gate`).
+    pub shared_expert_gate: &'static str,
+}
+
+impl MoeNames {
+    /// The Qwen / DeepSeek naming (`mlp.experts.E.gate_proj`).
+    pub const QWEN: MoeNames = MoeNames {
+        block: "mlp",
+        router: "gate",
+        expert_proj: ["gate_proj", "up_proj", "down_proj"],
+        shared_expert: "shared_expert",
+        shared_expert_gate: "shared_expert_gate",
+    };
+}
+
+/// A parsed config.json with the path kept for error messages.
+pub struct ConfigJson {
+    pub path: PathBuf,
+    pub value: Value,
+}
+
+impl ConfigJson {
+    /// Reads `dir/config.json`.
+    pub fn read(dir: &Path) -> Result<Self, ModelError> {
+        let path = dir.join("config.json");
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        let value: Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        if !value.is_object() {
+            return Err(ModelError::Json {
+                path,
+                message: "top level is not an object".into(),
+            });
+        }
+        Ok(ConfigJson { path, value })
+    }
+
+    pub fn err(&self, field: &str, message: impl Into<String>) -> ModelError {
+        ModelError::config(&self.path, field, message)
+    }
+
+    fn get(&self, field: &str) -> Option<&Value> {
+        self.value.get(field).filter(|v| !v.is_null())
+    }
+
+    /// A required positive integer.
+    pub fn usize(&self, field: &str) -> Result<usize, ModelError> {
+        match self.opt_usize(field)? {
+            Some(0) => Err(self.err(field, "must be positive")),
+            Some(v) => Ok(v),
+            None => Err(self.err(field, "missing")),
+        }
+    }
+
+    /// An optional non-negative integer.
+    pub fn opt_usize(&self, field: &str) -> Result<Option<usize>, ModelError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v
+                .as_u64()
+                .map(|u| Some(u as usize))
+                .ok_or_else(|| self.err(field, format!("expected a non-negative integer, found {v}"))),
+        }
+    }
+
+    /// An optional number.
+    pub fn opt_f64(&self, field: &str) -> Result<Option<f64>, ModelError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| self.err(field, format!("expected a number, found {v}"))),
+        }
+    }
+
+    /// An optional boolean.
+    pub fn opt_bool(&self, field: &str) -> Result<Option<bool>, ModelError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v
+                .as_bool()
+                .map(Some)
+                .ok_or_else(|| self.err(field, format!("expected true or false, found {v}"))),
+        }
+    }
+
+    /// An optional string.
+    pub fn opt_str(&self, field: &str) -> Result<Option<&str>, ModelError> {
+        match self.get(field) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| self.err(field, format!("expected a string, found {v}"))),
+        }
+    }
+
+    /// An optional list of non-negative integers.
+    pub fn opt_usize_list(&self, field: &str) -> Result<Vec<usize>, ModelError> {
+        match self.get(field) {
+            None => Ok(Vec::new()),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|v| {
+                    v.as_u64()
+                        .map(|u| u as usize)
+                        .ok_or_else(|| self.err(field, format!("expected integers, found {v}")))
+                })
+                .collect(),
+            Some(v) => Err(self.err(field, format!("expected a list, found {v}"))),
+        }
+    }
+
+    /// The raw value of a field (for nested objects like `rope_scaling`).
+    pub fn raw(&self, field: &str) -> Option<&Value> {
+        self.get(field)
+    }
+
+    /// `hidden_act` must be SiLU for the SwiGLU blocks larder implements.
+    pub fn require_silu(&self) -> Result<(), ModelError> {
+        let act = self.opt_str("hidden_act")?.unwrap_or("silu");
+        if act != "silu" && act != "swish" {
+            return Err(self.err("hidden_act", format!("{act:?} is not supported (only silu)")));
+        }
+        Ok(())
+    }
+
+    /// The attention geometry shared by every architecture:
+    /// `(hidden, heads, kv_heads, head_dim)`, validated.
+    pub fn attention_dims(&self) -> Result<(usize, usize, usize, usize), ModelError> {
+        let hidden = self.usize("hidden_size")?;
+        let heads = self.usize("num_attention_heads")?;
+        let kv_heads = self.opt_usize("num_key_value_heads")?.unwrap_or(heads);
+        if kv_heads == 0 || heads % kv_heads != 0 {
+            return Err(self.err(
+                "num_key_value_heads",
+                format!("{kv_heads} must be positive and divide num_attention_heads ({heads})"),
+            ));
+        }
+        let head_dim = match self.opt_usize("head_dim")? {
+            Some(d) => d,
+            None => {
+                if hidden % heads != 0 {
+                    return Err(self.err("num_attention_heads", format!("{heads} does not divide hidden_size ({hidden}) and head_dim is not given")));
+                }
+                hidden / heads
+            }
+        };
+        if head_dim == 0 || head_dim % 2 != 0 {
+            return Err(self.err("head_dim", format!("{head_dim} must be positive and even (RoPE rotates pairs)")));
+        }
+        Ok((hidden, heads, kv_heads, head_dim))
+    }
+
+    /// `rms_norm_eps` (default 1e-6), validated.
+    pub fn rms_norm_eps(&self) -> Result<f32, ModelError> {
+        let eps = self.opt_f64("rms_norm_eps")?.unwrap_or(1e-6);
+        if !(eps > 0.0 && eps < 1.0) {
+            return Err(self.err("rms_norm_eps", format!("{eps} out of range (0, 1)")));
+        }
+        Ok(eps as f32)
+    }
+}
+
+/// The MoE top-k settings every softmax-routed architecture shares, validated.
+pub fn check_top_k(cfg: &ConfigJson, num_experts: usize, top_k: usize) -> Result<(), ModelError> {
+    if top_k == 0 || top_k > num_experts {
+        return Err(cfg.err("num_experts_per_tok", format!("{top_k} must be between 1 and the number of experts ({num_experts})")));
+    }
+    Ok(())
+}

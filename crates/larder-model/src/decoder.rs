@@ -1,0 +1,233 @@
+//! The decoder-only transformer every supported architecture is an instance
+//! of: embeddings, `num_layers` x (RMSNorm, attention, residual, RMSNorm,
+//! dense MLP or MoE, residual), final RMSNorm, LM head.
+//!
+//! Architectures differ only in their [`ModelSpec`] (and tensor names); this
+//! file builds and runs all of them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use larder_router::{Route, SoftmaxTopK};
+use larder_tensor::ops::rms_norm;
+use larder_tensor::{Linear, Mat, WeightMatrix};
+
+use crate::attention::Attention;
+use crate::checkpoint::Checkpoint;
+use crate::config::{FfnSpec, ModelSpec};
+use crate::error::ModelError;
+use crate::expert::{ExpertProvider, InMemoryExperts};
+use crate::kv_cache::KvCache;
+use crate::mlp::Mlp;
+use crate::moe::{MoeBlock, SharedExpert};
+use crate::rope::Rope;
+
+/// The feed-forward half of a layer.
+pub enum Ffn {
+    Dense(Mlp),
+    Moe(MoeBlock),
+}
+
+/// One decoder layer.
+pub struct DecoderLayer {
+    pub input_norm: Vec<f32>,
+    pub attention: Attention,
+    pub post_attention_norm: Vec<f32>,
+    pub ffn: Ffn,
+}
+
+/// Routes taken by every MoE layer during forward passes, per layer in
+/// position order (for tests, traces and predictors).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RouteTrace {
+    pub layers: BTreeMap<usize, Vec<Route>>,
+}
+
+/// A loaded model.
+pub struct DecoderModel {
+    spec: ModelSpec,
+    embed: WeightMatrix,
+    layers: Vec<DecoderLayer>,
+    norm: Vec<f32>,
+    lm_head: Linear,
+    rope: Rope,
+    experts: Arc<dyn ExpertProvider>,
+}
+
+impl DecoderModel {
+    /// Loads the spine and, with `experts = None`, every routed expert into RAM.
+    pub fn load(spec: ModelSpec, ckpt: &Checkpoint, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
+        let h = spec.hidden_size;
+        let embed = ckpt.matrix("model.embed_tokens.weight", spec.vocab_size, h)?;
+        let lm_head = if spec.tie_word_embeddings && !ckpt.has("lm_head.weight") {
+            Linear::new(embed.clone(), None)
+        } else {
+            Linear::new(ckpt.matrix("lm_head.weight", spec.vocab_size, h)?, None)
+        };
+        let norm = ckpt.vector("model.norm.weight", h)?;
+        let mut layers = Vec::with_capacity(spec.layers.len());
+        let mut in_memory = Vec::with_capacity(spec.layers.len());
+        for (l, ls) in spec.layers.iter().enumerate() {
+            let p = format!("model.layers.{l}");
+            let attention = load_attention(&spec, ckpt, &p, ls.sliding_window)?;
+            let (ffn, layer_experts) = match &ls.ffn {
+                FfnSpec::Dense { intermediate } => (
+                    Ffn::Dense(Mlp::load(ckpt, &format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, *intermediate)?),
+                    Vec::new(),
+                ),
+                FfnSpec::Moe(m) => {
+                    let names = &spec.moe_names;
+                    let bp = format!("{p}.{}", names.block);
+                    let router = Linear::new(ckpt.matrix(&format!("{bp}.{}.weight", names.router), m.num_experts, h)?, None);
+                    let shared = match &m.shared_expert {
+                        None => None,
+                        Some(s) => Some(SharedExpert {
+                            mlp: Mlp::load(ckpt, &format!("{bp}.{}", names.shared_expert), ["gate_proj", "up_proj", "down_proj"], h, s.intermediate)?,
+                            gate: if s.sigmoid_gate {
+                                Some(Linear::new(ckpt.matrix(&format!("{bp}.{}.weight", names.shared_expert_gate), 1, h)?, None))
+                            } else {
+                                None
+                            },
+                        }),
+                    };
+                    let experts_here = if experts.is_none() {
+                        (0..m.num_experts)
+                            .map(|e| Mlp::load(ckpt, &format!("{bp}.experts.{e}"), names.expert_proj, h, m.expert_intermediate).map(Arc::new))
+                            .collect::<Result<Vec<_>, _>>()?
+                    } else {
+                        Vec::new()
+                    };
+                    let routing = SoftmaxTopK::new(m.num_experts, m.top_k, m.renormalize)
+                        .map_err(|e| ModelError::Experts(format!("layer {l}: {e}")))?;
+                    (
+                        Ffn::Moe(MoeBlock {
+                            layer: l,
+                            router,
+                            routing,
+                            shared,
+                        }),
+                        experts_here,
+                    )
+                }
+            };
+            layers.push(DecoderLayer {
+                input_norm: ckpt.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                attention,
+                post_attention_norm: ckpt.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                ffn,
+            });
+            in_memory.push(layer_experts);
+        }
+        let experts = experts.unwrap_or_else(|| Arc::new(InMemoryExperts::new(in_memory)));
+        let rope = Rope::new(&spec.rope, spec.head_dim);
+        Ok(DecoderModel {
+            spec,
+            embed,
+            layers,
+            norm,
+            lm_head,
+            rope,
+            experts,
+        })
+    }
+
+    pub fn spec(&self) -> &ModelSpec {
+        &self.spec
+    }
+
+    /// A fresh, empty KV cache for this model.
+    pub fn new_cache(&self) -> KvCache {
+        KvCache::new(self.layers.len(), self.spec.num_kv_heads * self.spec.head_dim)
+    }
+
+    /// Checks ids against the vocabulary and the context length.
+    pub fn check_ids(&self, ids: &[u32], cached: usize) -> Result<(), ModelError> {
+        if ids.is_empty() {
+            return Err(ModelError::EmptyInput);
+        }
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= self.spec.vocab_size) {
+            return Err(ModelError::TokenOutOfVocab {
+                id,
+                vocab: self.spec.vocab_size,
+            });
+        }
+        let len = cached + ids.len();
+        if len > self.spec.max_position_embeddings {
+            return Err(ModelError::ContextOverflow {
+                len,
+                max: self.spec.max_position_embeddings,
+            });
+        }
+        Ok(())
+    }
+
+    /// Runs `ids` as the positions after those already in `cache`, appending
+    /// to it, and returns the logits of every row `[ids.len(), vocab]`.
+    pub fn forward(&self, ids: &[u32], cache: &mut KvCache, trace: Option<&mut RouteTrace>) -> Result<Mat, ModelError> {
+        let hidden = self.forward_hidden(ids, cache, trace)?;
+        Ok(self.lm_head.forward(&hidden))
+    }
+
+    /// Like [`forward`](Self::forward) but returns only the last row's logits.
+    pub fn forward_last(&self, ids: &[u32], cache: &mut KvCache, trace: Option<&mut RouteTrace>) -> Result<Vec<f32>, ModelError> {
+        let hidden = self.forward_hidden(ids, cache, trace)?;
+        let last = hidden.gather_rows(&[hidden.rows() - 1]);
+        Ok(self.lm_head.forward(&last).into_vec())
+    }
+
+    fn forward_hidden(&self, ids: &[u32], cache: &mut KvCache, mut trace: Option<&mut RouteTrace>) -> Result<Mat, ModelError> {
+        let start = cache.len();
+        self.check_ids(ids, start)?;
+        let h = self.spec.hidden_size;
+        let mut x = Mat::zeros(ids.len(), h);
+        for (r, &id) in ids.iter().enumerate() {
+            self.embed.decode_row(id as usize, x.row_mut(r));
+        }
+        for (l, layer) in self.layers.iter().enumerate() {
+            let normed = rms_norm(&x, &layer.input_norm, self.spec.rms_norm_eps);
+            let attn = layer.attention.forward(&normed, start, &self.rope, cache.layer_mut(l));
+            x.add_assign(&attn);
+            let normed = rms_norm(&x, &layer.post_attention_norm, self.spec.rms_norm_eps);
+            let y = match &layer.ffn {
+                Ffn::Dense(mlp) => mlp.forward(&normed),
+                Ffn::Moe(moe) => {
+                    let (y, routes) = moe.forward(&normed, self.experts.as_ref())?;
+                    if let Some(t) = trace.as_deref_mut() {
+                        t.layers.entry(l).or_default().extend(routes);
+                    }
+                    y
+                }
+            };
+            x.add_assign(&y);
+        }
+        Ok(rms_norm(&x, &self.norm, self.spec.rms_norm_eps))
+    }
+}
+
+fn load_attention(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_window: Option<usize>) -> Result<Attention, ModelError> {
+    let (h, hd) = (spec.hidden_size, spec.head_dim);
+    let (nq, nkv) = (spec.num_heads * hd, spec.num_kv_heads * hd);
+    let a = format!("{prefix}.self_attn");
+    let lin = |name: &str, rows: usize, cols: usize, bias: bool| -> Result<Linear, ModelError> {
+        let w = ckpt.matrix(&format!("{a}.{name}.weight"), rows, cols)?;
+        let b = if bias { Some(ckpt.vector(&format!("{a}.{name}.bias"), rows)?) } else { None };
+        Ok(Linear::new(w, b))
+    };
+    let qk_norm = if spec.qk_norm {
+        Some((ckpt.vector(&format!("{a}.q_norm.weight"), hd)?, ckpt.vector(&format!("{a}.k_norm.weight"), hd)?))
+    } else {
+        None
+    };
+    Ok(Attention {
+        q_proj: lin("q_proj", nq, h, spec.qkv_bias)?,
+        k_proj: lin("k_proj", nkv, h, spec.qkv_bias)?,
+        v_proj: lin("v_proj", nkv, h, spec.qkv_bias)?,
+        o_proj: lin("o_proj", h, nq, spec.o_bias)?,
+        qk_norm,
+        num_heads: spec.num_heads,
+        num_kv_heads: spec.num_kv_heads,
+        head_dim: hd,
+        rms_norm_eps: spec.rms_norm_eps,
+        sliding_window,
+    })
+}

@@ -1,0 +1,55 @@
+//! Errors of model loading and forward passes. Every variant names the file,
+//! field or tensor at fault.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: not valid JSON: {message}")]
+    Json { path: PathBuf, message: String },
+    #[error("{path}: field `{field}`: {message}")]
+    Config { path: PathBuf, field: String, message: String },
+    #[error("{path}: unsupported architecture {model_type:?} (supported: {supported})")]
+    UnknownArch {
+        path: PathBuf,
+        model_type: String,
+        supported: String,
+    },
+    #[error("{path}: {message}")]
+    Safetensors { path: PathBuf, message: String },
+    #[error("tensor `{name}` not found in the checkpoint's safetensors files")]
+    MissingTensor { name: String },
+    #[error("tensor `{name}` in {path}: shape {got:?}, expected {expected:?}")]
+    TensorShape {
+        name: String,
+        path: PathBuf,
+        got: Vec<usize>,
+        expected: Vec<usize>,
+    },
+    #[error("tensor `{name}` in {path}: dtype {dtype} is not supported here (supported: F32, F16, BF16)")]
+    TensorDType { name: String, path: PathBuf, dtype: String },
+    #[error("token id {id} is out of the vocabulary (size {vocab})")]
+    TokenOutOfVocab { id: u32, vocab: usize },
+    #[error("empty input: at least one token id is needed")]
+    EmptyInput,
+    #[error("sequence of {len} positions exceeds the model's max_position_embeddings ({max})")]
+    ContextOverflow { len: usize, max: usize },
+    #[error("expert provider: {0}")]
+    Experts(String),
+}
+
+impl ModelError {
+    pub(crate) fn config(path: &std::path::Path, field: &str, message: impl Into<String>) -> Self {
+        ModelError::Config {
+            path: path.to_path_buf(),
+            field: field.to_string(),
+            message: message.into(),
+        }
+    }
+}

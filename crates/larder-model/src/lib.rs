@@ -1,0 +1,30 @@
+//! larder-model: the architectures larder runs, exactly as transformers runs
+//! them, with f32 activations and weights in their shipped dtype.
+//!
+//! - [`config`] turns a checkpoint's `config.json` into a [`ModelSpec`], one
+//!   file per architecture under [`arch`];
+//! - [`checkpoint`] opens safetensors files (single or sharded) and hands out
+//!   weights without converting them;
+//! - [`decoder`] is the transformer shared by every architecture, built from
+//!   [`attention`] (+ [`rope`], [`kv_cache`]), [`mlp`] and [`moe`];
+//! - routed experts come from an [`ExpertProvider`]; the model never knows
+//!   where expert bytes live.
+
+pub mod arch;
+pub mod attention;
+pub mod checkpoint;
+pub mod config;
+pub mod decoder;
+pub mod error;
+pub mod expert;
+pub mod kv_cache;
+pub mod mlp;
+pub mod moe;
+pub mod rope;
+
+pub use arch::load_model;
+pub use config::{FfnSpec, ModelSpec, MoeSpec};
+pub use decoder::{DecoderModel, RouteTrace};
+pub use error::ModelError;
+pub use expert::{ExpertProvider, InMemoryExperts};
+pub use kv_cache::KvCache;

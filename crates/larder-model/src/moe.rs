@@ -1,0 +1,86 @@
+//! The MoE step (DESIGN.md §3): route every row, fetch the union of chosen
+//! experts once, run each expert on exactly the rows that chose it, and sum
+//! each row's expert outputs in its canonical router order. Optional shared
+//! expert (with Qwen2-MoE's sigmoid gate) is added after.
+
+use larder_router::{Route, SoftmaxTopK};
+use larder_tensor::ops::sigmoid;
+use larder_tensor::{Linear, Mat};
+
+use crate::error::ModelError;
+use crate::expert::ExpertProvider;
+use crate::mlp::Mlp;
+
+/// An always-applied shared expert.
+pub struct SharedExpert {
+    pub mlp: Mlp,
+    /// `sigmoid(gate(x))` scales the shared output (Qwen2-MoE).
+    pub gate: Option<Linear>,
+}
+
+/// A routed MoE block.
+pub struct MoeBlock {
+    pub layer: usize,
+    pub router: Linear,
+    pub routing: SoftmaxTopK,
+    pub shared: Option<SharedExpert>,
+}
+
+impl MoeBlock {
+    /// Routes every row of `x`.
+    pub fn route(&self, x: &Mat) -> Vec<Route> {
+        let logits = self.router.forward(x);
+        (0..x.rows()).map(|r| self.routing.route(logits.row(r))).collect()
+    }
+
+    /// Computes the block for rows `x`, returning the routes it took.
+    pub fn forward(&self, x: &Mat, experts: &dyn ExpertProvider) -> Result<(Mat, Vec<Route>), ModelError> {
+        let routes = self.route(x);
+        let mut union: Vec<usize> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
+        union.sort_unstable();
+        union.dedup();
+        let weights = experts.experts(self.layer, &union)?;
+
+        // outputs[row][slot]: the output of the row's slot-th routed expert.
+        let mut outputs: Vec<Vec<Option<Vec<f32>>>> = routes.iter().map(|r| vec![None; r.experts.len()]).collect();
+        for (&e, mlp) in union.iter().zip(&weights) {
+            let mut rows = Vec::new();
+            let mut slots = Vec::new();
+            for (r, route) in routes.iter().enumerate() {
+                if let Some(s) = route.experts.iter().position(|&x| x == e) {
+                    rows.push(r);
+                    slots.push(s);
+                }
+            }
+            let y = mlp.forward(&x.gather_rows(&rows));
+            for (i, (&r, &s)) in rows.iter().zip(&slots).enumerate() {
+                outputs[r][s] = Some(y.row(i).to_vec());
+            }
+        }
+
+        let mut out = Mat::zeros(x.rows(), x.cols());
+        for (r, route) in routes.iter().enumerate() {
+            let acc = out.row_mut(r);
+            for (slot, &w) in route.weights.iter().enumerate() {
+                let y = outputs[r][slot]
+                    .as_ref()
+                    .ok_or_else(|| ModelError::Experts(format!("layer {}: expert output missing", self.layer)))?;
+                for (a, v) in acc.iter_mut().zip(y) {
+                    *a += v * w;
+                }
+            }
+        }
+
+        if let Some(shared) = &self.shared {
+            let y = shared.mlp.forward(x);
+            let g = shared.gate.as_ref().map(|g| g.forward(x));
+            for r in 0..x.rows() {
+                let scale = g.as_ref().map_or(1.0, |g| sigmoid(g.row(r)[0]));
+                for (a, v) in out.row_mut(r).iter_mut().zip(y.row(r)) {
+                    *a += scale * v;
+                }
+            }
+        }
+        Ok((out, routes))
+    }
+}

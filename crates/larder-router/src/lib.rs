@@ -1,0 +1,54 @@
+//! larder-router: which experts a token goes to, and with what weight.
+//!
+//! Routing is pure math on one row of router logits. Its output, a [`Route`],
+//! lists the chosen experts in **canonical router order** (descending score,
+//! ties broken by the lower expert id, the order `torch.topk` returns them).
+//! The MoE step sums expert outputs in exactly this order, so results do not
+//! depend on when or where expert bytes arrive.
+
+pub mod softmax;
+
+pub use softmax::{softmax_topk, SoftmaxTopK};
+
+/// One row's routing decision.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Route {
+    /// Chosen expert ids, canonical router order.
+    pub experts: Vec<usize>,
+    /// The weight applied to each chosen expert's output (same order).
+    pub weights: Vec<f32>,
+}
+
+/// Errors from routing configuration.
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum RouterError {
+    #[error("top-k of {k} experts out of {n}: k must be between 1 and the number of experts")]
+    TopK { k: usize, n: usize },
+}
+
+/// Indices of the `k` largest `scores`, by descending score, ties to the lower
+/// index. NaN scores sort last.
+pub fn top_k_indices(scores: &[f32], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    idx.sort_by(|&a, &b| {
+        let (sa, sb) = (scores[a], scores[b]);
+        match sb.partial_cmp(&sa) {
+            Some(o) if o != std::cmp::Ordering::Equal => o,
+            Some(_) => a.cmp(&b),
+            None => sa.is_nan().cmp(&sb.is_nan()).then(a.cmp(&b)),
+        }
+    });
+    idx.truncate(k);
+    idx
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn top_k_orders_by_score_then_index() {
+        assert_eq!(top_k_indices(&[0.1, 0.5, 0.5, 0.9], 3), vec![3, 1, 2]);
+        assert_eq!(top_k_indices(&[f32::NAN, 1.0, 0.0], 2), vec![1, 2]);
+    }
+}

@@ -1,0 +1,24 @@
+//! larder-tensor: the numeric floor of larder.
+//!
+//! It owns device selection ([`device`]), the weight dtypes checkpoints ship in
+//! ([`dtype`]), weight matrices kept in those dtypes ([`weight`]), f32 activation
+//! matrices ([`mat`]) and the kernels that multiply one by the other
+//! ([`kernels`], used through [`Linear`]). It knows nothing about models or files.
+//!
+//! Exactness contract: every output element is one dot product computed by one
+//! function with one fixed reduction order, whatever the batch size or thread
+//! count. A row's result therefore never depends on the rows beside it
+//! (batch invariance, DESIGN.md §3).
+
+pub mod device;
+pub mod dtype;
+pub mod kernels;
+pub mod linear;
+pub mod mat;
+pub mod ops;
+pub mod weight;
+
+pub use dtype::WeightDType;
+pub use linear::Linear;
+pub use mat::Mat;
+pub use weight::{WeightError, WeightMatrix};
