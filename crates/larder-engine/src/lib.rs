@@ -1,1 +1,25 @@
-//! stub
+//! larder-engine: everything between a checkpoint folder and generated text.
+//!
+//! - [`Engine`] loads a checkpoint (model, tokenizer, chat template,
+//!   generation config) and generates with it;
+//! - [`tokenizer`] wraps `tokenizer.json` and decodes streams incrementally;
+//! - [`chat`] renders `tokenizer_config.json` chat templates like transformers;
+//! - [`sampling`] picks tokens (greedy or seeded temperature/top-k/top-p);
+//! - [`generation`] reads `generation_config.json` (EOS ids);
+//! - [`stats`] is the timing/throughput record every run reports.
+
+pub mod chat;
+pub mod engine;
+pub mod error;
+pub mod generation;
+pub mod sampling;
+pub mod stats;
+pub mod tokenizer;
+
+pub use chat::{ChatMessage, ChatTemplate};
+pub use engine::{Engine, FinishReason, GenerateOptions, Generation};
+pub use error::EngineError;
+pub use generation::GenerationConfig;
+pub use sampling::{Sampler, SamplingParams};
+pub use stats::Stats;
+pub use tokenizer::{StreamDecoder, TextTokenizer};

@@ -1,0 +1,203 @@
+//! Chat templates from `tokenizer_config.json`, rendered with minijinja the
+//! way transformers renders them: `trim_blocks` and `lstrip_blocks` on,
+//! Python string methods available (`.strip()`, `.startswith()`, ...),
+//! `raise_exception`, `strftime_now`, and the special tokens (`bos_token`,
+//! `eos_token`, ...) in the context next to `messages` and
+//! `add_generation_prompt`.
+
+use std::path::Path;
+
+use minijinja::{Environment, Error, ErrorKind, Value};
+use serde::{Deserialize, Serialize};
+use serde_json::Value as Json;
+
+use crate::error::EngineError;
+
+/// One chat message.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: &str, content: &str) -> Self {
+        ChatMessage {
+            role: role.to_string(),
+            content: content.to_string(),
+        }
+    }
+}
+
+/// A compiled chat template plus the special tokens it may refer to.
+pub struct ChatTemplate {
+    env: Environment<'static>,
+    /// `bos_token`, `eos_token`, ... as strings.
+    special_tokens: serde_json::Map<String, Json>,
+}
+
+const SPECIAL_TOKEN_KEYS: &[&str] = &["bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"];
+
+impl ChatTemplate {
+    /// Reads the template of `tokenizer_config.json` (or `chat_template.jinja`
+    /// beside it, as newer exports ship). `Ok(None)` when there is none.
+    pub fn from_dir(dir: &Path) -> Result<Option<Self>, EngineError> {
+        let path = dir.join("tokenizer_config.json");
+        let config: Json = if path.exists() {
+            let text = std::fs::read_to_string(&path).map_err(|source| EngineError::Io { path: path.clone(), source })?;
+            serde_json::from_str(&text).map_err(|e| EngineError::File {
+                path: path.clone(),
+                message: format!("not valid JSON: {e}"),
+            })?
+        } else {
+            Json::Null
+        };
+        let jinja = dir.join("chat_template.jinja");
+        let source = match config.get("chat_template") {
+            Some(Json::String(s)) => Some(s.clone()),
+            // A list of named templates: take "default".
+            Some(Json::Array(items)) => items
+                .iter()
+                .find(|t| t.get("name").and_then(Json::as_str) == Some("default"))
+                .and_then(|t| t.get("template"))
+                .and_then(Json::as_str)
+                .map(str::to_string),
+            _ if jinja.exists() => Some(std::fs::read_to_string(&jinja).map_err(|source| EngineError::Io { path: jinja.clone(), source })?),
+            _ => None,
+        };
+        let Some(source) = source else { return Ok(None) };
+        let mut special_tokens = serde_json::Map::new();
+        for key in SPECIAL_TOKEN_KEYS {
+            if let Some(tok) = config.get(*key).and_then(token_text) {
+                special_tokens.insert((*key).to_string(), Json::String(tok));
+            }
+        }
+        Self::new(source, special_tokens).map(Some)
+    }
+
+    /// Compiles `source` with the given special tokens.
+    pub fn new(source: String, special_tokens: serde_json::Map<String, Json>) -> Result<Self, EngineError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        minijinja_contrib::add_to_environment(&mut env);
+        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> { Err(Error::new(ErrorKind::InvalidOperation, msg)) });
+        env.add_function("strftime_now", strftime_now);
+        env.add_template_owned("chat", source)
+            .map_err(|e| EngineError::Template(format!("cannot compile: {e:#}")))?;
+        Ok(ChatTemplate { env, special_tokens })
+    }
+
+    /// Renders `messages`; `add_generation_prompt` opens the assistant turn.
+    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, EngineError> {
+        if messages.is_empty() {
+            return Err(EngineError::Invalid {
+                field: "messages",
+                message: "at least one message is needed".into(),
+            });
+        }
+        let mut ctx = self.special_tokens.clone();
+        ctx.insert("messages".into(), serde_json::to_value(messages).map_err(|e| EngineError::Template(e.to_string()))?);
+        ctx.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
+        let tmpl = self.env.get_template("chat").map_err(|e| EngineError::Template(e.to_string()))?;
+        tmpl.render(Value::from_serialize(&ctx))
+            .map_err(|e| EngineError::Template(format!("cannot render: {e:#}")))
+    }
+}
+
+/// A special token entry is a string or an `AddedToken` object with `content`.
+fn token_text(v: &Json) -> Option<String> {
+    match v {
+        Json::String(s) => Some(s.clone()),
+        Json::Object(o) => o.get("content").and_then(Json::as_str).map(str::to_string),
+        _ => None,
+    }
+}
+
+/// `strftime_now(format)`: today's UTC date in a strftime format (the subset
+/// chat templates use: %d %m %Y %y %b %B %H %M %S %A %a %%).
+fn strftime_now(format: String) -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    format_unix_time(secs, &format)
+}
+
+fn format_unix_time(secs: i64, format: &str) -> String {
+    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
+    let days = secs.div_euclid(86_400);
+    let tod = secs.rem_euclid(86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let weekday = DAYS[days.rem_euclid(7) as usize];
+    let mname = MONTHS[(month - 1) as usize];
+    let mut out = String::new();
+    let mut chars = format.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('d') => out.push_str(&format!("{day:02}")),
+            Some('m') => out.push_str(&format!("{month:02}")),
+            Some('Y') => out.push_str(&year.to_string()),
+            Some('y') => out.push_str(&format!("{:02}", year % 100)),
+            Some('b') => out.push_str(&mname[..3]),
+            Some('B') => out.push_str(mname),
+            Some('A') => out.push_str(weekday),
+            Some('a') => out.push_str(&weekday[..3]),
+            Some('H') => out.push_str(&format!("{:02}", tod / 3600)),
+            Some('M') => out.push_str(&format!("{:02}", tod % 3600 / 60)),
+            Some('S') => out.push_str(&format!("{:02}", tod % 60)),
+            Some('%') => out.push('%'),
+            Some(other) => {
+                out.push('%');
+                out.push(other);
+            }
+            None => out.push('%'),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_dates() {
+        // 2024-07-26 13:25:09 UTC was a Friday.
+        assert_eq!(format_unix_time(1_722_000_309, "%d %b %Y %H:%M:%S %A"), "26 Jul 2024 13:25:09 Friday");
+    }
+
+    #[test]
+    fn renders_simple_template_with_tokens() {
+        let mut special = serde_json::Map::new();
+        special.insert("bos_token".into(), Json::String("<s>".into()));
+        let t = ChatTemplate::new(
+            "{{ bos_token }}{% for m in messages %}[{{ m.role }}]{{ m.content.strip() }}\n{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}".into(),
+            special,
+        )
+        .unwrap();
+        let out = t.render(&[ChatMessage::new("user", " hi ")], true).unwrap();
+        assert_eq!(out, "<s>[user]hi\n[assistant]");
+    }
+
+    #[test]
+    fn raise_exception_is_an_error() {
+        let t = ChatTemplate::new("{{ raise_exception('no system role') }}".into(), Default::default()).unwrap();
+        let e = t.render(&[ChatMessage::new("system", "x")], false).unwrap_err();
+        assert!(e.to_string().contains("no system role"), "{e}");
+    }
+}

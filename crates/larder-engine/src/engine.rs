@@ -1,0 +1,207 @@
+//! [`Engine`]: a loaded checkpoint (model, tokenizer, chat template,
+//! generation config) and the generation loop: prefill in chunks, then one
+//! forward per token, sampling, EOS and length stops, streaming callbacks
+//! and stats.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use larder_model::{load_model, DecoderModel, ExpertProvider, KvCache};
+use larder_tensor::Mat;
+use serde::Serialize;
+
+use crate::chat::{ChatMessage, ChatTemplate};
+use crate::error::EngineError;
+use crate::generation::GenerationConfig;
+use crate::sampling::{Sampler, SamplingParams};
+use crate::stats::Stats;
+use crate::tokenizer::TextTokenizer;
+
+/// Prompt positions run through the model per forward pass during prefill.
+/// Bounds activation memory; results do not depend on it (batch invariance).
+pub const PREFILL_CHUNK: usize = 256;
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FinishReason {
+    /// An EOS token was produced.
+    Stop,
+    /// `max_new` tokens, or the model's context length, was reached.
+    Length,
+    /// The caller's callback asked to stop.
+    Cancelled,
+}
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_new: usize,
+    pub sampling: SamplingParams,
+    /// Stop at the generation config's EOS ids (default true).
+    pub stop_at_eos: bool,
+}
+
+impl Default for GenerateOptions {
+    fn default() -> Self {
+        GenerateOptions {
+            max_new: 128,
+            sampling: SamplingParams::default(),
+            stop_at_eos: true,
+        }
+    }
+}
+
+/// The result of one generation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Generation {
+    /// New token ids only (an EOS that ended generation is included).
+    pub ids: Vec<u32>,
+    pub finish_reason: FinishReason,
+    pub stats: Stats,
+}
+
+/// A loaded checkpoint ready to generate.
+pub struct Engine {
+    dir: PathBuf,
+    model: DecoderModel,
+    tokenizer: Option<TextTokenizer>,
+    chat: Option<ChatTemplate>,
+    generation: GenerationConfig,
+}
+
+impl Engine {
+    /// Loads a checkpoint folder with every expert in RAM.
+    pub fn load(dir: &Path) -> Result<Self, EngineError> {
+        Self::load_with_experts(dir, None)
+    }
+
+    /// Loads a checkpoint folder, taking routed experts from `experts` when given.
+    pub fn load_with_experts(dir: &Path, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, EngineError> {
+        if !dir.is_dir() {
+            return Err(EngineError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::NotFound, "model folder not found"),
+            });
+        }
+        let model = load_model(dir, experts)?;
+        let tok_path = dir.join("tokenizer.json");
+        let tokenizer = if tok_path.exists() { Some(TextTokenizer::from_file(&tok_path)?) } else { None };
+        let chat = ChatTemplate::from_dir(dir)?;
+        let generation = GenerationConfig::from_dir(dir)?;
+        Ok(Engine {
+            dir: dir.to_path_buf(),
+            model,
+            tokenizer,
+            chat,
+            generation,
+        })
+    }
+
+    pub fn model(&self) -> &DecoderModel {
+        &self.model
+    }
+
+    pub fn generation_config(&self) -> &GenerationConfig {
+        &self.generation
+    }
+
+    /// The tokenizer, or an error saying the checkpoint has none.
+    pub fn tokenizer(&self) -> Result<&TextTokenizer, EngineError> {
+        self.tokenizer.as_ref().ok_or_else(|| EngineError::NoTokenizer { dir: self.dir.clone() })
+    }
+
+    /// Token ids of a plain-text prompt (with the tokenizer's own special tokens, e.g. BOS).
+    pub fn encode_prompt(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        if text.is_empty() {
+            return Err(EngineError::Invalid {
+                field: "prompt",
+                message: "empty prompt".into(),
+            });
+        }
+        self.tokenizer()?.encode(text, true)
+    }
+
+    /// Renders a chat with the checkpoint's template (generation prompt added).
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        let chat = self.chat.as_ref().ok_or_else(|| EngineError::NoChatTemplate { dir: self.dir.clone() })?;
+        chat.render(messages, true)
+    }
+
+    /// Token ids of a rendered chat (the template already holds special tokens,
+    /// so none are added, as `apply_chat_template(tokenize=True)` does).
+    pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        let text = self.render_chat(messages)?;
+        self.tokenizer()?.encode(&text, false)
+    }
+
+    /// Text of generated ids, special tokens left out.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, EngineError> {
+        self.tokenizer()?.decode(ids, true)
+    }
+
+    /// Logits of every position of `ids`, from an empty cache.
+    pub fn forward(&self, ids: &[u32]) -> Result<Mat, EngineError> {
+        let mut cache = self.model.new_cache();
+        Ok(self.model.forward(ids, &mut cache, None)?)
+    }
+
+    /// Generates after `prompt`. `on_token` sees each new id as it is chosen
+    /// and returns `false` to stop.
+    pub fn generate(&self, prompt: &[u32], opts: &GenerateOptions, on_token: &mut dyn FnMut(u32) -> bool) -> Result<Generation, EngineError> {
+        let started = Instant::now();
+        let mut sampler = Sampler::new(opts.sampling)?;
+        self.model.check_ids(prompt, 0)?;
+        let mut cache = self.model.new_cache();
+        let mut stats = Stats {
+            prompt_tokens: prompt.len(),
+            ..Stats::default()
+        };
+        let mut logits = self.prefill(prompt, &mut cache)?;
+        stats.prefill_s = started.elapsed().as_secs_f64();
+
+        let max_ctx = self.model.spec().max_position_embeddings;
+        let mut ids = Vec::new();
+        let mut finish = FinishReason::Length;
+        let mut decode_steps = 0;
+        let decode_start = Instant::now();
+        while ids.len() < opts.max_new {
+            let next = sampler.sample(&logits);
+            ids.push(next);
+            if ids.len() == 1 {
+                stats.time_to_first_token_s = started.elapsed().as_secs_f64();
+            }
+            if !on_token(next) {
+                finish = FinishReason::Cancelled;
+                break;
+            }
+            if opts.stop_at_eos && self.generation.eos_token_ids.contains(&next) {
+                finish = FinishReason::Stop;
+                break;
+            }
+            if ids.len() == opts.max_new || cache.len() + 1 > max_ctx {
+                break;
+            }
+            logits = self.model.forward_last(&[next], &mut cache, None)?;
+            decode_steps += 1;
+        }
+        stats.decode_s = if decode_steps > 0 { decode_start.elapsed().as_secs_f64() } else { 0.0 };
+        stats.new_tokens = ids.len();
+        stats.finish(decode_steps);
+        Ok(Generation {
+            ids,
+            finish_reason: finish,
+            stats,
+        })
+    }
+
+    /// Runs the prompt in chunks, returning the last position's logits.
+    fn prefill(&self, prompt: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, EngineError> {
+        let mut last = Vec::new();
+        for chunk in prompt.chunks(PREFILL_CHUNK) {
+            last = self.model.forward_last(chunk, cache, None)?;
+        }
+        Ok(last)
+    }
+}

@@ -1,0 +1,29 @@
+//! Engine errors, each naming the file or parameter at fault.
+
+use std::path::PathBuf;
+
+use larder_model::ModelError;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {message}")]
+    File { path: PathBuf, message: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+    #[error("{dir}: no tokenizer.json, so text prompts cannot be tokenized (pass --ids instead)")]
+    NoTokenizer { dir: PathBuf },
+    #[error("{dir}: tokenizer_config.json has no chat_template, so --chat cannot be used")]
+    NoChatTemplate { dir: PathBuf },
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("invalid {field}: {message}")]
+    Invalid { field: &'static str, message: String },
+}
