@@ -1,1 +1,50 @@
-fn main() {}
+//! `larder`: the one command-line binary. Each subcommand lives in `cmd/`.
+
+mod cmd;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Run mixture-of-experts language models exactly as their authors shipped them.
+///
+/// MODEL is a Hugging Face checkpoint folder (config.json, *.safetensors,
+/// tokenizer.json, tokenizer_config.json, generation_config.json). Supported
+/// architectures: Qwen3-MoE, Qwen2-MoE, Mixtral, Llama, Mistral. Weights are
+/// used in the dtype they ship in (bf16, f16, f32); activations are f32.
+///
+/// Logs go to stderr (set LARDER_LOG=debug for more); with --json, stdout
+/// holds exactly one JSON document.
+#[derive(Parser)]
+#[command(name = "larder", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the logits of every position of a token sequence (no sampling, no cache reuse).
+    Forward(cmd::forward::Args),
+    /// Generate text or token ids from a prompt, streaming as it goes.
+    Run(cmd::run::Args),
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Forward(a) => cmd::forward::run(a),
+        Command::Run(a) => cmd::run::run(a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

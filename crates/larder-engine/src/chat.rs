@@ -36,7 +36,15 @@ pub struct ChatTemplate {
     special_tokens: serde_json::Map<String, Json>,
 }
 
-const SPECIAL_TOKEN_KEYS: &[&str] = &["bos_token", "eos_token", "unk_token", "pad_token", "sep_token", "cls_token", "mask_token"];
+const SPECIAL_TOKEN_KEYS: &[&str] = &[
+    "bos_token",
+    "eos_token",
+    "unk_token",
+    "pad_token",
+    "sep_token",
+    "cls_token",
+    "mask_token",
+];
 
 impl ChatTemplate {
     /// Reads the template of `tokenizer_config.json` (or `chat_template.jinja`
@@ -44,7 +52,10 @@ impl ChatTemplate {
     pub fn from_dir(dir: &Path) -> Result<Option<Self>, EngineError> {
         let path = dir.join("tokenizer_config.json");
         let config: Json = if path.exists() {
-            let text = std::fs::read_to_string(&path).map_err(|source| EngineError::Io { path: path.clone(), source })?;
+            let text = std::fs::read_to_string(&path).map_err(|source| EngineError::Io {
+                path: path.clone(),
+                source,
+            })?;
             serde_json::from_str(&text).map_err(|e| EngineError::File {
                 path: path.clone(),
                 message: format!("not valid JSON: {e}"),
@@ -62,7 +73,10 @@ impl ChatTemplate {
                 .and_then(|t| t.get("template"))
                 .and_then(Json::as_str)
                 .map(str::to_string),
-            _ if jinja.exists() => Some(std::fs::read_to_string(&jinja).map_err(|source| EngineError::Io { path: jinja.clone(), source })?),
+            _ if jinja.exists() => Some(std::fs::read_to_string(&jinja).map_err(|source| EngineError::Io {
+                path: jinja.clone(),
+                source,
+            })?),
             _ => None,
         };
         let Some(source) = source else { return Ok(None) };
@@ -82,7 +96,9 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         minijinja_contrib::add_to_environment(&mut env);
-        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> { Err(Error::new(ErrorKind::InvalidOperation, msg)) });
+        env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
+            Err(Error::new(ErrorKind::InvalidOperation, msg))
+        });
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned("chat", source)
             .map_err(|e| EngineError::Template(format!("cannot compile: {e:#}")))?;
@@ -98,7 +114,10 @@ impl ChatTemplate {
             });
         }
         let mut ctx = self.special_tokens.clone();
-        ctx.insert("messages".into(), serde_json::to_value(messages).map_err(|e| EngineError::Template(e.to_string()))?);
+        ctx.insert(
+            "messages".into(),
+            serde_json::to_value(messages).map_err(|e| EngineError::Template(e.to_string()))?,
+        );
         ctx.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
         let tmpl = self.env.get_template("chat").map_err(|e| EngineError::Template(e.to_string()))?;
         tmpl.render(Value::from_serialize(&ctx))
@@ -125,7 +144,20 @@ fn strftime_now(format: String) -> String {
 }
 
 fn format_unix_time(secs: i64, format: &str) -> String {
-    const MONTHS: [&str; 12] = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+    const MONTHS: [&str; 12] = [
+        "January",
+        "February",
+        "March",
+        "April",
+        "May",
+        "June",
+        "July",
+        "August",
+        "September",
+        "October",
+        "November",
+        "December",
+    ];
     const DAYS: [&str; 7] = ["Thursday", "Friday", "Saturday", "Sunday", "Monday", "Tuesday", "Wednesday"];
     let days = secs.div_euclid(86_400);
     let tod = secs.rem_euclid(86_400);
@@ -178,7 +210,10 @@ mod tests {
     #[test]
     fn formats_dates() {
         // 2024-07-26 13:25:09 UTC was a Friday.
-        assert_eq!(format_unix_time(1_722_000_309, "%d %b %Y %H:%M:%S %A"), "26 Jul 2024 13:25:09 Friday");
+        assert_eq!(
+            format_unix_time(1_722_000_309, "%d %b %Y %H:%M:%S %A"),
+            "26 Jul 2024 13:25:09 Friday"
+        );
     }
 
     #[test]

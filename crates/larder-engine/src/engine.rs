@@ -87,7 +87,11 @@ impl Engine {
         }
         let model = load_model(dir, experts)?;
         let tok_path = dir.join("tokenizer.json");
-        let tokenizer = if tok_path.exists() { Some(TextTokenizer::from_file(&tok_path)?) } else { None };
+        let tokenizer = if tok_path.exists() {
+            Some(TextTokenizer::from_file(&tok_path)?)
+        } else {
+            None
+        };
         let chat = ChatTemplate::from_dir(dir)?;
         let generation = GenerationConfig::from_dir(dir)?;
         Ok(Engine {
@@ -109,7 +113,9 @@ impl Engine {
 
     /// The tokenizer, or an error saying the checkpoint has none.
     pub fn tokenizer(&self) -> Result<&TextTokenizer, EngineError> {
-        self.tokenizer.as_ref().ok_or_else(|| EngineError::NoTokenizer { dir: self.dir.clone() })
+        self.tokenizer
+            .as_ref()
+            .ok_or_else(|| EngineError::NoTokenizer { dir: self.dir.clone() })
     }
 
     /// Token ids of a plain-text prompt (with the tokenizer's own special tokens, e.g. BOS).
@@ -125,7 +131,10 @@ impl Engine {
 
     /// Renders a chat with the checkpoint's template (generation prompt added).
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
-        let chat = self.chat.as_ref().ok_or_else(|| EngineError::NoChatTemplate { dir: self.dir.clone() })?;
+        let chat = self
+            .chat
+            .as_ref()
+            .ok_or_else(|| EngineError::NoChatTemplate { dir: self.dir.clone() })?;
         chat.render(messages, true)
     }
 
@@ -149,7 +158,12 @@ impl Engine {
 
     /// Generates after `prompt`. `on_token` sees each new id as it is chosen
     /// and returns `false` to stop.
-    pub fn generate(&self, prompt: &[u32], opts: &GenerateOptions, on_token: &mut dyn FnMut(u32) -> bool) -> Result<Generation, EngineError> {
+    pub fn generate(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Generation, EngineError> {
         let started = Instant::now();
         let mut sampler = Sampler::new(opts.sampling)?;
         self.model.check_ids(prompt, 0)?;
@@ -186,7 +200,11 @@ impl Engine {
             logits = self.model.forward_last(&[next], &mut cache, None)?;
             decode_steps += 1;
         }
-        stats.decode_s = if decode_steps > 0 { decode_start.elapsed().as_secs_f64() } else { 0.0 };
+        stats.decode_s = if decode_steps > 0 {
+            decode_start.elapsed().as_secs_f64()
+        } else {
+            0.0
+        };
         stats.new_tokens = ids.len();
         stats.finish(decode_steps);
         Ok(Generation {

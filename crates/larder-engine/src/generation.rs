@@ -22,7 +22,10 @@ impl GenerationConfig {
             if !path.exists() {
                 continue;
             }
-            let text = std::fs::read_to_string(&path).map_err(|source| EngineError::Io { path: path.clone(), source })?;
+            let text = std::fs::read_to_string(&path).map_err(|source| EngineError::Io {
+                path: path.clone(),
+                source,
+            })?;
             let json: Value = serde_json::from_str(&text).map_err(|e| EngineError::File {
                 path: path.clone(),
                 message: format!("not valid JSON: {e}"),

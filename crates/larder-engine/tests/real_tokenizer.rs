@@ -58,15 +58,19 @@ fn eos_stops_generation_and_is_kept() {
     let dir = fixture("qwen2_moe_tiny");
     let r: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
     let engine = Engine::load(&dir).unwrap();
-    let g = engine.generate(&ids(&r["prompt_ids"]), &GenerateOptions::default(), &mut |_| true).unwrap();
+    let g = engine
+        .generate(&ids(&r["prompt_ids"]), &GenerateOptions::default(), &mut |_| true)
+        .unwrap();
     assert_eq!(g.ids, ids(&r["greedy_ids"]));
     assert_eq!(g.finish_reason, larder_engine::FinishReason::Stop);
     let eos = engine.generation_config().eos_token_ids.clone();
     assert!(eos.contains(g.ids.last().unwrap()));
 
-    let mut no_eos = GenerateOptions::default();
-    no_eos.stop_at_eos = false;
-    no_eos.max_new = 9;
+    let no_eos = GenerateOptions {
+        stop_at_eos: false,
+        max_new: 9,
+        ..GenerateOptions::default()
+    };
     let g = engine.generate(&ids(&r["prompt_ids"]), &no_eos, &mut |_| true).unwrap();
     assert_eq!(g.ids.len(), 9);
     assert_eq!(g.finish_reason, larder_engine::FinishReason::Length);

@@ -48,7 +48,11 @@ fn smollm2_says_paris() {
         if text.is_empty() {
             continue;
         }
-        assert_eq!(engine.tokenizer().unwrap().encode(text, true).unwrap(), ids(&case["ids"]), "tokenizing {text:?}");
+        assert_eq!(
+            engine.tokenizer().unwrap().encode(text, true).unwrap(),
+            ids(&case["ids"]),
+            "tokenizing {text:?}"
+        );
     }
 
     let logits = engine.forward(&prompt).unwrap();

@@ -55,16 +55,25 @@ impl Checkpoint {
     }
 
     fn add_file(&mut self, path: PathBuf) -> Result<(), ModelError> {
-        let file = File::open(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        let file = File::open(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
         // SAFETY: the mapping is read-only; larder never writes checkpoint files,
         // and a concurrent external truncation is outside what any reader can defend against.
-        let map = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        let map = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
         let bad = |message: String| ModelError::Safetensors {
             path: path.clone(),
             message,
         };
-        let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..])
-            .map_err(|e| bad(format!("invalid safetensors header ({e}); the file may be truncated or not a safetensors file")))?;
+        let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..]).map_err(|e| {
+            bad(format!(
+                "invalid safetensors header ({e}); the file may be truncated or not a safetensors file"
+            ))
+        })?;
         let data_start = 8 + header_len;
         let data_len = map.len() - data_start;
         let index = self.files.len();
@@ -114,7 +123,9 @@ impl Checkpoint {
     }
 
     fn entry(&self, name: &str) -> Result<&TensorEntry, ModelError> {
-        self.tensors.get(name).ok_or_else(|| ModelError::MissingTensor { name: name.to_string() })
+        self.tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor { name: name.to_string() })
     }
 
     fn check(&self, name: &str, expected: &[usize]) -> Result<(&TensorEntry, WeightDType), ModelError> {
@@ -201,7 +212,11 @@ fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
                 .as_str()
                 .ok_or_else(|| ModelError::config(&index, "weight_map", format!("entry for `{tensor}` is not a file name")))?;
             if f.contains('/') || f.contains('\\') || f == ".." {
-                return Err(ModelError::config(&index, "weight_map", format!("file name {f:?} leaves the folder")));
+                return Err(ModelError::config(
+                    &index,
+                    "weight_map",
+                    format!("file name {f:?} leaves the folder"),
+                ));
             }
             files.insert(f.to_string());
         }
@@ -210,7 +225,10 @@ fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
             if !p.exists() {
                 return Err(ModelError::Io {
                     path: p.clone(),
-                    source: std::io::Error::new(std::io::ErrorKind::NotFound, "shard listed in model.safetensors.index.json is missing"),
+                    source: std::io::Error::new(
+                        std::io::ErrorKind::NotFound,
+                        "shard listed in model.safetensors.index.json is missing",
+                    ),
                 });
             }
         }

@@ -107,7 +107,10 @@ impl ConfigJson {
     /// Reads `dir/config.json`.
     pub fn read(dir: &Path) -> Result<Self, ModelError> {
         let path = dir.join("config.json");
-        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io { path: path.clone(), source })?;
+        let text = std::fs::read_to_string(&path).map_err(|source| ModelError::Io {
+            path: path.clone(),
+            source,
+        })?;
         let value: Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
             path: path.clone(),
             message: e.to_string(),
@@ -228,7 +231,10 @@ impl ConfigJson {
             Some(d) => d,
             None => {
                 if hidden % heads != 0 {
-                    return Err(self.err("num_attention_heads", format!("{heads} does not divide hidden_size ({hidden}) and head_dim is not given")));
+                    return Err(self.err(
+                        "num_attention_heads",
+                        format!("{heads} does not divide hidden_size ({hidden}) and head_dim is not given"),
+                    ));
                 }
                 hidden / heads
             }
@@ -252,7 +258,10 @@ impl ConfigJson {
 /// The MoE top-k settings every softmax-routed architecture shares, validated.
 pub fn check_top_k(cfg: &ConfigJson, num_experts: usize, top_k: usize) -> Result<(), ModelError> {
     if top_k == 0 || top_k > num_experts {
-        return Err(cfg.err("num_experts_per_tok", format!("{top_k} must be between 1 and the number of experts ({num_experts})")));
+        return Err(cfg.err(
+            "num_experts_per_tok",
+            format!("{top_k} must be between 1 and the number of experts ({num_experts})"),
+        ));
     }
     Ok(())
 }

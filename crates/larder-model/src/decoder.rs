@@ -72,7 +72,13 @@ impl DecoderModel {
             let attention = load_attention(&spec, ckpt, &p, ls.sliding_window)?;
             let (ffn, layer_experts) = match &ls.ffn {
                 FfnSpec::Dense { intermediate } => (
-                    Ffn::Dense(Mlp::load(ckpt, &format!("{p}.mlp"), ["gate_proj", "up_proj", "down_proj"], h, *intermediate)?),
+                    Ffn::Dense(Mlp::load(
+                        ckpt,
+                        &format!("{p}.mlp"),
+                        ["gate_proj", "up_proj", "down_proj"],
+                        h,
+                        *intermediate,
+                    )?),
                     Vec::new(),
                 ),
                 FfnSpec::Moe(m) => {
@@ -82,9 +88,18 @@ impl DecoderModel {
                     let shared = match &m.shared_expert {
                         None => None,
                         Some(s) => Some(SharedExpert {
-                            mlp: Mlp::load(ckpt, &format!("{bp}.{}", names.shared_expert), ["gate_proj", "up_proj", "down_proj"], h, s.intermediate)?,
+                            mlp: Mlp::load(
+                                ckpt,
+                                &format!("{bp}.{}", names.shared_expert),
+                                ["gate_proj", "up_proj", "down_proj"],
+                                h,
+                                s.intermediate,
+                            )?,
                             gate: if s.sigmoid_gate {
-                                Some(Linear::new(ckpt.matrix(&format!("{bp}.{}.weight", names.shared_expert_gate), 1, h)?, None))
+                                Some(Linear::new(
+                                    ckpt.matrix(&format!("{bp}.{}.weight", names.shared_expert_gate), 1, h)?,
+                                    None,
+                                ))
                             } else {
                                 None
                             },
@@ -92,7 +107,9 @@ impl DecoderModel {
                     };
                     let experts_here = if experts.is_none() {
                         (0..m.num_experts)
-                            .map(|e| Mlp::load(ckpt, &format!("{bp}.experts.{e}"), names.expert_proj, h, m.expert_intermediate).map(Arc::new))
+                            .map(|e| {
+                                Mlp::load(ckpt, &format!("{bp}.experts.{e}"), names.expert_proj, h, m.expert_intermediate).map(Arc::new)
+                            })
                             .collect::<Result<Vec<_>, _>>()?
                     } else {
                         Vec::new()
@@ -210,11 +227,18 @@ fn load_attention(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_win
     let a = format!("{prefix}.self_attn");
     let lin = |name: &str, rows: usize, cols: usize, bias: bool| -> Result<Linear, ModelError> {
         let w = ckpt.matrix(&format!("{a}.{name}.weight"), rows, cols)?;
-        let b = if bias { Some(ckpt.vector(&format!("{a}.{name}.bias"), rows)?) } else { None };
+        let b = if bias {
+            Some(ckpt.vector(&format!("{a}.{name}.bias"), rows)?)
+        } else {
+            None
+        };
         Ok(Linear::new(w, b))
     };
     let qk_norm = if spec.qk_norm {
-        Some((ckpt.vector(&format!("{a}.q_norm.weight"), hd)?, ckpt.vector(&format!("{a}.k_norm.weight"), hd)?))
+        Some((
+            ckpt.vector(&format!("{a}.q_norm.weight"), hd)?,
+            ckpt.vector(&format!("{a}.k_norm.weight"), hd)?,
+        ))
     } else {
         None
     };

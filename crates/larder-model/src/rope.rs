@@ -48,7 +48,7 @@ impl RopeSpec {
             Some(t) => t,
             None => cfg.opt_f64("rope_theta")?.unwrap_or(default_theta),
         };
-        if !(theta > 1.0) {
+        if theta.is_nan() || theta <= 1.0 {
             return Err(cfg.err("rope_theta", format!("{theta} must be greater than 1")));
         }
         let (field, scaling) = match cfg.raw("rope_scaling") {
@@ -119,9 +119,7 @@ impl Rope {
     /// Builds the frequencies for heads of `head_dim` (even).
     pub fn new(spec: &RopeSpec, head_dim: usize) -> Self {
         let half = head_dim / 2;
-        let base: Vec<f64> = (0..half)
-            .map(|i| 1.0 / spec.theta.powf((2 * i) as f64 / head_dim as f64))
-            .collect();
+        let base: Vec<f64> = (0..half).map(|i| 1.0 / spec.theta.powf((2 * i) as f64 / head_dim as f64)).collect();
         let (inv, scaling) = match &spec.scaling {
             RopeScaling::None => (base, 1.0),
             RopeScaling::Linear { factor } => (base.iter().map(|f| f / factor).collect(), 1.0),

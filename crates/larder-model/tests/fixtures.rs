@@ -33,7 +33,11 @@ fn reference(dir: &Path) -> Reference {
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let t = st.tensor("logits").unwrap();
     let vocab = t.shape()[1];
-    let logits = t.data().chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+    let logits = t
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
     Reference { json, logits, vocab }
 }
 
@@ -92,7 +96,12 @@ fn check_fixture(name: &str) {
     let mut cache = model.new_cache();
     let mut trace = RouteTrace::default();
     let logits = model.forward(&prompt, &mut cache, Some(&mut trace)).unwrap();
-    let positions: Vec<usize> = r.json["logit_positions"].as_array().unwrap().iter().map(|p| p.as_u64().unwrap() as usize).collect();
+    let positions: Vec<usize> = r.json["logit_positions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p.as_u64().unwrap() as usize)
+        .collect();
     let mut worst = 0.0f32;
     for (i, &p) in positions.iter().enumerate() {
         let want = &r.logits[i * r.vocab..(i + 1) * r.vocab];
@@ -113,7 +122,10 @@ fn check_fixture(name: &str) {
             let want: Vec<usize> = row.as_array().unwrap().iter().map(|e| e.as_u64().unwrap() as usize).collect();
             assert_eq!(got[p].experts, want, "{name}: layer {l} position {p} experts");
             for (g, w) in got[p].weights.iter().zip(weights[p].as_array().unwrap()) {
-                assert!((g - w.as_f64().unwrap() as f32).abs() < 1e-5, "{name}: layer {l} position {p} weight");
+                assert!(
+                    (g - w.as_f64().unwrap() as f32).abs() < 1e-5,
+                    "{name}: layer {l} position {p} weight"
+                );
             }
         }
     }
@@ -153,7 +165,14 @@ macro_rules! fixture_tests {
     ($($name:ident),*) => { $( #[test] fn $name() { check_fixture(stringify!($name)); } )* };
 }
 
-fixture_tests!(qwen3_moe_tiny, qwen3_moe_tok, qwen3_moe_bf16_long, qwen2_moe_tiny, mixtral_tiny, llama_tiny);
+fixture_tests!(
+    qwen3_moe_tiny,
+    qwen3_moe_tok,
+    qwen3_moe_bf16_long,
+    qwen2_moe_tiny,
+    mixtral_tiny,
+    llama_tiny
+);
 
 #[test]
 fn every_fixture_is_listed() {

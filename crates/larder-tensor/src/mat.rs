@@ -38,7 +38,11 @@ impl Mat {
             assert_eq!(r.len(), cols, "Mat::from_rows: ragged rows");
             data.extend_from_slice(r);
         }
-        Mat { rows: rows.len(), cols, data }
+        Mat {
+            rows: rows.len(),
+            cols,
+            data,
+        }
     }
 
     pub fn rows(&self) -> usize {

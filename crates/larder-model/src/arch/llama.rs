@@ -1,7 +1,7 @@
 //! Llama (and Mistral): dense SwiGLU decoders, e.g. SmolLM2, Llama 3.x.
 //! Used for real-text tests and as draft models.
 
-use crate::config::{ConfigJson, FfnSpec, LayerSpec, MoeNames, ModelSpec};
+use crate::config::{ConfigJson, FfnSpec, LayerSpec, ModelSpec, MoeNames};
 use crate::error::ModelError;
 
 /// `model_type: llama`.

@@ -2,7 +2,7 @@
 //! (`block_sparse_moe`, experts `w1`/`w3`/`w2`), softmax top-k, always
 //! renormalised.
 
-use crate::config::{check_top_k, ConfigJson, FfnSpec, LayerSpec, MoeNames, MoeSpec, ModelSpec};
+use crate::config::{check_top_k, ConfigJson, FfnSpec, LayerSpec, ModelSpec, MoeNames, MoeSpec};
 use crate::error::ModelError;
 
 const NAMES: MoeNames = MoeNames {

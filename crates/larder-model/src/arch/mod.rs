@@ -10,14 +10,17 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::checkpoint::Checkpoint;
-use crate::config::{ConfigJson, LayerSpec, MoeNames, ModelSpec};
+use crate::config::{ConfigJson, LayerSpec, ModelSpec, MoeNames};
 use crate::decoder::DecoderModel;
 use crate::error::ModelError;
 use crate::expert::ExpertProvider;
 use crate::rope::RopeSpec;
 
+/// Reads one architecture's config.json into a [`ModelSpec`].
+type SpecReader = fn(&ConfigJson) -> Result<ModelSpec, ModelError>;
+
 /// `model_type` values larder can load, with the function that reads each config.
-const ARCHITECTURES: &[(&str, fn(&ConfigJson) -> Result<ModelSpec, ModelError>)] = &[
+const ARCHITECTURES: &[(&str, SpecReader)] = &[
     ("llama", llama::spec),
     ("mistral", llama::spec_mistral),
     ("qwen3_moe", qwen3_moe::spec),
@@ -59,7 +62,12 @@ pub fn load_model(dir: &Path, experts: Option<Arc<dyn ExpertProvider>>) -> Resul
 
 /// The fields every architecture shares, read with its own defaults.
 /// `layers` is left empty for the caller to fill.
-pub(crate) fn base_spec(cfg: &ConfigJson, default_theta: f64, default_max_pos: usize, moe_names: MoeNames) -> Result<ModelSpec, ModelError> {
+pub(crate) fn base_spec(
+    cfg: &ConfigJson,
+    default_theta: f64,
+    default_max_pos: usize,
+    moe_names: MoeNames,
+) -> Result<ModelSpec, ModelError> {
     cfg.require_silu()?;
     let (hidden_size, num_heads, num_kv_heads, head_dim) = cfg.attention_dims()?;
     let attention_bias = cfg.opt_bool("attention_bias")?.unwrap_or(false);

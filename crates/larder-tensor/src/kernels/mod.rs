@@ -29,7 +29,13 @@ const PARALLEL_MIN_ELEMS: usize = 1 << 16;
 /// # Panics
 /// If `x.cols() != w.cols()`; model code checks shapes at load time.
 pub fn matmul_t(x: &Mat, w: &WeightMatrix) -> Mat {
-    assert_eq!(x.cols(), w.cols(), "matmul_t: activation width {} vs weight input {}", x.cols(), w.cols());
+    assert_eq!(
+        x.cols(),
+        w.cols(),
+        "matmul_t: activation width {} vs weight input {}",
+        x.cols(),
+        w.cols()
+    );
     let (m, n, k) = (x.rows(), w.rows(), w.cols());
     // Computed feature-major ([n, m]) so that each task owns a contiguous block.
     let mut out_t = vec![0.0f32; n * m];
@@ -86,7 +92,10 @@ mod tests {
                 for f in 0..n {
                     let exact: f64 = (0..k).map(|i| xv[r * k + i] as f64 * wf[f * k + i] as f64).sum();
                     let got = y.row(r)[f] as f64;
-                    assert!((got - exact).abs() <= 1e-5 * (1.0 + exact.abs()), "{dt} r{r} f{f}: {got} vs {exact}");
+                    assert!(
+                        (got - exact).abs() <= 1e-5 * (1.0 + exact.abs()),
+                        "{dt} r{r} f{f}: {got} vs {exact}"
+                    );
                 }
             }
         }

@@ -1,0 +1,131 @@
+//! `larder run`: generate from ids, a text prompt or a chat, streaming text
+//! to stdout (or one JSON document with --json).
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use anyhow::bail;
+use larder_engine::{ChatMessage, GenerateOptions, SamplingParams, StreamDecoder};
+use serde_json::json;
+
+/// Arguments of `larder run`.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  larder run --model ./fixtures/qwen3_moe_tok --prompt \"The capital of France is\" --max-new 16\n  larder run --model ./fixtures/qwen3_moe_tok --chat --prompt \"Explain tides\"\n  larder run --model ./fixtures/qwen3_moe_tiny --ids 1,200,31 --max-new 8 --json"
+)]
+pub struct Args {
+    /// Checkpoint folder.
+    #[arg(long, value_name = "DIR")]
+    model: PathBuf,
+    /// Prompt as comma-separated token ids.
+    #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt", required_unless_present = "prompt")]
+    ids: Option<Vec<u32>>,
+    /// Prompt text, tokenized with the checkpoint's tokenizer.json.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Treat --prompt as a user message and render the checkpoint's chat template.
+    #[arg(long, requires = "prompt")]
+    chat: bool,
+    /// With --chat: a system message placed before the user message.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Maximum number of new tokens.
+    #[arg(long, default_value_t = 128)]
+    max_new: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    temperature: f32,
+    /// Nucleus sampling: keep the most likely tokens up to this probability mass (1 = off).
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
+    top_p: f32,
+    /// Keep only the K most likely tokens (0 = off).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Seed of the sampler (sampling is reproducible for a given seed).
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Keep generating past EOS tokens (until --max-new).
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print {"ids", "text", "finish_reason", "stats"} on stdout instead of streaming text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let engine = super::load_engine(&args.model)?;
+    let prompt_ids = match (&args.ids, &args.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) if args.chat => {
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(ChatMessage::new("system", system));
+            }
+            messages.push(ChatMessage::new("user", text));
+            engine.encode_chat(&messages)?
+        }
+        (None, Some(text)) => engine.encode_prompt(text)?,
+        (None, None) => bail!("give a prompt with --ids or --prompt"),
+    };
+    let opts = GenerateOptions {
+        max_new: args.max_new,
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            seed: args.seed,
+        },
+        stop_at_eos: !args.ignore_eos,
+    };
+    let tok = engine.tokenizer().ok();
+    if tok.is_none() {
+        tracing::info!("{} has no tokenizer.json: printing token ids instead of text", args.model.display());
+    }
+
+    let mut stream = StreamDecoder::new();
+    let mut stdout = std::io::stdout().lock();
+    let mut write_error = None;
+    let generation = engine.generate(&prompt_ids, &opts, &mut |id| {
+        if args.json {
+            return true;
+        }
+        let piece = match tok {
+            Some(t) => stream.push(t, id).ok().flatten(),
+            None => Some(format!("{id} ")),
+        };
+        if let Some(p) = piece {
+            if let Err(e) = stdout.write_all(p.as_bytes()).and_then(|_| stdout.flush()) {
+                // A closed pipe (e.g. `| head`) stops generation instead of panicking.
+                write_error = Some(e);
+                return false;
+            }
+        }
+        true
+    })?;
+    if let Some(e) = write_error {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            return Err(e.into());
+        }
+        return Ok(());
+    }
+    let text = match tok {
+        Some(t) => t.decode(&generation.ids, true)?,
+        None => String::new(),
+    };
+    let s = &generation.stats;
+    if args.json {
+        drop(stdout);
+        return super::print_json(&json!({
+            "ids": generation.ids,
+            "text": text,
+            "finish_reason": generation.finish_reason,
+            "stats": s,
+        }));
+    }
+    writeln!(stdout)?;
+    eprintln!(
+        "[larder] {} prompt + {} new tokens | prefill {:.1} tok/s | decode {:.2} tok/s | first token {:.3}s | finish: {:?}",
+        s.prompt_tokens, s.new_tokens, s.prefill_tok_per_s, s.decode_tok_per_s, s.time_to_first_token_s, generation.finish_reason
+    );
+    Ok(())
+}

@@ -1,0 +1,251 @@
+//! Black-box tests of the `larder` binary: the JSON interfaces external checks
+//! rely on (DESIGN.md §1), and clear errors (non-zero exit, no panic) on bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+}
+
+fn larder(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_larder")).args(args).output().unwrap()
+}
+
+fn ok_json(args: &[&str]) -> Value {
+    let out = larder(args);
+    assert!(
+        out.status.success(),
+        "larder {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// Runs larder expecting failure; returns stderr.
+fn fails(args: &[&str]) -> String {
+    let out = larder(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "larder {args:?} should fail");
+    assert!(!err.contains("panicked"), "larder {args:?} panicked: {err}");
+    err
+}
+
+fn reference(name: &str) -> Value {
+    serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap()).unwrap()
+}
+
+fn id_list(v: &Value) -> String {
+    v.as_array().unwrap().iter().map(|x| x.to_string()).collect::<Vec<_>>().join(",")
+}
+
+/// A copy of a fixture folder to break on purpose.
+fn copy_fixture(name: &str) -> tempfile::TempDir {
+    let tmp = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap().flatten() {
+        std::fs::copy(entry.path(), tmp.path().join(entry.file_name())).unwrap();
+    }
+    tmp
+}
+
+fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
+    let path = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(path, serde_json::to_string(&v).unwrap()).unwrap();
+}
+
+#[test]
+fn forward_json_matches_reference_logits() {
+    let r = reference("qwen3_moe_tiny");
+    let model = fixture("qwen3_moe_tiny");
+    let ids = id_list(&r["prompt_ids"]);
+    let v = ok_json(&["forward", "--model", model.to_str().unwrap(), "--ids", &ids, "--json"]);
+    let logits = v["logits"].as_array().unwrap();
+    assert_eq!(logits.len(), r["prompt_ids"].as_array().unwrap().len());
+    let bytes = std::fs::read(model.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let want: Vec<f32> = st
+        .tensor("logits")
+        .unwrap()
+        .data()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let vocab = logits[0].as_array().unwrap().len();
+    for (p, row) in logits.iter().enumerate() {
+        for (i, x) in row.as_array().unwrap().iter().enumerate() {
+            let got = x.as_f64().unwrap() as f32;
+            assert!((got - want[p * vocab + i]).abs() <= 1e-4, "position {p} token {i}");
+        }
+    }
+}
+
+#[test]
+fn run_json_gives_greedy_ids_and_stats() {
+    for name in ["qwen3_moe_tiny", "qwen2_moe_tiny", "mixtral_tiny", "llama_tiny"] {
+        let r = reference(name);
+        let model = fixture(name);
+        let v = ok_json(&[
+            "run",
+            "--model",
+            model.to_str().unwrap(),
+            "--ids",
+            &id_list(&r["prompt_ids"]),
+            "--max-new",
+            "8",
+            "--json",
+        ]);
+        assert_eq!(v["ids"], r["greedy_ids"], "{name}");
+        assert!(v["text"].is_string());
+        for key in ["prompt_tokens", "new_tokens", "prefill_s", "decode_s", "decode_tok_per_s"] {
+            assert!(v["stats"][key].is_number(), "{name}: stats.{key}");
+        }
+    }
+}
+
+#[test]
+fn run_prompt_and_chat_use_the_real_tokenizer() {
+    let r = reference("qwen3_moe_tok");
+    let model = fixture("qwen3_moe_tok");
+    let m = model.to_str().unwrap();
+    let v = ok_json(&[
+        "run",
+        "--model",
+        m,
+        "--prompt",
+        r["text"].as_str().unwrap(),
+        "--max-new",
+        "8",
+        "--json",
+    ]);
+    assert_eq!(v["ids"], r["greedy_ids"]);
+    assert_eq!(v["text"], r["decode_text"]);
+    assert_eq!(v["stats"]["prompt_tokens"], 5);
+
+    let msgs = r["chat_messages"].as_array().unwrap();
+    let v = ok_json(&[
+        "run",
+        "--model",
+        m,
+        "--chat",
+        "--system",
+        msgs[0]["content"].as_str().unwrap(),
+        "--prompt",
+        msgs[1]["content"].as_str().unwrap(),
+        "--max-new",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(v["stats"]["prompt_tokens"], r["chat_ids"].as_array().unwrap().len());
+
+    // Streaming mode prints the text itself on stdout.
+    let out = larder(&["run", "--model", m, "--prompt", r["text"].as_str().unwrap(), "--max-new", "8"]);
+    assert!(out.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim_end_matches('\n'),
+        r["decode_text"].as_str().unwrap()
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("tok/s"));
+}
+
+#[test]
+fn sampling_is_seeded() {
+    let m = fixture("qwen3_moe_tiny");
+    let args = [
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--ids",
+        "1,2,3",
+        "--max-new",
+        "10",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--top-k",
+        "40",
+        "--seed",
+        "5",
+        "--json",
+    ];
+    assert_eq!(ok_json(&args)["ids"], ok_json(&args)["ids"]);
+}
+
+#[test]
+fn bad_inputs_give_clear_errors() {
+    let tiny = fixture("qwen3_moe_tiny");
+    let t = tiny.to_str().unwrap();
+    assert!(fails(&["run", "--model", "/nonexistent/model", "--ids", "1"]).contains("/nonexistent/model"));
+    assert!(fails(&["forward", "--model", t, "--ids", "1,99999", "--json"]).contains("99999"));
+    assert!(fails(&["forward", "--model", t, "--ids", "1,x"]).contains("x"));
+    assert!(fails(&["run", "--model", t, "--ids", "1", "--temperature", "-1"]).contains("temperature"));
+    // No tokenizer: a text prompt cannot be used, and the error says so.
+    assert!(fails(&["run", "--model", t, "--prompt", "hello"]).contains("tokenizer.json"));
+    assert!(fails(&["run", "--model", fixture("qwen3_moe_tok").to_str().unwrap(), "--prompt", ""]).contains("empty prompt"));
+
+    let unknown = copy_fixture("qwen3_moe_tiny");
+    edit_config(unknown.path(), |v| v["model_type"] = "gpt_bogus".into());
+    let err = fails(&["forward", "--model", unknown.path().to_str().unwrap(), "--ids", "1"]);
+    assert!(err.contains("gpt_bogus") && err.contains("qwen3_moe"), "{err}");
+
+    let kv = copy_fixture("qwen3_moe_tiny");
+    edit_config(kv.path(), |v| v["num_key_value_heads"] = 3.into());
+    assert!(fails(&["forward", "--model", kv.path().to_str().unwrap(), "--ids", "1"]).contains("num_key_value_heads"));
+
+    let topk = copy_fixture("qwen3_moe_tiny");
+    edit_config(topk.path(), |v| v["num_experts_per_tok"] = 99.into());
+    assert!(fails(&["forward", "--model", topk.path().to_str().unwrap(), "--ids", "1"]).contains("num_experts_per_tok"));
+
+    let shape = copy_fixture("qwen3_moe_tiny");
+    edit_config(shape.path(), |v| v["moe_intermediate_size"] = 48.into());
+    let err = fails(&["forward", "--model", shape.path().to_str().unwrap(), "--ids", "1"]);
+    assert!(err.contains("gate_proj.weight") && err.contains("shape"), "{err}");
+
+    let bad_json = copy_fixture("qwen3_moe_tiny");
+    std::fs::write(bad_json.path().join("config.json"), "{ not json").unwrap();
+    assert!(fails(&["forward", "--model", bad_json.path().to_str().unwrap(), "--ids", "1"]).contains("config.json"));
+
+    let truncated = copy_fixture("qwen3_moe_tiny");
+    let st = truncated.path().join("model.safetensors");
+    let len = std::fs::metadata(&st).unwrap().len();
+    std::fs::OpenOptions::new().write(true).open(&st).unwrap().set_len(len / 2).unwrap();
+    let err = fails(&["forward", "--model", truncated.path().to_str().unwrap(), "--ids", "1"]);
+    assert!(err.contains("model.safetensors") && err.contains("truncated"), "{err}");
+
+    let garbage = copy_fixture("qwen3_moe_tiny");
+    std::fs::write(garbage.path().join("model.safetensors"), b"definitely not safetensors").unwrap();
+    assert!(fails(&["forward", "--model", garbage.path().to_str().unwrap(), "--ids", "1"]).contains("model.safetensors"));
+
+    let missing_shard = copy_fixture("qwen3_moe_tok");
+    std::fs::remove_file(missing_shard.path().join("model-00002-of-00002.safetensors")).unwrap();
+    assert!(fails(&["forward", "--model", missing_shard.path().to_str().unwrap(), "--ids", "1"]).contains("model-00002-of-00002"));
+}
+
+#[test]
+fn missing_tensor_is_named() {
+    let dir = copy_fixture("qwen3_moe_tiny");
+    let path = dir.path().join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let dropped = "model.layers.1.mlp.experts.5.down_proj.weight";
+    let kept: Vec<(String, safetensors::tensor::TensorView)> = st.tensors().into_iter().filter(|(n, _)| n != dropped).collect();
+    let out = safetensors::serialize(kept, None).unwrap();
+    std::fs::write(&path, out).unwrap();
+    assert!(fails(&["forward", "--model", dir.path().to_str().unwrap(), "--ids", "1"]).contains(dropped));
+}
+
+#[test]
+fn help_explains_commands() {
+    let out = larder(&["--help"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("forward") && text.contains("run"));
+    let out = larder(&["run", "--help"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    for flag in ["--max-new", "--temperature", "--top-p", "--top-k", "--seed", "--chat", "--json"] {
+        assert!(text.contains(flag), "run --help lacks {flag}");
+    }
+}
