@@ -28,6 +28,9 @@ enum Command {
     Forward(cmd::forward::Args),
     /// Generate text or token ids from a prompt, streaming as it goes.
     Run(cmd::run::Args),
+    /// Measure speed against this machine's physical limits.
+    #[command(subcommand)]
+    Bench(cmd::bench::Bench),
 }
 
 fn main() -> ExitCode {
@@ -39,6 +42,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Forward(a) => cmd::forward::run(a),
         Command::Run(a) => cmd::run::run(a),
+        Command::Bench(b) => cmd::bench::run(b),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

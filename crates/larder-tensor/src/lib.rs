@@ -10,8 +10,10 @@
 //! count. A row's result therefore never depends on the rows beside it
 //! (batch invariance, DESIGN.md §3).
 
+pub mod bench;
 pub mod device;
 pub mod dtype;
+pub mod formats;
 pub mod kernels;
 pub mod linear;
 pub mod mat;
@@ -21,4 +23,7 @@ pub mod weight;
 pub use dtype::WeightDType;
 pub use linear::Linear;
 pub use mat::Mat;
-pub use weight::{WeightError, WeightMatrix};
+pub use weight::{WeightError, WeightFormat, WeightMatrix};
+
+#[cfg(not(target_endian = "little"))]
+compile_error!("larder reads little-endian checkpoint bytes in place and supports little-endian targets only");

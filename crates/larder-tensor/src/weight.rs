@@ -6,18 +6,13 @@
 use std::sync::Arc;
 
 use crate::dtype::WeightDType;
+use crate::formats;
 
 /// Errors building a weight from raw bytes.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightError {
-    #[error("weight {name}: {len} bytes do not hold {rows}x{cols} {dtype} values")]
-    Size {
-        name: String,
-        len: usize,
-        rows: usize,
-        cols: usize,
-        dtype: WeightDType,
-    },
+    #[error("weight {name}: {message}")]
+    Layout { name: String, message: String },
 }
 
 /// An immutable byte range shared between owners.
@@ -68,45 +63,194 @@ impl std::fmt::Debug for SharedBytes {
     }
 }
 
+/// How a weight's values are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WeightFormat {
+    /// Plain f32 / f16 / bf16 elements.
+    Dense(WeightDType),
+    /// fp8 e4m3fn codes with one f32 scale per `block_rows x block_cols` block
+    /// (DeepSeek-V3 `weight_scale_inv`; edge blocks may be ragged).
+    Fp8Block { block_rows: usize, block_cols: usize },
+    /// OCP MX fp4 e2m1 codes (two per byte) with one e8m0 scale per 32 columns.
+    Mxfp4,
+    /// Signed int4 (pack-quantized, 8 per i32) with one scale per `group` columns.
+    Int4Group { group: usize },
+}
+
+impl std::fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WeightFormat::Dense(d) => write!(f, "{d}"),
+            WeightFormat::Fp8Block { block_rows, block_cols } => write!(f, "fp8-e4m3[{block_rows}x{block_cols}]"),
+            WeightFormat::Mxfp4 => write!(f, "mxfp4"),
+            WeightFormat::Int4Group { group } => write!(f, "int4[g{group}]"),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Storage {
+    Dense(SharedBytes),
+    Fp8 { codes: SharedBytes, scales: Arc<[f32]> },
+    Mxfp4 { blocks: SharedBytes, scales: SharedBytes },
+    Int4 { packed: SharedBytes, scales: Arc<[f32]> },
+}
+
 /// A `rows x cols` weight (`rows` = output features, `cols` = input features,
-/// the layout of a torch `nn.Linear.weight`).
+/// the layout of a torch `nn.Linear.weight`), in its shipped format.
 #[derive(Debug, Clone)]
 pub struct WeightMatrix {
-    dtype: WeightDType,
+    format: WeightFormat,
     rows: usize,
     cols: usize,
-    bytes: SharedBytes,
+    storage: Storage,
+}
+
+fn size_error(name: &str, what: &str, len: usize, want: Option<usize>, rows: usize, cols: usize, format: WeightFormat) -> WeightError {
+    WeightError::Layout {
+        name: name.to_string(),
+        message: match want {
+            Some(w) => format!("{what}: {len} bytes/values, {rows}x{cols} {format} needs {w}"),
+            None => format!("{what}: {rows}x{cols} overflows"),
+        },
+    }
 }
 
 impl WeightMatrix {
-    /// Checks that `bytes` holds exactly `rows x cols` values of `dtype`.
+    /// A dense weight: checks that `bytes` holds exactly `rows x cols` values of `dtype`.
     pub fn new(name: &str, dtype: WeightDType, rows: usize, cols: usize, bytes: SharedBytes) -> Result<Self, WeightError> {
+        let format = WeightFormat::Dense(dtype);
         let want = rows.checked_mul(cols).and_then(|n| n.checked_mul(dtype.size()));
         if want != Some(bytes.len()) {
-            return Err(WeightError::Size {
-                name: name.to_string(),
-                len: bytes.len(),
-                rows,
-                cols,
-                dtype,
-            });
+            return Err(size_error(name, "data", bytes.len(), want, rows, cols, format));
         }
-        Ok(WeightMatrix { dtype, rows, cols, bytes })
+        Ok(WeightMatrix {
+            format,
+            rows,
+            cols,
+            storage: Storage::Dense(bytes),
+        })
     }
 
-    /// Builds a weight by encoding f32 values (tests and synthetic tools).
+    /// fp8 e4m3fn codes `[rows, cols]` with f32 scales
+    /// `[ceil(rows / block_rows), ceil(cols / block_cols)]` (row-major).
+    pub fn fp8_block(
+        name: &str,
+        rows: usize,
+        cols: usize,
+        codes: SharedBytes,
+        scales: Vec<f32>,
+        block_rows: usize,
+        block_cols: usize,
+    ) -> Result<Self, WeightError> {
+        let format = WeightFormat::Fp8Block { block_rows, block_cols };
+        if block_rows == 0 || block_cols == 0 {
+            return Err(WeightError::Layout {
+                name: name.into(),
+                message: "fp8 block size must be positive".into(),
+            });
+        }
+        let want = rows.checked_mul(cols);
+        if want != Some(codes.len()) {
+            return Err(size_error(name, "fp8 codes", codes.len(), want, rows, cols, format));
+        }
+        let nscales = rows.div_ceil(block_rows) * cols.div_ceil(block_cols);
+        if scales.len() != nscales {
+            return Err(size_error(name, "fp8 scales", scales.len(), Some(nscales), rows, cols, format));
+        }
+        Ok(WeightMatrix {
+            format,
+            rows,
+            cols,
+            storage: Storage::Fp8 {
+                codes,
+                scales: scales.into(),
+            },
+        })
+    }
+
+    /// mxfp4: `blocks` `[rows, cols / 32, 16]` bytes, `scales` `[rows, cols / 32]` e8m0 bytes.
+    pub fn mxfp4(name: &str, rows: usize, cols: usize, blocks: SharedBytes, scales: SharedBytes) -> Result<Self, WeightError> {
+        let format = WeightFormat::Mxfp4;
+        if cols % 32 != 0 {
+            return Err(WeightError::Layout {
+                name: name.into(),
+                message: format!("mxfp4 needs columns in multiples of 32, got {cols}"),
+            });
+        }
+        let want = rows.checked_mul(cols / 2);
+        if want != Some(blocks.len()) {
+            return Err(size_error(name, "mxfp4 blocks", blocks.len(), want, rows, cols, format));
+        }
+        let want = rows.checked_mul(cols / 32);
+        if want != Some(scales.len()) {
+            return Err(size_error(name, "mxfp4 scales", scales.len(), want, rows, cols, format));
+        }
+        Ok(WeightMatrix {
+            format,
+            rows,
+            cols,
+            storage: Storage::Mxfp4 { blocks, scales },
+        })
+    }
+
+    /// Pack-quantized int4: `packed` `[rows, cols / 8]` little-endian i32,
+    /// `scales` `[rows, cols / group]` f32.
+    pub fn int4_group(
+        name: &str,
+        rows: usize,
+        cols: usize,
+        packed: SharedBytes,
+        scales: Vec<f32>,
+        group: usize,
+    ) -> Result<Self, WeightError> {
+        let format = WeightFormat::Int4Group { group };
+        if group == 0 || cols % 8 != 0 || cols % group != 0 {
+            return Err(WeightError::Layout {
+                name: name.into(),
+                message: format!("int4 needs columns ({cols}) divisible by 8 and by the group size ({group})"),
+            });
+        }
+        let want = rows.checked_mul(cols / 2);
+        if want != Some(packed.len()) {
+            return Err(size_error(name, "int4 packed", packed.len(), want, rows, cols, format));
+        }
+        let want = rows * (cols / group);
+        if want != scales.len() {
+            return Err(size_error(name, "int4 scales", scales.len(), Some(want), rows, cols, format));
+        }
+        Ok(WeightMatrix {
+            format,
+            rows,
+            cols,
+            storage: Storage::Int4 {
+                packed,
+                scales: scales.into(),
+            },
+        })
+    }
+
+    /// Builds a dense weight by encoding f32 values (tests and synthetic tools).
     pub fn from_f32(dtype: WeightDType, rows: usize, cols: usize, values: &[f32]) -> Self {
         assert_eq!(values.len(), rows * cols);
         WeightMatrix {
-            dtype,
+            format: WeightFormat::Dense(dtype),
             rows,
             cols,
-            bytes: SharedBytes::from_vec(crate::dtype::encode(dtype, values)),
+            storage: Storage::Dense(SharedBytes::from_vec(crate::dtype::encode(dtype, values))),
         }
     }
 
-    pub fn dtype(&self) -> WeightDType {
-        self.dtype
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
+    /// The element dtype of a dense weight (`None` for quantized formats).
+    pub fn dense_dtype(&self) -> Option<WeightDType> {
+        match self.format {
+            WeightFormat::Dense(d) => Some(d),
+            _ => None,
+        }
     }
 
     pub fn rows(&self) -> usize {
@@ -117,26 +261,66 @@ impl WeightMatrix {
         self.cols
     }
 
-    /// Raw bytes of the whole matrix.
-    pub fn bytes(&self) -> &[u8] {
-        self.bytes.as_slice()
+    /// Bytes of a dense weight's row `r` (`None` for quantized formats).
+    pub fn dense_row_bytes(&self, r: usize) -> Option<&[u8]> {
+        match (&self.storage, self.format) {
+            (Storage::Dense(b), WeightFormat::Dense(d)) => {
+                let rb = self.cols * d.size();
+                Some(&b.as_slice()[r * rb..(r + 1) * rb])
+            }
+            _ => None,
+        }
     }
 
-    /// Size in bytes.
+    /// Bytes the weight occupies (codes plus scales).
     pub fn byte_len(&self) -> usize {
-        self.bytes.len()
+        match &self.storage {
+            Storage::Dense(b) => b.len(),
+            Storage::Fp8 { codes, scales } => codes.len() + scales.len() * 4,
+            Storage::Mxfp4 { blocks, scales } => blocks.len() + scales.len(),
+            Storage::Int4 { packed, scales } => packed.len() + scales.len() * 4,
+        }
     }
 
-    /// Widens row `r` into `out` (length `cols`).
+    /// Decodes row `r` into `out` (length `cols`), exactly.
     pub fn decode_row(&self, r: usize, out: &mut [f32]) {
-        let rb = self.cols * self.dtype.size();
-        self.dtype.decode_into(&self.bytes.as_slice()[r * rb..(r + 1) * rb], out);
+        let c = self.cols;
+        match (&self.storage, self.format) {
+            (Storage::Dense(b), WeightFormat::Dense(d)) => {
+                let rb = c * d.size();
+                d.decode_into(&b.as_slice()[r * rb..(r + 1) * rb], out);
+            }
+            (Storage::Fp8 { codes, scales }, WeightFormat::Fp8Block { block_rows, block_cols }) => {
+                let per_row = c.div_ceil(block_cols);
+                let srow = &scales[(r / block_rows) * per_row..(r / block_rows + 1) * per_row];
+                formats::decode_fp8_row(&codes.as_slice()[r * c..(r + 1) * c], srow, block_cols, out);
+            }
+            (Storage::Mxfp4 { blocks, scales }, _) => {
+                formats::decode_mxfp4_row(
+                    &blocks.as_slice()[r * c / 2..(r + 1) * c / 2],
+                    &scales.as_slice()[r * c / 32..(r + 1) * c / 32],
+                    out,
+                );
+            }
+            (Storage::Int4 { packed, scales }, WeightFormat::Int4Group { group }) => {
+                let g = c / group;
+                formats::decode_int4_row(
+                    &packed.as_slice()[r * c / 2..(r + 1) * c / 2],
+                    &scales[r * g..(r + 1) * g],
+                    group,
+                    out,
+                );
+            }
+            _ => unreachable!("format and storage are built together"),
+        }
     }
 
-    /// Widens the whole matrix (tests, embeddings lookups of single rows use `decode_row`).
+    /// Decodes the whole matrix (tests and reference paths).
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.rows * self.cols];
-        self.dtype.decode_into(self.bytes.as_slice(), &mut out);
+        for (r, row) in out.chunks_exact_mut(self.cols.max(1)).enumerate().take(self.rows) {
+            self.decode_row(r, row);
+        }
         out
     }
 }

@@ -1,5 +1,6 @@
 //! Subcommands of the `larder` binary, one file each.
 
+pub mod bench;
 pub mod forward;
 pub mod run;
 

@@ -1,0 +1,152 @@
+//! `larder bench`: measured speed against the physical limit of the same run.
+//!
+//! `larder bench kernels` first measures one thread's RAM read bandwidth, then
+//! the weight bytes per second of every weight format at the shapes of real
+//! MoE layers, for 1, 8 and 64 activation rows, cold (weights streamed from
+//! RAM) and hot (the same weight again), and candle's own matmul on the same
+//! dense shapes for comparison.
+
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Subcommand;
+use indicatif::{ProgressBar, ProgressStyle};
+use larder_tensor::bench::{bench_formats, measure_candle, ram_read_gbps, WeightSet};
+use larder_tensor::kernels::{active_path, KernelPath};
+use larder_tensor::WeightFormat;
+use serde_json::json;
+
+/// What to benchmark.
+#[derive(Subcommand)]
+pub enum Bench {
+    /// Weight-format GEMV/GEMM kernels vs. RAM bandwidth (and candle's matmul).
+    Kernels(KernelArgs),
+}
+
+/// Arguments of `larder bench kernels`.
+#[derive(clap::Args)]
+pub struct KernelArgs {
+    /// Print one JSON document: {"ram_gbps", "path", "threads", "results": [...]}.
+    #[arg(long)]
+    json: bool,
+    /// Threads for the kernels (the RAM bandwidth is measured with one).
+    #[arg(long, default_value_t = 1)]
+    threads: usize,
+    /// Small shapes and short timings (a smoke test, not a measurement).
+    #[arg(long)]
+    quick: bool,
+    /// Skip candle's matmul (it is slow for bf16/f16).
+    #[arg(long)]
+    no_candle: bool,
+    /// Only these formats (f32, f16, bf16, fp8, mxfp4, int4), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    formats: Vec<String>,
+    /// Also write the JSON document to this file.
+    #[arg(long, value_name = "FILE")]
+    out: Option<std::path::PathBuf>,
+}
+
+pub fn run(bench: Bench) -> anyhow::Result<()> {
+    match bench {
+        Bench::Kernels(a) => kernels(a),
+    }
+}
+
+fn kernels(args: KernelArgs) -> anyhow::Result<()> {
+    let path: KernelPath = active_path();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads.max(1))
+        .build()
+        .context("cannot build the benchmark thread pool")?;
+    let (shapes, rows, budget, ram_bytes): (&[(usize, usize)], &[usize], _, usize) = if args.quick {
+        (&[(512, 256)], &[1, 8], Duration::from_millis(20), 64 << 20)
+    } else {
+        (
+            &[(7168, 2048), (2048, 1408), (4096, 1536)],
+            &[1, 8, 64],
+            Duration::from_millis(400),
+            1 << 30,
+        )
+    };
+    let formats: Vec<(&str, WeightFormat)> = bench_formats()
+        .into_iter()
+        .filter(|(name, _)| args.formats.is_empty() || args.formats.iter().any(|f| f == name))
+        .collect();
+    if formats.is_empty() {
+        anyhow::bail!("--formats matched none of f32, f16, bf16, fp8, mxfp4, int4");
+    }
+
+    eprintln!("measuring RAM read bandwidth (1 thread, {} MiB) ...", ram_bytes >> 20);
+    let ram = ram_read_gbps(ram_bytes);
+    eprintln!("RAM read: {ram:.2} GB/s; kernel path {}, {} thread(s)", path.name(), args.threads);
+
+    let total = (shapes.len() * formats.len() * rows.len() * 2) as u64;
+    let bar = ProgressBar::new(total).with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
+    if args.json {
+        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
+    }
+    let mut results = Vec::new();
+    for &(k, n) in shapes {
+        for (name, format) in &formats {
+            bar.set_message(format!("{name} {k}x{n}"));
+            let set = WeightSet::new(*format, n, k);
+            for &m in rows {
+                let candle = match format {
+                    WeightFormat::Dense(d) if !args.no_candle => {
+                        let b = if m >= 64 { Duration::ZERO } else { budget };
+                        measure_candle(*d, m, k, n, b).ok()
+                    }
+                    _ => None,
+                };
+                for cold in [true, false] {
+                    let c = pool.install(|| set.measure(path, m, cold, budget));
+                    results.push(json!({
+                        "dtype": name, "format": format.to_string(), "rows": m, "k": k, "n": n,
+                        "threads": args.threads, "cold": cold, "seconds": c.seconds, "gbps": c.gbps,
+                        "ratio_to_ram": c.gbps / ram, "candle_gbps": candle,
+                    }));
+                    bar.inc(1);
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    let doc = json!({ "ram_gbps": ram, "path": path.name(), "threads": args.threads, "results": results });
+    if let Some(out) = &args.out {
+        std::fs::write(out, serde_json::to_string_pretty(&doc)?).with_context(|| format!("cannot write {}", out.display()))?;
+    }
+    if args.json {
+        return super::print_json(&doc);
+    }
+    println!(
+        "RAM read bandwidth (1 thread): {ram:.2} GB/s   kernel path: {}   threads: {}",
+        path.name(),
+        args.threads
+    );
+    println!(
+        "{:<6} {:>5} {:>11} {:>5} {:>9} {:>7} {:>9} {:>9}",
+        "dtype", "rows", "k x n", "cache", "GB/s", "of RAM", "candle", "vs 1-row"
+    );
+    let mut one_row = std::collections::HashMap::new();
+    for r in &results {
+        let key = (r["dtype"].to_string(), r["k"].as_u64(), r["cold"].as_bool());
+        let secs = r["seconds"].as_f64().unwrap_or(0.0);
+        if r["rows"] == 1 {
+            one_row.insert(key.clone(), secs);
+        }
+        let rel = one_row.get(&key).map_or(String::new(), |s| format!("{:.2}x", secs / s));
+        let candle = r["candle_gbps"].as_f64().map_or("-".into(), |g| format!("{g:.2}"));
+        println!(
+            "{:<6} {:>5} {:>11} {:>5} {:>9.2} {:>6.0}% {:>9} {:>9}",
+            r["dtype"].as_str().unwrap_or(""),
+            r["rows"],
+            format!("{}x{}", r["k"], r["n"]),
+            if r["cold"] == true { "cold" } else { "hot" },
+            r["gbps"].as_f64().unwrap_or(0.0),
+            r["ratio_to_ram"].as_f64().unwrap_or(0.0) * 100.0,
+            candle,
+            rel
+        );
+    }
+    Ok(())
+}

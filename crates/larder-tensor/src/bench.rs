@@ -1,0 +1,202 @@
+//! Measurements behind `larder bench kernels` and the criterion benches: the
+//! machine's RAM read bandwidth, and the weight bytes per second each kernel
+//! streams at a given shape, row count and cache state (DESIGN.md §5: figures
+//! are reported against the physical limit measured in the same run).
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use crate::dtype::WeightDType;
+use crate::kernels::{matmul_t_with, KernelPath};
+use crate::mat::Mat;
+use crate::weight::{SharedBytes, WeightFormat, WeightMatrix};
+
+/// Bytes of distinct weights a "cold" case cycles through: well past any
+/// last-level cache, so every call streams its weight from RAM.
+pub const COLD_SET_BYTES: usize = 256 << 20;
+
+/// Median over at least `min_iters` calls of `f`, running for about `budget`.
+pub fn median_time(min_iters: usize, budget: Duration, mut f: impl FnMut(usize)) -> Duration {
+    f(0); // warm-up
+    let mut times = Vec::new();
+    let start = Instant::now();
+    let mut i = 1;
+    while times.len() < min_iters || (start.elapsed() < budget && times.len() < 1000) {
+        let t = Instant::now();
+        f(i);
+        times.push(t.elapsed());
+        i += 1;
+    }
+    times.sort();
+    times[times.len() / 2]
+}
+
+/// Streaming read bandwidth of one thread over `bytes` of memory, GB/s (best of 5).
+pub fn ram_read_gbps(bytes: usize) -> f64 {
+    let words = vec![1u64; bytes / 8];
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let mut acc = [0u64; 8];
+        for chunk in words.chunks_exact(8) {
+            for l in 0..8 {
+                acc[l] = acc[l].wrapping_add(chunk[l]);
+            }
+        }
+        black_box(acc);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    bytes as f64 / best / 1e9
+}
+
+/// The formats `larder bench kernels` measures.
+pub fn bench_formats() -> Vec<(&'static str, WeightFormat)> {
+    vec![
+        ("f32", WeightFormat::Dense(WeightDType::F32)),
+        ("f16", WeightFormat::Dense(WeightDType::F16)),
+        ("bf16", WeightFormat::Dense(WeightDType::BF16)),
+        (
+            "fp8",
+            WeightFormat::Fp8Block {
+                block_rows: 128,
+                block_cols: 128,
+            },
+        ),
+        ("mxfp4", WeightFormat::Mxfp4),
+        ("int4", WeightFormat::Int4Group { group: 32 }),
+    ]
+}
+
+fn bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            s as u8
+        })
+        .collect()
+}
+
+/// A random weight of `format` (values are well-formed: no NaN codes, modest scales).
+pub fn random_weight(format: WeightFormat, n: usize, k: usize, seed: u64) -> WeightMatrix {
+    match format {
+        WeightFormat::Dense(d) => {
+            let raw = bytes(n * k * d.size(), seed);
+            // Keep exponents small so values are finite: rebuild from f32 values.
+            let vals: Vec<f32> = raw.iter().step_by(d.size()).map(|&b| (b as f32 - 128.0) / 256.0).collect();
+            WeightMatrix::from_f32(d, n, k, &vals)
+        }
+        WeightFormat::Fp8Block { block_rows, block_cols } => {
+            let codes: Vec<u8> = bytes(n * k, seed)
+                .into_iter()
+                .map(|b| if b & 0x7f == 0x7f { 0 } else { b })
+                .collect();
+            let scales = vec![0.01; n.div_ceil(block_rows) * k.div_ceil(block_cols)];
+            WeightMatrix::fp8_block("bench", n, k, SharedBytes::from_vec(codes), scales, block_rows, block_cols).expect("valid shape")
+        }
+        WeightFormat::Mxfp4 => {
+            let scales = vec![120u8; n * k / 32];
+            WeightMatrix::mxfp4(
+                "bench",
+                n,
+                k,
+                SharedBytes::from_vec(bytes(n * k / 2, seed)),
+                SharedBytes::from_vec(scales),
+            )
+            .expect("valid shape")
+        }
+        WeightFormat::Int4Group { group } => {
+            let scales = vec![0.01; n * k / group];
+            WeightMatrix::int4_group("bench", n, k, SharedBytes::from_vec(bytes(n * k / 2, seed)), scales, group).expect("valid shape")
+        }
+    }
+}
+
+/// One measured case.
+#[derive(Debug, Clone)]
+pub struct KernelCase {
+    pub format: WeightFormat,
+    pub rows: usize,
+    pub k: usize,
+    pub n: usize,
+    pub cold: bool,
+    /// Median seconds per call.
+    pub seconds: f64,
+    /// Weight bytes streamed per second.
+    pub gbps: f64,
+}
+
+/// Enough distinct copies of one weight shape to overflow the caches.
+pub struct WeightSet {
+    pub format: WeightFormat,
+    pub k: usize,
+    pub n: usize,
+    weights: Vec<WeightMatrix>,
+}
+
+impl WeightSet {
+    /// At least two copies, and at least [`COLD_SET_BYTES`] in all.
+    pub fn new(format: WeightFormat, n: usize, k: usize) -> Self {
+        let first = random_weight(format, n, k, 1);
+        let copies = COLD_SET_BYTES.div_ceil(first.byte_len()).max(2);
+        let mut weights = vec![first];
+        for c in 1..copies {
+            weights.push(random_weight(format, n, k, c as u64 + 1));
+        }
+        WeightSet { format, k, n, weights }
+    }
+
+    /// Bytes of one weight.
+    pub fn weight_bytes(&self) -> usize {
+        self.weights[0].byte_len()
+    }
+
+    /// Times `rows x k` activations against the weights on `path`: cold cycles
+    /// through every copy (each call streams from RAM), hot reuses the first.
+    pub fn measure(&self, path: KernelPath, rows: usize, cold: bool, budget: Duration) -> KernelCase {
+        let k = self.k;
+        let x = Mat::from_vec(rows, k, (0..rows * k).map(|i| ((i % 97) as f32 - 48.0) / 97.0).collect());
+        let used = if cold { self.weights.len() } else { 1 };
+        let t = median_time(3, budget, |i| {
+            black_box(matmul_t_with(path, &x, &self.weights[i % used]));
+        });
+        let seconds = t.as_secs_f64();
+        KernelCase {
+            format: self.format,
+            rows,
+            k,
+            n: self.n,
+            cold,
+            seconds,
+            gbps: self.weight_bytes() as f64 / seconds / 1e9,
+        }
+    }
+}
+
+/// Times candle's own CPU matmul (`x [rows, k] @ W^T`, both in `dtype`) on the
+/// same shape; weight GB/s. candle has no fp8-block/mxfp4/int4 matmul.
+pub fn measure_candle(dtype: WeightDType, rows: usize, k: usize, n: usize, budget: Duration) -> Result<f64, candle_core::Error> {
+    use candle_core::{DType, Device, Tensor};
+    let dt = match dtype {
+        WeightDType::F32 => DType::F32,
+        WeightDType::F16 => DType::F16,
+        WeightDType::BF16 => DType::BF16,
+    };
+    let dev = Device::Cpu;
+    let w = Tensor::randn(0f32, 0.02, (n, k), &dev)?.to_dtype(dt)?;
+    let x = Tensor::randn(0f32, 1.0, (rows, k), &dev)?.to_dtype(dt)?;
+    let wt = w.t()?;
+    let mut err = None;
+    let t = median_time(1, budget, |_| match x.matmul(&wt) {
+        Ok(y) => {
+            black_box(y);
+        }
+        Err(e) => err = Some(e),
+    });
+    if let Some(e) = err {
+        return Err(e);
+    }
+    Ok((n * k * dtype.size()) as f64 / t.as_secs_f64() / 1e9)
+}

@@ -1,0 +1,142 @@
+//! Element decoders of the quantized formats checkpoints ship, each exact:
+//! every code maps to the f32 value the format defines, and a weight is that
+//! value times its block scale computed in f32 (as the reference
+//! implementations dequantize).
+//!
+//! - **fp8 e4m3fn** (DeepSeek-V3 / Kimi-K2): 1 sign, 4 exponent (bias 7),
+//!   3 mantissa bits; no infinities; `0x7f`/`0xff` are NaN; max 448.
+//! - **fp4 e2m1** (OCP MX, gpt-oss `mxfp4`): 1 sign, 2 exponent, 1 mantissa
+//!   bits; 16 codes; scales are **e8m0** (a power of two `2^(s-127)`, `0xff` NaN).
+//! - **int4** (compressed-tensors `pack-quantized`): 8 signed 4-bit values per
+//!   little-endian i32, stored offset by 8 (`q = nibble - 8`), lowest nibble first.
+
+use std::sync::OnceLock;
+
+/// f32 value of an fp8 e4m3fn code.
+pub fn fp8_e4m3_to_f32(b: u8) -> f32 {
+    let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+    let exp = (b >> 3) & 0x0f;
+    let mant = (b & 0x07) as f32;
+    if exp == 0x0f && b & 0x07 == 0x07 {
+        return f32::NAN;
+    }
+    if exp == 0 {
+        sign * mant * (2.0f32).powi(-9)
+    } else {
+        sign * (1.0 + mant / 8.0) * (2.0f32).powi(exp as i32 - 7)
+    }
+}
+
+/// The 256-entry fp8 e4m3fn table.
+pub fn fp8_e4m3_table() -> &'static [f32; 256] {
+    static TABLE: OnceLock<[f32; 256]> = OnceLock::new();
+    TABLE.get_or_init(|| std::array::from_fn(|i| fp8_e4m3_to_f32(i as u8)))
+}
+
+/// The 16 fp4 e2m1 values, by code.
+pub const FP4_E2M1: [f32; 16] = [
+    0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+];
+
+/// The f32 value of an e8m0 scale: `2^(s - 127)`; `0xff` is NaN.
+pub fn e8m0_to_f32(s: u8) -> f32 {
+    if s == 0xff {
+        f32::NAN
+    } else if s == 0 {
+        // 2^-127 is subnormal in f32 but exactly representable.
+        f32::from_bits(1 << 22)
+    } else {
+        f32::from_bits((s as u32) << 23)
+    }
+}
+
+/// Decodes one row of fp8 weights with 2-D block scales.
+/// `scales_row` holds the scales of this row's block-row, one per `block_cols` columns.
+pub fn decode_fp8_row(codes: &[u8], scales_row: &[f32], block_cols: usize, out: &mut [f32]) {
+    let lut = fp8_e4m3_table();
+    for ((o, c), s) in out.chunks_mut(block_cols).zip(codes.chunks(block_cols)).zip(scales_row) {
+        for (v, &b) in o.iter_mut().zip(c) {
+            *v = lut[b as usize] * s;
+        }
+    }
+}
+
+/// Decodes one row of mxfp4: `blocks` holds `cols / 2` bytes (two codes per
+/// byte, low nibble first), `scales` one e8m0 byte per 32 columns.
+pub fn decode_mxfp4_row(blocks: &[u8], scales: &[u8], out: &mut [f32]) {
+    for ((o, b), &s) in out.chunks_mut(32).zip(blocks.chunks(16)).zip(scales) {
+        let scale = e8m0_to_f32(s);
+        for (pair, &byte) in o.chunks_mut(2).zip(b) {
+            pair[0] = FP4_E2M1[(byte & 0x0f) as usize] * scale;
+            pair[1] = FP4_E2M1[(byte >> 4) as usize] * scale;
+        }
+    }
+}
+
+/// Decodes one row of pack-quantized int4: `packed` holds `cols / 8` little-endian
+/// i32 words, `scales` one f32 per `group` columns.
+pub fn decode_int4_row(packed: &[u8], scales: &[f32], group: usize, out: &mut [f32]) {
+    for (i, word) in packed.chunks_exact(4).enumerate() {
+        let w = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+        for j in 0..8 {
+            let col = i * 8 + j;
+            let q = ((w >> (4 * j)) & 0x0f) as i32 - 8;
+            out[col] = q as f32 * scales[col / group];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp8_known_values() {
+        assert_eq!(fp8_e4m3_to_f32(0x00), 0.0);
+        assert_eq!(fp8_e4m3_to_f32(0x38), 1.0); // exp 7, mant 0
+        assert_eq!(fp8_e4m3_to_f32(0x7e), 448.0); // max finite
+        assert_eq!(fp8_e4m3_to_f32(0xfe), -448.0);
+        assert_eq!(fp8_e4m3_to_f32(0x01), 2.0f32.powi(-9)); // min subnormal
+        assert!(fp8_e4m3_to_f32(0x7f).is_nan());
+        assert!(fp8_e4m3_to_f32(0xff).is_nan());
+    }
+
+    #[test]
+    fn fp8_matches_f16_reinterpretation() {
+        // e4m3 bits shifted into an f16 (bias 15) give the value times 2^-8.
+        for b in 0..=255u8 {
+            if b & 0x7f == 0x7f {
+                continue;
+            }
+            let h = ((b as u16 & 0x80) << 8) | ((b as u16 & 0x7f) << 7);
+            let via_f16 = half::f16::from_bits(h).to_f32() * 256.0;
+            assert_eq!(via_f16.to_bits(), fp8_e4m3_to_f32(b).to_bits(), "code {b:#x}");
+        }
+    }
+
+    #[test]
+    fn e8m0_powers_of_two() {
+        assert_eq!(e8m0_to_f32(127), 1.0);
+        assert_eq!(e8m0_to_f32(128), 2.0);
+        assert_eq!(e8m0_to_f32(120), 2.0f32.powi(-7));
+        assert_eq!(e8m0_to_f32(0), 2.0f32.powi(-127));
+        assert!(e8m0_to_f32(255).is_nan());
+    }
+
+    #[test]
+    fn mxfp4_nibble_order() {
+        let mut out = [0.0f32; 32];
+        let mut blocks = [0u8; 16];
+        blocks[0] = 0x72; // low nibble 2 (1.0) first, high nibble 7 (6.0) second
+        decode_mxfp4_row(&blocks, &[128], &mut out);
+        assert_eq!(&out[..3], &[2.0, 12.0, 0.0]);
+    }
+
+    #[test]
+    fn int4_offset_and_order() {
+        let word: u32 = 0x0000_00f0 | 0x8; // nibble0 = 8 -> 0, nibble1 = 15 -> 7, others 0 -> -8
+        let mut out = [0.0f32; 8];
+        decode_int4_row(&word.to_le_bytes(), &[0.5], 32, &mut out);
+        assert_eq!(out, [0.0, 3.5, -4.0, -4.0, -4.0, -4.0, -4.0, -4.0]);
+    }
+}

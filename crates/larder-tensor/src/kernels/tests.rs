@@ -1,0 +1,130 @@
+//! Kernel tests: every path against an f64 reference for every weight
+//! format, batch invariance (1..64 rows), determinism across thread counts.
+
+use super::*;
+use crate::weight::SharedBytes;
+
+fn lcg(seed: &mut u64) -> u64 {
+    *seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    *seed >> 33
+}
+
+fn uniform(seed: &mut u64) -> f32 {
+    (lcg(seed) as f32 / (1u64 << 31) as f32) - 0.5
+}
+
+fn random(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed;
+    (0..n).map(|_| uniform(&mut s)).collect()
+}
+
+fn random_bytes(n: usize, seed: u64) -> Vec<u8> {
+    let mut s = seed;
+    (0..n).map(|_| lcg(&mut s) as u8).collect()
+}
+
+/// One weight of every format with `n x k` (k a multiple of 32).
+fn weights(n: usize, k: usize) -> Vec<WeightMatrix> {
+    let dense = random(n * k, 2);
+    let mut out: Vec<WeightMatrix> = [WeightDType::F32, WeightDType::F16, WeightDType::BF16]
+        .into_iter()
+        .map(|d| WeightMatrix::from_f32(d, n, k, &dense))
+        .collect();
+    // fp8: avoid NaN codes; ragged 128x128 blocks.
+    let codes: Vec<u8> = random_bytes(n * k, 3)
+        .into_iter()
+        .map(|b| if b & 0x7f == 0x7f { 0x3f } else { b })
+        .collect();
+    let scales = random(n.div_ceil(128) * k.div_ceil(128), 4)
+        .iter()
+        .map(|s| s.abs() + 0.01)
+        .collect();
+    out.push(WeightMatrix::fp8_block("fp8", n, k, SharedBytes::from_vec(codes), scales, 128, 128).unwrap());
+    let blocks = random_bytes(n * k / 2, 5);
+    let sc: Vec<u8> = random_bytes(n * k / 32, 6).into_iter().map(|b| 118 + b % 16).collect();
+    out.push(WeightMatrix::mxfp4("mxfp4", n, k, SharedBytes::from_vec(blocks), SharedBytes::from_vec(sc)).unwrap());
+    let packed = random_bytes(n * k / 2, 7);
+    let isc = random(n * k / 32, 8).iter().map(|s| s.abs() / 8.0 + 1e-3).collect();
+    out.push(WeightMatrix::int4_group("int4", n, k, SharedBytes::from_vec(packed), isc, 32).unwrap());
+    out
+}
+
+fn check_against_reference(path: KernelPath, x: &Mat, w: &WeightMatrix) {
+    let y = matmul_t_with(path, x, w);
+    let wf = w.to_f32();
+    let k = w.cols();
+    for r in 0..x.rows() {
+        for f in 0..w.rows() {
+            let prods = (0..k).map(|i| x.row(r)[i] as f64 * wf[f * k + i] as f64);
+            let exact: f64 = prods.clone().sum();
+            let mass: f64 = prods.map(f64::abs).sum();
+            let got = y.row(r)[f] as f64;
+            assert!(
+                (got - exact).abs() <= 1e-5 * mass + 1e-30,
+                "{} {}: row {r} feature {f}: {got} vs {exact}",
+                path.name(),
+                w.format()
+            );
+        }
+    }
+}
+
+#[test]
+fn every_path_matches_the_f64_reference_for_every_format() {
+    for path in KernelPath::available() {
+        for (m, n, k) in [(1, 40, 256), (3, 130, 288), (5, 17, 32)] {
+            let x = Mat::from_vec(m, k, random(m * k, 1));
+            for w in weights(n, k) {
+                check_against_reference(path, &x, &w);
+            }
+        }
+        // Dense odd widths exercise the tails.
+        for k in [1, 7, 15, 17, 31, 33, 100] {
+            let x = Mat::from_vec(2, k, random(2 * k, 9));
+            for d in [WeightDType::F32, WeightDType::F16, WeightDType::BF16] {
+                check_against_reference(path, &x, &WeightMatrix::from_f32(d, 9, k, &random(9 * k, 10)));
+            }
+        }
+    }
+}
+
+#[test]
+fn batch_invariant_for_every_path_and_format() {
+    let (n, k) = (70, 320);
+    let x = Mat::from_vec(64, k, random(64 * k, 11));
+    for path in KernelPath::available() {
+        for w in weights(n, k) {
+            let all = matmul_t_with(path, &x, &w);
+            for m in [1, 2, 3, 5, 8, 13, 64] {
+                let some = matmul_t_with(path, &x.gather_rows(&(0..m).collect::<Vec<_>>()), &w);
+                for r in 0..m {
+                    assert_eq!(some.row(r), all.row(r), "{} {}: row {r} in a batch of {m}", path.name(), w.format());
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn deterministic_across_thread_counts() {
+    let (m, n, k) = (4, 600, 512);
+    let x = Mat::from_vec(m, k, random(m * k, 12));
+    let w = WeightMatrix::from_f32(WeightDType::BF16, n, k, &random(n * k, 13));
+    let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let two = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    for path in KernelPath::available() {
+        let a = one.install(|| matmul_t_with(path, &x, &w));
+        let b = two.install(|| matmul_t_with(path, &x, &w));
+        assert_eq!(a, b, "{}", path.name());
+        assert_eq!(a, matmul_t_with(path, &x, &w), "{}", path.name());
+    }
+}
+
+#[test]
+fn scalar_is_always_available_and_env_names_parse() {
+    assert!(KernelPath::available().contains(&KernelPath::Scalar));
+    for p in [KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512, KernelPath::Neon] {
+        assert_eq!(KernelPath::parse(p.name()), Some(p));
+    }
+    assert_eq!(KernelPath::parse("bogus"), None);
+}
