@@ -25,7 +25,7 @@ use crate::rope::Rope;
 /// The feed-forward half of a layer.
 pub enum Ffn {
     Dense(Mlp),
-    Moe(MoeBlock),
+    Moe(Box<MoeBlock>),
 }
 
 /// One decoder layer.
@@ -117,12 +117,12 @@ impl DecoderModel {
                     let routing = SoftmaxTopK::new(m.num_experts, m.top_k, m.renormalize)
                         .map_err(|e| ModelError::Experts(format!("layer {l}: {e}")))?;
                     (
-                        Ffn::Moe(MoeBlock {
+                        Ffn::Moe(Box::new(MoeBlock {
                             layer: l,
                             router,
                             routing,
                             shared,
-                        }),
+                        })),
                         experts_here,
                     )
                 }

@@ -172,7 +172,7 @@ impl WeightMatrix {
     /// mxfp4: `blocks` `[rows, cols / 32, 16]` bytes, `scales` `[rows, cols / 32]` e8m0 bytes.
     pub fn mxfp4(name: &str, rows: usize, cols: usize, blocks: SharedBytes, scales: SharedBytes) -> Result<Self, WeightError> {
         let format = WeightFormat::Mxfp4;
-        if cols % 32 != 0 {
+        if !cols.is_multiple_of(32) {
             return Err(WeightError::Layout {
                 name: name.into(),
                 message: format!("mxfp4 needs columns in multiples of 32, got {cols}"),
@@ -205,7 +205,7 @@ impl WeightMatrix {
         group: usize,
     ) -> Result<Self, WeightError> {
         let format = WeightFormat::Int4Group { group };
-        if group == 0 || cols % 8 != 0 || cols % group != 0 {
+        if group == 0 || !cols.is_multiple_of(8) || !cols.is_multiple_of(group) {
             return Err(WeightError::Layout {
                 name: name.into(),
                 message: format!("int4 needs columns ({cols}) divisible by 8 and by the group size ({group})"),

@@ -142,8 +142,7 @@ pub fn active_path() -> KernelPath {
     *PATH.get_or_init(|| {
         let best = KernelPath::available()
             .into_iter()
-            .filter(|p| *p != KernelPath::Avx512)
-            .last()
+            .rfind(|p| *p != KernelPath::Avx512)
             .unwrap_or(KernelPath::Scalar);
         match std::env::var("LARDER_KERNEL") {
             Ok(name) => match KernelPath::parse(&name) {
