@@ -23,9 +23,11 @@ use crate::moe::{MoeBlock, SharedExpert};
 use crate::rope::Rope;
 
 /// The feed-forward half of a layer.
+// One per layer, so the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum Ffn {
     Dense(Mlp),
-    Moe(Box<MoeBlock>),
+    Moe(MoeBlock),
 }
 
 /// One decoder layer.
@@ -117,12 +119,12 @@ impl DecoderModel {
                     let routing = SoftmaxTopK::new(m.num_experts, m.top_k, m.renormalize)
                         .map_err(|e| ModelError::Experts(format!("layer {l}: {e}")))?;
                     (
-                        Ffn::Moe(Box::new(MoeBlock {
+                        Ffn::Moe(MoeBlock {
                             layer: l,
                             router,
                             routing,
                             shared,
-                        })),
+                        }),
                         experts_here,
                     )
                 }
