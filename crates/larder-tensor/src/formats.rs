@@ -12,6 +12,18 @@
 
 use std::sync::OnceLock;
 
+use crate::weight::RowView;
+
+/// Decodes one stored row into `out` (the scalar reference of every format).
+pub fn decode_row(view: RowView<'_>, out: &mut [f32]) {
+    match view {
+        RowView::Dense { dtype, bytes } => dtype.decode_into(bytes, out),
+        RowView::Fp8 { codes, scales, block_cols } => decode_fp8_row(codes, scales, block_cols, out),
+        RowView::Mxfp4 { blocks, scales } => decode_mxfp4_row(blocks, scales, out),
+        RowView::Int4 { packed, scales, group } => decode_int4_row(packed, scales, group, out),
+    }
+}
+
 /// f32 value of an fp8 e4m3fn code.
 pub fn fp8_e4m3_to_f32(b: u8) -> f32 {
     let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
@@ -76,12 +88,12 @@ pub fn decode_mxfp4_row(blocks: &[u8], scales: &[u8], out: &mut [f32]) {
 /// Decodes one row of pack-quantized int4: `packed` holds `cols / 8` little-endian
 /// i32 words, `scales` one f32 per `group` columns.
 pub fn decode_int4_row(packed: &[u8], scales: &[f32], group: usize, out: &mut [f32]) {
-    for (i, word) in packed.chunks_exact(4).enumerate() {
-        let w = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-        for j in 0..8 {
-            let col = i * 8 + j;
-            let q = ((w >> (4 * j)) & 0x0f) as i32 - 8;
-            out[col] = q as f32 * scales[col / group];
+    for ((o, words), &s) in out.chunks_mut(group).zip(packed.chunks(group / 2)).zip(scales) {
+        for (eight, word) in o.chunks_exact_mut(8).zip(words.chunks_exact(4)) {
+            let w = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+            for (j, v) in eight.iter_mut().enumerate() {
+                *v = (((w >> (4 * j)) & 0x0f) as i32 - 8) as f32 * s;
+            }
         }
     }
 }

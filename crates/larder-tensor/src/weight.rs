@@ -88,6 +88,32 @@ impl std::fmt::Display for WeightFormat {
     }
 }
 
+/// The stored form of one weight row, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub enum RowView<'a> {
+    Dense {
+        dtype: WeightDType,
+        bytes: &'a [u8],
+    },
+    /// fp8 codes and the scales of this row's block-row (one per `block_cols` columns).
+    Fp8 {
+        codes: &'a [u8],
+        scales: &'a [f32],
+        block_cols: usize,
+    },
+    /// Two fp4 codes per byte (low nibble first) and one e8m0 scale per 32 columns.
+    Mxfp4 {
+        blocks: &'a [u8],
+        scales: &'a [u8],
+    },
+    /// Little-endian i32 words of 8 offset int4 values, one scale per `group` columns.
+    Int4 {
+        packed: &'a [u8],
+        scales: &'a [f32],
+        group: usize,
+    },
+}
+
 #[derive(Debug, Clone)]
 enum Storage {
     Dense(SharedBytes),
@@ -205,10 +231,10 @@ impl WeightMatrix {
         group: usize,
     ) -> Result<Self, WeightError> {
         let format = WeightFormat::Int4Group { group };
-        if group == 0 || !cols.is_multiple_of(8) || !cols.is_multiple_of(group) {
+        if group == 0 || !group.is_multiple_of(8) || !cols.is_multiple_of(group) {
             return Err(WeightError::Layout {
                 name: name.into(),
-                message: format!("int4 needs columns ({cols}) divisible by 8 and by the group size ({group})"),
+                message: format!("int4 needs a group size that is a multiple of 8 ({group}) and divides the columns ({cols})"),
             });
         }
         let want = rows.checked_mul(cols / 2);
@@ -261,17 +287,6 @@ impl WeightMatrix {
         self.cols
     }
 
-    /// Bytes of a dense weight's row `r` (`None` for quantized formats).
-    pub fn dense_row_bytes(&self, r: usize) -> Option<&[u8]> {
-        match (&self.storage, self.format) {
-            (Storage::Dense(b), WeightFormat::Dense(d)) => {
-                let rb = self.cols * d.size();
-                Some(&b.as_slice()[r * rb..(r + 1) * rb])
-            }
-            _ => None,
-        }
-    }
-
     /// Bytes the weight occupies (codes plus scales).
     pub fn byte_len(&self) -> usize {
         match &self.storage {
@@ -282,37 +297,44 @@ impl WeightMatrix {
         }
     }
 
-    /// Decodes row `r` into `out` (length `cols`), exactly.
-    pub fn decode_row(&self, r: usize, out: &mut [f32]) {
+    /// The stored bytes (and scales) of row `r`.
+    pub fn row_view(&self, r: usize) -> RowView<'_> {
         let c = self.cols;
         match (&self.storage, self.format) {
-            (Storage::Dense(b), WeightFormat::Dense(d)) => {
-                let rb = c * d.size();
-                d.decode_into(&b.as_slice()[r * rb..(r + 1) * rb], out);
+            (Storage::Dense(b), WeightFormat::Dense(dtype)) => {
+                let rb = c * dtype.size();
+                RowView::Dense {
+                    dtype,
+                    bytes: &b.as_slice()[r * rb..(r + 1) * rb],
+                }
             }
             (Storage::Fp8 { codes, scales }, WeightFormat::Fp8Block { block_rows, block_cols }) => {
                 let per_row = c.div_ceil(block_cols);
-                let srow = &scales[(r / block_rows) * per_row..(r / block_rows + 1) * per_row];
-                formats::decode_fp8_row(&codes.as_slice()[r * c..(r + 1) * c], srow, block_cols, out);
+                RowView::Fp8 {
+                    codes: &codes.as_slice()[r * c..(r + 1) * c],
+                    scales: &scales[(r / block_rows) * per_row..(r / block_rows + 1) * per_row],
+                    block_cols,
+                }
             }
-            (Storage::Mxfp4 { blocks, scales }, _) => {
-                formats::decode_mxfp4_row(
-                    &blocks.as_slice()[r * c / 2..(r + 1) * c / 2],
-                    &scales.as_slice()[r * c / 32..(r + 1) * c / 32],
-                    out,
-                );
-            }
+            (Storage::Mxfp4 { blocks, scales }, _) => RowView::Mxfp4 {
+                blocks: &blocks.as_slice()[r * c / 2..(r + 1) * c / 2],
+                scales: &scales.as_slice()[r * c / 32..(r + 1) * c / 32],
+            },
             (Storage::Int4 { packed, scales }, WeightFormat::Int4Group { group }) => {
                 let g = c / group;
-                formats::decode_int4_row(
-                    &packed.as_slice()[r * c / 2..(r + 1) * c / 2],
-                    &scales[r * g..(r + 1) * g],
+                RowView::Int4 {
+                    packed: &packed.as_slice()[r * c / 2..(r + 1) * c / 2],
+                    scales: &scales[r * g..(r + 1) * g],
                     group,
-                    out,
-                );
+                }
             }
             _ => unreachable!("format and storage are built together"),
         }
+    }
+
+    /// Decodes row `r` into `out` (length `cols`), exactly.
+    pub fn decode_row(&self, r: usize, out: &mut [f32]) {
+        formats::decode_row(self.row_view(r), out);
     }
 
     /// Decodes the whole matrix (tests and reference paths).

@@ -10,6 +10,8 @@
 use std::arch::x86_64::*;
 
 use crate::dtype::WeightDType;
+use crate::formats;
+use crate::weight::RowView;
 
 const F32: u8 = 0;
 const F16: u8 = 1;
@@ -107,5 +109,76 @@ unsafe fn group<const KIND: u8, const R: usize>(w: &[u8], xs: &[&[f32]], out: &m
     }
     for r in 0..R {
         out[r] = hsum(_mm256_add_ps(acc0[r], acc1[r]));
+    }
+}
+
+/// Decodes a quantized row into `out` with AVX2, bit-identical to
+/// [`crate::formats::decode_row`]; returns `false` for formats it leaves to
+/// the scalar decoder.
+///
+/// # Safety
+/// The CPU must support AVX2 and F16C; `out` must have the row's length.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn decode(view: RowView<'_>, out: &mut [f32]) -> bool {
+    match view {
+        RowView::Fp8 { codes, scales, block_cols } => {
+            for ((o, c), &s) in out.chunks_mut(block_cols).zip(codes.chunks(block_cols)).zip(scales) {
+                decode_fp8_block(c, s, o);
+            }
+            true
+        }
+        RowView::Mxfp4 { blocks, scales } => {
+            let lut = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+            let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+            for ((o, b), &e) in out.chunks_mut(32).zip(blocks.chunks(16)).zip(scales) {
+                let scale = _mm256_set1_ps(formats::e8m0_to_f32(e));
+                for (eight, word) in o.chunks_exact_mut(8).zip(b.chunks_exact(4)) {
+                    let w = i32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                    let n = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts), _mm256_set1_epi32(0x0f));
+                    let mag = _mm256_permutevar8x32_ps(lut, n);
+                    let sign = _mm256_slli_epi32::<28>(_mm256_and_si256(n, _mm256_set1_epi32(8)));
+                    let v = _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
+                    _mm256_storeu_ps(eight.as_mut_ptr(), _mm256_mul_ps(v, scale));
+                }
+            }
+            true
+        }
+        RowView::Int4 { packed, scales, group } => {
+            let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+            for ((o, words), &s) in out.chunks_mut(group).zip(packed.chunks(group / 2)).zip(scales) {
+                let scale = _mm256_set1_ps(s);
+                for (eight, word) in o.chunks_exact_mut(8).zip(words.chunks_exact(4)) {
+                    let w = i32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+                    let n = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts), _mm256_set1_epi32(0x0f));
+                    let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8)));
+                    _mm256_storeu_ps(eight.as_mut_ptr(), _mm256_mul_ps(q, scale));
+                }
+            }
+            true
+        }
+        RowView::Dense { .. } => false,
+    }
+}
+
+/// One fp8 block: e4m3 codes become f16 bit patterns (value / 256, exact,
+/// NaN codes kept NaN), widened by F16C, times 256 (exact), times the scale.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn decode_fp8_block(codes: &[u8], scale: f32, out: &mut [f32]) {
+    let s = _mm256_set1_ps(scale);
+    let k256 = _mm256_set1_ps(256.0);
+    let mut i = 0;
+    while i + 8 <= codes.len() {
+        let c = _mm_cvtepu8_epi16(_mm_loadl_epi64(codes.as_ptr().add(i) as *const __m128i));
+        let sign = _mm_slli_epi16::<8>(_mm_and_si128(c, _mm_set1_epi16(0x80)));
+        let mag7 = _mm_and_si128(c, _mm_set1_epi16(0x7f));
+        let nan = _mm_and_si128(_mm_cmpeq_epi16(mag7, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7e00));
+        let h = _mm_or_si128(_mm_or_si128(sign, _mm_slli_epi16::<7>(mag7)), nan);
+        let v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(h), k256), s);
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
+        i += 8;
+    }
+    let lut = formats::fp8_e4m3_table();
+    for j in i..codes.len() {
+        out[j] = lut[codes[j] as usize] * scale;
     }
 }

@@ -46,7 +46,7 @@ use rayon::prelude::*;
 
 use crate::dtype::WeightDType;
 use crate::mat::Mat;
-use crate::weight::WeightMatrix;
+use crate::weight::{RowView, WeightMatrix};
 
 /// Output features handled by one parallel task.
 const FEATURES_PER_TASK: usize = 16;
@@ -80,7 +80,9 @@ impl KernelPath {
             #[cfg(target_arch = "x86_64")]
             KernelPath::Avx2 => is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c"),
             #[cfg(target_arch = "x86_64")]
-            KernelPath::Avx512 => is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw"),
+            KernelPath::Avx512 => {
+                is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw") && KernelPath::Avx2.is_supported()
+            }
             #[cfg(target_arch = "aarch64")]
             KernelPath::Neon => std::arch::is_aarch64_feature_detected!("neon"),
             #[allow(unreachable_patterns)]
@@ -125,6 +127,20 @@ impl KernelPath {
                 }
             }
         }
+    }
+}
+
+impl KernelPath {
+    /// Decodes a stored row exactly (SIMD where the path has a decoder).
+    pub fn decode(self, view: RowView<'_>, out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        if matches!(self, KernelPath::Avx2 | KernelPath::Avx512) && self.is_supported() {
+            // SAFETY: both paths imply AVX2 + F16C, checked by `is_supported`.
+            if unsafe { avx2::decode(view, out) } {
+                return;
+            }
+        }
+        crate::formats::decode_row(view, out);
     }
 }
 
@@ -189,12 +205,11 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         let first = ti * FEATURES_PER_TASK;
         for (j, outs) in block.chunks_exact_mut(m).enumerate() {
             let f = first + j;
-            match (w.dense_dtype(), w.dense_row_bytes(f)) {
-                (Some(dtype), Some(bytes)) => path.dot_rows(dtype, bytes, &xs, outs, &mut buf),
-                _ => {
-                    w.decode_row(f, &mut decoded);
-                    let bytes = f32_bytes(&decoded);
-                    path.dot_rows(WeightDType::F32, bytes, &xs, outs, &mut buf);
+            match w.row_view(f) {
+                RowView::Dense { dtype, bytes } => path.dot_rows(dtype, bytes, &xs, outs, &mut buf),
+                view => {
+                    path.decode(view, &mut decoded);
+                    path.dot_rows(WeightDType::F32, f32_bytes(&decoded), &xs, outs, &mut buf);
                 }
             }
         }

@@ -128,3 +128,43 @@ fn scalar_is_always_available_and_env_names_parse() {
     }
     assert_eq!(KernelPath::parse("bogus"), None);
 }
+
+#[test]
+fn simd_decoders_are_bit_identical_to_scalar() {
+    let (n, k) = (5, 416); // 416 = 3 full fp8 blocks of 128 + a ragged 32
+    let codes = random_bytes(n * k, 21); // includes fp8 NaN codes 0x7f / 0xff
+    let fp8 = WeightMatrix::fp8_block("fp8", n, k, SharedBytes::from_vec(codes), random(5, 22), 128, 100).unwrap();
+    let mx = WeightMatrix::mxfp4(
+        "mx",
+        n,
+        k,
+        SharedBytes::from_vec(random_bytes(n * k / 2, 23)),
+        SharedBytes::from_vec(random_bytes(n * k / 32, 24)), // any e8m0, NaN 0xff included
+    )
+    .unwrap();
+    let i4 = WeightMatrix::int4_group(
+        "i4",
+        n,
+        k,
+        SharedBytes::from_vec(random_bytes(n * k / 2, 25)),
+        random(n * k / 32, 26),
+        32,
+    )
+    .unwrap();
+    for path in KernelPath::available() {
+        for w in [&fp8, &mx, &i4] {
+            for r in 0..n {
+                let (mut a, mut b) = (vec![0.0f32; k], vec![0.0f32; k]);
+                crate::formats::decode_row(w.row_view(r), &mut a);
+                path.decode(w.row_view(r), &mut b);
+                // Bit-identical, except that any NaN equals any NaN (payloads may differ).
+                let bits = |v: &[f32]| {
+                    v.iter()
+                        .map(|x| if x.is_nan() { u32::MAX } else { x.to_bits() })
+                        .collect::<Vec<_>>()
+                };
+                assert_eq!(bits(&a), bits(&b), "{} {} row {r}", path.name(), w.format());
+            }
+        }
+    }
+}
