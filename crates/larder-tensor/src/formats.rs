@@ -18,9 +18,60 @@ use crate::weight::RowView;
 pub fn decode_row(view: RowView<'_>, out: &mut [f32]) {
     match view {
         RowView::Dense { dtype, bytes } => dtype.decode_into(bytes, out),
-        RowView::Fp8 { codes, scales, block_cols } => decode_fp8_row(codes, scales, block_cols, out),
+        RowView::Fp8 {
+            codes,
+            scales,
+            block_cols,
+            lead,
+        } => {
+            let lut = fp8_e4m3_table();
+            for (start, len, s) in segments(codes.len(), lead, block_cols) {
+                let scale = scales[s];
+                for (o, &b) in out[start..start + len].iter_mut().zip(&codes[start..start + len]) {
+                    *o = lut[b as usize] * scale;
+                }
+            }
+        }
         RowView::Mxfp4 { blocks, scales } => decode_mxfp4_row(blocks, scales, out),
-        RowView::Int4 { packed, scales, group } => decode_int4_row(packed, scales, group, out),
+        RowView::Int4 {
+            packed,
+            scales,
+            group,
+            lead,
+        } => {
+            for (start, len, s) in segments(out.len(), lead, group) {
+                decode_int4_words(&packed[start / 2..(start + len) / 2], scales[s], &mut out[start..start + len]);
+            }
+        }
+    }
+}
+
+/// Splits `n` columns that start `lead` columns into a block of `block`
+/// columns into `(start, len, block index)` runs sharing one scale.
+pub fn segments(n: usize, lead: usize, block: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+    let mut start = 0;
+    let mut idx = 0;
+    let mut room = block - lead;
+    std::iter::from_fn(move || {
+        if start >= n {
+            return None;
+        }
+        let len = room.min(n - start);
+        let seg = (start, len, idx);
+        start += len;
+        idx += 1;
+        room = block;
+        Some(seg)
+    })
+}
+
+/// Decodes whole i32 words of offset int4 values sharing one scale.
+pub fn decode_int4_words(packed: &[u8], scale: f32, out: &mut [f32]) {
+    for (eight, word) in out.chunks_exact_mut(8).zip(packed.chunks_exact(4)) {
+        let w = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
+        for (j, v) in eight.iter_mut().enumerate() {
+            *v = (((w >> (4 * j)) & 0x0f) as i32 - 8) as f32 * scale;
+        }
     }
 }
 
@@ -62,17 +113,6 @@ pub fn e8m0_to_f32(s: u8) -> f32 {
     }
 }
 
-/// Decodes one row of fp8 weights with 2-D block scales.
-/// `scales_row` holds the scales of this row's block-row, one per `block_cols` columns.
-pub fn decode_fp8_row(codes: &[u8], scales_row: &[f32], block_cols: usize, out: &mut [f32]) {
-    let lut = fp8_e4m3_table();
-    for ((o, c), s) in out.chunks_mut(block_cols).zip(codes.chunks(block_cols)).zip(scales_row) {
-        for (v, &b) in o.iter_mut().zip(c) {
-            *v = lut[b as usize] * s;
-        }
-    }
-}
-
 /// Decodes one row of mxfp4: `blocks` holds `cols / 2` bytes (two codes per
 /// byte, low nibble first), `scales` one e8m0 byte per 32 columns.
 pub fn decode_mxfp4_row(blocks: &[u8], scales: &[u8], out: &mut [f32]) {
@@ -81,19 +121,6 @@ pub fn decode_mxfp4_row(blocks: &[u8], scales: &[u8], out: &mut [f32]) {
         for (pair, &byte) in o.chunks_mut(2).zip(b) {
             pair[0] = FP4_E2M1[(byte & 0x0f) as usize] * scale;
             pair[1] = FP4_E2M1[(byte >> 4) as usize] * scale;
-        }
-    }
-}
-
-/// Decodes one row of pack-quantized int4: `packed` holds `cols / 8` little-endian
-/// i32 words, `scales` one f32 per `group` columns.
-pub fn decode_int4_row(packed: &[u8], scales: &[f32], group: usize, out: &mut [f32]) {
-    for ((o, words), &s) in out.chunks_mut(group).zip(packed.chunks(group / 2)).zip(scales) {
-        for (eight, word) in o.chunks_exact_mut(8).zip(words.chunks_exact(4)) {
-            let w = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-            for (j, v) in eight.iter_mut().enumerate() {
-                *v = (((w >> (4 * j)) & 0x0f) as i32 - 8) as f32 * s;
-            }
         }
     }
 }
@@ -148,7 +175,22 @@ mod tests {
     fn int4_offset_and_order() {
         let word: u32 = 0x0000_00f0 | 0x8; // nibble0 = 8 -> 0, nibble1 = 15 -> 7, others 0 -> -8
         let mut out = [0.0f32; 8];
-        decode_int4_row(&word.to_le_bytes(), &[0.5], 32, &mut out);
+        decode_int4_words(&word.to_le_bytes(), 0.5, &mut out);
         assert_eq!(out, [0.0, 3.5, -4.0, -4.0, -4.0, -4.0, -4.0, -4.0]);
+    }
+}
+
+#[cfg(test)]
+mod segment_tests {
+    use super::segments;
+
+    #[test]
+    fn segments_follow_block_boundaries() {
+        assert_eq!(segments(10, 0, 4).collect::<Vec<_>>(), vec![(0, 4, 0), (4, 4, 1), (8, 2, 2)]);
+        assert_eq!(
+            segments(10, 3, 4).collect::<Vec<_>>(),
+            vec![(0, 1, 0), (1, 4, 1), (5, 4, 2), (9, 1, 3)]
+        );
+        assert_eq!(segments(0, 0, 4).count(), 0);
     }
 }

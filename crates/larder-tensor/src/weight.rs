@@ -95,23 +95,73 @@ pub enum RowView<'a> {
         dtype: WeightDType,
         bytes: &'a [u8],
     },
-    /// fp8 codes and the scales of this row's block-row (one per `block_cols` columns).
+    /// fp8 codes and the scales of this row's block-row (one per `block_cols`
+    /// columns); the first `lead` columns of the first block are not in the view.
     Fp8 {
         codes: &'a [u8],
         scales: &'a [f32],
         block_cols: usize,
+        lead: usize,
     },
     /// Two fp4 codes per byte (low nibble first) and one e8m0 scale per 32 columns.
     Mxfp4 {
         blocks: &'a [u8],
         scales: &'a [u8],
     },
-    /// Little-endian i32 words of 8 offset int4 values, one scale per `group` columns.
+    /// Little-endian i32 words of 8 offset int4 values, one scale per `group`
+    /// columns; the first `lead` columns of the first group are not in the view.
     Int4 {
         packed: &'a [u8],
         scales: &'a [f32],
         group: usize,
+        lead: usize,
     },
+}
+
+impl<'a> RowView<'a> {
+    /// The columns `c0..c1` of this view. `c0` and `c1` must be multiples of 32
+    /// (or `c1` the row's end); quantized views carry the offset into their
+    /// first block.
+    pub fn slice(self, c0: usize, c1: usize) -> RowView<'a> {
+        match self {
+            RowView::Dense { dtype, bytes } => RowView::Dense {
+                dtype,
+                bytes: &bytes[c0 * dtype.size()..c1 * dtype.size()],
+            },
+            RowView::Fp8 {
+                codes,
+                scales,
+                block_cols,
+                lead,
+            } => {
+                let start = lead + c0;
+                RowView::Fp8 {
+                    codes: &codes[c0..c1],
+                    scales: &scales[start / block_cols..],
+                    block_cols,
+                    lead: start % block_cols,
+                }
+            }
+            RowView::Mxfp4 { blocks, scales } => RowView::Mxfp4 {
+                blocks: &blocks[c0 / 2..c1 / 2],
+                scales: &scales[c0 / 32..c1.div_ceil(32)],
+            },
+            RowView::Int4 {
+                packed,
+                scales,
+                group,
+                lead,
+            } => {
+                let start = lead + c0;
+                RowView::Int4 {
+                    packed: &packed[c0 / 2..c1 / 2],
+                    scales: &scales[start / group..],
+                    group,
+                    lead: start % group,
+                }
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -314,6 +364,7 @@ impl WeightMatrix {
                     codes: &codes.as_slice()[r * c..(r + 1) * c],
                     scales: &scales[(r / block_rows) * per_row..(r / block_rows + 1) * per_row],
                     block_cols,
+                    lead: 0,
                 }
             }
             (Storage::Mxfp4 { blocks, scales }, _) => RowView::Mxfp4 {
@@ -326,6 +377,7 @@ impl WeightMatrix {
                     packed: &packed.as_slice()[r * c / 2..(r + 1) * c / 2],
                     scales: &scales[r * g..(r + 1) * g],
                     group,
+                    lead: 0,
                 }
             }
             _ => unreachable!("format and storage are built together"),

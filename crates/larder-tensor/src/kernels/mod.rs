@@ -50,6 +50,8 @@ use crate::weight::{RowView, WeightMatrix};
 
 /// Output features handled by one parallel task.
 const FEATURES_PER_TASK: usize = 16;
+/// Columns per chunk: a multiple of every path's step and of 32 (mxfp4 blocks).
+const K_CHUNK: usize = 512;
 /// Below this many weight elements a call runs on the calling thread
 /// (scheduling would cost more than it saves).
 const PARALLEL_MIN_ELEMS: usize = 1 << 16;
@@ -104,28 +106,62 @@ impl KernelPath {
             .find(|p| p.name() == s)
     }
 
-    /// `out[r] = dot(xs[r], w)` for a dense row `w` of `k` elements of `dtype`.
-    fn dot_rows(self, dtype: WeightDType, w: &[u8], xs: &[&[f32]], out: &mut [f32], buf: &mut Vec<f32>) {
-        debug_assert_eq!(w.len(), xs.first().map_or(0, |x| x.len()) * dtype.size());
+    /// Elements per main-loop step (chunks are multiples of it).
+    fn step(self) -> usize {
         match self {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: the path is only chosen when `is_supported` confirmed the CPU features.
-            KernelPath::Avx512 => unsafe { avx512::dot_rows(dtype, w, xs, out) },
+            KernelPath::Avx512 => avx512::STEP,
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx2 => avx2::STEP,
+            #[cfg(target_arch = "aarch64")]
+            KernelPath::Neon => neon::STEP,
+            _ => scalar::STEP,
+        }
+    }
+
+    /// f32 accumulator slots per (row, feature).
+    fn acc_len(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx512 => avx512::ACC,
+            #[cfg(target_arch = "x86_64")]
+            KernelPath::Avx2 => avx2::ACC,
+            #[cfg(target_arch = "aarch64")]
+            KernelPath::Neon => neon::ACC,
+            _ => scalar::ACC,
+        }
+    }
+
+    /// Adds one chunk (`len` elements, a multiple of [`step`](Self::step)) of
+    /// a dense weight row into each row's accumulators.
+    fn accumulate(self, dtype: WeightDType, w: &[u8], xs: &[&[f32]], len: usize, acc: &mut [f32], buf: &mut Vec<f32>) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the path is only used when `is_supported` confirmed the CPU features.
+            KernelPath::Avx512 => unsafe { avx512::accumulate(dtype, w, xs, len, acc) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            KernelPath::Avx2 => unsafe { avx2::dot_rows(dtype, w, xs, out) },
+            KernelPath::Avx2 => unsafe { avx2::accumulate(dtype, w, xs, len, acc) },
             #[cfg(target_arch = "aarch64")]
-            KernelPath::Neon => {
-                let w = widen(dtype, w, buf);
-                // SAFETY: as above.
-                unsafe { neon::dot_rows_f32(w, xs, out) }
-            }
-            _ => {
-                let w = widen(dtype, w, buf);
-                for (o, x) in out.iter_mut().zip(xs) {
-                    *o = scalar::dot(x, w);
-                }
-            }
+            // SAFETY: as above.
+            KernelPath::Neon => unsafe { neon::accumulate_f32(widen(dtype, w, buf), xs, len, acc) },
+            _ => scalar::accumulate(widen(dtype, w, buf), xs, len, acc),
+        }
+    }
+
+    /// Adds the last `< step` elements and reduces the accumulators into `out`.
+    fn finish(self, dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32], buf: &mut Vec<f32>) {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `accumulate`.
+            KernelPath::Avx512 => unsafe { avx512::finish(dtype, w, xs, acc, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `accumulate`.
+            KernelPath::Avx2 => unsafe { avx2::finish(dtype, w, xs, acc, out) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as in `accumulate`.
+            KernelPath::Neon => unsafe { neon::finish_f32(widen(dtype, w, buf), xs, acc, out) },
+            _ => scalar::finish(widen(dtype, w, buf), xs, acc, out),
         }
     }
 }
@@ -144,7 +180,7 @@ impl KernelPath {
     }
 }
 
-/// Widens a dense row into `buf` (f32 rows are copied so alignment never matters).
+/// Widens dense bytes into `buf` (f32 rows are copied so alignment never matters).
 fn widen<'a>(dtype: WeightDType, w: &[u8], buf: &'a mut Vec<f32>) -> &'a [f32] {
     let k = w.len() / dtype.size();
     buf.resize(k, 0.0);
@@ -197,19 +233,44 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         return out;
     }
     let xs: Vec<&[f32]> = (0..m).map(|r| x.row(r)).collect();
+    let (step, acc_len) = (path.step(), path.acc_len());
+    let k_main = k / step * step;
     // Computed feature-major ([n, m]) so that each task owns a contiguous block.
     let mut out_t = vec![0.0f32; n * m];
     let task = |(ti, block): (usize, &mut [f32])| {
-        let mut decoded = vec![0.0f32; k];
-        let mut buf = Vec::new();
         let first = ti * FEATURES_PER_TASK;
+        let features = block.len() / m;
+        let mut acc = vec![0.0f32; features * m * acc_len];
+        let mut decoded = vec![0.0f32; K_CHUNK];
+        let mut buf = Vec::new();
+        let mut chunk_xs: Vec<&[f32]> = Vec::with_capacity(m);
+        // Chunks of K_CHUNK columns: the activation chunk stays in cache for
+        // every feature of the task; accumulators carry over between chunks,
+        // so the reduction order equals one pass over the whole row.
+        for c0 in (0..k_main).step_by(K_CHUNK) {
+            let c1 = (c0 + K_CHUNK).min(k_main);
+            chunk_xs.clear();
+            chunk_xs.extend(xs.iter().map(|x| &x[c0..c1]));
+            for j in 0..features {
+                let a = &mut acc[j * m * acc_len..(j + 1) * m * acc_len];
+                match w.row_view(first + j).slice(c0, c1) {
+                    RowView::Dense { dtype, bytes } => path.accumulate(dtype, bytes, &chunk_xs, c1 - c0, a, &mut buf),
+                    view => {
+                        path.decode(view, &mut decoded[..c1 - c0]);
+                        path.accumulate(WeightDType::F32, f32_bytes(&decoded[..c1 - c0]), &chunk_xs, c1 - c0, a, &mut buf);
+                    }
+                }
+            }
+        }
+        chunk_xs.clear();
+        chunk_xs.extend(xs.iter().map(|x| &x[k_main..]));
         for (j, outs) in block.chunks_exact_mut(m).enumerate() {
-            let f = first + j;
-            match w.row_view(f) {
-                RowView::Dense { dtype, bytes } => path.dot_rows(dtype, bytes, &xs, outs, &mut buf),
+            let a = &acc[j * m * acc_len..(j + 1) * m * acc_len];
+            match w.row_view(first + j).slice(k_main, k) {
+                RowView::Dense { dtype, bytes } => path.finish(dtype, bytes, &chunk_xs, a, outs, &mut buf),
                 view => {
-                    path.decode(view, &mut decoded);
-                    path.dot_rows(WeightDType::F32, f32_bytes(&decoded), &xs, outs, &mut buf);
+                    path.decode(view, &mut decoded[..k - k_main]);
+                    path.finish(WeightDType::F32, f32_bytes(&decoded[..k - k_main]), &chunk_xs, a, outs, &mut buf);
                 }
             }
         }

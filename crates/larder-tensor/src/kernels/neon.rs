@@ -1,35 +1,62 @@
 //! NEON dot products of f32 activation rows with one f32 weight row (other
-//! dtypes are widened into an f32 row first by the dispatcher).
+//! formats are widened to f32 chunks by the dispatcher), accumulated chunk by
+//! chunk.
 //!
-//! Reduction order per row (fixed): two 4-lane accumulators over 8-element
-//! steps, a remaining 4-element step to the first, then `acc0 + acc1`, a
-//! lane sum, and the tail (< 4) added in sequence.
+//! Reduction order per (row, feature), fixed: two 4-lane accumulators over
+//! 8-element steps (kept in memory between chunks); in [`finish`], a remaining
+//! 4-element step goes to the first, then `acc0 + acc1`, a lane sum, and the
+//! tail (< 4) added in sequence.
 
 use std::arch::aarch64::*;
 
-/// `out[r] = dot(xs[r], w)`.
+/// Elements per main-loop step.
+pub const STEP: usize = 8;
+/// f32 accumulator slots per (row, feature).
+pub const ACC: usize = 8;
+
+/// Adds `xs[r][..len] . w[..len]` into each row's accumulators.
 ///
 /// # Safety
-/// The CPU must support NEON; every `xs[r]` must have `w.len()` elements.
+/// NEON must be available; `w` and every `xs[r]` hold at least `len`
+/// elements (a multiple of [`STEP`]); `acc` holds `xs.len() * ACC` values.
 #[target_feature(enable = "neon")]
-pub unsafe fn dot_rows_f32(w: &[f32], xs: &[&[f32]], out: &mut [f32]) {
-    let k = w.len();
-    for (o, x) in out.iter_mut().zip(xs) {
-        let (wp, xp) = (w.as_ptr(), x.as_ptr());
-        let mut acc0 = vdupq_n_f32(0.0);
-        let mut acc1 = vdupq_n_f32(0.0);
+pub unsafe fn accumulate_f32(w: &[f32], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+    let wp = w.as_ptr();
+    for (r, x) in xs.iter().enumerate() {
+        let ap = acc.as_mut_ptr().add(r * ACC);
+        let xp = x.as_ptr();
+        let mut acc0 = vld1q_f32(ap);
+        let mut acc1 = vld1q_f32(ap.add(4));
         let mut i = 0;
-        while i + 8 <= k {
+        while i < len {
             acc0 = vfmaq_f32(acc0, vld1q_f32(xp.add(i)), vld1q_f32(wp.add(i)));
             acc1 = vfmaq_f32(acc1, vld1q_f32(xp.add(i + 4)), vld1q_f32(wp.add(i + 4)));
-            i += 8;
+            i += STEP;
         }
-        if i + 4 <= k {
-            acc0 = vfmaq_f32(acc0, vld1q_f32(xp.add(i)), vld1q_f32(wp.add(i)));
-            i += 4;
+        vst1q_f32(ap, acc0);
+        vst1q_f32(ap.add(4), acc1);
+    }
+}
+
+/// Adds the last `< STEP` elements and reduces each row's accumulators to `out[r]`.
+///
+/// # Safety
+/// As [`accumulate_f32`], with `w` holding `xs[r].len() < STEP` elements.
+#[target_feature(enable = "neon")]
+pub unsafe fn finish_f32(w: &[f32], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
+    let rest = w.len();
+    for (r, o) in out.iter_mut().enumerate() {
+        let ap = acc.as_ptr().add(r * ACC);
+        let mut acc0 = vld1q_f32(ap);
+        let acc1 = vld1q_f32(ap.add(4));
+        let x = xs[r];
+        let mut i = 0;
+        if rest >= 4 {
+            acc0 = vfmaq_f32(acc0, vld1q_f32(x.as_ptr()), vld1q_f32(w.as_ptr()));
+            i = 4;
         }
         let mut sum = vaddvq_f32(vaddq_f32(acc0, acc1));
-        while i < k {
+        while i < rest {
             sum += x[i] * w[i];
             i += 1;
         }

@@ -23,3 +23,49 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     }
     sum
 }
+
+/// Elements per main-loop step.
+pub const STEP: usize = 8;
+/// f32 accumulator slots per (row, feature).
+pub const ACC: usize = 8;
+
+/// Adds `xs[r][..len] . w[..len]` into each row's 8 lane accumulators
+/// (`len` a multiple of [`STEP`]); [`dot`] is `accumulate` then [`finish`].
+pub fn accumulate(w: &[f32], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+    for (x, a) in xs.iter().zip(acc.chunks_exact_mut(ACC)) {
+        for c in 0..len / STEP {
+            let (xc, wc) = (&x[c * STEP..c * STEP + STEP], &w[c * STEP..c * STEP + STEP]);
+            for l in 0..STEP {
+                a[l] += xc[l] * wc[l];
+            }
+        }
+    }
+}
+
+/// Combines each row's lanes pairwise and adds the tail (`w.len() < STEP`) in sequence.
+pub fn finish(w: &[f32], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
+    for ((o, x), a) in out.iter_mut().zip(xs).zip(acc.chunks_exact(ACC)) {
+        let mut sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+        for (xv, wv) in x.iter().zip(w) {
+            sum += xv * wv;
+        }
+        *o = sum;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunked_accumulation_equals_dot() {
+        let a: Vec<f32> = (0..100).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..100).map(|i| (i as f32 * 0.11).cos()).collect();
+        let mut acc = [0.0f32; ACC];
+        accumulate(&a[..48], &[&b[..48]], 48, &mut acc);
+        accumulate(&a[48..96], &[&b[48..96]], 48, &mut acc);
+        let mut out = [0.0f32];
+        finish(&a[96..], &[&b[96..]], &acc, &mut out);
+        assert_eq!(out[0].to_bits(), dot(&b, &a).to_bits());
+    }
+}

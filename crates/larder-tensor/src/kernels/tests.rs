@@ -72,7 +72,7 @@ fn check_against_reference(path: KernelPath, x: &Mat, w: &WeightMatrix) {
 #[test]
 fn every_path_matches_the_f64_reference_for_every_format() {
     for path in KernelPath::available() {
-        for (m, n, k) in [(1, 40, 256), (3, 130, 288), (5, 17, 32)] {
+        for (m, n, k) in [(1, 40, 256), (3, 130, 288), (5, 17, 32), (2, 20, 1120), (1, 3, 2080)] {
             let x = Mat::from_vec(m, k, random(m * k, 1));
             for w in weights(n, k) {
                 check_against_reference(path, &x, &w);
@@ -90,7 +90,7 @@ fn every_path_matches_the_f64_reference_for_every_format() {
 
 #[test]
 fn batch_invariant_for_every_path_and_format() {
-    let (n, k) = (70, 320);
+    let (n, k) = (40, 1120); // crosses column chunks; fp8 blocks and int4 groups straddle them
     let x = Mat::from_vec(64, k, random(64 * k, 11));
     for path in KernelPath::available() {
         for w in weights(n, k) {
@@ -166,5 +166,31 @@ fn simd_decoders_are_bit_identical_to_scalar() {
                 assert_eq!(bits(&a), bits(&b), "{} {} row {r}", path.name(), w.format());
             }
         }
+    }
+}
+
+#[test]
+fn odd_block_sizes_across_chunks() {
+    // fp8 blocks of 100 columns and int4 groups of 1024 start mid-chunk.
+    let (n, k) = (3, 2048 + 96);
+    let x = Mat::from_vec(2, k, random(2 * k, 31));
+    let codes: Vec<u8> = random_bytes(n * k, 32)
+        .into_iter()
+        .map(|b| if b & 0x7f == 0x7f { 0 } else { b })
+        .collect();
+    let fp8 = WeightMatrix::fp8_block("fp8", n, k, SharedBytes::from_vec(codes), random(k.div_ceil(100), 33), 128, 100).unwrap();
+    let i4 = WeightMatrix::int4_group(
+        "i4",
+        n,
+        3072,
+        SharedBytes::from_vec(random_bytes(n * 3072 / 2, 34)),
+        random(n * 3, 35),
+        1024,
+    )
+    .unwrap();
+    let x4 = Mat::from_vec(2, 3072, random(2 * 3072, 36));
+    for path in KernelPath::available() {
+        check_against_reference(path, &x, &fp8);
+        check_against_reference(path, &x4, &i4);
     }
 }
