@@ -41,6 +41,12 @@ pub struct KernelArgs {
     /// Only these formats (f32, f16, bf16, fp8, mxfp4, int4), comma-separated.
     #[arg(long, value_delimiter = ',')]
     formats: Vec<String>,
+    /// Only these shapes, as KxN (e.g. 7168x2048), comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    shapes: Vec<String>,
+    /// Only these activation row counts, comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    rows: Vec<usize>,
     /// Also write the JSON document to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
@@ -68,6 +74,22 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
             1 << 30,
         )
     };
+    let parsed: Vec<(usize, usize)> = args
+        .shapes
+        .iter()
+        .map(|s| {
+            let (k, n) = s.split_once('x').with_context(|| format!("shape {s:?} is not KxN"))?;
+            Ok((
+                k.parse().with_context(|| format!("shape {s:?}"))?,
+                n.parse().with_context(|| format!("shape {s:?}"))?,
+            ))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let shapes: &[(usize, usize)] = if parsed.is_empty() { shapes } else { &parsed };
+    let rows: &[usize] = if args.rows.is_empty() { rows } else { &args.rows };
+    if shapes.iter().any(|&(k, n)| k == 0 || n == 0 || k % 32 != 0) || rows.contains(&0) {
+        anyhow::bail!("shapes need K and N > 0 with K a multiple of 32, and rows > 0");
+    }
     let formats: Vec<(&str, WeightFormat)> = bench_formats()
         .into_iter()
         .filter(|(name, _)| args.formats.is_empty() || args.formats.iter().any(|f| f == name))

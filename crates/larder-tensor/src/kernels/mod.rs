@@ -52,6 +52,8 @@ use crate::weight::{RowView, WeightMatrix};
 const FEATURES_PER_TASK: usize = 16;
 /// Columns per chunk: a multiple of every path's step and of 32 (mxfp4 blocks).
 const K_CHUNK: usize = 512;
+/// Activations up to this size are assumed to stay in L2 between features.
+const ACTIVATION_CACHE_BYTES: usize = 256 << 10;
 /// Below this many weight elements a call runs on the calling thread
 /// (scheduling would cost more than it saves).
 const PARALLEL_MIN_ELEMS: usize = 1 << 16;
@@ -243,27 +245,49 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         let mut acc = vec![0.0f32; features * m * acc_len];
         let mut decoded = vec![0.0f32; K_CHUNK];
         let mut buf = Vec::new();
-        let mut chunk_xs: Vec<&[f32]> = Vec::with_capacity(m);
-        // Chunks of K_CHUNK columns: the activation chunk stays in cache for
-        // every feature of the task; accumulators carry over between chunks,
-        // so the reduction order equals one pass over the whole row.
-        for c0 in (0..k_main).step_by(K_CHUNK) {
-            let c1 = (c0 + K_CHUNK).min(k_main);
-            chunk_xs.clear();
-            chunk_xs.extend(xs.iter().map(|x| &x[c0..c1]));
-            for j in 0..features {
-                let a = &mut acc[j * m * acc_len..(j + 1) * m * acc_len];
-                match w.row_view(first + j).slice(c0, c1) {
-                    RowView::Dense { dtype, bytes } => path.accumulate(dtype, bytes, &chunk_xs, c1 - c0, a, &mut buf),
-                    view => {
-                        path.decode(view, &mut decoded[..c1 - c0]);
-                        path.accumulate(WeightDType::F32, f32_bytes(&decoded[..c1 - c0]), &chunk_xs, c1 - c0, a, &mut buf);
-                    }
+        // Column chunks; accumulators carry over between chunks, so the
+        // reduction order equals one pass over the whole row whatever the
+        // loop order below.
+        // Dense rows whose activations stay cached need no chunking at all
+        // (fewer calls); quantized rows decode one chunk at a time into an
+        // L1-sized buffer.
+        let x_cached = m * k * 4 <= ACTIVATION_CACHE_BYTES;
+        let chunk = if x_cached && w.dense_dtype().is_some() {
+            k_main.max(1)
+        } else {
+            K_CHUNK
+        };
+        let chunks: Vec<(usize, usize, Vec<&[f32]>)> = (0..k_main)
+            .step_by(chunk)
+            .map(|c0| {
+                let c1 = (c0 + chunk).min(k_main);
+                (c0, c1, xs.iter().map(|x| &x[c0..c1]).collect())
+            })
+            .collect();
+        let mut add_chunk = |j: usize, (c0, c1, cxs): &(usize, usize, Vec<&[f32]>)| {
+            let a = &mut acc[j * m * acc_len..(j + 1) * m * acc_len];
+            match w.row_view(first + j).slice(*c0, *c1) {
+                RowView::Dense { dtype, bytes } => path.accumulate(dtype, bytes, cxs, c1 - c0, a, &mut buf),
+                view => {
+                    path.decode(view, &mut decoded[..c1 - c0]);
+                    path.accumulate(WeightDType::F32, f32_bytes(&decoded[..c1 - c0]), cxs, c1 - c0, a, &mut buf);
                 }
             }
+        };
+        if x_cached {
+            // The activations stay cached anyway: stream each weight row
+            // front to back (what hardware prefetchers follow best).
+            for j in 0..features {
+                chunks.iter().for_each(|c| add_chunk(j, c));
+            }
+        } else {
+            // Many rows: keep one activation chunk cached across all features.
+            for c in &chunks {
+                (0..features).for_each(|j| add_chunk(j, c));
+            }
         }
-        chunk_xs.clear();
-        chunk_xs.extend(xs.iter().map(|x| &x[k_main..]));
+        let chunk_xs: Vec<&[f32]> = xs.iter().map(|x| &x[k_main..]).collect();
+
         for (j, outs) in block.chunks_exact_mut(m).enumerate() {
             let a = &acc[j * m * acc_len..(j + 1) * m * acc_len];
             match w.row_view(first + j).slice(k_main, k) {
