@@ -192,6 +192,11 @@ impl Rope {
         }
     }
 
+    /// The inverse frequency of each rotated pair.
+    pub fn inv_freq(&self) -> &[f32] {
+        &self.inv_freq
+    }
+
     /// The factor transformers multiplies cos and sin by (1 except for YaRN).
     pub fn attention_scaling(&self) -> f32 {
         self.attention_scaling
