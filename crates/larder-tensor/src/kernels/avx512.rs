@@ -1,63 +1,71 @@
-//! AVX-512 (F + BW) dot products of f32 activation rows with one weight row
-//! (f32, f16 or bf16, widened in registers), accumulated chunk by chunk.
-//! Quantized rows are decoded by the AVX2 decoders (every AVX-512 CPU has AVX2).
+//! AVX-512 (F + BW) kernels: dot products of f32 activation rows with up to
+//! four weight rows at once (f32, f16 or bf16, widened in registers),
+//! accumulated chunk by chunk. Quantized rows are decoded by the AVX2
+//! decoders (every AVX-512 CPU has AVX2).
 //!
-//! Reduction order per (row, feature), fixed: two 16-lane accumulators over
-//! 32-element steps (kept in memory between chunks); in [`finish`], a
-//! remaining 16-element step goes to the first, a zero-padded tail (< 16) to
-//! the second, then `acc0 + acc1` and `_mm512_reduce_add_ps`. Up to four rows
-//! share each weight load; a row's arithmetic is the same whichever rows it
-//! is grouped with.
+//! Reduction order per (row, feature), fixed: one 16-lane accumulator over
+//! 16-element steps (kept in memory between chunks, so chunking does not change
+//! the sequence); in [`finish`], a zero-padded tail (< 16) is added to it, then
+//! `_mm512_reduce_add_ps`. A register block of R rows x F features
+//! shares every weight and activation load; independent (row, feature) chains
+//! give the FMA units work without splitting any accumulator, so a (row,
+//! feature) result is the same whichever block it is computed in.
 
 use std::arch::x86_64::*;
 
 use crate::dtype::WeightDType;
 
 /// Elements per main-loop step.
-pub const STEP: usize = 32;
+pub const STEP: usize = 16;
 /// f32 accumulator slots per (row, feature).
-pub const ACC: usize = 32;
+pub const ACC: usize = 16;
 
 const F32: u8 = 0;
 const F16: u8 = 1;
 const BF16: u8 = 2;
 
-fn kind(dtype: WeightDType) -> u8 {
+/// Adds `xs[r][..len] . ws[f][..len]` into the accumulators of every
+/// (feature, row), laid out `acc[(f * xs.len() + r) * ACC..]`; `len` is a
+/// multiple of [`STEP`], `ws.len() <= 4`.
+///
+/// # Safety
+/// AVX-512F/BW, AVX2, FMA and F16C must be available; each `ws[f]` holds `len` elements of
+/// `dtype`, each `xs[r]` at least `len`, `acc` `ws.len() * xs.len() * ACC` values.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+    debug_assert_eq!(len % STEP, 0);
+    debug_assert!(!ws.is_empty() && ws.len() <= 4);
     match dtype {
-        WeightDType::F32 => F32,
-        WeightDType::F16 => F16,
-        WeightDType::BF16 => BF16,
+        WeightDType::F32 => rows::<F32>(ws, xs, len, acc),
+        WeightDType::F16 => rows::<F16>(ws, xs, len, acc),
+        WeightDType::BF16 => rows::<BF16>(ws, xs, len, acc),
     }
 }
 
-/// Adds `xs[r][..len] . w[..len]` into each row's accumulators; `len` is a multiple of [`STEP`].
-///
-/// # Safety
-/// AVX-512F/BW, AVX2, FMA and F16C must be available; `w` holds `len`
-/// elements of `dtype`, each `xs[r]` at least `len`, `acc` `xs.len() * ACC` values.
+/// Splits the rows into register blocks sized for `ws.len()` features
+/// (the AVX2 blocking; AVX-512 has room to spare).
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub unsafe fn accumulate(dtype: WeightDType, w: &[u8], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
-    debug_assert_eq!(len % STEP, 0);
+unsafe fn rows<const KIND: u8>(ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+    let nf = ws.len();
+    let rmax = match nf {
+        1 | 2 => 4,
+        3 => 3,
+        _ => 2,
+    };
+    let m = xs.len();
     let mut r = 0;
-    while r < xs.len() {
-        let n = (xs.len() - r).min(4);
-        let a = &mut acc[r * ACC..(r + n) * ACC];
-        let x = &xs[r..r + n];
-        match (kind(dtype), n) {
-            (F32, 4) => group::<F32, 4>(w, x, len, a),
-            (F32, 3) => group::<F32, 3>(w, x, len, a),
-            (F32, 2) => group::<F32, 2>(w, x, len, a),
-            (F32, _) => group::<F32, 1>(w, x, len, a),
-            (F16, 4) => group::<F16, 4>(w, x, len, a),
-            (F16, 3) => group::<F16, 3>(w, x, len, a),
-            (F16, 2) => group::<F16, 2>(w, x, len, a),
-            (F16, _) => group::<F16, 1>(w, x, len, a),
-            (_, 4) => group::<BF16, 4>(w, x, len, a),
-            (_, 3) => group::<BF16, 3>(w, x, len, a),
-            (_, 2) => group::<BF16, 2>(w, x, len, a),
-            (_, _) => group::<BF16, 1>(w, x, len, a),
+    while r < m {
+        let nr = (m - r).min(rmax);
+        macro_rules! go {
+            ($($rr:literal, $ff:literal);*) => {
+                match (nr, nf) {
+                    $( ($rr, $ff) => block::<KIND, $rr, $ff>(ws, xs, r, len, acc), )*
+                    _ => unreachable!("row block {nr} x {nf} features"),
+                }
+            };
         }
-        r += n;
+        go!(1,1; 2,1; 3,1; 4,1; 1,2; 2,2; 3,2; 4,2; 1,3; 2,3; 3,3; 1,4; 2,4);
+        r += nr;
     }
 }
 
@@ -73,61 +81,70 @@ unsafe fn load_w<const KIND: u8>(w: *const u8, i: usize) -> __m512 {
     }
 }
 
+/// Rows `r0..r0 + R` against the `F` weight rows.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-unsafe fn group<const KIND: u8, const R: usize>(w: &[u8], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
-    let wp = w.as_ptr();
+unsafe fn block<const KIND: u8, const R: usize, const F: usize>(ws: &[&[u8]], xs: &[&[f32]], r0: usize, len: usize, acc: &mut [f32]) {
+    let m = xs.len();
     let ap = acc.as_mut_ptr();
-    let mut acc0 = [_mm512_setzero_ps(); R];
-    let mut acc1 = [_mm512_setzero_ps(); R];
+    let slot = |f: usize, r: usize| (f * m + r0 + r) * ACC;
+    let mut a = [[_mm512_setzero_ps(); R]; F];
+    for f in 0..F {
+        for r in 0..R {
+            a[f][r] = _mm512_loadu_ps(ap.add(slot(f, r)));
+        }
+    }
+    let mut wp = [std::ptr::null::<u8>(); F];
+    for f in 0..F {
+        wp[f] = ws[f].as_ptr();
+    }
+    let mut xp = [std::ptr::null::<f32>(); R];
     for r in 0..R {
-        acc0[r] = _mm512_loadu_ps(ap.add(r * ACC));
-        acc1[r] = _mm512_loadu_ps(ap.add(r * ACC + 16));
+        xp[r] = xs[r0 + r].as_ptr();
     }
     let mut i = 0;
     while i < len {
-        let w0 = load_w::<KIND>(wp, i);
-        let w1 = load_w::<KIND>(wp, i + 16);
+        let mut w = [_mm512_setzero_ps(); F];
+        for f in 0..F {
+            w[f] = load_w::<KIND>(wp[f], i);
+        }
         for r in 0..R {
-            let x = xs[r].as_ptr();
-            acc0[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x.add(i)), w0, acc0[r]);
-            acc1[r] = _mm512_fmadd_ps(_mm512_loadu_ps(x.add(i + 16)), w1, acc1[r]);
+            let x = _mm512_loadu_ps(xp[r].add(i));
+            for f in 0..F {
+                a[f][r] = _mm512_fmadd_ps(x, w[f], a[f][r]);
+            }
         }
         i += STEP;
     }
-    for r in 0..R {
-        _mm512_storeu_ps(ap.add(r * ACC), acc0[r]);
-        _mm512_storeu_ps(ap.add(r * ACC + 16), acc1[r]);
+    for f in 0..F {
+        for r in 0..R {
+            _mm512_storeu_ps(ap.add(slot(f, r)), a[f][r]);
+        }
     }
 }
 
-/// Adds the last `< STEP` elements and reduces each row's accumulators to `out[r]`.
+/// Adds the last `< STEP` elements of one feature and reduces each row's
+/// accumulator (`acc[r * ACC..]`) to `out[r]`.
 ///
 /// # Safety
 /// As [`accumulate`], with `w` holding `xs[r].len() < STEP` elements.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
-    let size = dtype.size();
-    let mut wbuf = [0u8; 128];
+    let mut wbuf = [0u8; 64];
     wbuf[..w.len()].copy_from_slice(w);
-    let rest = w.len() / size;
-    let widen = |p: *const u8, i: usize| match kind(dtype) {
-        F32 => load_w::<F32>(p, i),
-        F16 => load_w::<F16>(p, i),
-        _ => load_w::<BF16>(p, i),
+    let rest = w.len() / dtype.size();
+    let wt = match dtype {
+        WeightDType::F32 => load_w::<F32>(wbuf.as_ptr(), 0),
+        WeightDType::F16 => load_w::<F16>(wbuf.as_ptr(), 0),
+        WeightDType::BF16 => load_w::<BF16>(wbuf.as_ptr(), 0),
     };
     for (r, o) in out.iter_mut().enumerate() {
-        let mut acc0 = _mm512_loadu_ps(acc.as_ptr().add(r * ACC));
-        let mut acc1 = _mm512_loadu_ps(acc.as_ptr().add(r * ACC + 16));
-        let mut xbuf = [0.0f32; 32];
-        xbuf[..rest].copy_from_slice(&xs[r][..rest]);
-        let mut i = 0;
-        if rest >= 16 {
-            acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(xbuf.as_ptr()), widen(wbuf.as_ptr(), 0), acc0);
-            i = 16;
+        let mut a = _mm512_loadu_ps(acc.as_ptr().add(r * ACC));
+        if rest > 0 {
+            // Zero-padded: the padding adds exact zeros.
+            let mut xbuf = [0.0f32; 16];
+            xbuf[..rest].copy_from_slice(&xs[r][..rest]);
+            a = _mm512_fmadd_ps(_mm512_loadu_ps(xbuf.as_ptr()), wt, a);
         }
-        if i < rest {
-            acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(xbuf.as_ptr().add(i)), widen(wbuf.as_ptr(), i), acc1);
-        }
-        *o = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+        *o = _mm512_reduce_add_ps(a);
     }
 }

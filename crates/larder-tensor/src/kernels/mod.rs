@@ -49,7 +49,9 @@ use crate::mat::Mat;
 use crate::weight::{RowView, WeightMatrix};
 
 /// Output features handled by one parallel task.
-const FEATURES_PER_TASK: usize = 16;
+const FEATURES_PER_TASK: usize = 16; // a multiple of FEATURE_BLOCK
+/// Weight rows multiplied together by one kernel call (a register block).
+const FEATURE_BLOCK: usize = 4;
 /// Columns per chunk: a multiple of every path's step and of 32 (mxfp4 blocks).
 const K_CHUNK: usize = 512;
 /// Activations up to this size are assumed to stay in L2 between features.
@@ -135,19 +137,29 @@ impl KernelPath {
     }
 
     /// Adds one chunk (`len` elements, a multiple of [`step`](Self::step)) of
-    /// a dense weight row into each row's accumulators.
-    fn accumulate(self, dtype: WeightDType, w: &[u8], xs: &[&[f32]], len: usize, acc: &mut [f32], buf: &mut Vec<f32>) {
+    /// up to [`FEATURE_BLOCK`] dense weight rows into the accumulators of every
+    /// (feature, row), laid out `acc[(f * rows + r) * acc_len..]`.
+    fn accumulate(self, dtype: WeightDType, ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32], buf: &mut Vec<f32>) {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the path is only used when `is_supported` confirmed the CPU features.
-            KernelPath::Avx512 => unsafe { avx512::accumulate(dtype, w, xs, len, acc) },
+            KernelPath::Avx512 => unsafe { avx512::accumulate(dtype, ws, xs, len, acc) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            KernelPath::Avx2 => unsafe { avx2::accumulate(dtype, w, xs, len, acc) },
-            #[cfg(target_arch = "aarch64")]
-            // SAFETY: as above.
-            KernelPath::Neon => unsafe { neon::accumulate_f32(widen(dtype, w, buf), xs, len, acc) },
-            _ => scalar::accumulate(widen(dtype, w, buf), xs, len, acc),
+            KernelPath::Avx2 => unsafe { avx2::accumulate(dtype, ws, xs, len, acc) },
+            _ => {
+                buf.resize(ws.len() * len, 0.0);
+                for (w, b) in ws.iter().zip(buf.chunks_exact_mut(len)) {
+                    dtype.decode_into(w, b);
+                }
+                let wide: Vec<&[f32]> = buf.chunks_exact(len).collect();
+                match self {
+                    #[cfg(target_arch = "aarch64")]
+                    // SAFETY: as above.
+                    KernelPath::Neon => unsafe { neon::accumulate_features(&wide, xs, len, acc) },
+                    _ => scalar::accumulate_features(&wide, xs, len, acc),
+                }
+            }
         }
     }
 
@@ -243,11 +255,8 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         let first = ti * FEATURES_PER_TASK;
         let features = block.len() / m;
         let mut acc = vec![0.0f32; features * m * acc_len];
-        let mut decoded = vec![0.0f32; K_CHUNK];
+        let mut decoded = vec![0.0f32; FEATURE_BLOCK * K_CHUNK];
         let mut buf = Vec::new();
-        // Column chunks; accumulators carry over between chunks, so the
-        // reduction order equals one pass over the whole row whatever the
-        // loop order below.
         // Dense rows whose activations stay cached need no chunking at all
         // (fewer calls); quantized rows decode one chunk at a time into an
         // L1-sized buffer.
@@ -257,6 +266,9 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         } else {
             K_CHUNK
         };
+        // Column chunks; accumulators carry over between chunks, so the
+        // reduction order equals one pass over the whole row whatever the
+        // loop order below.
         let chunks: Vec<(usize, usize, Vec<&[f32]>)> = (0..k_main)
             .step_by(chunk)
             .map(|c0| {
@@ -264,28 +276,48 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                 (c0, c1, xs.iter().map(|x| &x[c0..c1]).collect())
             })
             .collect();
-        let mut add_chunk = |j: usize, (c0, c1, cxs): &(usize, usize, Vec<&[f32]>)| {
-            let a = &mut acc[j * m * acc_len..(j + 1) * m * acc_len];
-            match w.row_view(first + j).slice(*c0, *c1) {
-                RowView::Dense { dtype, bytes } => path.accumulate(dtype, bytes, cxs, c1 - c0, a, &mut buf),
-                view => {
-                    path.decode(view, &mut decoded[..c1 - c0]);
-                    path.accumulate(WeightDType::F32, f32_bytes(&decoded[..c1 - c0]), cxs, c1 - c0, a, &mut buf);
+        let blocks: Vec<(usize, usize)> = (0..features)
+            .step_by(FEATURE_BLOCK)
+            .map(|f0| (f0, (f0 + FEATURE_BLOCK).min(features)))
+            .collect();
+        // Adds one column chunk of one block of features.
+        let mut add = |(f0, f1): (usize, usize), (c0, c1, cxs): &(usize, usize, Vec<&[f32]>)| {
+            let a = &mut acc[f0 * m * acc_len..f1 * m * acc_len];
+            let len = c1 - c0;
+            let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
+            let mut dtype = WeightDType::F32;
+            let mut dense = true;
+            for (j, f) in (f0..f1).enumerate() {
+                if let RowView::Dense { dtype: d, bytes } = w.row_view(first + f).slice(*c0, *c1) {
+                    dtype = d;
+                    ws[j] = bytes;
+                } else {
+                    dense = false;
                 }
             }
+            if !dense {
+                for (j, out) in decoded.chunks_exact_mut(K_CHUNK).take(f1 - f0).enumerate() {
+                    path.decode(w.row_view(first + f0 + j).slice(*c0, *c1), &mut out[..len]);
+                }
+                for (j, d) in decoded.chunks_exact(K_CHUNK).take(f1 - f0).enumerate() {
+                    ws[j] = f32_bytes(&d[..len]);
+                }
+            }
+            path.accumulate(dtype, &ws[..f1 - f0], cxs, len, a, &mut buf);
         };
         if x_cached {
-            // The activations stay cached anyway: stream each weight row
-            // front to back (what hardware prefetchers follow best).
-            for j in 0..features {
-                chunks.iter().for_each(|c| add_chunk(j, c));
+            // The activations stay cached anyway: stream each block of weight
+            // rows front to back (what hardware prefetchers follow best).
+            for &b in &blocks {
+                chunks.iter().for_each(|c| add(b, c));
             }
         } else {
             // Many rows: keep one activation chunk cached across all features.
             for c in &chunks {
-                (0..features).for_each(|j| add_chunk(j, c));
+                blocks.iter().for_each(|&b| add(b, c));
             }
         }
+        let mut decoded = vec![0.0f32; K_CHUNK];
         let chunk_xs: Vec<&[f32]> = xs.iter().map(|x| &x[k_main..]).collect();
 
         for (j, outs) in block.chunks_exact_mut(m).enumerate() {

@@ -14,6 +14,18 @@ pub const STEP: usize = 8;
 /// f32 accumulator slots per (row, feature).
 pub const ACC: usize = 8;
 
+/// Adds `xs[r][..len] . ws[f][..len]` into the accumulators of every
+/// (feature, row), laid out `acc[(f * xs.len() + r) * ACC..]`.
+///
+/// # Safety
+/// As [`accumulate_f32`] for each feature.
+#[target_feature(enable = "neon")]
+pub unsafe fn accumulate_features(ws: &[&[f32]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+    for (f, w) in ws.iter().enumerate() {
+        accumulate_f32(w, xs, len, &mut acc[f * xs.len() * ACC..(f + 1) * xs.len() * ACC]);
+    }
+}
+
 /// Adds `xs[r][..len] . w[..len]` into each row's accumulators.
 ///
 /// # Safety

@@ -194,3 +194,23 @@ fn odd_block_sizes_across_chunks() {
         check_against_reference(path, &x4, &i4);
     }
 }
+
+#[test]
+fn feature_blocking_does_not_change_results() {
+    // The same weight rows in matrices of 1, 3, 6 and 10 rows land in register
+    // blocks of different sizes; every output must be bit-identical.
+    let k = 200;
+    let vals = random(10 * k, 41);
+    let x = Mat::from_vec(5, k, random(5 * k, 42));
+    for path in KernelPath::available() {
+        for d in [WeightDType::F32, WeightDType::F16, WeightDType::BF16] {
+            let full = matmul_t_with(path, &x, &WeightMatrix::from_f32(d, 10, k, &vals));
+            for n in [1, 3, 6] {
+                let part = matmul_t_with(path, &x, &WeightMatrix::from_f32(d, n, k, &vals[..n * k]));
+                for r in 0..5 {
+                    assert_eq!(part.row(r), &full.row(r)[..n], "{} {d} n={n} row {r}", path.name());
+                }
+            }
+        }
+    }
+}
