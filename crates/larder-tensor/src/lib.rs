@@ -3,7 +3,7 @@
 //! It owns device selection ([`device`]), the weight dtypes checkpoints ship in
 //! ([`dtype`]), weight matrices kept in those dtypes ([`weight`]), f32 activation
 //! matrices ([`mat`]) and the kernels that multiply one by the other
-//! ([`kernels`], used through [`Linear`]). It knows nothing about models or files.
+//! ([`kernels`], used through [`Linear`] and [`expert::SwigluExpert`]). It knows nothing about models or files.
 //!
 //! Exactness contract: every output element is one dot product computed by one
 //! function with one fixed reduction order, whatever the batch size or thread
@@ -13,6 +13,7 @@
 pub mod bench;
 pub mod device;
 pub mod dtype;
+pub mod expert;
 pub mod formats;
 pub mod kernels;
 pub mod linear;

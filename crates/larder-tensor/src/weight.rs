@@ -48,6 +48,22 @@ impl SharedBytes {
         &(*self.owner).as_ref()[self.start..self.start + self.len]
     }
 
+    /// A sub-range of this view, sharing the owner.
+    ///
+    /// # Panics
+    /// If the range is out of bounds (callers check ranges first).
+    pub fn slice(&self, offset: usize, len: usize) -> SharedBytes {
+        assert!(
+            offset.checked_add(len).is_some_and(|end| end <= self.len),
+            "SharedBytes::slice out of range"
+        );
+        SharedBytes {
+            owner: self.owner.clone(),
+            start: self.start + offset,
+            len,
+        }
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }

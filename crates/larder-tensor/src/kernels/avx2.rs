@@ -47,26 +47,35 @@ pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], xs: &[&[f32]], len: u
 /// (R x F accumulators + F weights + 1 activation fit in 16 registers).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn rows<const KIND: u8>(ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
-    let nf = ws.len();
-    let rmax = match nf {
-        1 | 2 => 4,
-        3 => 3,
-        _ => 2,
-    };
     let m = xs.len();
-    let mut r = 0;
-    while r < m {
-        let nr = (m - r).min(rmax);
-        macro_rules! go {
-            ($($rr:literal, $ff:literal);*) => {
-                match (nr, nf) {
-                    $( ($rr, $ff) => block::<KIND, $rr, $ff>(ws, xs, r, len, acc), )*
-                    _ => unreachable!("row block {nr} x {nf} features"),
-                }
-            };
+    // Many rows: pairs of features x 4 rows (fewer weight conversions per FMA);
+    // few rows: up to 4 features at once (independent chains for the FMA units).
+    let fmax = if m >= 4 { 2 } else { 4 };
+    let mut f0 = 0;
+    while f0 < ws.len() {
+        let nf = (ws.len() - f0).min(fmax);
+        let wsub = &ws[f0..f0 + nf];
+        let asub = &mut acc[f0 * m * ACC..(f0 + nf) * m * ACC];
+        let rmax = match nf {
+            1 | 2 => 4,
+            3 => 3,
+            _ => 2,
+        };
+        let mut r = 0;
+        while r < m {
+            let nr = (m - r).min(rmax);
+            macro_rules! go {
+                ($($rr:literal, $ff:literal);*) => {
+                    match (nr, nf) {
+                        $( ($rr, $ff) => block::<KIND, $rr, $ff>(wsub, xs, r, len, asub), )*
+                        _ => unreachable!("row block {nr} x {nf} features"),
+                    }
+                };
+            }
+            go!(1,1; 2,1; 3,1; 4,1; 1,2; 2,2; 3,2; 4,2; 1,3; 2,3; 3,3; 1,4; 2,4);
+            r += nr;
         }
-        go!(1,1; 2,1; 3,1; 4,1; 1,2; 2,2; 3,2; 4,2; 1,3; 2,3; 3,3; 1,4; 2,4);
-        r += nr;
+        f0 += nf;
     }
 }
 
