@@ -10,6 +10,10 @@
 //! give the FMA units work without splitting any accumulator, so a (row,
 //! feature) result is the same whichever block it is computed in.
 
+// Register blocks are const-size arrays indexed by (feature, row); index loops
+// read closest to the math and unroll fully.
+#![allow(clippy::needless_range_loop)]
+
 use std::arch::x86_64::*;
 
 use crate::dtype::WeightDType;
