@@ -37,6 +37,8 @@ pub mod scalar;
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod blocked;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 
