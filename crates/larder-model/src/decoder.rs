@@ -18,7 +18,7 @@ use crate::config::{FfnSpec, ModelSpec};
 use crate::error::ModelError;
 use crate::expert::{ExpertProvider, InMemoryExperts};
 use crate::kv_cache::KvCache;
-use crate::mlp::Mlp;
+use crate::mlp::{load_mlp, Mlp};
 use crate::moe::{MoeBlock, SharedExpert};
 use crate::rope::Rope;
 
@@ -74,7 +74,7 @@ impl DecoderModel {
             let attention = load_attention(&spec, ckpt, &p, ls.sliding_window)?;
             let (ffn, layer_experts) = match &ls.ffn {
                 FfnSpec::Dense { intermediate } => (
-                    Ffn::Dense(Mlp::load(
+                    Ffn::Dense(load_mlp(
                         ckpt,
                         &format!("{p}.mlp"),
                         ["gate_proj", "up_proj", "down_proj"],
@@ -90,7 +90,7 @@ impl DecoderModel {
                     let shared = match &m.shared_expert {
                         None => None,
                         Some(s) => Some(SharedExpert {
-                            mlp: Mlp::load(
+                            mlp: load_mlp(
                                 ckpt,
                                 &format!("{bp}.{}", names.shared_expert),
                                 ["gate_proj", "up_proj", "down_proj"],
@@ -110,7 +110,7 @@ impl DecoderModel {
                     let experts_here = if experts.is_none() {
                         (0..m.num_experts)
                             .map(|e| {
-                                Mlp::load(ckpt, &format!("{bp}.experts.{e}"), names.expert_proj, h, m.expert_intermediate).map(Arc::new)
+                                load_mlp(ckpt, &format!("{bp}.experts.{e}"), names.expert_proj, h, m.expert_intermediate).map(Arc::new)
                             })
                             .collect::<Result<Vec<_>, _>>()?
                     } else {

@@ -42,6 +42,8 @@ pub enum ModelError {
     ContextOverflow { len: usize, max: usize },
     #[error("expert provider: {0}")]
     Experts(String),
+    #[error(transparent)]
+    Weight(#[from] larder_tensor::WeightError),
 }
 
 impl ModelError {

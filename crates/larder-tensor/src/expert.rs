@@ -81,6 +81,36 @@ impl SwigluExpert {
         })
     }
 
+    /// From three separate weights (e.g. checkpoint tensors): gate and up
+    /// `[intermediate, hidden]`, down `[hidden, intermediate]`.
+    pub fn new(name: &str, gate: WeightMatrix, up: WeightMatrix, down: WeightMatrix) -> Result<Self, WeightError> {
+        let (i, h) = (gate.rows(), gate.cols());
+        if (up.rows(), up.cols()) != (i, h) || (down.rows(), down.cols()) != (h, i) {
+            return Err(WeightError::Layout {
+                name: name.to_string(),
+                message: format!(
+                    "SwiGLU shapes disagree: gate {i}x{h}, up {}x{}, down {}x{}",
+                    up.rows(),
+                    up.cols(),
+                    down.rows(),
+                    down.cols()
+                ),
+            });
+        }
+        Ok(SwigluExpert {
+            gate_up: None,
+            gate,
+            up,
+            down,
+            intermediate: i,
+        })
+    }
+
+    /// Weight bytes of the three projections (codes and scales).
+    pub fn byte_len(&self) -> usize {
+        self.gate.byte_len() + self.up.byte_len() + self.down.byte_len()
+    }
+
     /// Whether gate and up run as one matrix.
     pub fn is_fused(&self) -> bool {
         self.gate_up.is_some()
