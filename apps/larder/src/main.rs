@@ -14,7 +14,8 @@ use clap::{Parser, Subcommand};
 /// used in the dtype they ship in (bf16, f16, f32); activations are f32.
 ///
 /// Logs go to stderr (set LARDER_LOG=debug for more); with --json, stdout
-/// holds exactly one JSON document.
+/// holds exactly one JSON document. LARDER_KERNEL=scalar|avx2|avx512|neon
+/// forces a CPU kernel path (default: the best verified one this CPU has).
 #[derive(Parser)]
 #[command(name = "larder", version, propagate_version = true)]
 struct Cli {

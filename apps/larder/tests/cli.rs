@@ -249,3 +249,18 @@ fn help_explains_commands() {
         assert!(text.contains(flag), "run --help lacks {flag}");
     }
 }
+
+#[test]
+fn bench_kernels_quick_json_has_the_documented_shape() {
+    let v = ok_json(&["bench", "kernels", "--quick", "--no-candle", "--formats", "bf16,fp8", "--json"]);
+    assert!(v["ram_gbps"].as_f64().unwrap() > 0.0);
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 2 * 2 * 2); // formats x rows x cold/hot
+    for r in results {
+        for key in ["dtype", "rows", "k", "n", "threads", "gbps", "ratio_to_ram"] {
+            assert!(!r[key].is_null(), "missing {key} in {r}");
+        }
+        assert!(r.get("candle_gbps").is_some());
+    }
+    assert!(fails(&["bench", "kernels", "--quick", "--formats", "nope"]).contains("--formats"));
+}

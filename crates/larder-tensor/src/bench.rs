@@ -156,10 +156,11 @@ pub struct WeightSet {
 }
 
 impl WeightSet {
-    /// At least two copies, and at least [`COLD_SET_BYTES`] in all.
-    pub fn new(format: WeightFormat, n: usize, k: usize) -> Self {
+    /// At least two copies, and at least `cold_bytes` in all (use
+    /// [`COLD_SET_BYTES`] for a real measurement).
+    pub fn new(format: WeightFormat, n: usize, k: usize, cold_bytes: usize) -> Self {
         let first = random_weight(format, n, k, 1);
-        let copies = COLD_SET_BYTES.div_ceil(first.byte_len()).max(2);
+        let copies = cold_bytes.div_ceil(first.byte_len()).max(2);
         let mut weights = vec![first];
         for c in 1..copies {
             weights.push(random_weight(format, n, k, c as u64 + 1));

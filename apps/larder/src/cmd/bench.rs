@@ -11,7 +11,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
-use larder_tensor::bench::{bench_formats, measure_candle, ram_read_gbps, WeightSet};
+use larder_tensor::bench::{bench_formats, measure_candle, ram_read_gbps, WeightSet, COLD_SET_BYTES};
 use larder_tensor::kernels::{active_path, KernelPath};
 use larder_tensor::WeightFormat;
 use serde_json::json;
@@ -32,7 +32,7 @@ pub struct KernelArgs {
     /// Threads for the kernels (the RAM bandwidth is measured with one).
     #[arg(long, default_value_t = 1)]
     threads: usize,
-    /// Small shapes and short timings (a smoke test, not a measurement).
+    /// Small shapes, a small "cold" set and short timings (a smoke test, not a measurement).
     #[arg(long)]
     quick: bool,
     /// Skip candle's matmul (it is slow for bf16/f16).
@@ -64,14 +64,15 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         .num_threads(args.threads.max(1))
         .build()
         .context("cannot build the benchmark thread pool")?;
-    let (shapes, rows, budget, ram_bytes): (&[(usize, usize)], &[usize], _, usize) = if args.quick {
-        (&[(512, 256)], &[1, 8], Duration::from_millis(20), 64 << 20)
+    let (shapes, rows, budget, ram_bytes, cold_bytes): (&[(usize, usize)], &[usize], _, usize, usize) = if args.quick {
+        (&[(512, 256)], &[1, 8], Duration::from_millis(20), 64 << 20, 4 << 20)
     } else {
         (
             &[(7168, 2048), (2048, 1408), (4096, 1536)],
             &[1, 8, 64],
             Duration::from_millis(400),
             1 << 30,
+            COLD_SET_BYTES,
         )
     };
     let parsed: Vec<(usize, usize)> = args
@@ -111,7 +112,7 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
     for &(k, n) in shapes {
         for (name, format) in &formats {
             bar.set_message(format!("{name} {k}x{n}"));
-            let set = WeightSet::new(*format, n, k);
+            let set = WeightSet::new(*format, n, k, cold_bytes);
             for &m in rows {
                 let candle = match format {
                     WeightFormat::Dense(d) if !args.no_candle => {
