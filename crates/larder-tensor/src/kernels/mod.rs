@@ -196,6 +196,23 @@ impl KernelPath {
     }
 }
 
+/// Some columns of a weight row as dense elements: the stored bytes of a
+/// dense format, or the exact f32 decoding of a quantized one (into `buf`,
+/// which holds at least as many values as the view has columns).
+fn dense_columns<'a>(path: KernelPath, view: RowView<'a>, buf: &'a mut [f32]) -> (WeightDType, &'a [u8]) {
+    match view {
+        RowView::Dense { dtype, bytes } => (dtype, bytes),
+        RowView::Fp8 { codes, .. } => decoded(path, view, &mut buf[..codes.len()]),
+        RowView::Mxfp4 { blocks, .. } => decoded(path, view, &mut buf[..blocks.len() * 2]),
+        RowView::Int4 { packed, .. } => decoded(path, view, &mut buf[..packed.len() * 2]),
+    }
+}
+
+fn decoded<'a>(path: KernelPath, view: RowView<'_>, out: &'a mut [f32]) -> (WeightDType, &'a [u8]) {
+    path.decode(view, out);
+    (WeightDType::F32, f32_bytes(out))
+}
+
 /// Widens dense bytes into `buf` (f32 rows are copied so alignment never matters).
 fn widen<'a>(dtype: WeightDType, w: &[u8], buf: &'a mut Vec<f32>) -> &'a [f32] {
     let k = w.len() / dtype.size();
@@ -285,27 +302,12 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         // Adds one column chunk of one block of features.
         let mut add = |(f0, f1): (usize, usize), (c0, c1, cxs): &(usize, usize, Vec<&[f32]>)| {
             let a = &mut acc[f0 * m * acc_len..f1 * m * acc_len];
-            let len = c1 - c0;
             let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
             let mut dtype = WeightDType::F32;
-            let mut dense = true;
-            for (j, f) in (f0..f1).enumerate() {
-                if let RowView::Dense { dtype: d, bytes } = w.row_view(first + f).slice(*c0, *c1) {
-                    dtype = d;
-                    ws[j] = bytes;
-                } else {
-                    dense = false;
-                }
+            for ((slot, f), buf) in ws.iter_mut().zip(f0..f1).zip(decoded.chunks_exact_mut(K_CHUNK)) {
+                (dtype, *slot) = dense_columns(path, w.row_view(first + f).slice(*c0, *c1), buf);
             }
-            if !dense {
-                for (j, out) in decoded.chunks_exact_mut(K_CHUNK).take(f1 - f0).enumerate() {
-                    path.decode(w.row_view(first + f0 + j).slice(*c0, *c1), &mut out[..len]);
-                }
-                for (j, d) in decoded.chunks_exact(K_CHUNK).take(f1 - f0).enumerate() {
-                    ws[j] = f32_bytes(&d[..len]);
-                }
-            }
-            path.accumulate(dtype, &ws[..f1 - f0], cxs, len, a, &mut buf);
+            path.accumulate(dtype, &ws[..f1 - f0], cxs, c1 - c0, a, &mut buf);
         };
         if x_cached {
             // The activations stay cached anyway: stream each block of weight
@@ -319,18 +321,11 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                 blocks.iter().for_each(|&b| add(b, c));
             }
         }
-        let mut decoded = vec![0.0f32; K_CHUNK];
         let chunk_xs: Vec<&[f32]> = xs.iter().map(|x| &x[k_main..]).collect();
-
         for (j, outs) in block.chunks_exact_mut(m).enumerate() {
             let a = &acc[j * m * acc_len..(j + 1) * m * acc_len];
-            match w.row_view(first + j).slice(k_main, k) {
-                RowView::Dense { dtype, bytes } => path.finish(dtype, bytes, &chunk_xs, a, outs, &mut buf),
-                view => {
-                    path.decode(view, &mut decoded[..k - k_main]);
-                    path.finish(WeightDType::F32, f32_bytes(&decoded[..k - k_main]), &chunk_xs, a, outs, &mut buf);
-                }
-            }
+            let (dtype, bytes) = dense_columns(path, w.row_view(first + j).slice(k_main, k), &mut decoded);
+            path.finish(dtype, bytes, &chunk_xs, a, outs, &mut buf);
         }
     };
     if n * k >= PARALLEL_MIN_ELEMS && rayon::current_num_threads() > 1 {
