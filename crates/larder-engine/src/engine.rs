@@ -179,7 +179,6 @@ impl Engine {
         let mut ids = Vec::new();
         let mut finish = FinishReason::Length;
         let mut decode_steps = 0;
-        let decode_start = Instant::now();
         while ids.len() < opts.max_new {
             let next = sampler.sample(&logits);
             ids.push(next);
@@ -197,14 +196,11 @@ impl Engine {
             if ids.len() == opts.max_new || cache.len() + 1 > max_ctx {
                 break;
             }
+            let step = Instant::now();
             logits = self.model.forward_last(&[next], &mut cache, None)?;
+            stats.decode_s += step.elapsed().as_secs_f64();
             decode_steps += 1;
         }
-        stats.decode_s = if decode_steps > 0 {
-            decode_start.elapsed().as_secs_f64()
-        } else {
-            0.0
-        };
         stats.new_tokens = ids.len();
         stats.finish(decode_steps);
         Ok(Generation {
