@@ -1,0 +1,225 @@
+//! The RAM expert cache: immutable entries shared with compute (a hit hands
+//! out an `Arc`, never a copy) under a byte budget that is never exceeded.
+//!
+//! What to evict is a [`EvictionPolicy`]; the default, [`FairLru`], is LRU
+//! with per-layer fairness: when room is needed it evicts from layers holding
+//! more than their share of the budget (budget / layers) first, so one
+//! layer's traffic (say, a long prefill through early layers) cannot push
+//! every later layer's experts out. Entries evicted while in use stay alive
+//! for their users; the budget counts what the cache holds.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+
+/// (layer, expert).
+pub type Key = (usize, usize);
+
+/// Decides eviction order. Called under the cache lock.
+pub trait EvictionPolicy: Send {
+    fn inserted(&mut self, key: Key, bytes: u64);
+    fn touched(&mut self, key: Key);
+    fn removed(&mut self, key: Key);
+    /// The next entry to evict to make room for `incoming` of `bytes`
+    /// (`None` when empty).
+    fn victim(&mut self, incoming: Key, bytes: u64) -> Option<Key>;
+}
+
+/// LRU per layer; victims come from the layer most over its share, else
+/// the globally least recently used entry.
+pub struct FairLru {
+    share: u64,
+    tick: u64,
+    /// Per layer: last-use tick -> expert.
+    order: HashMap<usize, BTreeMap<u64, usize>>,
+    last_use: HashMap<Key, (u64, u64)>,
+    layer_bytes: HashMap<usize, u64>,
+}
+
+impl FairLru {
+    /// `budget` bytes shared by `layers` layers (0 layers: plain LRU).
+    pub fn new(budget: u64, layers: usize) -> FairLru {
+        FairLru {
+            share: if layers == 0 { u64::MAX } else { budget / layers as u64 },
+            tick: 0,
+            order: HashMap::new(),
+            last_use: HashMap::new(),
+            layer_bytes: HashMap::new(),
+        }
+    }
+
+    fn bump(&mut self) -> u64 {
+        self.tick += 1;
+        self.tick
+    }
+}
+
+impl EvictionPolicy for FairLru {
+    fn inserted(&mut self, key: Key, bytes: u64) {
+        let t = self.bump();
+        self.order.entry(key.0).or_default().insert(t, key.1);
+        self.last_use.insert(key, (t, bytes));
+        *self.layer_bytes.entry(key.0).or_default() += bytes;
+    }
+
+    fn touched(&mut self, key: Key) {
+        let t = self.bump();
+        if let Some((old, _)) = self.last_use.get_mut(&key) {
+            let layer = self.order.entry(key.0).or_default();
+            layer.remove(old);
+            layer.insert(t, key.1);
+            *old = t;
+        }
+    }
+
+    fn removed(&mut self, key: Key) {
+        if let Some((t, bytes)) = self.last_use.remove(&key) {
+            if let Some(layer) = self.order.get_mut(&key.0) {
+                layer.remove(&t);
+            }
+            if let Some(b) = self.layer_bytes.get_mut(&key.0) {
+                *b -= bytes;
+            }
+        }
+    }
+
+    fn victim(&mut self, incoming: Key, bytes: u64) -> Option<Key> {
+        // The oldest entry among layers over their share (counting the
+        // incoming entry in its layer); else the oldest overall.
+        let over = |l: usize| {
+            let held = self.layer_bytes.get(&l).copied().unwrap_or(0);
+            let held = if l == incoming.0 { held + bytes } else { held };
+            held > self.share
+        };
+        let oldest = |only_over: bool| {
+            self.order
+                .iter()
+                .filter(|(&l, _)| !only_over || over(l))
+                .filter_map(|(&l, m)| m.iter().next().map(|(&t, &e)| (t, (l, e))))
+                .min()
+                .map(|(_, k)| k)
+        };
+        oldest(true).or_else(|| oldest(false))
+    }
+}
+
+/// Counters of one cache.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheCounts {
+    pub entries: usize,
+    pub used_bytes: u64,
+    pub peak_bytes: u64,
+    pub evictions: u64,
+}
+
+struct Inner<V> {
+    map: HashMap<Key, (Arc<V>, u64)>,
+    used: u64,
+    peak: u64,
+    evictions: u64,
+    policy: Box<dyn EvictionPolicy>,
+}
+
+/// A byte-budgeted map from (layer, expert) to shared values.
+pub struct ExpertCache<V> {
+    budget: u64,
+    inner: Mutex<Inner<V>>,
+}
+
+impl<V> ExpertCache<V> {
+    /// A cache with the default policy ([`FairLru`] over `layers` layers).
+    pub fn new(budget: u64, layers: usize) -> Self {
+        Self::with_policy(budget, Box::new(FairLru::new(budget, layers)))
+    }
+
+    pub fn with_policy(budget: u64, policy: Box<dyn EvictionPolicy>) -> Self {
+        ExpertCache {
+            budget,
+            inner: Mutex::new(Inner {
+                map: HashMap::new(),
+                used: 0,
+                peak: 0,
+                evictions: 0,
+                policy,
+            }),
+        }
+    }
+
+    pub fn budget(&self) -> u64 {
+        self.budget
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner<V>> {
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The entry, marked as just used.
+    pub fn get(&self, key: Key) -> Option<Arc<V>> {
+        let mut g = self.lock();
+        let v = g.map.get(&key).map(|(v, _)| v.clone())?;
+        g.policy.touched(key);
+        Some(v)
+    }
+
+    pub fn contains(&self, key: Key) -> bool {
+        self.lock().map.contains_key(&key)
+    }
+
+    /// Keys currently held (any order).
+    pub fn keys(&self) -> Vec<Key> {
+        self.lock().map.keys().copied().collect()
+    }
+
+    /// Adds an entry of `bytes`, evicting as needed. Values larger than the
+    /// whole budget are not kept (returns `false`).
+    pub fn insert(&self, key: Key, value: Arc<V>, bytes: u64) -> bool {
+        if bytes > self.budget {
+            return false;
+        }
+        let mut g = self.lock();
+        if let Some((_, old)) = g.map.remove(&key) {
+            g.used -= old;
+            g.policy.removed(key);
+        }
+        while g.used + bytes > self.budget {
+            let Some(victim) = g.policy.victim(key, bytes) else { break };
+            g.policy.removed(victim);
+            if let Some((_, b)) = g.map.remove(&victim) {
+                g.used -= b;
+                g.evictions += 1;
+            }
+        }
+        if g.used + bytes > self.budget {
+            return false;
+        }
+        g.used += bytes;
+        g.peak = g.peak.max(g.used);
+        g.map.insert(key, (value, bytes));
+        g.policy.inserted(key, bytes);
+        debug_assert!(g.used <= self.budget);
+        true
+    }
+
+    pub fn counts(&self) -> CacheCounts {
+        let g = self.lock();
+        CacheCounts {
+            entries: g.map.len(),
+            used_bytes: g.used,
+            peak_bytes: g.peak,
+            evictions: g.evictions,
+        }
+    }
+
+    /// Drops every entry.
+    pub fn clear(&self) {
+        let mut g = self.lock();
+        let keys: Vec<Key> = g.map.keys().copied().collect();
+        for k in keys {
+            g.policy.removed(k);
+        }
+        g.map.clear();
+        g.used = 0;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,50 @@
+//! The store's error type: every variant names the file, layer or expert it
+//! is about, so a user can tell which drive or record is at fault.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: read of {len} bytes at offset {offset} failed: {source}")]
+    Read {
+        path: PathBuf,
+        offset: u64,
+        len: u64,
+        source: std::io::Error,
+    },
+    #[error("{path}: file ends before byte {needed} (it holds {size}); truncated?")]
+    Truncated { path: PathBuf, needed: u64, size: u64 },
+    #[error(
+        "layer {layer} expert {expert}: digest mismatch in {path} at offset {offset} (expected {expected}, got {got}); \
+         the store is corrupt: re-run `larder pack`, or check the drive"
+    )]
+    Digest {
+        layer: usize,
+        expert: usize,
+        path: PathBuf,
+        offset: u64,
+        expected: String,
+        got: String,
+    },
+    #[error("{path}: {message}")]
+    Manifest { path: PathBuf, message: String },
+    #[error("layer {layer} expert {expert}: not in the store")]
+    MissingExpert { layer: usize, expert: usize },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl StoreError {
+    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        StoreError::Io { path: path.into(), source }
+    }
+
+    pub(crate) fn manifest(path: impl Into<PathBuf>, message: impl Into<String>) -> Self {
+        StoreError::Manifest {
+            path: path.into(),
+            message: message.into(),
+        }
+    }
+}

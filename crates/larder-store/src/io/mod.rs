@@ -1,0 +1,173 @@
+//! I/O backends: how an expert's extents become bytes in RAM.
+//!
+//! [`IoBackend::read`] takes a batch of jobs (one per expert, each a list of
+//! extents) and reports each job on the **calling thread** as soon as it
+//! completes, in completion order, so the caller can compute on early
+//! arrivals while later reads are still in flight. Three implementations:
+//! - [`PreadPool`]: a persistent pool of threads doing `pread` (portable);
+//! - [`UringBackend`]: io_uring on Linux, many reads in flight from one thread;
+//! - [`MmapBackend`]: views into memory-mapped files (the baseline: no copy,
+//!   the kernel's page cache is the cache and page faults are the reads).
+//!
+//! With `direct` (O_DIRECT), reads bypass the page cache: every read covers
+//! whole 4 KiB blocks into 4 KiB-aligned buffers, and views skip the padding.
+
+mod files;
+mod mmap;
+mod pread;
+#[cfg(target_os = "linux")]
+mod uring;
+
+pub use files::FileTable;
+pub use mmap::MmapBackend;
+pub use pread::PreadPool;
+#[cfg(target_os = "linux")]
+pub use uring::UringBackend;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use crate::buf::ByteView;
+use crate::location::Extent;
+use crate::StoreError;
+
+/// One view per extent of the job, in extent order.
+pub type ReadResult = Result<Vec<ByteView>, StoreError>;
+
+/// Reads extents of a fixed set of files.
+pub trait IoBackend: Send + Sync {
+    /// `pread`, `uring` or `mmap`.
+    fn name(&self) -> &'static str;
+    /// Reads every job, calling `done(job, result)` on this thread as each
+    /// completes (any order; every job exactly once).
+    fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult));
+    /// Whether views point into file mappings rather than owned buffers (the
+    /// RAM cache is pointless then: the page cache already is one).
+    fn is_mapped(&self) -> bool {
+        false
+    }
+    /// Whether reads bypass the page cache.
+    fn is_direct(&self) -> bool;
+}
+
+/// Which backend to open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IoKind {
+    Pread,
+    Uring,
+    Mmap,
+}
+
+impl IoKind {
+    pub fn parse(s: &str) -> Option<IoKind> {
+        match s {
+            "pread" => Some(IoKind::Pread),
+            "uring" | "io_uring" => Some(IoKind::Uring),
+            "mmap" => Some(IoKind::Mmap),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            IoKind::Pread => "pread",
+            IoKind::Uring => "uring",
+            IoKind::Mmap => "mmap",
+        }
+    }
+
+    /// The default: io_uring where the kernel allows it, else pread.
+    pub fn best() -> IoKind {
+        #[cfg(target_os = "linux")]
+        if uring::available() {
+            return IoKind::Uring;
+        }
+        IoKind::Pread
+    }
+}
+
+/// Backend options.
+#[derive(Debug, Clone, Copy)]
+pub struct IoOptions {
+    pub kind: IoKind,
+    /// O_DIRECT (ignored by mmap).
+    pub direct: bool,
+    /// pread threads, or io_uring reads in flight.
+    pub depth: usize,
+}
+
+impl Default for IoOptions {
+    fn default() -> Self {
+        IoOptions {
+            kind: IoKind::best(),
+            direct: true,
+            depth: 8,
+        }
+    }
+}
+
+/// Opens `paths` with the chosen backend.
+pub fn open_backend(paths: &[PathBuf], opts: IoOptions) -> Result<Arc<dyn IoBackend>, StoreError> {
+    Ok(match opts.kind {
+        IoKind::Mmap => Arc::new(MmapBackend::open(paths)?),
+        IoKind::Pread => Arc::new(PreadPool::new(FileTable::open(paths, opts.direct)?, opts.depth)),
+        #[cfg(target_os = "linux")]
+        IoKind::Uring => Arc::new(UringBackend::new(FileTable::open(paths, opts.direct)?, opts.depth)?),
+        #[cfg(not(target_os = "linux"))]
+        IoKind::Uring => return Err(StoreError::Invalid("io_uring is only available on Linux; use --io pread".into())),
+    })
+}
+
+/// Where an extent's bytes go in a job buffer: the span read from the file
+/// (block-aligned when direct) and where the extent starts inside it.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Span {
+    pub file: usize,
+    pub file_offset: u64,
+    pub len: u64,
+    /// Offset of the span in the job buffer.
+    pub buf_offset: u64,
+    /// Offset of the extent's first byte in the span.
+    pub skip: u64,
+    /// Bytes of the span that must be read (skip + extent length).
+    pub needed: u64,
+}
+
+/// Lays out a job's extents in one buffer; returns the spans and buffer size.
+pub(crate) fn plan(extents: &[Extent], direct: bool) -> (Vec<Span>, u64) {
+    let mut pos = 0;
+    let spans = extents
+        .iter()
+        .map(|x| {
+            let (start, end) = if direct {
+                (crate::buf::align_down(x.offset), crate::buf::align_up(x.offset + x.len))
+            } else {
+                (x.offset, x.offset + x.len)
+            };
+            let s = Span {
+                file: x.file,
+                file_offset: start,
+                len: end - start,
+                buf_offset: pos,
+                skip: x.offset - start,
+                needed: x.offset + x.len - start,
+            };
+            pos += crate::buf::align_up(s.len);
+            s
+        })
+        .collect();
+    (spans, pos)
+}
+
+/// The views of a filled job buffer.
+pub(crate) fn views(buf: crate::buf::AlignedBuf, spans: &[Span], extents: &[Extent]) -> Vec<ByteView> {
+    let owner: crate::buf::ByteOwner = Arc::new(buf);
+    spans
+        .iter()
+        .zip(extents)
+        .map(|(s, x)| ByteView::new(owner.clone(), (s.buf_offset + s.skip) as usize, x.len as usize))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

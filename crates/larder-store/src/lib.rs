@@ -1,0 +1,39 @@
+//! larder-store: where routed experts live when they do not fit in RAM.
+//!
+//! - [`location`]: the [`ExpertIndex`] mapping (layer, expert) to file
+//!   extents, for a packed store ([`manifest`]) or straight from safetensors;
+//! - [`io`]: the [`IoBackend`] trait and its pread-pool, io_uring (+O_DIRECT)
+//!   and mmap implementations;
+//! - [`cache`]: the byte-budgeted RAM expert cache (fair LRU by default);
+//! - [`store`]: [`ExpertStore`], cache + backend + digests + [`StoreStats`];
+//! - [`pack`] / [`verify`]: writing and checking packed stores; [`drive`]:
+//!   bandwidth probes and placement over drives.
+//!
+//! This crate knows bytes, files and drives; it does not know tensors or
+//! models (the engine maps records to expert weights).
+
+pub mod buf;
+pub mod cache;
+pub mod digest;
+pub mod drive;
+mod error;
+pub mod fsutil;
+pub mod io;
+pub mod location;
+pub mod manifest;
+pub mod pack;
+pub mod size;
+pub mod stats;
+pub mod store;
+pub mod verify;
+
+pub use buf::{AlignedBuf, ByteOwner, ByteView};
+pub use cache::ExpertCache;
+pub use digest::Digest;
+pub use error::StoreError;
+pub use io::{IoBackend, IoKind, IoOptions};
+pub use location::{ExpertIndex, ExpertLocation, Extent, Part, PartDesc};
+pub use manifest::Manifest;
+pub use size::{format_size, parse_size};
+pub use stats::StoreStats;
+pub use store::{ExpertRecord, ExpertStore, StoreOptions};

@@ -1,0 +1,109 @@
+//! Where each expert's bytes are: the [`ExpertIndex`] maps (layer, expert) to
+//! the file extents to read and the place of each component (gate, up, down,
+//! scales) in them. A packed store has one aligned extent per expert; direct
+//! streaming from safetensors has one extent per tensor. The I/O backends and
+//! the cache only ever see this index.
+
+use std::path::PathBuf;
+
+use crate::digest::Digest;
+
+/// A byte range of one file of the index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Extent {
+    pub file: usize,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// One component's bytes: a range inside one of the expert's extents.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Part {
+    pub extent: usize,
+    pub offset: u64,
+    pub len: u64,
+}
+
+/// One expert's extents and components.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExpertLocation {
+    pub extents: Vec<Extent>,
+    /// In component order (the order the model expects, e.g. gate, up, down).
+    pub parts: Vec<Part>,
+    /// Digest of the components' bytes concatenated in order (packed stores).
+    pub digest: Option<Digest>,
+}
+
+impl ExpertLocation {
+    /// Bytes of the components (what the model computes on).
+    pub fn payload_len(&self) -> u64 {
+        self.parts.iter().map(|p| p.len).sum()
+    }
+}
+
+/// What one component of a layer's experts is (the same for every expert of
+/// the layer): its role (`gate`, `up`, `down`, `gate.scale`, ...), stored
+/// dtype as safetensors names it (`BF16`, `F8_E4M3`, ...) and shape.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct PartDesc {
+    pub role: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+}
+
+/// Every routed expert's location, by layer then expert id.
+#[derive(Debug, Clone, Default)]
+pub struct ExpertIndex {
+    pub files: Vec<PathBuf>,
+    /// `parts[l]`: the components of layer `l`'s experts, in `Part` order.
+    pub parts: Vec<Vec<PartDesc>>,
+    /// `layers[l][e]`; layers without routed experts are empty.
+    pub layers: Vec<Vec<ExpertLocation>>,
+}
+
+impl ExpertIndex {
+    pub fn get(&self, layer: usize, expert: usize) -> Option<&ExpertLocation> {
+        self.layers.get(layer)?.get(expert)
+    }
+
+    /// Layers that hold routed experts.
+    pub fn expert_layers(&self) -> usize {
+        self.layers.iter().filter(|l| !l.is_empty()).count()
+    }
+
+    /// Total payload bytes of all experts.
+    pub fn total_bytes(&self) -> u64 {
+        self.layers.iter().flatten().map(|e| e.payload_len()).sum()
+    }
+
+    /// Checks every extent lies inside its file and every part inside its
+    /// extent, given the files' sizes.
+    pub fn check_bounds(&self, sizes: &[u64]) -> Result<(), crate::StoreError> {
+        for (l, experts) in self.layers.iter().enumerate() {
+            for (e, loc) in experts.iter().enumerate() {
+                for x in &loc.extents {
+                    let size = *sizes
+                        .get(x.file)
+                        .ok_or_else(|| crate::StoreError::Invalid(format!("layer {l} expert {e}: file index {} out of range", x.file)))?;
+                    let end = x.offset.checked_add(x.len).unwrap_or(u64::MAX);
+                    if end > size {
+                        return Err(crate::StoreError::Truncated {
+                            path: self.files[x.file].clone(),
+                            needed: end,
+                            size,
+                        });
+                    }
+                }
+                for p in &loc.parts {
+                    let ok = loc.extents.get(p.extent).is_some_and(|x| p.offset + p.len <= x.len);
+                    if !ok {
+                        return Err(crate::StoreError::Invalid(format!(
+                            "layer {l} expert {e}: component range outside its extent"
+                        )));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}

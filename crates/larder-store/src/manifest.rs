@@ -1,0 +1,217 @@
+//! `manifest.json` of a packed store (DESIGN.md §4): format version, the
+//! identity of the source checkpoint, the spine files, the drives, and for
+//! every (layer, expert) its drive, file, offset, length and digest, with the
+//! components' dtype, shape and place inside the record.
+//!
+//! The manifest is written last, atomically; a folder without one is not a
+//! store, and a manifest from another format version or another model is
+//! refused with an error saying so.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+use crate::location::{ExpertIndex, ExpertLocation, Extent, Part, PartDesc};
+use crate::StoreError;
+
+pub const MANIFEST: &str = "manifest.json";
+pub const FORMAT: &str = "larder-store";
+pub const VERSION: u32 = 1;
+
+/// The checkpoint a store was packed from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceIdentity {
+    /// Digest of the source's `config.json` bytes (the copy in the store must match).
+    pub config_digest: String,
+    pub files: Vec<SourceFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceFile {
+    pub name: String,
+    pub size: u64,
+    /// Digest of the safetensors header (names, dtypes, shapes, offsets).
+    pub header_digest: String,
+}
+
+/// A drive directory holding layer files.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DriveEntry {
+    /// Relative to the store root when inside it, else absolute.
+    pub path: String,
+    /// Read bandwidth used for placement (measured during pack, or given).
+    pub gbps: f64,
+}
+
+/// One layer's experts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LayerEntry {
+    pub layer: usize,
+    /// Components of every record of this layer, in record order.
+    pub parts: Vec<PartEntry>,
+    pub experts: Vec<ExpertEntry>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartEntry {
+    #[serde(flatten)]
+    pub desc: PartDesc,
+    /// Byte range inside the record.
+    pub offset: u64,
+    pub len: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExpertEntry {
+    pub expert: usize,
+    pub drive: usize,
+    /// Relative to the drive directory.
+    pub file: String,
+    /// 4 KiB-aligned record start and padded length.
+    pub offset: u64,
+    pub len: u64,
+    /// Digest of the record's components, concatenated.
+    pub digest: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub version: u32,
+    pub model_type: String,
+    pub source: SourceIdentity,
+    /// Spine safetensors files, relative to the store root.
+    pub spine: Vec<String>,
+    pub drives: Vec<DriveEntry>,
+    pub layers: Vec<LayerEntry>,
+}
+
+impl Manifest {
+    /// Whether `dir` is a packed store (has a manifest).
+    pub fn is_store(dir: &Path) -> bool {
+        dir.join(MANIFEST).is_file()
+    }
+
+    /// Reads and checks `dir/manifest.json`.
+    pub fn read(dir: &Path) -> Result<Manifest, StoreError> {
+        let path = dir.join(MANIFEST);
+        let text = std::fs::read_to_string(&path).map_err(|e| StoreError::io(&path, e))?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| StoreError::manifest(&path, format!("not valid JSON: {e}")))?;
+        let format = value.get("format").and_then(|f| f.as_str()).unwrap_or("");
+        if format != FORMAT {
+            return Err(StoreError::manifest(
+                &path,
+                format!("not a larder store manifest (format {format:?})"),
+            ));
+        }
+        let version = value.get("version").and_then(|v| v.as_u64()).unwrap_or(0);
+        if version != VERSION as u64 {
+            return Err(StoreError::manifest(
+                &path,
+                format!("store format version {version}, this larder reads version {VERSION}; re-run `larder pack`"),
+            ));
+        }
+        let m: Manifest = serde_json::from_value(value).map_err(|e| StoreError::manifest(&path, format!("malformed: {e}")))?;
+        Ok(m)
+    }
+
+    /// Writes `dir/manifest.json` atomically (temp file, fsync, rename).
+    pub fn write(&self, dir: &Path) -> Result<(), StoreError> {
+        let text = serde_json::to_vec_pretty(self).map_err(|e| StoreError::Invalid(format!("manifest: {e}")))?;
+        crate::fsutil::write_atomic(&dir.join(MANIFEST), &text)
+    }
+
+    /// The absolute directory of drive `d`.
+    pub fn drive_dir(&self, root: &Path, d: usize) -> PathBuf {
+        let p = Path::new(&self.drives[d].path);
+        if p.is_absolute() {
+            p.to_path_buf()
+        } else {
+            root.join(p)
+        }
+    }
+
+    /// The location index of every expert, checking drives and files exist
+    /// and are long enough.
+    pub fn index(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
+        let mpath = root.join(MANIFEST);
+        for d in 0..self.drives.len() {
+            let dir = self.drive_dir(root, d);
+            if !dir.is_dir() {
+                return Err(StoreError::manifest(
+                    &mpath,
+                    format!("drive directory {} is missing (is the drive mounted?)", dir.display()),
+                ));
+            }
+        }
+        let mut index = ExpertIndex::default();
+        let mut file_ids: std::collections::HashMap<PathBuf, usize> = Default::default();
+        let max_layer = self.layers.iter().map(|l| l.layer + 1).max().unwrap_or(0);
+        index.layers = vec![Vec::new(); max_layer];
+        index.parts = vec![Vec::new(); max_layer];
+        for le in &self.layers {
+            let mut experts: Vec<Option<ExpertLocation>> = vec![None; le.experts.len()];
+            for ee in &le.experts {
+                if ee.drive >= self.drives.len() {
+                    return Err(StoreError::manifest(
+                        &mpath,
+                        format!("layer {} expert {}: no drive {}", le.layer, ee.expert, ee.drive),
+                    ));
+                }
+                if ee.file.contains("..") || Path::new(&ee.file).is_absolute() {
+                    return Err(StoreError::manifest(
+                        &mpath,
+                        format!("layer {} expert {}: bad file name {:?}", le.layer, ee.expert, ee.file),
+                    ));
+                }
+                let path = self.drive_dir(root, ee.drive).join(&ee.file);
+                let next = file_ids.len();
+                let file = *file_ids.entry(path.clone()).or_insert(next);
+                if file == index.files.len() {
+                    index.files.push(path);
+                }
+                let digest = Digest::parse(&ee.digest).ok_or_else(|| {
+                    StoreError::manifest(
+                        &mpath,
+                        format!("layer {} expert {}: bad digest {:?}", le.layer, ee.expert, ee.digest),
+                    )
+                })?;
+                let slot = experts
+                    .get_mut(ee.expert)
+                    .ok_or_else(|| StoreError::manifest(&mpath, format!("layer {}: expert id {} out of range", le.layer, ee.expert)))?;
+                *slot = Some(ExpertLocation {
+                    extents: vec![Extent {
+                        file,
+                        offset: ee.offset,
+                        len: ee.len,
+                    }],
+                    parts: le
+                        .parts
+                        .iter()
+                        .map(|p| Part {
+                            extent: 0,
+                            offset: p.offset,
+                            len: p.len,
+                        })
+                        .collect(),
+                    digest: Some(digest),
+                });
+            }
+            index.layers[le.layer] = experts
+                .into_iter()
+                .enumerate()
+                .map(|(e, x)| x.ok_or_else(|| StoreError::manifest(&mpath, format!("layer {}: expert {e} missing", le.layer))))
+                .collect::<Result<_, _>>()?;
+            index.parts[le.layer] = le.parts.iter().map(|p| p.desc.clone()).collect();
+        }
+        let mut sizes = Vec::with_capacity(index.files.len());
+        for f in &index.files {
+            let meta = std::fs::metadata(f).map_err(|e| StoreError::io(f, e))?;
+            sizes.push(meta.len());
+        }
+        index.check_bounds(&sizes)?;
+        Ok(index)
+    }
+}

@@ -1,0 +1,71 @@
+//! Counters of an expert store, cumulative since it was opened; callers take
+//! differences ([`StoreStats::since`]) to report one request.
+
+use serde::Serialize;
+
+/// Hits and misses of one layer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
+pub struct LayerCounts {
+    pub hits: u64,
+    pub misses: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct StoreStats {
+    /// Expert bytes read from files (mmap: bytes handed out as mapped views).
+    pub bytes_read: u64,
+    /// Expert records read.
+    pub reads: u64,
+    pub hits: u64,
+    pub misses: u64,
+    /// Time the computing thread waited for reads.
+    pub io_wait_s: f64,
+    /// Time spent checking digests.
+    pub verify_s: f64,
+    /// Per layer (index = layer number; dense layers stay zero).
+    pub layers: Vec<LayerCounts>,
+}
+
+impl StoreStats {
+    /// `self - earlier`.
+    pub fn since(&self, earlier: &StoreStats) -> StoreStats {
+        StoreStats {
+            bytes_read: self.bytes_read - earlier.bytes_read,
+            reads: self.reads - earlier.reads,
+            hits: self.hits - earlier.hits,
+            misses: self.misses - earlier.misses,
+            io_wait_s: self.io_wait_s - earlier.io_wait_s,
+            verify_s: self.verify_s - earlier.verify_s,
+            layers: self
+                .layers
+                .iter()
+                .enumerate()
+                .map(|(l, c)| {
+                    let e = earlier.layers.get(l).copied().unwrap_or_default();
+                    LayerCounts {
+                        hits: c.hits - e.hits,
+                        misses: c.misses - e.misses,
+                    }
+                })
+                .collect(),
+        }
+    }
+
+    pub fn hit_rate(&self) -> f64 {
+        let n = self.hits + self.misses;
+        if n == 0 {
+            0.0
+        } else {
+            self.hits as f64 / n as f64
+        }
+    }
+
+    /// Bytes read per second of I/O wait (0 when nothing was waited for).
+    pub fn effective_gbps(&self) -> f64 {
+        if self.io_wait_s > 0.0 {
+            self.bytes_read as f64 / self.io_wait_s / 1e9
+        } else {
+            0.0
+        }
+    }
+}
