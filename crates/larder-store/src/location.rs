@@ -85,7 +85,7 @@ impl ExpertIndex {
                     let size = *sizes
                         .get(x.file)
                         .ok_or_else(|| crate::StoreError::Invalid(format!("layer {l} expert {e}: file index {} out of range", x.file)))?;
-                    let end = x.offset.checked_add(x.len).unwrap_or(u64::MAX);
+                    let end = x.offset.saturating_add(x.len);
                     if end > size {
                         return Err(crate::StoreError::Truncated {
                             path: self.files[x.file].clone(),

@@ -175,13 +175,13 @@ pub fn pack(src: &PackSource, out: &Path, drives: &[DriveSpec], progress: &mut d
         let (parts, record_len) = record_layout(&layer.parts, &layer.experts);
         let mut entries: Vec<Option<ExpertEntry>> = vec![None; layer.experts.len()];
         let mut layer_resumed = true;
-        for k in 0..plan.drives.len() {
+        for (k, drive_dir) in drive_dirs.iter().enumerate() {
             let mine: Vec<usize> = (0..layer.experts.len()).filter(|&e| placement[e] == k).collect();
             if mine.is_empty() {
                 continue;
             }
             let name = format!("drive-{k}/layer-{:03}.experts", layer.layer);
-            let path = drive_dirs[k].join(&name);
+            let path = drive_dir.join(&name);
             let done = match read_sidecar(&path, &mine, record_len) {
                 Some(list) => {
                     progress(PackEvent::Advanced {
