@@ -7,15 +7,19 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Instant;
 
+use larder_model::arch::read_spec;
+use larder_model::checkpoint::Checkpoint;
 use larder_model::{load_model, DecoderModel, ExpertProvider, KvCache};
+use larder_store::{ExpertStore, IoOptions, Manifest, StoreOptions};
 use larder_tensor::Mat;
 use serde::Serialize;
 
 use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::EngineError;
+use crate::experts::{direct_index, packed_index, store_err, StoreExperts};
 use crate::generation::GenerationConfig;
 use crate::sampling::{Sampler, SamplingParams};
-use crate::stats::Stats;
+use crate::stats::{ExpertStats, Stats};
 use crate::tokenizer::TextTokenizer;
 
 /// Prompt positions run through the model per forward pass during prefill.
@@ -62,30 +66,81 @@ pub struct Generation {
     pub stats: Stats,
 }
 
+/// Where routed experts live while the engine runs.
+#[derive(Debug, Clone, Copy, Default)]
+pub enum ExpertMode {
+    /// Every expert in RAM (a checkpoint's files are memory-mapped). A packed
+    /// store is then streamed with a cache large enough for all of it.
+    #[default]
+    InRam,
+    /// Streamed through the expert store: from the checkpoint's own
+    /// safetensors (direct) or from a packed store.
+    Stream(StoreOptions),
+}
+
+/// How to load a model.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct LoadOptions {
+    pub experts: ExpertMode,
+}
+
 /// A loaded checkpoint ready to generate.
 pub struct Engine {
     dir: PathBuf,
     model: DecoderModel,
+    /// The expert store, when experts are streamed.
+    store: Option<Arc<ExpertStore>>,
     tokenizer: Option<TextTokenizer>,
     chat: Option<ChatTemplate>,
     generation: GenerationConfig,
 }
 
 impl Engine {
-    /// Loads a checkpoint folder with every expert in RAM.
+    /// Loads a checkpoint folder (every expert in RAM) or a packed store.
     pub fn load(dir: &Path) -> Result<Self, EngineError> {
-        Self::load_with_experts(dir, None)
+        Self::load_with(dir, &LoadOptions::default())
+    }
+
+    /// Loads a checkpoint folder or a packed store.
+    pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Self, EngineError> {
+        check_dir(dir)?;
+        if larder_store::pack::is_unfinished(dir) {
+            return Err(EngineError::File {
+                path: dir.to_path_buf(),
+                message: "an unfinished `larder pack` (no manifest.json yet); re-run the same pack command to finish it".into(),
+            });
+        }
+        let packed = Manifest::is_store(dir);
+        let stream = match (opts.experts, packed) {
+            (ExpertMode::InRam, false) => return Self::load_with_experts(dir, None),
+            (ExpertMode::InRam, true) => StoreOptions {
+                io: IoOptions::default(),
+                ram_budget: u64::MAX,
+                verify: true,
+            },
+            (ExpertMode::Stream(o), _) => o,
+        };
+        let spec = read_spec(dir)?;
+        let ckpt = Checkpoint::open(dir)?;
+        let index = if packed {
+            packed_index(dir)?.1
+        } else {
+            direct_index(&spec, &ckpt)?
+        };
+        let store = Arc::new(ExpertStore::open(index, stream).map_err(store_err)?);
+        let provider = Arc::new(StoreExperts::new(store.clone(), &spec)?);
+        let model = DecoderModel::load(spec, &ckpt, Some(provider))?;
+        Self::assemble(dir, model, Some(store))
     }
 
     /// Loads a checkpoint folder, taking routed experts from `experts` when given.
     pub fn load_with_experts(dir: &Path, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, EngineError> {
-        if !dir.is_dir() {
-            return Err(EngineError::Io {
-                path: dir.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::NotFound, "model folder not found"),
-            });
-        }
+        check_dir(dir)?;
         let model = load_model(dir, experts)?;
+        Self::assemble(dir, model, None)
+    }
+
+    fn assemble(dir: &Path, model: DecoderModel, store: Option<Arc<ExpertStore>>) -> Result<Self, EngineError> {
         let tok_path = dir.join("tokenizer.json");
         let tokenizer = if tok_path.exists() {
             Some(TextTokenizer::from_file(&tok_path)?)
@@ -97,6 +152,7 @@ impl Engine {
         Ok(Engine {
             dir: dir.to_path_buf(),
             model,
+            store,
             tokenizer,
             chat,
             generation,
@@ -105,6 +161,11 @@ impl Engine {
 
     pub fn model(&self) -> &DecoderModel {
         &self.model
+    }
+
+    /// The expert store, when experts are streamed.
+    pub fn store(&self) -> Option<&Arc<ExpertStore>> {
+        self.store.as_ref()
     }
 
     pub fn generation_config(&self) -> &GenerationConfig {
@@ -165,6 +226,7 @@ impl Engine {
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Generation, EngineError> {
         let started = Instant::now();
+        let store_before = self.store.as_ref().map(|s| s.stats());
         let mut sampler = Sampler::new(opts.sampling)?;
         self.model.check_ids(prompt, 0)?;
         let mut cache = self.model.new_cache();
@@ -203,6 +265,9 @@ impl Engine {
         }
         stats.new_tokens = ids.len();
         stats.finish(decode_steps);
+        if let (Some(store), Some(before)) = (&self.store, store_before) {
+            stats.experts = Some(ExpertStats::from_store(store.backend().name(), &store.stats().since(&before)));
+        }
         Ok(Generation {
             ids,
             finish_reason: finish,
@@ -217,5 +282,16 @@ impl Engine {
             last = self.model.forward_last(chunk, cache, None)?;
         }
         Ok(last)
+    }
+}
+
+fn check_dir(dir: &Path) -> Result<(), EngineError> {
+    if dir.is_dir() {
+        Ok(())
+    } else {
+        Err(EngineError::Io {
+            path: dir.to_path_buf(),
+            source: std::io::Error::new(std::io::ErrorKind::NotFound, "model folder not found"),
+        })
     }
 }

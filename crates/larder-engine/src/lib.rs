@@ -6,20 +6,24 @@
 //! - [`chat`] renders `tokenizer_config.json` chat templates like transformers;
 //! - [`sampling`] picks tokens (greedy or seeded temperature/top-k/top-p);
 //! - [`generation`] reads `generation_config.json` (EOS ids);
+//! - [`experts`] streams routed experts from larder-store (direct from
+//!   safetensors or from a packed store);
 //! - [`stats`] is the timing/throughput record every run reports.
 
 pub mod chat;
 pub mod engine;
 pub mod error;
+pub mod experts;
 pub mod generation;
+pub mod pack;
 pub mod sampling;
 pub mod stats;
 pub mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
-pub use engine::{Engine, FinishReason, GenerateOptions, Generation};
+pub use engine::{Engine, ExpertMode, FinishReason, GenerateOptions, Generation, LoadOptions};
 pub use error::EngineError;
 pub use generation::GenerationConfig;
 pub use sampling::{Sampler, SamplingParams};
-pub use stats::Stats;
+pub use stats::{ExpertStats, Stats};
 pub use tokenizer::{StreamDecoder, TextTokenizer};

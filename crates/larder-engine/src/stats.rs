@@ -17,6 +17,66 @@ pub struct Stats {
     pub decode_tok_per_s: f64,
     /// From the start of the request to the first new token.
     pub time_to_first_token_s: f64,
+    /// Expert streaming counters (absent when every expert is in RAM).
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub experts: Option<ExpertStats>,
+}
+
+/// What streaming experts cost during one request.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct ExpertStats {
+    /// I/O backend (`pread`, `uring`, `mmap`).
+    pub io_backend: String,
+    pub expert_bytes_read: u64,
+    pub expert_reads: u64,
+    pub cache_hits: u64,
+    pub cache_misses: u64,
+    pub hit_rate: f64,
+    /// Time the compute thread waited for expert reads.
+    pub io_wait_s: f64,
+    /// Time spent checking record digests.
+    pub verify_s: f64,
+    /// Bytes read per second of I/O wait.
+    pub effective_gbps: f64,
+    /// Per MoE layer.
+    pub layers: Vec<LayerHits>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct LayerHits {
+    pub layer: usize,
+    pub hits: u64,
+    pub misses: u64,
+    pub hit_rate: f64,
+}
+
+impl ExpertStats {
+    /// From the store's counters over one request.
+    pub fn from_store(backend: &str, s: &larder_store::StoreStats) -> ExpertStats {
+        ExpertStats {
+            io_backend: backend.to_string(),
+            expert_bytes_read: s.bytes_read,
+            expert_reads: s.reads,
+            cache_hits: s.hits,
+            cache_misses: s.misses,
+            hit_rate: s.hit_rate(),
+            io_wait_s: s.io_wait_s,
+            verify_s: s.verify_s,
+            effective_gbps: s.effective_gbps(),
+            layers: s
+                .layers
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| c.hits + c.misses > 0)
+                .map(|(layer, c)| LayerHits {
+                    layer,
+                    hits: c.hits,
+                    misses: c.misses,
+                    hit_rate: c.hits as f64 / (c.hits + c.misses) as f64,
+                })
+                .collect(),
+        }
+    }
 }
 
 impl Stats {

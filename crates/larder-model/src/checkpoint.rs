@@ -32,6 +32,20 @@ struct TensorEntry {
 struct MappedFile {
     path: PathBuf,
     map: Arc<Mmap>,
+    header_len: usize,
+}
+
+/// Where a tensor's bytes are (for streaming and packing experts).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TensorInfo {
+    /// Index into [`Checkpoint::file_paths`].
+    pub file: usize,
+    /// As safetensors names it (`BF16`, `F32`, `F8_E4M3`, ...).
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// Absolute byte range in the file.
+    pub offset: u64,
+    pub len: u64,
 }
 
 /// All tensors of a checkpoint folder, by name.
@@ -101,7 +115,11 @@ impl Checkpoint {
                 },
             );
         }
-        self.files.push(MappedFile { path, map: Arc::new(map) });
+        self.files.push(MappedFile {
+            path,
+            map: Arc::new(map),
+            header_len,
+        });
         Ok(())
     }
 
@@ -115,6 +133,35 @@ impl Checkpoint {
         let mut v: Vec<&str> = self.tensors.keys().map(|s| s.as_str()).collect();
         v.sort_unstable();
         v
+    }
+
+    /// The checkpoint's safetensors files, in index order.
+    pub fn file_paths(&self) -> Vec<PathBuf> {
+        self.files.iter().map(|f| f.path.clone()).collect()
+    }
+
+    /// The JSON header of file `file` (its identity: names, dtypes, shapes, offsets).
+    pub fn file_header(&self, file: usize) -> &[u8] {
+        let f = &self.files[file];
+        &f.map[8..8 + f.header_len]
+    }
+
+    /// Where a tensor's bytes are.
+    pub fn tensor_info(&self, name: &str) -> Result<TensorInfo, ModelError> {
+        let e = self.entry(name)?;
+        Ok(TensorInfo {
+            file: e.file,
+            dtype: format!("{:?}", e.dtype),
+            shape: e.shape.clone(),
+            offset: e.start as u64,
+            len: e.len as u64,
+        })
+    }
+
+    /// Checks a tensor has `shape` and a dtype larder computes with; returns where it is.
+    pub fn checked_info(&self, name: &str, shape: &[usize]) -> Result<TensorInfo, ModelError> {
+        self.check(name, shape)?;
+        self.tensor_info(name)
     }
 
     /// The stored shape of a tensor.

@@ -16,7 +16,7 @@ use crate::attention::Attention;
 use crate::checkpoint::Checkpoint;
 use crate::config::{FfnSpec, ModelSpec};
 use crate::error::ModelError;
-use crate::expert::{ExpertProvider, InMemoryExperts};
+use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
 use crate::kv_cache::KvCache;
 use crate::mlp::{load_mlp, Mlp};
 use crate::moe::{MoeBlock, SharedExpert};
@@ -110,9 +110,12 @@ impl DecoderModel {
                     let experts_here = if experts.is_none() {
                         (0..m.num_experts)
                             .map(|e| {
-                                load_mlp(ckpt, &format!("{bp}.experts.{e}"), names.expert_proj, h, m.expert_intermediate).map(Arc::new)
+                                let [g, u, d] = expert_tensors(&spec, l, e)
+                                    .ok_or_else(|| ModelError::Experts(format!("layer {l}: not a MoE layer")))?;
+                                let w = |t: &ExpertTensor| ckpt.matrix(&t.name, t.shape[0], t.shape[1]);
+                                Ok(Arc::new(Mlp::new(&format!("{bp}.experts.{e}"), w(&g)?, w(&u)?, w(&d)?)?))
                             })
-                            .collect::<Result<Vec<_>, _>>()?
+                            .collect::<Result<Vec<_>, ModelError>>()?
                     } else {
                         Vec::new()
                     };

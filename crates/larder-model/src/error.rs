@@ -44,6 +44,9 @@ pub enum ModelError {
     Experts(String),
     #[error(transparent)]
     Weight(#[from] larder_tensor::WeightError),
+    /// A streaming provider's own error (I/O, digest, ...), kept whole.
+    #[error(transparent)]
+    Provider(Box<dyn std::error::Error + Send + Sync>),
 }
 
 impl ModelError {

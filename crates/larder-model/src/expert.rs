@@ -1,16 +1,29 @@
 //! Where routed experts come from. The model asks an [`ExpertProvider`] for
 //! the experts of one layer step and never learns whether their bytes were in
 //! RAM, in a cache or on a drive.
+//!
+//! Also: the names and shapes of each routed expert's tensors in a
+//! checkpoint ([`expert_tensors`]), which streaming providers and `pack` use
+//! to find expert bytes.
 
 use std::sync::Arc;
 
+use crate::config::{FfnSpec, ModelSpec};
 use crate::error::ModelError;
 use crate::mlp::Mlp;
 
 /// Supplies routed expert weights.
 pub trait ExpertProvider: Send + Sync {
-    /// The experts `ids` (sorted, unique) of `layer`, in the same order.
-    fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Mlp>>, ModelError>;
+    /// Calls `run(i, expert)` once for each `ids[i]` (sorted, unique) of
+    /// `layer`, in any order (a streaming provider calls it as bytes arrive,
+    /// so computing one expert overlaps reading the next). Stops at the
+    /// first error, from the provider or from `run`.
+    fn with_experts(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        run: &mut dyn FnMut(usize, &Mlp) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError>;
 }
 
 /// Every expert held in memory (the all-in-RAM path, and the reference every
@@ -28,18 +41,60 @@ impl InMemoryExperts {
 }
 
 impl ExpertProvider for InMemoryExperts {
-    fn experts(&self, layer: usize, ids: &[usize]) -> Result<Vec<Arc<Mlp>>, ModelError> {
+    fn with_experts(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        run: &mut dyn FnMut(usize, &Mlp) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
         let experts = self
             .layers
             .get(layer)
             .ok_or_else(|| ModelError::Experts(format!("no layer {layer}")))?;
-        ids.iter()
-            .map(|&e| {
-                experts
-                    .get(e)
-                    .cloned()
-                    .ok_or_else(|| ModelError::Experts(format!("layer {layer} has no expert {e}")))
-            })
-            .collect()
+        for (i, &e) in ids.iter().enumerate() {
+            let mlp = experts
+                .get(e)
+                .ok_or_else(|| ModelError::Experts(format!("layer {layer} has no expert {e}")))?;
+            run(i, mlp)?;
+        }
+        Ok(())
     }
+}
+
+/// One routed expert tensor: its checkpoint name and `[rows, cols]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpertTensor {
+    /// `gate`, `up` or `down`.
+    pub role: &'static str,
+    pub name: String,
+    pub shape: [usize; 2],
+}
+
+/// The routed-expert layers of a model: `(layer, number of experts)`.
+pub fn expert_layers(spec: &ModelSpec) -> Vec<(usize, usize)> {
+    spec.layers
+        .iter()
+        .enumerate()
+        .filter_map(|(l, ls)| match &ls.ffn {
+            FfnSpec::Moe(m) => Some((l, m.num_experts)),
+            FfnSpec::Dense { .. } => None,
+        })
+        .collect()
+}
+
+/// The tensors of expert `expert` of MoE layer `layer` (gate, up, down), or
+/// `None` for a dense layer.
+pub fn expert_tensors(spec: &ModelSpec, layer: usize, expert: usize) -> Option<[ExpertTensor; 3]> {
+    let FfnSpec::Moe(m) = &spec.layers.get(layer)?.ffn else {
+        return None;
+    };
+    let (h, i) = (spec.hidden_size, m.expert_intermediate);
+    let names = &spec.moe_names;
+    let prefix = format!("model.layers.{layer}.{}.experts.{expert}", names.block);
+    let t = |k: usize, role, shape| ExpertTensor {
+        role,
+        name: format!("{prefix}.{}.weight", names.expert_proj[k]),
+        shape,
+    };
+    Some([t(0, "gate", [i, h]), t(1, "up", [i, h]), t(2, "down", [h, i])])
 }

@@ -26,5 +26,5 @@ pub use arch::load_model;
 pub use config::{FfnSpec, ModelSpec, MoeSpec};
 pub use decoder::{DecoderModel, RouteTrace};
 pub use error::ModelError;
-pub use expert::{ExpertProvider, InMemoryExperts};
+pub use expert::{expert_layers, expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
 pub use kv_cache::KvCache;

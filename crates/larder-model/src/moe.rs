@@ -39,11 +39,12 @@ impl MoeBlock {
         let mut union: Vec<usize> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
         union.sort_unstable();
         union.dedup();
-        let weights = experts.experts(self.layer, &union)?;
-
         // outputs[row][slot]: the output of the row's slot-th routed expert.
         let mut outputs: Vec<Vec<Option<Vec<f32>>>> = routes.iter().map(|r| vec![None; r.experts.len()]).collect();
-        for (&e, mlp) in union.iter().zip(&weights) {
+        // Experts may arrive in any order; each fills its own slots, and the
+        // sum below runs in canonical router order.
+        experts.with_experts(self.layer, &union, &mut |i, mlp| {
+            let e = union[i];
             let mut rows = Vec::new();
             let mut slots = Vec::new();
             for (r, route) in routes.iter().enumerate() {
@@ -53,10 +54,11 @@ impl MoeBlock {
                 }
             }
             let y = mlp.forward(&x.gather_rows(&rows));
-            for (i, (&r, &s)) in rows.iter().zip(&slots).enumerate() {
-                outputs[r][s] = Some(y.row(i).to_vec());
+            for (k, (&r, &s)) in rows.iter().zip(&slots).enumerate() {
+                outputs[r][s] = Some(y.row(k).to_vec());
             }
-        }
+            Ok(())
+        })?;
 
         let mut out = Mat::zeros(x.rows(), x.cols());
         for (r, route) in routes.iter().enumerate() {

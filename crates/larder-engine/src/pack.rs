@@ -1,0 +1,72 @@
+//! What `larder pack` packs: a checkpoint folder described for
+//! [`larder_store::pack`] (its routed experts by tensor extent, its spine
+//! tensors, the small files a store must carry to be loadable on its own).
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use larder_model::arch::read_spec;
+use larder_model::checkpoint::Checkpoint;
+use larder_store::pack::{PackLayer, PackSource, SpineTensor};
+use larder_store::Extent;
+
+use crate::error::EngineError;
+use crate::experts::{direct_index, source_identity};
+
+/// Files copied next to the spine so a store loads like a checkpoint.
+pub const CARRIED_FILES: &[&str] = &[
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+];
+
+/// Describes the checkpoint at `dir` for packing.
+pub fn pack_source(dir: &Path) -> Result<PackSource, EngineError> {
+    let spec = read_spec(dir)?;
+    let ckpt = Checkpoint::open(dir)?;
+    let index = direct_index(&spec, &ckpt)?;
+    let mut expert_names = HashSet::new();
+    let mut layers = Vec::new();
+    for (l, n) in larder_model::expert_layers(&spec) {
+        for e in 0..n {
+            for t in larder_model::expert_tensors(&spec, l, e).into_iter().flatten() {
+                expert_names.insert(t.name);
+            }
+        }
+        layers.push(PackLayer {
+            layer: l,
+            parts: index.parts[l].clone(),
+            experts: index.layers[l].iter().map(|loc| loc.extents.clone()).collect(),
+        });
+    }
+    let mut spine = Vec::new();
+    for name in ckpt.names() {
+        if expert_names.contains(name) {
+            continue;
+        }
+        let info = ckpt.tensor_info(name)?;
+        spine.push(SpineTensor {
+            name: name.to_string(),
+            dtype: info.dtype,
+            shape: info.shape,
+            extent: Extent {
+                file: info.file,
+                offset: info.offset,
+                len: info.len,
+            },
+        });
+    }
+    let copy = CARRIED_FILES.iter().map(|f| dir.join(f)).filter(|p| p.is_file()).collect();
+    Ok(PackSource {
+        model_type: spec.model_type.clone(),
+        identity: source_identity(dir, &ckpt)?,
+        files: index.files.clone(),
+        spine,
+        layers,
+        copy,
+    })
+}
