@@ -9,7 +9,10 @@ use clap::{Parser, Subcommand};
 /// Run mixture-of-experts language models exactly as their authors shipped them.
 ///
 /// MODEL is a Hugging Face checkpoint folder (config.json, *.safetensors,
-/// tokenizer.json, tokenizer_config.json, generation_config.json). Supported
+/// tokenizer.json, tokenizer_config.json, generation_config.json) or a packed
+/// store made by `larder pack`. Routed experts stay in RAM for a checkpoint
+/// folder unless --ram-budget or --io asks to stream them (from the original
+/// safetensors, read by range); a packed store always streams. Supported
 /// architectures: Qwen3-MoE, Qwen2-MoE, Mixtral, Llama, Mistral. Weights are
 /// used in the dtype they ship in (bf16, f16, f32); activations are f32.
 ///
@@ -29,6 +32,12 @@ enum Command {
     Forward(cmd::forward::Args),
     /// Generate text or token ids from a prompt, streaming as it goes.
     Run(cmd::run::Args),
+    /// Pack a checkpoint's routed experts into a store: contiguous aligned records over one or more drives.
+    Pack(cmd::pack::Args),
+    /// Re-check every record digest of a packed store.
+    Verify(cmd::verify::Args),
+    /// Write a synthetic checkpoint (real layout, random weights, any size).
+    Synth(cmd::synth::Args),
     /// Measure speed against this machine's physical limits.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
@@ -43,6 +52,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Forward(a) => cmd::forward::run(a),
         Command::Run(a) => cmd::run::run(a),
+        Command::Pack(a) => cmd::pack::run(a),
+        Command::Verify(a) => cmd::verify::run(a),
+        Command::Synth(a) => cmd::synth::run(a),
         Command::Bench(b) => cmd::bench::run(b),
     };
     match result {

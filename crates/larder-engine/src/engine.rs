@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use larder_model::arch::read_spec;
 use larder_model::checkpoint::Checkpoint;
-use larder_model::{load_model, DecoderModel, ExpertProvider, KvCache};
+use larder_model::{load_model, DecoderModel, ExpertProvider, KvCache, RouteTrace};
 use larder_store::{ExpertStore, IoOptions, Manifest, StoreOptions};
 use larder_tensor::Mat;
 use serde::Serialize;
@@ -225,6 +225,18 @@ impl Engine {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Generation, EngineError> {
+        self.generate_traced(prompt, opts, on_token, None)
+    }
+
+    /// [`generate`](Self::generate), recording the routes of every position
+    /// (prompt and decode) into `trace`.
+    pub fn generate_traced(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        mut trace: Option<&mut RouteTrace>,
+    ) -> Result<Generation, EngineError> {
         let started = Instant::now();
         let store_before = self.store.as_ref().map(|s| s.stats());
         let mut sampler = Sampler::new(opts.sampling)?;
@@ -234,7 +246,7 @@ impl Engine {
             prompt_tokens: prompt.len(),
             ..Stats::default()
         };
-        let mut logits = self.prefill(prompt, &mut cache)?;
+        let mut logits = self.prefill(prompt, &mut cache, trace.as_deref_mut())?;
         stats.prefill_s = started.elapsed().as_secs_f64();
 
         let max_ctx = self.model.spec().max_position_embeddings;
@@ -259,7 +271,7 @@ impl Engine {
                 break;
             }
             let step = Instant::now();
-            logits = self.model.forward_last(&[next], &mut cache, None)?;
+            logits = self.model.forward_last(&[next], &mut cache, trace.as_deref_mut())?;
             stats.decode_s += step.elapsed().as_secs_f64();
             decode_steps += 1;
         }
@@ -276,10 +288,10 @@ impl Engine {
     }
 
     /// Runs the prompt in chunks, returning the last position's logits.
-    fn prefill(&self, prompt: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, EngineError> {
+    fn prefill(&self, prompt: &[u32], cache: &mut KvCache, mut trace: Option<&mut RouteTrace>) -> Result<Vec<f32>, EngineError> {
         let mut last = Vec::new();
         for chunk in prompt.chunks(PREFILL_CHUNK) {
-            last = self.model.forward_last(chunk, cache, None)?;
+            last = self.model.forward_last(chunk, cache, trace.as_deref_mut())?;
         }
         Ok(last)
     }

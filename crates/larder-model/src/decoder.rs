@@ -45,6 +45,32 @@ pub struct RouteTrace {
     pub layers: BTreeMap<usize, Vec<Route>>,
 }
 
+impl RouteTrace {
+    /// Mean over layers and consecutive positions of the share of a
+    /// position's experts that the previous position also chose (uniform,
+    /// independent routing gives about top_k / num_experts); with each
+    /// layer's own mean.
+    pub fn consecutive_overlap(&self) -> (f64, Vec<(usize, f64)>) {
+        let mut per_layer = Vec::new();
+        for (&l, routes) in &self.layers {
+            let shares: Vec<f64> = routes
+                .windows(2)
+                .filter(|w| !w[1].experts.is_empty())
+                .map(|w| w[1].experts.iter().filter(|e| w[0].experts.contains(e)).count() as f64 / w[1].experts.len() as f64)
+                .collect();
+            if !shares.is_empty() {
+                per_layer.push((l, shares.iter().sum::<f64>() / shares.len() as f64));
+            }
+        }
+        let mean = if per_layer.is_empty() {
+            0.0
+        } else {
+            per_layer.iter().map(|(_, v)| v).sum::<f64>() / per_layer.len() as f64
+        };
+        (mean, per_layer)
+    }
+}
+
 /// A loaded model.
 pub struct DecoderModel {
     spec: ModelSpec,

@@ -21,6 +21,7 @@ pub mod kv_cache;
 pub mod mlp;
 pub mod moe;
 pub mod rope;
+pub mod synth;
 
 pub use arch::load_model;
 pub use config::{FfnSpec, ModelSpec, MoeSpec};

@@ -12,6 +12,7 @@
 //! This crate knows bytes, files and drives; it does not know tensors or
 //! models (the engine maps records to expert weights).
 
+pub mod bench;
 pub mod buf;
 pub mod cache;
 pub mod digest;

@@ -21,6 +21,10 @@ use serde_json::json;
 pub enum Bench {
     /// Weight-format GEMV/GEMM kernels vs. RAM bandwidth (and candle's matmul).
     Kernels(KernelArgs),
+    /// Expert-record reads through each I/O backend: the drive limit.
+    Io(super::bench_store::IoArgs),
+    /// Decode speed streaming experts, vs. the drive limit measured in the same run.
+    Decode(super::bench_store::DecodeArgs),
 }
 
 /// Arguments of `larder bench kernels`.
@@ -55,6 +59,8 @@ pub struct KernelArgs {
 pub fn run(bench: Bench) -> anyhow::Result<()> {
     match bench {
         Bench::Kernels(a) => kernels(a),
+        Bench::Io(a) => super::bench_store::io(a),
+        Bench::Decode(a) => super::bench_store::decode(a),
     }
 }
 

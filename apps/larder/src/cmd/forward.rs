@@ -8,9 +8,11 @@ use serde_json::json;
 #[derive(clap::Args)]
 #[command(after_help = "Example:\n  larder forward --model ./fixtures/qwen3_moe_tiny --ids 1,17,42 --json")]
 pub struct Args {
-    /// Checkpoint folder.
+    /// Checkpoint folder or packed store (see `larder pack`).
     #[arg(long, value_name = "DIR")]
     model: PathBuf,
+    #[command(flatten)]
+    experts: super::ExpertArgs,
     /// Comma-separated token ids.
     #[arg(long, value_delimiter = ',', required = true, num_args = 1..)]
     ids: Vec<u32>,
@@ -23,7 +25,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let engine = super::load_engine(&args.model)?;
+    let engine = super::load_engine(&args.model, &args.experts)?;
     let logits = engine.forward(&args.ids)?;
     if args.json {
         let rows: Vec<&[f32]> = (0..logits.rows()).map(|r| logits.row(r)).collect();

@@ -1,20 +1,110 @@
-//! Subcommands of the `larder` binary, one file each.
+//! Subcommands of the `larder` binary, one file each, and the options they
+//! share (where routed experts come from).
 
 pub mod bench;
+pub mod bench_store;
 pub mod forward;
+pub mod pack;
 pub mod run;
+pub mod synth;
+pub mod verify;
 
 use std::path::Path;
 
 use anyhow::Context;
-use larder_engine::Engine;
+use larder_engine::{Engine, ExpertMode, LoadOptions};
+use larder_store::{format_size, parse_size, IoKind, IoOptions, Manifest, StoreOptions};
 
-/// Loads a checkpoint folder, with the folder named in any error.
-pub fn load_engine(model: &Path) -> anyhow::Result<Engine> {
+/// Where routed experts live: options shared by every command that loads a model.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct ExpertArgs {
+    /// Stream routed experts through a RAM cache of at most SIZE (e.g. 512MiB,
+    /// 8GiB) instead of keeping them all in RAM. Default for a packed store:
+    /// half of the RAM available at start; for a checkpoint folder: all in RAM.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub ram_budget: Option<u64>,
+    /// I/O backend for streamed experts: uring (io_uring; default on Linux),
+    /// pread (thread pool), or mmap (page cache; for comparison). Implies streaming.
+    #[arg(long, value_name = "pread|uring|mmap", value_parser = parse_io)]
+    pub io: Option<IoKind>,
+    /// Read experts with O_DIRECT (bypass the page cache; default).
+    #[arg(long, overrides_with = "no_direct")]
+    pub direct: bool,
+    /// Read experts through the page cache.
+    #[arg(long)]
+    pub no_direct: bool,
+    /// Reads in flight (pread threads; io_uring uses 4 reads per unit).
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    pub io_depth: usize,
+    /// Check each expert record's digest when it is read (packed stores).
+    /// `off` is unsafe: a corrupt drive then silently changes the output.
+    #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
+    pub verify: String,
+}
+
+fn parse_io(s: &str) -> Result<IoKind, String> {
+    IoKind::parse(s).ok_or_else(|| format!("unknown I/O backend {s:?} (pread, uring or mmap)"))
+}
+
+impl ExpertArgs {
+    /// The load options these flags ask for, for the model at `model`.
+    pub fn load_options(&self, model: &Path) -> LoadOptions {
+        let packed = Manifest::is_store(model);
+        if !packed && self.ram_budget.is_none() && self.io.is_none() {
+            return LoadOptions::default();
+        }
+        let ram_budget = self.ram_budget.unwrap_or_else(default_budget);
+        LoadOptions {
+            experts: ExpertMode::Stream(StoreOptions {
+                io: IoOptions {
+                    kind: self.io.unwrap_or_else(IoKind::best),
+                    direct: !self.no_direct,
+                    depth: self.io_depth.max(1),
+                },
+                ram_budget,
+                verify: self.verify == "on",
+            }),
+        }
+    }
+}
+
+/// Half of the memory available now (a conservative default cache size).
+fn default_budget() -> u64 {
+    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+    });
+    avail.map_or(4 << 30, |kb| kb * 1024 / 2)
+}
+
+/// Loads a checkpoint folder or packed store, with the folder named in any error.
+pub fn load_engine(model: &Path, experts: &ExpertArgs) -> anyhow::Result<Engine> {
     let started = std::time::Instant::now();
-    let engine = Engine::load(model).with_context(|| format!("cannot load model {}", model.display()))?;
-    tracing::info!("loaded {} in {:.2}s", model.display(), started.elapsed().as_secs_f64());
+    let opts = experts.load_options(model);
+    let engine = Engine::load_with(model, &opts).with_context(|| format!("cannot load model {}", model.display()))?;
+    match &opts.experts {
+        ExpertMode::Stream(o) => tracing::info!(
+            "loaded {} in {:.2}s; experts streamed via {} (direct={}) through a {} cache",
+            model.display(),
+            started.elapsed().as_secs_f64(),
+            o.io.kind.name(),
+            o.io.direct,
+            format_size(o.ram_budget)
+        ),
+        ExpertMode::InRam => tracing::info!("loaded {} in {:.2}s", model.display(), started.elapsed().as_secs_f64()),
+    }
     Ok(engine)
+}
+
+/// A progress bar on stderr when it is a terminal (hidden otherwise).
+pub fn progress_bar(len: u64, template: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
+    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
 }
 
 /// Prints one JSON document on stdout.

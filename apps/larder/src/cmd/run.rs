@@ -14,9 +14,11 @@ use serde_json::json;
     after_help = "Examples:\n  larder run --model ./fixtures/qwen3_moe_tok --prompt \"The capital of France is\" --max-new 16\n  larder run --model ./fixtures/qwen3_moe_tok --chat --prompt \"Explain tides\"\n  larder run --model ./fixtures/qwen3_moe_tiny --ids 1,200,31 --max-new 8 --json"
 )]
 pub struct Args {
-    /// Checkpoint folder.
+    /// Checkpoint folder or packed store (see `larder pack`).
     #[arg(long, value_name = "DIR")]
     model: PathBuf,
+    #[command(flatten)]
+    experts: super::ExpertArgs,
     /// Prompt as comma-separated token ids.
     #[arg(long, value_delimiter = ',', num_args = 1.., conflicts_with = "prompt", required_unless_present = "prompt")]
     ids: Option<Vec<u32>>,
@@ -50,10 +52,13 @@ pub struct Args {
     /// Print {"ids", "text", "finish_reason", "stats"} on stdout instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// After the text, print detailed stats on stderr (expert I/O and per-layer cache hit rates when streaming).
+    #[arg(long)]
+    stats: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let engine = super::load_engine(&args.model)?;
+    let engine = super::load_engine(&args.model, &args.experts)?;
     let prompt_ids = match (&args.ids, &args.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) if args.chat => {
@@ -127,5 +132,36 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "[larder] {} prompt + {} new tokens | prefill {:.1} tok/s | decode {:.2} tok/s | first token {:.3}s | finish: {:?}",
         s.prompt_tokens, s.new_tokens, s.prefill_tok_per_s, s.decode_tok_per_s, s.time_to_first_token_s, generation.finish_reason
     );
+    if let Some(x) = &s.experts {
+        eprintln!(
+            "[larder] experts via {}: {} read in {} reads | hits {} misses {} ({:.1}% hit) | io wait {:.3}s ({:.2} GB/s) | verify {:.3}s",
+            x.io_backend,
+            larder_store::format_size(x.expert_bytes_read),
+            x.expert_reads,
+            x.cache_hits,
+            x.cache_misses,
+            100.0 * x.hit_rate,
+            x.io_wait_s,
+            x.effective_gbps,
+            x.verify_s
+        );
+        if args.stats {
+            for l in &x.layers {
+                eprintln!(
+                    "[larder]   layer {:>3}: {:>6} hits {:>6} misses ({:.1}% hit)",
+                    l.layer,
+                    l.hits,
+                    l.misses,
+                    100.0 * l.hit_rate
+                );
+            }
+        }
+    }
+    if args.stats {
+        eprintln!(
+            "[larder] prefill {:.3}s | decode {:.3}s | time to first token {:.3}s",
+            s.prefill_s, s.decode_s, s.time_to_first_token_s
+        );
+    }
     Ok(())
 }
