@@ -2,9 +2,16 @@
 //! copy: [`AlignedBuf`] (4 KiB-aligned heap memory, as O_DIRECT requires)
 //! and [`ByteView`], a shared view of a range of any byte owner (a buffer or
 //! a file mapping).
+//!
+//! Read buffers are recycled: a dropped buffer (an evicted cache entry)
+//! goes to a small pool that [`AlignedBuf::for_read`] takes from, so steady
+//! streaming does not pay page faults and zeroing for every record (measured:
+//! that cost a quarter of io_uring's throughput when done on the submitting
+//! thread). The pool holds at most [`POOL_BYTES`].
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
-use std::sync::Arc;
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex};
 
 /// Alignment of every buffer and of every O_DIRECT offset and length.
 pub const ALIGN: usize = 4096;
@@ -19,9 +26,25 @@ pub fn align_down(n: u64) -> u64 {
     n / ALIGN as u64 * ALIGN as u64
 }
 
-/// Zero-initialised heap memory aligned to [`ALIGN`], its length a multiple of it.
+/// Bytes of freed buffers kept for reuse.
+pub const POOL_BYTES: usize = 256 << 20;
+
+struct Pool {
+    free: Vec<(NonNull<u8>, usize)>,
+    bytes: usize,
+}
+
+// SAFETY: the pool owns the allocations it holds exclusively.
+unsafe impl Send for Pool {}
+
+static POOL: Mutex<Pool> = Mutex::new(Pool {
+    free: Vec::new(),
+    bytes: 0,
+});
+
+/// Heap memory aligned to [`ALIGN`], its length a multiple of it.
 pub struct AlignedBuf {
-    ptr: std::ptr::NonNull<u8>,
+    ptr: NonNull<u8>,
     len: usize,
 }
 
@@ -31,7 +54,23 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// A buffer of at least `len` bytes (rounded up to [`ALIGN`]).
+    /// A buffer to read into: a recycled one of the same size when the pool
+    /// has one (its old contents are still there; readers only look at the
+    /// ranges a read filled), else a fresh zeroed one.
+    pub fn for_read(len: usize) -> Self {
+        let size = (align_up(len as u64) as usize).max(ALIGN);
+        {
+            let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = pool.free.iter().position(|&(_, l)| l == size) {
+                let (ptr, len) = pool.free.swap_remove(i);
+                pool.bytes -= len;
+                return AlignedBuf { ptr, len };
+            }
+        }
+        Self::new(len)
+    }
+
+    /// A zeroed buffer of at least `len` bytes (rounded up to [`ALIGN`]).
     pub fn new(len: usize) -> Self {
         let len = (align_up(len as u64) as usize).max(ALIGN);
         let layout = Layout::from_size_align(len, ALIGN).expect("aligned buffer layout");
@@ -68,6 +107,14 @@ impl AsRef<[u8]> for AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        {
+            let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
+            if pool.bytes + self.len <= POOL_BYTES {
+                pool.bytes += self.len;
+                pool.free.push((self.ptr, self.len));
+                return;
+            }
+        }
         let layout = Layout::from_size_align(self.len, ALIGN).expect("aligned buffer layout");
         // SAFETY: allocated in `new` with this layout.
         unsafe { dealloc(self.ptr.as_ptr(), layout) }

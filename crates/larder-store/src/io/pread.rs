@@ -71,7 +71,7 @@ fn worker(s: &Shared) {
 /// Reads one job's extents into one aligned buffer.
 pub(crate) fn read_job(files: &FileTable, extents: &[Extent]) -> ReadResult {
     let (spans, total) = plan(extents, files.direct);
-    let mut buf = AlignedBuf::new(total as usize);
+    let mut buf = AlignedBuf::for_read(total as usize);
     for s in &spans {
         let dst = &mut buf.as_mut_slice()[s.buf_offset as usize..(s.buf_offset + s.len) as usize];
         let mut done = 0usize;

@@ -56,7 +56,11 @@ struct Op {
 }
 
 struct JobState {
+    /// Allocated when the job's first read is submitted (so allocation and
+    /// page faults overlap the reads already in flight); taken when done.
     buf: Option<AlignedBuf>,
+    size: usize,
+    finished: bool,
     spans: Vec<Span>,
     ops_left: usize,
     /// Per span: the span offset where the file ended, if a read came up short.
@@ -90,7 +94,9 @@ impl IoBackend for UringBackend {
                 }
             }
             states.push(JobState {
-                buf: Some(AlignedBuf::new(total as usize)),
+                buf: None,
+                size: total as usize,
+                finished: false,
                 eof_at: vec![None; spans.len()],
                 spans,
                 ops_left: ops,
@@ -112,9 +118,8 @@ impl IoBackend for UringBackend {
                 let Some(op) = queue.pop_front() else { break };
                 let st = &mut states[op.job];
                 let span = st.spans[op.span];
-                let Some(buf) = st.buf.as_mut() else {
-                    unreachable!("buffer taken before the job's reads finished")
-                };
+                let size = st.size;
+                let buf = st.buf.get_or_insert_with(|| AlignedBuf::for_read(size));
                 // SAFETY: the op's range lies inside the job buffer (planned above), which
                 // stays alive and unmoved (heap allocation) until the job finishes.
                 let ptr = unsafe { buf.as_mut_ptr().add((span.buf_offset + op.at) as usize) };
@@ -151,8 +156,12 @@ impl IoBackend for UringBackend {
                 }
                 // The ring itself failed: fail every unfinished job.
                 for (job, st) in states.iter_mut().enumerate() {
-                    if st.buf.is_some() {
-                        st.buf = None;
+                    if !st.finished {
+                        st.finished = true;
+                        // Reads may still land in this buffer: leak it rather than free it.
+                        if let Some(b) = st.buf.take() {
+                            std::mem::forget(b);
+                        }
                         done(job, Err(StoreError::Invalid(format!("io_uring submit failed: {e}"))));
                     }
                 }
@@ -203,7 +212,11 @@ impl IoBackend for UringBackend {
 }
 
 fn finish(job: usize, st: &mut JobState, extents: &[Extent], files: &FileTable, done: &mut dyn FnMut(usize, ReadResult)) {
-    let Some(buf) = st.buf.take() else { return };
+    if st.finished {
+        return;
+    }
+    st.finished = true;
+    let buf = st.buf.take().unwrap_or_else(|| AlignedBuf::for_read(st.size));
     if let Some(e) = st.error.take() {
         done(job, Err(e));
         return;
