@@ -1,0 +1,156 @@
+//! Bad stores get clear errors and never wrong answers: a flipped byte is a
+//! digest error naming layer, expert and file; truncated files, missing
+//! drives and manifests of another model or format version are refused.
+
+use std::path::{Path, PathBuf};
+
+use larder_engine::{Engine, ExpertMode, LoadOptions};
+use larder_store::pack::{pack, DriveSpec};
+use larder_store::{IoKind, IoOptions, Manifest, StoreOptions};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+}
+
+fn packed(name: &str, model: &str, drives: usize) -> PathBuf {
+    let out = std::env::temp_dir().join(format!("larder-store-errors-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    std::fs::create_dir_all(&out).unwrap();
+    let specs: Vec<DriveSpec> = (0..drives)
+        .map(|d| {
+            let dir = out.join(format!("ssd{d}"));
+            std::fs::create_dir_all(&dir).unwrap();
+            DriveSpec { dir, gbps: Some(1.0) }
+        })
+        .collect();
+    let store = out.join("store");
+    let src = larder_engine::pack::pack_source(&fixture(model)).unwrap();
+    pack(&src, &store, &specs, &mut |_| {}).unwrap();
+    store
+}
+
+fn opts(verify: bool) -> LoadOptions {
+    LoadOptions {
+        experts: ExpertMode::Stream(StoreOptions {
+            io: IoOptions {
+                kind: IoKind::Pread,
+                direct: false,
+                depth: 2,
+            },
+            ram_budget: 1,
+            verify,
+        }),
+    }
+}
+
+const IDS: &[u32] = &[5, 17, 42, 99, 3, 250, 7, 1];
+
+fn error_of(r: Result<impl Sized, larder_engine::EngineError>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn flipped_byte_is_a_digest_error_naming_layer_expert_and_file() {
+    let store = packed("flip", "qwen3_moe_tiny", 1);
+    let m = Manifest::read(&store).unwrap();
+    let (layer, e) = (&m.layers[0], &m.layers[0].experts[3]);
+    let path = m.drive_dir(&store, e.drive).join(&e.file);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[e.offset as usize + 10] ^= 0x40;
+    std::fs::write(&path, bytes).unwrap();
+
+    // Every expert is read (budget 1 byte, all ids): the bad one is hit.
+    let engine = Engine::load_with(&store, &opts(true)).unwrap();
+    let msg = error_of(engine.forward(IDS));
+    assert!(msg.contains("digest mismatch"), "{msg}");
+    assert!(msg.contains(&format!("layer {} expert 3", layer.layer)), "{msg}");
+    assert!(msg.contains(&e.file), "{msg}");
+
+    // `larder verify` finds it too.
+    let report = larder_store::verify::verify_store(&store, &mut |_| {}).unwrap();
+    assert_eq!(report.bad.len(), 1, "{:?}", report.bad);
+    assert!(report.bad[0].contains("expert 3"), "{:?}", report.bad);
+
+    // --verify off runs (documented as unsafe: the corruption goes unnoticed).
+    let engine = Engine::load_with(&store, &opts(false)).unwrap();
+    engine.forward(IDS).unwrap();
+}
+
+#[test]
+fn truncated_layer_file_is_refused_at_open() {
+    let store = packed("trunc", "qwen3_moe_tiny", 2);
+    let m = Manifest::read(&store).unwrap();
+    let e = &m.layers[1].experts[0];
+    let path = m.drive_dir(&store, e.drive).join(&e.file);
+    let len = std::fs::metadata(&path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(len - 4096)
+        .unwrap();
+    let msg = error_of(Engine::load_with(&store, &opts(true)));
+    assert!(msg.contains("truncated") && msg.contains(&e.file), "{msg}");
+}
+
+#[test]
+fn missing_drive_directory_is_named() {
+    let store = packed("drive", "qwen3_moe_tiny", 2);
+    let m = Manifest::read(&store).unwrap();
+    let gone = m.drive_dir(&store, 1);
+    std::fs::rename(&gone, gone.with_extension("away")).unwrap();
+    let msg = error_of(Engine::load_with(&store, &opts(true)));
+    assert!(msg.contains("drive directory") && msg.contains("missing"), "{msg}");
+}
+
+#[test]
+fn manifest_of_another_model_or_version_is_refused() {
+    let a = packed("other-a", "qwen3_moe_tiny", 1);
+    let b = packed("other-b", "mixtral_tiny", 1);
+    // b's manifest in a's folder: a's config.json is not the one it describes.
+    std::fs::copy(b.join("manifest.json"), a.join("manifest.json")).unwrap();
+    let msg = error_of(Engine::load_with(&a, &opts(true)));
+    assert!(msg.contains("another model"), "{msg}");
+
+    // A future format version.
+    let text = std::fs::read_to_string(b.join("manifest.json")).unwrap();
+    std::fs::write(b.join("manifest.json"), text.replace("\"version\": 1", "\"version\": 99")).unwrap();
+    let msg = error_of(Engine::load_with(&b, &opts(true)));
+    assert!(msg.contains("version 99"), "{msg}");
+}
+
+#[test]
+fn an_unfinished_pack_is_not_a_store() {
+    let store = packed("unfinished", "qwen3_moe_tiny", 1);
+    // Simulate a crash before the manifest: the plan is still there.
+    std::fs::remove_file(store.join("manifest.json")).unwrap();
+    std::fs::write(store.join(larder_store::pack::PLAN), "{}").unwrap();
+    let msg = error_of(Engine::load(&store));
+    assert!(msg.contains("unfinished"), "{msg}");
+}
+
+#[test]
+fn pack_resumes_finished_layers() {
+    let store = packed("resume", "qwen3_moe_tiny", 1);
+    // Remove the manifest and one layer file as if the pack had stopped there.
+    let m = Manifest::read(&store).unwrap();
+    let e = &m.layers[2].experts[0];
+    std::fs::remove_file(m.drive_dir(&store, 0).join(&e.file)).unwrap();
+    std::fs::remove_file(store.join("manifest.json")).unwrap();
+    let plan = serde_json::json!({"identity": m.source, "drives": m.drives,
+        "placement": m.layers.iter().map(|l| (l.layer, vec![0usize; l.experts.len()])).collect::<Vec<_>>()});
+    std::fs::write(store.join(larder_store::pack::PLAN), serde_json::to_vec(&plan).unwrap()).unwrap();
+    let src = larder_engine::pack::pack_source(&fixture("qwen3_moe_tiny")).unwrap();
+    let same = [DriveSpec {
+        dir: store.parent().unwrap().join("ssd0"),
+        gbps: Some(1.0),
+    }];
+    let report = pack(&src, &store, &same, &mut |_| {}).unwrap();
+    assert_eq!(report.resumed_layers, m.layers.len() - 1);
+    assert_eq!(Manifest::read(&store).unwrap(), m, "the resumed store equals the original");
+    let report = larder_store::verify::verify_store(&store, &mut |_| {}).unwrap();
+    assert!(report.bad.is_empty());
+}
