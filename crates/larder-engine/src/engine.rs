@@ -10,7 +10,7 @@ use std::time::Instant;
 use larder_model::arch::read_spec;
 use larder_model::checkpoint::Checkpoint;
 use larder_model::{load_model, DecoderModel, ExpertProvider, KvCache, RouteTrace};
-use larder_store::{ExpertStore, IoOptions, Manifest, StoreOptions};
+use larder_store::{ExpertStore, Manifest, StoreOptions};
 use larder_tensor::Mat;
 use serde::Serialize;
 
@@ -114,9 +114,8 @@ impl Engine {
         let stream = match (opts.experts, packed) {
             (ExpertMode::InRam, false) => return Self::load_with_experts(dir, None),
             (ExpertMode::InRam, true) => StoreOptions {
-                io: IoOptions::default(),
                 ram_budget: u64::MAX,
-                verify: true,
+                ..StoreOptions::default()
             },
             (ExpertMode::Stream(o), _) => o,
         };

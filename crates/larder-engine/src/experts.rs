@@ -131,6 +131,14 @@ impl ExpertProvider for StoreExperts {
             })
             .map_err(|f| f.0)
     }
+
+    fn prefetch(&self, layer: usize, ids: &[usize]) {
+        self.store.prefetch(layer, ids);
+    }
+
+    fn wants_prefetch(&self) -> bool {
+        true
+    }
 }
 
 fn parse_dtype(s: &str) -> Option<WeightDType> {

@@ -29,9 +29,15 @@ pub struct ExpertStats {
     pub io_backend: String,
     pub expert_bytes_read: u64,
     pub expert_reads: u64,
+    /// Demands served without a read of their own (cache, or a prefetch).
     pub cache_hits: u64,
+    /// Demands read on the spot.
     pub cache_misses: u64,
     pub hit_rate: f64,
+    /// Records read in the background on a prediction of the next layer's experts.
+    pub prefetch_reads: u64,
+    /// Demands a prefetch had read (or was reading).
+    pub prefetch_hits: u64,
     /// Time the compute thread waited for expert reads.
     pub io_wait_s: f64,
     /// Time spent checking record digests.
@@ -60,6 +66,8 @@ impl ExpertStats {
             cache_hits: s.hits,
             cache_misses: s.misses,
             hit_rate: s.hit_rate(),
+            prefetch_reads: s.prefetch_reads,
+            prefetch_hits: s.prefetch_hits,
             io_wait_s: s.io_wait_s,
             verify_s: s.verify_s,
             effective_gbps: s.effective_gbps(),

@@ -39,6 +39,7 @@ fn opts(verify: bool) -> LoadOptions {
             },
             ram_budget: 1,
             verify,
+            prefetch_threads: 0,
         }),
     }
 }

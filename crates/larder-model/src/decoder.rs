@@ -239,6 +239,7 @@ impl DecoderModel {
             let y = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&normed),
                 Ffn::Moe(moe) => {
+                    self.prefetch_next(l, &normed);
                     let (y, routes) = moe.forward(&normed, self.experts.as_ref())?;
                     if let Some(t) = trace.as_deref_mut() {
                         t.layers.entry(l).or_default().extend(routes);
@@ -249,6 +250,28 @@ impl DecoderModel {
             x.add_assign(&y);
         }
         Ok(rms_norm(&x, &self.norm, self.spec.rms_norm_eps))
+    }
+}
+
+impl DecoderModel {
+    /// Predicts the experts of the next MoE layer by applying its router to
+    /// this layer's MoE input (the residual stream changes little from one
+    /// layer to the next) and hints them to the provider, so their reads
+    /// overlap this layer's work. Only timing depends on the guess.
+    fn prefetch_next(&self, l: usize, normed: &Mat) {
+        if !self.experts.wants_prefetch() {
+            return;
+        }
+        let next = self.layers[l + 1..].iter().enumerate().find_map(|(i, layer)| match &layer.ffn {
+            Ffn::Moe(m) => Some((l + 1 + i, m)),
+            Ffn::Dense(_) => None,
+        });
+        if let Some((nl, moe)) = next {
+            let mut ids: Vec<usize> = moe.route(normed).into_iter().flat_map(|r| r.experts).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            self.experts.prefetch(nl, &ids);
+        }
     }
 }
 

@@ -24,6 +24,17 @@ pub trait ExpertProvider: Send + Sync {
         ids: &[usize],
         run: &mut dyn FnMut(usize, &Mlp) -> Result<(), ModelError>,
     ) -> Result<(), ModelError>;
+
+    /// A hint that `layer` will probably need `ids` soon (sorted, unique):
+    /// a streaming provider may start reading them in the background. It
+    /// must never change results, only when bytes arrive. Default: ignored.
+    fn prefetch(&self, _layer: usize, _ids: &[usize]) {}
+
+    /// Whether [`prefetch`](Self::prefetch) does anything (the model skips
+    /// predicting otherwise).
+    fn wants_prefetch(&self) -> bool {
+        false
+    }
 }
 
 /// Every expert held in memory (the all-in-RAM path, and the reference every

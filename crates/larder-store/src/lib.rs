@@ -23,6 +23,7 @@ pub mod io;
 pub mod location;
 pub mod manifest;
 pub mod pack;
+mod prefetch;
 pub mod size;
 pub mod stats;
 pub mod store;

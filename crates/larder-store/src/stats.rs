@@ -16,8 +16,14 @@ pub struct StoreStats {
     pub bytes_read: u64,
     /// Expert records read.
     pub reads: u64,
+    /// Demands served from the cache or an in-flight prefetch.
     pub hits: u64,
+    /// Demands read on the spot.
     pub misses: u64,
+    /// Records read in the background on a prediction.
+    pub prefetch_reads: u64,
+    /// Demands a prefetch had already read (or was reading).
+    pub prefetch_hits: u64,
     /// Time the computing thread waited for reads.
     pub io_wait_s: f64,
     /// Time spent checking digests.
@@ -34,6 +40,8 @@ impl StoreStats {
             reads: self.reads - earlier.reads,
             hits: self.hits - earlier.hits,
             misses: self.misses - earlier.misses,
+            prefetch_reads: self.prefetch_reads - earlier.prefetch_reads,
+            prefetch_hits: self.prefetch_hits - earlier.prefetch_hits,
             io_wait_s: self.io_wait_s - earlier.io_wait_s,
             verify_s: self.verify_s - earlier.verify_s,
             layers: self
@@ -57,6 +65,15 @@ impl StoreStats {
             0.0
         } else {
             self.hits as f64 / n as f64
+        }
+    }
+
+    /// Share of prefetched records a demand used.
+    pub fn prefetch_accuracy(&self) -> f64 {
+        if self.prefetch_reads == 0 {
+            0.0
+        } else {
+            self.prefetch_hits as f64 / self.prefetch_reads as f64
         }
     }
 

@@ -1,16 +1,20 @@
 //! [`ExpertStore`]: the RAM cache in front of an I/O backend over an
 //! [`ExpertIndex`]. `fetch` hands out each requested expert as soon as it is
 //! available (hits at once, misses as their reads complete), checks digests,
-//! fills the cache and counts everything in [`StoreStats`].
+//! fills the cache and counts everything in [`StoreStats`]; `prefetch`
+//! starts background reads of experts the model expects to need next
+//! (see [`crate::prefetch`]).
 
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use crate::buf::ByteView;
-use crate::cache::ExpertCache;
+use crate::cache::{ExpertCache, Key};
 use crate::digest::Digest;
-use crate::io::{open_backend, IoBackend, IoOptions};
+use crate::io::{open_backend, FileTable, IoBackend, IoKind, IoOptions};
 use crate::location::{ExpertIndex, Extent};
+use crate::prefetch::{Pending, PendingState, Prefetcher};
 use crate::stats::StoreStats;
 use crate::StoreError;
 
@@ -29,6 +33,8 @@ pub struct StoreOptions {
     pub ram_budget: u64,
     /// Check each record's digest when it is read (where the index has one).
     pub verify: bool,
+    /// Background threads reading predicted experts (0: no prefetch; mmap never prefetches).
+    pub prefetch_threads: usize,
 }
 
 impl Default for StoreOptions {
@@ -37,25 +43,46 @@ impl Default for StoreOptions {
             io: IoOptions::default(),
             ram_budget: 4 << 30,
             verify: true,
+            prefetch_threads: 2,
         }
     }
 }
 
+/// State shared by the computing thread and the prefetch threads.
+pub(crate) struct Shared {
+    pub(crate) index: ExpertIndex,
+    pub(crate) backend: Arc<dyn IoBackend>,
+    pub(crate) cache: ExpertCache<ExpertRecord>,
+    pub(crate) verify: bool,
+    pub(crate) stats: Mutex<StoreStats>,
+    /// Prefetches queued or running, by key.
+    pub(crate) pending: Mutex<HashMap<Key, Arc<Pending>>>,
+    /// Keys a prefetch put in the cache that no demand has used yet.
+    pub(crate) prefetched: Mutex<HashSet<Key>>,
+}
+
 pub struct ExpertStore {
-    index: ExpertIndex,
-    backend: Arc<dyn IoBackend>,
-    cache: ExpertCache<ExpertRecord>,
-    verify: bool,
-    stats: Mutex<StoreStats>,
+    shared: Arc<Shared>,
+    prefetcher: Option<Prefetcher>,
 }
 
 impl ExpertStore {
     /// Opens the index's files with the chosen backend.
     pub fn open(index: ExpertIndex, opts: StoreOptions) -> Result<ExpertStore, StoreError> {
         let backend = open_backend(&index.files, opts.io)?;
-        Ok(Self::with_backend(index, backend, opts.ram_budget, opts.verify))
+        let prefetch_files = if opts.prefetch_threads > 0 && opts.io.kind != IoKind::Mmap {
+            Some(FileTable::open(&index.files, opts.io.direct)?)
+        } else {
+            None
+        };
+        let mut store = Self::with_backend(index, backend, opts.ram_budget, opts.verify);
+        if let Some(files) = prefetch_files {
+            store.prefetcher = Some(Prefetcher::start(store.shared.clone(), files, opts.prefetch_threads));
+        }
+        Ok(store)
     }
 
+    /// A store without prefetching over a given backend.
     pub fn with_backend(index: ExpertIndex, backend: Arc<dyn IoBackend>, ram_budget: u64, verify: bool) -> ExpertStore {
         let layers = index.expert_layers();
         let stats = StoreStats {
@@ -63,110 +90,125 @@ impl ExpertStore {
             ..Default::default()
         };
         ExpertStore {
-            cache: ExpertCache::new(ram_budget, layers),
-            index,
-            backend,
-            verify,
-            stats: Mutex::new(stats),
+            shared: Arc::new(Shared {
+                cache: ExpertCache::new(ram_budget, layers),
+                index,
+                backend,
+                verify,
+                stats: Mutex::new(stats),
+                pending: Mutex::new(HashMap::new()),
+                prefetched: Mutex::new(HashSet::new()),
+            }),
+            prefetcher: None,
         }
     }
 
     pub fn index(&self) -> &ExpertIndex {
-        &self.index
+        &self.shared.index
     }
 
     pub fn backend(&self) -> &dyn IoBackend {
-        &*self.backend
+        &*self.shared.backend
     }
 
     pub fn cache(&self) -> &ExpertCache<ExpertRecord> {
-        &self.cache
+        &self.shared.cache
     }
 
     pub fn stats(&self) -> StoreStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        lock(&self.shared.stats).clone()
+    }
+
+    /// Starts background reads of `ids` of `layer` that are neither cached
+    /// nor already on their way. Never blocks on I/O; a no-op without prefetch threads.
+    pub fn prefetch(&self, layer: usize, ids: &[usize]) {
+        if let Some(p) = &self.prefetcher {
+            p.request(layer, ids);
+        }
     }
 
     /// Calls `ready(i, record)` for each `ids[i]` of `layer` as soon as its
-    /// bytes are available: cached ones first, then reads in completion order.
-    /// Stops at the first error (a read, a digest, or one `ready` returned).
+    /// bytes are available: cached ones first, then reads in completion order,
+    /// then ones a prefetch is still reading. Stops at the first error (a
+    /// read, a digest, or one `ready` returned).
     pub fn fetch<E: From<StoreError>>(
         &self,
         layer: usize,
         ids: &[usize],
         ready: &mut dyn FnMut(usize, Arc<ExpertRecord>) -> Result<(), E>,
     ) -> Result<(), E> {
+        let sh = &*self.shared;
         let mut misses: Vec<usize> = Vec::new();
-        let mut hits = 0u64;
+        let mut waits: Vec<(usize, Arc<Pending>)> = Vec::new();
+        let (mut hits, mut from_prefetch) = (0u64, 0u64);
         for (i, &e) in ids.iter().enumerate() {
-            if self.index.get(layer, e).is_none() {
+            if sh.index.get(layer, e).is_none() {
                 return Err(StoreError::MissingExpert { layer, expert: e }.into());
             }
-            if let Some(rec) = self.cache.get((layer, e)) {
+            let key = (layer, e);
+            if let Some(rec) = sh.cache.get(key) {
                 hits += 1;
+                from_prefetch += lock(&sh.prefetched).remove(&key) as u64;
                 ready(i, rec)?;
-            } else {
-                misses.push(i);
+                continue;
+            }
+            let mut pending = lock(&sh.pending);
+            match pending.get(&key).cloned() {
+                // Queued but not started: read it now, on demand.
+                Some(p) if matches!(*lock(&p.state), PendingState::Queued) => {
+                    pending.remove(&key);
+                    misses.push(i);
+                }
+                Some(p) => waits.push((i, p)),
+                None => misses.push(i),
             }
         }
-        self.count(layer, hits, misses.len() as u64);
-        if misses.is_empty() {
-            return Ok(());
-        }
-        let jobs: Vec<&[Extent]> = misses
-            .iter()
-            .map(|&i| self.index.get(layer, ids[i]).map(|l| l.extents.as_slice()).unwrap_or(&[]))
-            .collect();
         let started = Instant::now();
         let mut in_ready = 0.0f64;
         let mut verify_s = 0.0f64;
         let mut bytes = 0u64;
         let mut failure: Option<E> = None;
-        let mapped = self.backend.is_mapped();
-        self.backend.read(&jobs, &mut |job, result| {
-            if failure.is_some() {
-                return;
-            }
-            let i = misses[job];
-            let expert = ids[i];
-            let outcome = result.map_err(E::from).and_then(|views| {
-                let loc = self.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
-                let parts: Vec<ByteView> = loc
-                    .parts
-                    .iter()
-                    .map(|p| {
-                        let v = &views[p.extent];
-                        ByteView::new(v.owner.clone(), v.start + p.offset as usize, p.len as usize)
-                    })
-                    .collect();
-                if let (true, Some(want)) = (self.verify, loc.digest) {
+        if !misses.is_empty() {
+            let jobs: Vec<&[Extent]> = misses
+                .iter()
+                .map(|&i| sh.index.get(layer, ids[i]).map(|l| l.extents.as_slice()).unwrap_or(&[]))
+                .collect();
+            sh.backend.read(&jobs, &mut |job, result| {
+                if failure.is_some() {
+                    return;
+                }
+                let i = misses[job];
+                let outcome = result
+                    .and_then(|views| sh.record(layer, ids[i], &views, &mut verify_s))
+                    .map_err(E::from);
+                let outcome = outcome.and_then(|(record, n)| {
+                    bytes += n;
                     let t = Instant::now();
-                    let got = Digest::of_parts(parts.iter().map(|p| p.as_slice()));
-                    verify_s += t.elapsed().as_secs_f64();
-                    if got != want {
-                        let x = loc.extents[0];
-                        return Err(StoreError::Digest {
-                            layer,
-                            expert,
-                            path: self.index.files[x.file].clone(),
-                            offset: x.offset,
-                            expected: want.to_string(),
-                            got: got.to_string(),
-                        }
-                        .into());
-                    }
+                    let r = ready(i, record);
+                    in_ready += t.elapsed().as_secs_f64();
+                    r
+                });
+                if let Err(e) = outcome {
+                    failure = Some(e);
                 }
-                bytes += loc.payload_len();
-                // Every view of a job shares the job's one buffer.
-                let held = if mapped {
-                    0
-                } else {
-                    views.first().map_or(0, |v| (*v.owner).as_ref().len() as u64)
-                };
-                let record = Arc::new(ExpertRecord { parts, bytes: held });
-                if !mapped {
-                    self.cache.insert((layer, expert), record.clone(), held);
+            });
+        }
+        for (i, p) in waits {
+            if failure.is_some() {
+                break;
+            }
+            let result = p.wait();
+            let outcome = match result {
+                Ok(record) => {
+                    hits += 1;
+                    from_prefetch += 1;
+                    lock(&sh.prefetched).remove(&(layer, ids[i]));
+                    Ok(record)
                 }
+                // The prefetch failed: read it on demand (reporting that read's error if any).
+                Err(_) => self.read_one(layer, ids[i], &mut verify_s, &mut bytes).inspect(|_| misses.push(i)),
+            };
+            let outcome = outcome.map_err(E::from).and_then(|record| {
                 let t = Instant::now();
                 let r = ready(i, record);
                 in_ready += t.elapsed().as_secs_f64();
@@ -175,10 +217,17 @@ impl ExpertStore {
             if let Err(e) = outcome {
                 failure = Some(e);
             }
-        });
+        }
         let waited = (started.elapsed().as_secs_f64() - in_ready - verify_s).max(0.0);
         {
-            let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+            let mut s = lock(&sh.stats);
+            s.hits += hits;
+            s.misses += misses.len() as u64;
+            s.prefetch_hits += from_prefetch;
+            if let Some(c) = s.layers.get_mut(layer) {
+                c.hits += hits;
+                c.misses += misses.len() as u64;
+            }
             s.bytes_read += bytes;
             s.reads += misses.len() as u64;
             s.io_wait_s += waited;
@@ -190,13 +239,68 @@ impl ExpertStore {
         }
     }
 
-    fn count(&self, layer: usize, hits: u64, misses: u64) {
-        let mut s = self.stats.lock().unwrap_or_else(|e| e.into_inner());
-        s.hits += hits;
-        s.misses += misses;
-        if let Some(c) = s.layers.get_mut(layer) {
-            c.hits += hits;
-            c.misses += misses;
-        }
+    fn read_one(&self, layer: usize, expert: usize, verify_s: &mut f64, bytes: &mut u64) -> Result<Arc<ExpertRecord>, StoreError> {
+        let sh = &*self.shared;
+        let loc = sh.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
+        let mut out = None;
+        sh.backend.read(&[loc.extents.as_slice()], &mut |_, r| out = Some(r));
+        let views = out.unwrap_or_else(|| Err(StoreError::Invalid("backend reported nothing".into())))?;
+        let (record, n) = sh.record(layer, expert, &views, verify_s)?;
+        *bytes += n;
+        Ok(record)
     }
+}
+
+impl Shared {
+    /// Turns a read's views into a record: component views, digest check,
+    /// cache insertion. Returns the record and its payload bytes.
+    pub(crate) fn record(
+        &self,
+        layer: usize,
+        expert: usize,
+        views: &[ByteView],
+        verify_s: &mut f64,
+    ) -> Result<(Arc<ExpertRecord>, u64), StoreError> {
+        let loc = self.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
+        let parts: Vec<ByteView> = loc
+            .parts
+            .iter()
+            .map(|p| {
+                let v = &views[p.extent];
+                ByteView::new(v.owner.clone(), v.start + p.offset as usize, p.len as usize)
+            })
+            .collect();
+        if let (true, Some(want)) = (self.verify, loc.digest) {
+            let t = Instant::now();
+            let got = Digest::of_parts(parts.iter().map(|p| p.as_slice()));
+            *verify_s += t.elapsed().as_secs_f64();
+            if got != want {
+                let x = loc.extents[0];
+                return Err(StoreError::Digest {
+                    layer,
+                    expert,
+                    path: self.index.files[x.file].clone(),
+                    offset: x.offset,
+                    expected: want.to_string(),
+                    got: got.to_string(),
+                });
+            }
+        }
+        let mapped = self.backend.is_mapped();
+        // Every view of a job shares the job's one buffer.
+        let held = if mapped {
+            0
+        } else {
+            views.first().map_or(0, |v| (*v.owner).as_ref().len() as u64)
+        };
+        let record = Arc::new(ExpertRecord { parts, bytes: held });
+        if !mapped {
+            self.cache.insert((layer, expert), record.clone(), held);
+        }
+        Ok((record, loc.payload_len()))
+    }
+}
+
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }

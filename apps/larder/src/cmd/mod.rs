@@ -40,6 +40,10 @@ pub struct ExpertArgs {
     /// `off` is unsafe: a corrupt drive then silently changes the output.
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
     pub verify: String,
+    /// Threads reading the next layer's predicted experts in the background
+    /// (0: no prefetch). Predictions change when bytes arrive, never results.
+    #[arg(long, value_name = "N", default_value_t = 2)]
+    pub prefetch: usize,
 }
 
 fn parse_io(s: &str) -> Result<IoKind, String> {
@@ -63,6 +67,7 @@ impl ExpertArgs {
                 },
                 ram_budget,
                 verify: self.verify == "on",
+                prefetch_threads: self.prefetch,
             }),
         }
     }

@@ -20,6 +20,7 @@ mod uring;
 
 pub use files::FileTable;
 pub use mmap::MmapBackend;
+pub(crate) use pread::read_job;
 pub use pread::PreadPool;
 #[cfg(target_os = "linux")]
 pub use uring::UringBackend;

@@ -1,0 +1,155 @@
+//! Background reads of experts the model predicts it will need (DESIGN.md
+//! §3.5): while layer L computes, its caller hints layer L+1's likely
+//! experts; a few threads read them (pread, O_DIRECT per the store's
+//! options), check digests and put them in the cache.
+//!
+//! Demand always wins: a demanded expert whose prefetch has not started is
+//! taken back and read on demand; one being read is waited for; a failed
+//! prefetch is retried on demand. A wrong guess costs bandwidth and cache
+//! space, never correctness: prefetch only decides when bytes arrive.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
+use std::thread::JoinHandle;
+
+use crate::cache::Key;
+use crate::io::FileTable;
+use crate::store::{lock, ExpertRecord, Shared};
+
+pub(crate) enum PendingState {
+    Queued,
+    Running,
+    Done(Result<Arc<ExpertRecord>, String>),
+}
+
+/// One prefetch on its way.
+pub(crate) struct Pending {
+    pub(crate) state: Mutex<PendingState>,
+    done: Condvar,
+}
+
+impl Pending {
+    /// Blocks until the prefetch finishes.
+    pub(crate) fn wait(&self) -> Result<Arc<ExpertRecord>, String> {
+        let mut s = lock(&self.state);
+        loop {
+            if let PendingState::Done(r) = &*s {
+                return r.clone();
+            }
+            s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
+        }
+    }
+}
+
+struct Queue {
+    keys: Mutex<(VecDeque<Key>, bool)>,
+    ready: Condvar,
+}
+
+pub(crate) struct Prefetcher {
+    shared: Arc<Shared>,
+    queue: Arc<Queue>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Prefetcher {
+    pub(crate) fn start(shared: Arc<Shared>, files: FileTable, threads: usize) -> Prefetcher {
+        let queue = Arc::new(Queue {
+            keys: Mutex::new((VecDeque::new(), false)),
+            ready: Condvar::new(),
+        });
+        let files = Arc::new(files);
+        let threads = (0..threads)
+            .map(|i| {
+                let (s, q, f) = (shared.clone(), queue.clone(), files.clone());
+                std::thread::Builder::new()
+                    .name(format!("larder-prefetch-{i}"))
+                    .spawn(move || worker(&s, &q, &f))
+                    .expect("spawn prefetch thread")
+            })
+            .collect();
+        Prefetcher { shared, queue, threads }
+    }
+
+    /// Queues the ids that are neither cached nor pending.
+    pub(crate) fn request(&self, layer: usize, ids: &[usize]) {
+        let sh = &*self.shared;
+        let mut added = 0;
+        {
+            let mut pending = lock(&sh.pending);
+            let mut q = lock(&self.queue.keys);
+            for &e in ids {
+                let key = (layer, e);
+                if sh.index.get(layer, e).is_none() || pending.contains_key(&key) || sh.cache.contains(key) {
+                    continue;
+                }
+                pending.insert(
+                    key,
+                    Arc::new(Pending {
+                        state: Mutex::new(PendingState::Queued),
+                        done: Condvar::new(),
+                    }),
+                );
+                q.0.push_back(key);
+                added += 1;
+            }
+        }
+        if added > 0 {
+            self.queue.ready.notify_all();
+        }
+    }
+}
+
+fn worker(sh: &Shared, queue: &Queue, files: &FileTable) {
+    loop {
+        let key = {
+            let mut q = lock(&queue.keys);
+            loop {
+                if let Some(k) = q.0.pop_front() {
+                    break k;
+                }
+                if q.1 {
+                    return;
+                }
+                q = queue.ready.wait(q).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        // Claim it, unless a demand read took it back.
+        let pending = {
+            let map = lock(&sh.pending);
+            let Some(p) = map.get(&key).cloned() else { continue };
+            *lock(&p.state) = PendingState::Running;
+            p
+        };
+        let (layer, expert) = key;
+        let mut verify_s = 0.0;
+        let result = match sh.index.get(layer, expert) {
+            Some(loc) => crate::io::read_job(files, &loc.extents).and_then(|views| sh.record(layer, expert, &views, &mut verify_s)),
+            None => Err(crate::StoreError::MissingExpert { layer, expert }),
+        };
+        {
+            let mut s = lock(&sh.stats);
+            s.verify_s += verify_s;
+            if let Ok((_, n)) = &result {
+                s.bytes_read += n;
+                s.prefetch_reads += 1;
+            }
+        }
+        if result.is_ok() {
+            lock(&sh.prefetched).insert(key);
+        }
+        lock(&sh.pending).remove(&key);
+        *lock(&pending.state) = PendingState::Done(result.map(|(r, _)| r).map_err(|e| e.to_string()));
+        pending.done.notify_all();
+    }
+}
+
+impl Drop for Prefetcher {
+    fn drop(&mut self) {
+        lock(&self.queue.keys).1 = true;
+        self.queue.ready.notify_all();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}

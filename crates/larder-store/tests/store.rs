@@ -1,0 +1,155 @@
+//! ExpertStore over a hand-made index: hits and misses, the budget, digests,
+//! and prefetch (a predicted expert is served without a demand read; a wrong
+//! or failed prediction changes nothing but timing).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use larder_store::io::{open_backend, IoKind, IoOptions};
+use larder_store::{Digest, ExpertIndex, ExpertLocation, ExpertStore, Extent, Part, PartDesc, StoreError, StoreOptions};
+
+const RECORD: u64 = 8192;
+
+/// One file of `layers x experts` records of RECORD bytes (two parts each).
+fn index(name: &str, layers: usize, experts: usize) -> (ExpertIndex, Vec<u8>) {
+    let dir = std::env::temp_dir().join(format!("larder-store-test-{}-{name}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path: PathBuf = dir.join("layer.experts");
+    let n = layers * experts;
+    let bytes: Vec<u8> = (0..n as u64 * RECORD).map(|i| (i * 7 + i / 8192) as u8).collect();
+    std::fs::write(&path, &bytes).unwrap();
+    let mut idx = ExpertIndex {
+        files: vec![path],
+        layers: Vec::new(),
+        parts: Vec::new(),
+    };
+    for l in 0..layers {
+        let mut v = Vec::new();
+        for e in 0..experts {
+            let off = (l * experts + e) as u64 * RECORD;
+            let rec = &bytes[off as usize..(off + RECORD) as usize];
+            v.push(ExpertLocation {
+                extents: vec![Extent {
+                    file: 0,
+                    offset: off,
+                    len: RECORD,
+                }],
+                parts: vec![
+                    Part {
+                        extent: 0,
+                        offset: 0,
+                        len: 4096,
+                    },
+                    Part {
+                        extent: 0,
+                        offset: 4096,
+                        len: 4096,
+                    },
+                ],
+                digest: Some(Digest::of(rec)),
+            });
+        }
+        idx.layers.push(v);
+        idx.parts.push(vec![
+            PartDesc {
+                role: "a".into(),
+                dtype: "U8".into(),
+                shape: vec![4096],
+            },
+            PartDesc {
+                role: "b".into(),
+                dtype: "U8".into(),
+                shape: vec![4096],
+            },
+        ]);
+    }
+    (idx, bytes)
+}
+
+fn fetch_all(store: &ExpertStore, layer: usize, ids: &[usize], bytes: &[u8], experts: usize) -> Result<(), StoreError> {
+    let mut seen = vec![false; ids.len()];
+    store.fetch::<StoreError>(layer, ids, &mut |i, rec| {
+        let off = ((layer * experts + ids[i]) as u64 * RECORD) as usize;
+        assert_eq!(rec.parts[0].as_slice(), &bytes[off..off + 4096]);
+        assert_eq!(rec.parts[1].as_slice(), &bytes[off + 4096..off + 8192]);
+        seen[i] = true;
+        Ok(())
+    })?;
+    assert!(seen.iter().all(|&s| s));
+    Ok(())
+}
+
+fn opts(budget: u64, prefetch: usize) -> StoreOptions {
+    StoreOptions {
+        io: IoOptions {
+            kind: IoKind::Pread,
+            direct: false,
+            depth: 2,
+        },
+        ram_budget: budget,
+        verify: true,
+        prefetch_threads: prefetch,
+    }
+}
+
+#[test]
+fn hits_misses_and_budget() {
+    let (idx, bytes) = index("hits", 2, 8);
+    let store = ExpertStore::open(idx, opts(3 * RECORD, 0)).unwrap();
+    fetch_all(&store, 0, &[1, 2, 3], &bytes, 8).unwrap();
+    fetch_all(&store, 0, &[1, 2, 3], &bytes, 8).unwrap();
+    let s = store.stats();
+    assert_eq!((s.misses, s.hits, s.reads), (3, 3, 3));
+    assert_eq!(s.bytes_read, 3 * RECORD);
+    fetch_all(&store, 1, &[0, 7], &bytes, 8).unwrap();
+    assert!(store.cache().counts().used_bytes <= 3 * RECORD);
+    assert_eq!(store.stats().layers[1].misses, 2);
+    let err = store.fetch::<StoreError>(0, &[99], &mut |_, _| Ok(())).unwrap_err();
+    assert!(err.to_string().contains("expert 99"), "{err}");
+}
+
+#[test]
+fn prefetched_experts_need_no_demand_read() {
+    let (idx, bytes) = index("prefetch", 2, 8);
+    let store = ExpertStore::open(idx, opts(64 * RECORD, 2)).unwrap();
+    store.prefetch(1, &[2, 4, 6]);
+    // Demand a superset: predicted ones come from the prefetch (waited for if
+    // still running, taken back if not started), the rest are read.
+    fetch_all(&store, 1, &[2, 3, 4, 6], &bytes, 8).unwrap();
+    let s = store.stats();
+    assert_eq!(s.hits + s.misses, 4);
+    assert!(s.misses >= 1, "expert 3 was not predicted");
+    assert_eq!(
+        s.prefetch_hits + (s.misses - 1),
+        3,
+        "every predicted expert came from exactly one read: {s:?}"
+    );
+    // A wrong prediction only costs a read.
+    store.prefetch(0, &[5]);
+    fetch_all(&store, 0, &[1], &bytes, 8).unwrap();
+}
+
+#[test]
+fn corrupt_record_is_a_digest_error_through_prefetch_too() {
+    let (mut idx, bytes) = index("corrupt", 1, 4);
+    idx.layers[0][2].digest = Some(Digest(0xdead));
+    let store = ExpertStore::open(idx.clone(), opts(64 * RECORD, 2)).unwrap();
+    store.prefetch(0, &[2]);
+    let err = fetch_all(&store, 0, &[1, 2], &bytes, 4).unwrap_err();
+    assert!(matches!(err, StoreError::Digest { layer: 0, expert: 2, .. }), "{err}");
+    // Any backend reports it the same way.
+    let backend = open_backend(
+        &idx.files,
+        IoOptions {
+            kind: IoKind::Mmap,
+            direct: false,
+            depth: 1,
+        },
+    )
+    .unwrap();
+    let store = ExpertStore::with_backend(idx, Arc::clone(&backend), 1 << 20, true);
+    assert!(matches!(
+        fetch_all(&store, 0, &[2], &bytes, 4).unwrap_err(),
+        StoreError::Digest { .. }
+    ));
+}
