@@ -2,7 +2,6 @@
 //! rely on (DESIGN.md §1), and clear errors (non-zero exit, no panic) on bad input.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 
 use serde_json::Value;
 
@@ -10,28 +9,9 @@ fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
 }
 
-fn larder(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_larder")).args(args).output().unwrap()
-}
+mod common;
 
-fn ok_json(args: &[&str]) -> Value {
-    let out = larder(args);
-    assert!(
-        out.status.success(),
-        "larder {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// Runs larder expecting failure; returns stderr.
-fn fails(args: &[&str]) -> String {
-    let out = larder(args);
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "larder {args:?} should fail");
-    assert!(!err.contains("panicked"), "larder {args:?} panicked: {err}");
-    err
-}
+use common::{fails, larder, ok_json};
 
 fn reference(name: &str) -> Value {
     serde_json::from_str(&std::fs::read_to_string(fixture(name).join("reference.json")).unwrap()).unwrap()

@@ -7,27 +7,9 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
-fn larder(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_larder")).args(args).output().unwrap()
-}
+mod common;
 
-fn ok_json(args: &[&str]) -> Value {
-    let out = larder(args);
-    assert!(
-        out.status.success(),
-        "larder {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("larder {args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
-}
-
-fn fails(args: &[&str]) -> String {
-    let out = larder(args);
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert!(!out.status.success(), "larder {args:?} should fail");
-    assert!(!err.contains("panicked"), "larder {args:?} panicked: {err}");
-    err
-}
+use common::{fails, ok_json};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()

@@ -24,6 +24,7 @@ pub mod location;
 pub mod manifest;
 pub mod pack;
 mod prefetch;
+mod queue;
 pub mod size;
 pub mod stats;
 pub mod store;

@@ -8,12 +8,12 @@
 //! prefetch is retried on demand. A wrong guess costs bandwidth and cache
 //! space, never correctness: prefetch only decides when bytes arrive.
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::cache::Key;
 use crate::io::FileTable;
+use crate::queue::WorkQueue;
 use crate::store::{lock, ExpertRecord, Shared};
 
 pub(crate) enum PendingState {
@@ -41,23 +41,15 @@ impl Pending {
     }
 }
 
-struct Queue {
-    keys: Mutex<(VecDeque<Key>, bool)>,
-    ready: Condvar,
-}
-
 pub(crate) struct Prefetcher {
     shared: Arc<Shared>,
-    queue: Arc<Queue>,
+    queue: Arc<WorkQueue<Key>>,
     threads: Vec<JoinHandle<()>>,
 }
 
 impl Prefetcher {
     pub(crate) fn start(shared: Arc<Shared>, files: FileTable, threads: usize) -> Prefetcher {
-        let queue = Arc::new(Queue {
-            keys: Mutex::new((VecDeque::new(), false)),
-            ready: Condvar::new(),
-        });
+        let queue = Arc::new(WorkQueue::new());
         let files = Arc::new(files);
         let threads = (0..threads)
             .map(|i| {
@@ -74,10 +66,9 @@ impl Prefetcher {
     /// Queues the ids that are neither cached nor pending.
     pub(crate) fn request(&self, layer: usize, ids: &[usize]) {
         let sh = &*self.shared;
-        let mut added = 0;
+        let mut keys = Vec::new();
         {
             let mut pending = lock(&sh.pending);
-            let mut q = lock(&self.queue.keys);
             for &e in ids {
                 let key = (layer, e);
                 if sh.index.get(layer, e).is_none() || pending.contains_key(&key) || sh.cache.contains(key) {
@@ -90,30 +81,17 @@ impl Prefetcher {
                         done: Condvar::new(),
                     }),
                 );
-                q.0.push_back(key);
-                added += 1;
+                keys.push(key);
             }
         }
-        if added > 0 {
-            self.queue.ready.notify_all();
+        if !keys.is_empty() {
+            self.queue.push_all(keys);
         }
     }
 }
 
-fn worker(sh: &Shared, queue: &Queue, files: &FileTable) {
-    loop {
-        let key = {
-            let mut q = lock(&queue.keys);
-            loop {
-                if let Some(k) = q.0.pop_front() {
-                    break k;
-                }
-                if q.1 {
-                    return;
-                }
-                q = queue.ready.wait(q).unwrap_or_else(|e| e.into_inner());
-            }
-        };
+fn worker(sh: &Shared, queue: &WorkQueue<Key>, files: &FileTable) {
+    while let Some(key) = queue.pop() {
         // Claim it, unless a demand read took it back.
         let pending = {
             let map = lock(&sh.pending);
@@ -146,8 +124,7 @@ fn worker(sh: &Shared, queue: &Queue, files: &FileTable) {
 
 impl Drop for Prefetcher {
     fn drop(&mut self) {
-        lock(&self.queue.keys).1 = true;
-        self.queue.ready.notify_all();
+        self.queue.shut_down();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }

@@ -1,15 +1,15 @@
 //! The portable backend: a persistent pool of threads, each reading whole
 //! jobs with `pread` (several jobs in flight, one per thread).
 
-use std::collections::VecDeque;
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use super::{plan, views, FileTable, IoBackend, ReadResult};
 use crate::buf::AlignedBuf;
 use crate::location::Extent;
+use crate::queue::WorkQueue;
 
 struct Task {
     job: usize,
@@ -19,8 +19,7 @@ struct Task {
 
 struct Shared {
     files: FileTable,
-    queue: Mutex<(VecDeque<Task>, bool)>,
-    ready: Condvar,
+    queue: WorkQueue<Task>,
 }
 
 /// `threads` readers over one file table.
@@ -33,8 +32,7 @@ impl PreadPool {
     pub fn new(files: FileTable, threads: usize) -> PreadPool {
         let shared = Arc::new(Shared {
             files,
-            queue: Mutex::new((VecDeque::new(), false)),
-            ready: Condvar::new(),
+            queue: WorkQueue::new(),
         });
         let threads = (0..threads.max(1))
             .map(|i| {
@@ -50,19 +48,7 @@ impl PreadPool {
 }
 
 fn worker(s: &Shared) {
-    loop {
-        let task = {
-            let mut q = s.queue.lock().unwrap_or_else(|e| e.into_inner());
-            loop {
-                if let Some(t) = q.0.pop_front() {
-                    break t;
-                }
-                if q.1 {
-                    return;
-                }
-                q = s.ready.wait(q).unwrap_or_else(|e| e.into_inner());
-            }
-        };
+    while let Some(task) = s.queue.pop() {
         let result = read_job(&s.files, &task.extents);
         let _ = task.reply.send((task.job, result));
     }
@@ -106,17 +92,11 @@ impl IoBackend for PreadPool {
 
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
         let (tx, rx) = mpsc::channel();
-        {
-            let mut q = self.shared.queue.lock().unwrap_or_else(|e| e.into_inner());
-            for (job, extents) in jobs.iter().enumerate() {
-                q.0.push_back(Task {
-                    job,
-                    extents: extents.to_vec(),
-                    reply: tx.clone(),
-                });
-            }
-        }
-        self.shared.ready.notify_all();
+        self.shared.queue.push_all(jobs.iter().enumerate().map(|(job, extents)| Task {
+            job,
+            extents: extents.to_vec(),
+            reply: tx.clone(),
+        }));
         drop(tx);
         for (job, result) in rx.iter().take(jobs.len()) {
             done(job, result);
@@ -126,8 +106,7 @@ impl IoBackend for PreadPool {
 
 impl Drop for PreadPool {
     fn drop(&mut self) {
-        self.shared.queue.lock().unwrap_or_else(|e| e.into_inner()).1 = true;
-        self.shared.ready.notify_all();
+        self.shared.queue.shut_down();
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
