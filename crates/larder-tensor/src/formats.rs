@@ -96,6 +96,9 @@ pub fn fp8_e4m3_table() -> &'static [f32; 256] {
     TABLE.get_or_init(|| std::array::from_fn(|i| fp8_e4m3_to_f32(i as u8)))
 }
 
+/// Elements per mxfp4 block (one e8m0 scale each).
+pub const MXFP4_BLOCK: usize = 32;
+
 /// The 16 fp4 e2m1 values, by code.
 pub const FP4_E2M1: [f32; 16] = [
     0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,

@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::blocked::{self, kind, Simd, BF16, F16, F32};
+use super::blocked::{self, kind, Simd, BF16, F16, F32, FP8, INT4, MXFP4};
 use crate::dtype::WeightDType;
 use crate::formats;
 use crate::weight::RowView;
@@ -46,6 +46,33 @@ impl Simd for Avx2 {
             )))),
         }
     }
+    /// FP8: e4m3 codes become f16 bit patterns of value / 256 (exact, NaN
+    /// codes NaN), widened by F16C, times `scale` = 256 x block scale: one
+    /// rounding of the same real product the scalar decoder rounds, so the
+    /// weights are bit-identical to [`crate::formats`]' (the caller checks
+    /// 256 x scale is finite). MXFP4/INT4: nibble to value, times `scale`.
+    #[inline(always)]
+    unsafe fn load_q<const KIND: u8>(w: *const u8, i: usize, scale: __m256) -> __m256 {
+        match KIND {
+            FP8 => _mm256_mul_ps(_mm256_cvtph_ps(fp8_to_f16(w.add(i))), scale),
+            MXFP4 => {
+                let n = nibbles(w.add(i / 2));
+                let lut = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+                let mag = _mm256_permutevar8x32_ps(lut, n);
+                let sign = _mm256_slli_epi32::<28>(_mm256_and_si256(n, _mm256_set1_epi32(8)));
+                _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), scale)
+            }
+            INT4 => {
+                let n = nibbles(w.add(i / 2));
+                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8))), scale)
+            }
+            _ => unreachable!("not a quantized kind"),
+        }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
     /// Pairwise: 8 -> 4 -> 2 -> 1 lanes.
     #[inline(always)]
     unsafe fn sum(v: __m256) -> f32 {
@@ -65,10 +92,42 @@ impl Simd for Avx2 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     match kind(dtype) {
-        F32 => blocked::accumulate::<Avx2, F32>(ws, xs, len, acc),
-        F16 => blocked::accumulate::<Avx2, F16>(ws, xs, len, acc),
-        _ => blocked::accumulate::<Avx2, BF16>(ws, xs, len, acc),
+        F32 => blocked::accumulate::<Avx2, F32>(ws, &[], xs, 0, len, acc),
+        F16 => blocked::accumulate::<Avx2, F16>(ws, &[], xs, 0, len, acc),
+        _ => blocked::accumulate::<Avx2, BF16>(ws, &[], xs, 0, len, acc),
     }
+}
+
+/// Quantized weights of one block/group per feature, decoded in registers
+/// (see [`Avx2::load_q`]); `kind` is `FP8`, `MXFP4` or `INT4`.
+///
+/// # Safety
+/// As [`accumulate`]; `scales` has one value per weight row.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn accumulate_quantized(kind: u8, ws: &[&[u8]], scales: &[f32], xs: &[&[f32]], x_off: usize, len: usize, acc: &mut [f32]) {
+    match kind {
+        FP8 => blocked::accumulate::<Avx2, FP8>(ws, scales, xs, x_off, len, acc),
+        MXFP4 => blocked::accumulate::<Avx2, MXFP4>(ws, scales, xs, x_off, len, acc),
+        _ => blocked::accumulate::<Avx2, INT4>(ws, scales, xs, x_off, len, acc),
+    }
+}
+
+/// 8 fp8 e4m3 codes as f16 bit patterns of value / 256 (exact; NaN codes NaN).
+#[inline(always)]
+unsafe fn fp8_to_f16(p: *const u8) -> __m128i {
+    let c = _mm_cvtepu8_epi16(_mm_loadl_epi64(p as *const __m128i));
+    let sign = _mm_slli_epi16::<8>(_mm_and_si128(c, _mm_set1_epi16(0x80)));
+    let mag7 = _mm_and_si128(c, _mm_set1_epi16(0x7f));
+    let nan = _mm_and_si128(_mm_cmpeq_epi16(mag7, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7e00));
+    _mm_or_si128(_mm_or_si128(sign, _mm_slli_epi16::<7>(mag7)), nan)
+}
+
+/// The 8 nibbles of a little-endian 32-bit word, low first, as i32 lanes.
+#[inline(always)]
+unsafe fn nibbles(p: *const u8) -> __m256i {
+    let w = (p as *const i32).read_unaligned();
+    let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts), _mm256_set1_epi32(0x0f))
 }
 
 /// See [`blocked::finish`].
@@ -101,17 +160,10 @@ pub unsafe fn decode(view: RowView<'_>, out: &mut [f32]) -> bool {
             true
         }
         RowView::Mxfp4 { blocks, scales } => {
-            let lut = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
-            let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
             for ((o, b), &e) in out.chunks_mut(32).zip(blocks.chunks(16)).zip(scales) {
                 let scale = _mm256_set1_ps(formats::e8m0_to_f32(e));
                 for (eight, word) in o.chunks_exact_mut(8).zip(b.chunks_exact(4)) {
-                    let w = i32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-                    let n = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts), _mm256_set1_epi32(0x0f));
-                    let mag = _mm256_permutevar8x32_ps(lut, n);
-                    let sign = _mm256_slli_epi32::<28>(_mm256_and_si256(n, _mm256_set1_epi32(8)));
-                    let v = _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
-                    _mm256_storeu_ps(eight.as_mut_ptr(), _mm256_mul_ps(v, scale));
+                    _mm256_storeu_ps(eight.as_mut_ptr(), Avx2::load_q::<MXFP4>(word.as_ptr(), 0, scale));
                 }
             }
             true
@@ -122,15 +174,11 @@ pub unsafe fn decode(view: RowView<'_>, out: &mut [f32]) -> bool {
             group,
             lead,
         } => {
-            let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
             for (start, len, s) in formats::segments(out.len(), lead, group) {
                 let scale = _mm256_set1_ps(scales[s]);
                 let words = &packed[start / 2..(start + len) / 2];
                 for (eight, word) in out[start..start + len].chunks_exact_mut(8).zip(words.chunks_exact(4)) {
-                    let w = i32::from_le_bytes([word[0], word[1], word[2], word[3]]);
-                    let n = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts), _mm256_set1_epi32(0x0f));
-                    let q = _mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8)));
-                    _mm256_storeu_ps(eight.as_mut_ptr(), _mm256_mul_ps(q, scale));
+                    _mm256_storeu_ps(eight.as_mut_ptr(), Avx2::load_q::<INT4>(word.as_ptr(), 0, scale));
                 }
             }
             true
@@ -147,12 +195,7 @@ unsafe fn decode_fp8_block(codes: &[u8], scale: f32, out: &mut [f32]) {
     let k256 = _mm256_set1_ps(256.0);
     let mut i = 0;
     while i + 8 <= codes.len() {
-        let c = _mm_cvtepu8_epi16(_mm_loadl_epi64(codes.as_ptr().add(i) as *const __m128i));
-        let sign = _mm_slli_epi16::<8>(_mm_and_si128(c, _mm_set1_epi16(0x80)));
-        let mag7 = _mm_and_si128(c, _mm_set1_epi16(0x7f));
-        let nan = _mm_and_si128(_mm_cmpeq_epi16(mag7, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7e00));
-        let h = _mm_or_si128(_mm_or_si128(sign, _mm_slli_epi16::<7>(mag7)), nan);
-        let v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(h), k256), s);
+        let v = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtph_ps(fp8_to_f16(codes.as_ptr().add(i))), k256), s);
         _mm256_storeu_ps(out.as_mut_ptr().add(i), v);
         i += 8;
     }

@@ -22,6 +22,12 @@ use crate::dtype::WeightDType;
 pub(crate) const F32: u8 = 0;
 pub(crate) const F16: u8 = 1;
 pub(crate) const BF16: u8 = 2;
+/// fp8 e4m3 codes; the scale passed is 256 x the block scale (see `avx2`).
+pub(crate) const FP8: u8 = 3;
+/// mxfp4 nibbles (8 per 4 bytes); the scale is the block's e8m0 value.
+pub(crate) const MXFP4: u8 = 4;
+/// int4 nibbles offset by 8 (8 per 4 bytes); the scale is the group's.
+pub(crate) const INT4: u8 = 5;
 
 /// The weight-kind tag the kernels are monomorphised on.
 pub(crate) fn kind(dtype: WeightDType) -> u8 {
@@ -44,19 +50,37 @@ pub(crate) trait Simd {
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `LANES` weights of kind `KIND` starting at element `i`, widened to f32.
     unsafe fn load_w<const KIND: u8>(w: *const u8, i: usize) -> Self::V;
+    /// `LANES` quantized weights of kind `KIND` (`FP8`, `MXFP4`, `INT4`)
+    /// starting at element `i`, decoded exactly as [`crate::formats`] does
+    /// and multiplied by `scale`. Only paths that fuse decoding into the
+    /// dot product implement it (the dispatcher never asks the others).
+    unsafe fn load_q<const KIND: u8>(_w: *const u8, _i: usize, _scale: Self::V) -> Self::V {
+        unreachable!("this path decodes quantized rows before the dot product")
+    }
+    /// Every lane `x`.
+    unsafe fn splat(x: f32) -> Self::V;
     /// Fixed-order horizontal sum.
     unsafe fn sum(v: Self::V) -> f32;
 }
 
 /// Adds `xs[r][..len] . ws[f][..len]` into the accumulators of every
-/// (feature, row), laid out `acc[(f * xs.len() + r) * LANES..]`.
+/// (feature, row), laid out `acc[(f * xs.len() + r) * LANES..]`. For the
+/// quantized kinds, `scales[f]` is feature `f`'s scale for these columns
+/// (one quantization block or group); dense kinds take no scales.
 ///
 /// # Safety
 /// The CPU must support `S`; each `ws[f]` holds `len` (a multiple of `LANES`)
-/// elements of kind `KIND`, each `xs[r]` at least `len`, `acc`
+/// elements of kind `KIND`, each `xs[r]` at least `x_off + len` (read from `x_off`), `acc`
 /// `ws.len() * xs.len() * LANES` values.
 #[inline(always)]
-pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(
+    ws: &[&[u8]],
+    scales: &[f32],
+    xs: &[&[f32]],
+    x_off: usize,
+    len: usize,
+    acc: &mut [f32],
+) {
     debug_assert_eq!(len % S::LANES, 0);
     let m = xs.len();
     // Many rows: pairs of features x 4 rows (fewer weight conversions per FMA);
@@ -67,6 +91,7 @@ pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], xs: &[&[f
     while f0 < ws.len() {
         let nf = (ws.len() - f0).min(fmax);
         let wsub = &ws[f0..f0 + nf];
+        let ssub = if scales.is_empty() { scales } else { &scales[f0..f0 + nf] };
         let asub = &mut acc[f0 * m * S::LANES..(f0 + nf) * m * S::LANES];
         let rmax = match nf {
             1 | 2 => 4,
@@ -79,7 +104,7 @@ pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], xs: &[&[f
             macro_rules! go {
                 ($($rr:literal, $ff:literal);*) => {
                     match (nr, nf) {
-                        $( ($rr, $ff) => block::<S, KIND, $rr, $ff>(wsub, xs, r, len, asub), )*
+                        $( ($rr, $ff) => block::<S, KIND, $rr, $ff>(wsub, ssub, xs, x_off, r, len, asub), )*
                         _ => unreachable!("row block {nr} x {nf} features"),
                     }
                 };
@@ -95,7 +120,9 @@ pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], xs: &[&[f
 #[inline(always)]
 unsafe fn block<S: Simd, const KIND: u8, const R: usize, const F: usize>(
     ws: &[&[u8]],
+    scales: &[f32],
     xs: &[&[f32]],
+    x_off: usize,
     r0: usize,
     len: usize,
     acc: &mut [f32],
@@ -110,18 +137,26 @@ unsafe fn block<S: Simd, const KIND: u8, const R: usize, const F: usize>(
         }
     }
     let mut wp = [std::ptr::null::<u8>(); F];
+    let mut sc = [S::zero(); F];
     for f in 0..F {
         wp[f] = ws[f].as_ptr();
+        if KIND >= FP8 {
+            sc[f] = S::splat(scales[f]);
+        }
     }
     let mut xp = [std::ptr::null::<f32>(); R];
     for r in 0..R {
-        xp[r] = xs[r0 + r].as_ptr();
+        xp[r] = xs[r0 + r].as_ptr().add(x_off);
     }
     let mut i = 0;
     while i < len {
         let mut w = [S::zero(); F];
         for f in 0..F {
-            w[f] = S::load_w::<KIND>(wp[f], i);
+            w[f] = if KIND >= FP8 {
+                S::load_q::<KIND>(wp[f], i, sc[f])
+            } else {
+                S::load_w::<KIND>(wp[f], i)
+            };
         }
         for r in 0..R {
             let x = S::load(xp[r].add(i));

@@ -196,6 +196,68 @@ impl KernelPath {
     }
 }
 
+/// Adds one chunk of quantized rows with the decoding fused into the dot
+/// product (AVX2: codes become f32 in registers, one quantization block or
+/// group at a time, weights bit-identical to [`crate::formats`]). Returns
+/// `false`, having done nothing, where the path or layout does not allow it
+/// (the caller then decodes into a buffer): other paths, blocks not a
+/// multiple of the SIMD step, or an fp8 scale too large to premultiply by 256.
+fn fused_quantized(path: KernelPath, views: &[RowView<'_>], xs: &[&[f32]], acc: &mut [f32]) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if path == KernelPath::Avx2 {
+        use blocked::{FP8, INT4, MXFP4};
+        let (kind, block, lead, n) = match views[0] {
+            RowView::Fp8 {
+                codes, block_cols, lead, ..
+            } => (FP8, block_cols, lead, codes.len()),
+            RowView::Mxfp4 { blocks, .. } => (MXFP4, crate::formats::MXFP4_BLOCK, 0, blocks.len() * 2),
+            RowView::Int4 { packed, group, lead, .. } => (INT4, group, lead, packed.len() * 2),
+            RowView::Dense { .. } => return false,
+        };
+        let step = avx2::STEP;
+        if block % step != 0 || lead % step != 0 || n % step != 0 {
+            return false;
+        }
+        let nv = views.len();
+        let segments: Vec<(usize, usize, usize)> = crate::formats::segments(n, lead, block).collect();
+        // Every scale first: nothing is added unless the whole chunk can be.
+        let mut scales = vec![0.0f32; segments.len() * nv];
+        for (f, v) in views.iter().enumerate() {
+            for (j, &(_, _, s)) in segments.iter().enumerate() {
+                scales[j * nv + f] = match *v {
+                    RowView::Fp8 { scales, .. } => {
+                        let x = scales[s] * 256.0;
+                        if scales[s].is_finite() && !x.is_finite() {
+                            return false;
+                        }
+                        x
+                    }
+                    RowView::Mxfp4 { scales, .. } => crate::formats::e8m0_to_f32(scales[s]),
+                    RowView::Int4 { scales, .. } => scales[s],
+                    RowView::Dense { .. } => return false,
+                };
+            }
+        }
+        let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
+        for (j, &(start, len, _)) in segments.iter().enumerate() {
+            for (slot, v) in ws.iter_mut().zip(views) {
+                *slot = match *v {
+                    RowView::Fp8 { codes, .. } => &codes[start..start + len],
+                    RowView::Mxfp4 { blocks, .. } => &blocks[start / 2..(start + len) / 2],
+                    RowView::Int4 { packed, .. } => &packed[start / 2..(start + len) / 2],
+                    RowView::Dense { .. } => return false,
+                };
+            }
+            // SAFETY: the path is AVX2 (checked by the caller's `is_supported`);
+            // every slice holds `len` elements from `start` (segments of the chunk).
+            unsafe { avx2::accumulate_quantized(kind, &ws[..nv], &scales[j * nv..(j + 1) * nv], xs, start, len, acc) };
+        }
+        return true;
+    }
+    let _ = (path, views, xs, acc);
+    false
+}
+
 /// Some columns of a weight row as dense elements: the stored bytes of a
 /// dense format, or the exact f32 decoding of a quantized one (into `buf`,
 /// which holds at least as many values as the view has columns).
@@ -302,10 +364,20 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         // Adds one column chunk of one block of features.
         let mut add = |(f0, f1): (usize, usize), (c0, c1, cxs): &(usize, usize, Vec<&[f32]>)| {
             let a = &mut acc[f0 * m * acc_len..f1 * m * acc_len];
+            let mut views = [RowView::Dense {
+                dtype: WeightDType::F32,
+                bytes: &[],
+            }; FEATURE_BLOCK];
+            for (v, f) in views.iter_mut().zip(f0..f1) {
+                *v = w.row_view(first + f).slice(*c0, *c1);
+            }
+            if fused_quantized(path, &views[..f1 - f0], cxs, a) {
+                return;
+            }
             let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
             let mut dtype = WeightDType::F32;
-            for ((slot, f), buf) in ws.iter_mut().zip(f0..f1).zip(decoded.chunks_exact_mut(K_CHUNK)) {
-                (dtype, *slot) = dense_columns(path, w.row_view(first + f).slice(*c0, *c1), buf);
+            for ((slot, v), buf) in ws.iter_mut().zip(&views[..f1 - f0]).zip(decoded.chunks_exact_mut(K_CHUNK)) {
+                (dtype, *slot) = dense_columns(path, *v, buf);
             }
             path.accumulate(dtype, &ws[..f1 - f0], cxs, c1 - c0, a, &mut buf);
         };
