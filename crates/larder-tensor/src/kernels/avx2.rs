@@ -92,34 +92,39 @@ impl Simd for Avx2 {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     match kind(dtype) {
-        F32 => blocked::accumulate::<Avx2, F32>(ws, &[], xs, 0, len, acc),
-        F16 => blocked::accumulate::<Avx2, F16>(ws, &[], xs, 0, len, acc),
-        _ => blocked::accumulate::<Avx2, BF16>(ws, &[], xs, 0, len, acc),
+        F32 => blocked::accumulate::<Avx2, F32>(ws, blocked::Scales::NONE, xs, len, acc),
+        F16 => blocked::accumulate::<Avx2, F16>(ws, blocked::Scales::NONE, xs, len, acc),
+        _ => blocked::accumulate::<Avx2, BF16>(ws, blocked::Scales::NONE, xs, len, acc),
     }
 }
 
-/// Quantized weights of one block/group per feature, decoded in registers
-/// (see [`Avx2::load_q`]); `kind` is `FP8`, `MXFP4` or `INT4`.
+/// Quantized weights decoded in registers (see [`Avx2::load_q`]), the scale
+/// changing per block as `scales` says; `kind` is `FP8`, `MXFP4` or `INT4`.
 ///
 /// # Safety
-/// As [`accumulate`]; `scales` has one value per weight row.
+/// As [`blocked::accumulate`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn accumulate_quantized(kind: u8, ws: &[&[u8]], scales: &[f32], xs: &[&[f32]], x_off: usize, len: usize, acc: &mut [f32]) {
+pub(crate) unsafe fn accumulate_quantized(kind: u8, ws: &[&[u8]], scales: blocked::Scales<'_>, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     match kind {
-        FP8 => blocked::accumulate::<Avx2, FP8>(ws, scales, xs, x_off, len, acc),
-        MXFP4 => blocked::accumulate::<Avx2, MXFP4>(ws, scales, xs, x_off, len, acc),
-        _ => blocked::accumulate::<Avx2, INT4>(ws, scales, xs, x_off, len, acc),
+        FP8 => blocked::accumulate::<Avx2, FP8>(ws, scales, xs, len, acc),
+        MXFP4 => blocked::accumulate::<Avx2, MXFP4>(ws, scales, xs, len, acc),
+        _ => blocked::accumulate::<Avx2, INT4>(ws, scales, xs, len, acc),
     }
 }
 
 /// 8 fp8 e4m3 codes as f16 bit patterns of value / 256 (exact; NaN codes NaN).
+///
+/// Sign-extending each code to 16 bits and shifting left by 7 puts the
+/// 7 magnitude bits at f16 bits 7..13 (exponent and mantissa, both formats
+/// having the same layout below the exponent's top bit) and the sign at bit
+/// 15; bit 14 (also the sign) is cleared. Magnitude 0x7f (NaN in e4m3fn)
+/// becomes all ones, an f16 NaN.
 #[inline(always)]
 unsafe fn fp8_to_f16(p: *const u8) -> __m128i {
-    let c = _mm_cvtepu8_epi16(_mm_loadl_epi64(p as *const __m128i));
-    let sign = _mm_slli_epi16::<8>(_mm_and_si128(c, _mm_set1_epi16(0x80)));
-    let mag7 = _mm_and_si128(c, _mm_set1_epi16(0x7f));
-    let nan = _mm_and_si128(_mm_cmpeq_epi16(mag7, _mm_set1_epi16(0x7f)), _mm_set1_epi16(0x7e00));
-    _mm_or_si128(_mm_or_si128(sign, _mm_slli_epi16::<7>(mag7)), nan)
+    let c = _mm_slli_epi16::<7>(_mm_cvtepi8_epi16(_mm_loadl_epi64(p as *const __m128i)));
+    let h = _mm_and_si128(c, _mm_set1_epi16(0xbf80u16 as i16));
+    let mag = _mm_and_si128(h, _mm_set1_epi16(0x3f80));
+    _mm_or_si128(h, _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80)))
 }
 
 /// The 8 nibbles of a little-endian 32-bit word, low first, as i32 lanes.

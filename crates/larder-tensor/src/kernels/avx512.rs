@@ -61,9 +61,9 @@ impl Simd for Avx512 {
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     match kind(dtype) {
-        F32 => blocked::accumulate::<Avx512, F32>(ws, &[], xs, 0, len, acc),
-        F16 => blocked::accumulate::<Avx512, F16>(ws, &[], xs, 0, len, acc),
-        _ => blocked::accumulate::<Avx512, BF16>(ws, &[], xs, 0, len, acc),
+        F32 => blocked::accumulate::<Avx512, F32>(ws, blocked::Scales::NONE, xs, len, acc),
+        F16 => blocked::accumulate::<Avx512, F16>(ws, blocked::Scales::NONE, xs, len, acc),
+        _ => blocked::accumulate::<Avx512, BF16>(ws, blocked::Scales::NONE, xs, len, acc),
     }
 }
 

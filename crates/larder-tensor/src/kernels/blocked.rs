@@ -63,24 +63,38 @@ pub(crate) trait Simd {
     unsafe fn sum(v: Self::V) -> f32;
 }
 
-/// Adds `xs[r][..len] . ws[f][..len]` into the accumulators of every
-/// (feature, row), laid out `acc[(f * xs.len() + r) * LANES..]`. For the
-/// quantized kinds, `scales[f]` is feature `f`'s scale for these columns
-/// (one quantization block or group); dense kinds take no scales.
+/// Where quantization scales change along the columns of a call: columns
+/// `0..first` use scale set 0, then each further `block` columns the next
+/// set; feature `f` of set `j` is `values[j * stride + f]`. Dense kinds
+/// use [`Scales::NONE`].
+#[derive(Clone, Copy)]
+pub(crate) struct Scales<'a> {
+    pub values: &'a [f32],
+    pub stride: usize,
+    pub first: usize,
+    pub block: usize,
+}
+
+impl Scales<'_> {
+    pub(crate) const NONE: Scales<'static> = Scales {
+        values: &[],
+        stride: 0,
+        first: usize::MAX,
+        block: usize::MAX,
+    };
+}
+
+/// Adds `xs[r][..len] . ws[f][..len]` into the accumulators of
+/// every (feature, row), laid out `acc[(f * xs.len() + r) * LANES..]`;
+/// quantized kinds multiply each weight by its block's scale (`scales`).
 ///
 /// # Safety
 /// The CPU must support `S`; each `ws[f]` holds `len` (a multiple of `LANES`)
-/// elements of kind `KIND`, each `xs[r]` at least `x_off + len` (read from `x_off`), `acc`
-/// `ws.len() * xs.len() * LANES` values.
+/// elements of kind `KIND`, each `xs[r]` at least `len`, `acc`
+/// `ws.len() * xs.len() * LANES` values; for quantized kinds `first` and
+/// `block` are multiples of `LANES` and `scales` has a set per block.
 #[inline(always)]
-pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(
-    ws: &[&[u8]],
-    scales: &[f32],
-    xs: &[&[f32]],
-    x_off: usize,
-    len: usize,
-    acc: &mut [f32],
-) {
+pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], scales: Scales<'_>, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     debug_assert_eq!(len % S::LANES, 0);
     let m = xs.len();
     // Many rows: pairs of features x 4 rows (fewer weight conversions per FMA);
@@ -91,7 +105,6 @@ pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(
     while f0 < ws.len() {
         let nf = (ws.len() - f0).min(fmax);
         let wsub = &ws[f0..f0 + nf];
-        let ssub = if scales.is_empty() { scales } else { &scales[f0..f0 + nf] };
         let asub = &mut acc[f0 * m * S::LANES..(f0 + nf) * m * S::LANES];
         let rmax = match nf {
             1 | 2 => 4,
@@ -104,7 +117,7 @@ pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(
             macro_rules! go {
                 ($($rr:literal, $ff:literal);*) => {
                     match (nr, nf) {
-                        $( ($rr, $ff) => block::<S, KIND, $rr, $ff>(wsub, ssub, xs, x_off, r, len, asub), )*
+                        $( ($rr, $ff) => block::<S, KIND, $rr, $ff>(wsub, scales, f0, xs, r, len, asub), )*
                         _ => unreachable!("row block {nr} x {nf} features"),
                     }
                 };
@@ -116,13 +129,13 @@ pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(
     }
 }
 
-/// Rows `r0..r0 + R` against the `F` weight rows.
+/// Rows `r0..r0 + R` against the `F` weight rows (features `f0..` of the call).
 #[inline(always)]
 unsafe fn block<S: Simd, const KIND: u8, const R: usize, const F: usize>(
     ws: &[&[u8]],
-    scales: &[f32],
+    scales: Scales<'_>,
+    f0: usize,
     xs: &[&[f32]],
-    x_off: usize,
     r0: usize,
     len: usize,
     acc: &mut [f32],
@@ -137,34 +150,44 @@ unsafe fn block<S: Simd, const KIND: u8, const R: usize, const F: usize>(
         }
     }
     let mut wp = [std::ptr::null::<u8>(); F];
-    let mut sc = [S::zero(); F];
     for f in 0..F {
         wp[f] = ws[f].as_ptr();
-        if KIND >= FP8 {
-            sc[f] = S::splat(scales[f]);
-        }
     }
     let mut xp = [std::ptr::null::<f32>(); R];
     for r in 0..R {
-        xp[r] = xs[r0 + r].as_ptr().add(x_off);
+        xp[r] = xs[r0 + r].as_ptr();
     }
-    let mut i = 0;
-    while i < len {
-        let mut w = [S::zero(); F];
-        for f in 0..F {
-            w[f] = if KIND >= FP8 {
-                S::load_q::<KIND>(wp[f], i, sc[f])
-            } else {
-                S::load_w::<KIND>(wp[f], i)
-            };
-        }
-        for r in 0..R {
-            let x = S::load(xp[r].add(i));
+    // One pass per scale block (dense kinds: one block of `len`).
+    let (mut i, mut set, mut end) = (0, 0, scales.first.min(len));
+    loop {
+        let mut sc = [S::zero(); F];
+        if KIND >= FP8 {
             for f in 0..F {
-                a[f][r] = S::fma(x, w[f], a[f][r]);
+                sc[f] = S::splat(scales.values[set * scales.stride + f0 + f]);
             }
         }
-        i += S::LANES;
+        while i < end {
+            let mut w = [S::zero(); F];
+            for f in 0..F {
+                w[f] = if KIND >= FP8 {
+                    S::load_q::<KIND>(wp[f], i, sc[f])
+                } else {
+                    S::load_w::<KIND>(wp[f], i)
+                };
+            }
+            for r in 0..R {
+                let x = S::load(xp[r].add(i));
+                for f in 0..F {
+                    a[f][r] = S::fma(x, w[f], a[f][r]);
+                }
+            }
+            i += S::LANES;
+        }
+        if end >= len {
+            break;
+        }
+        set += 1;
+        end = end.saturating_add(scales.block).min(len);
     }
     for f in 0..F {
         for r in 0..R {

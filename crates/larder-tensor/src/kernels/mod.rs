@@ -56,6 +56,8 @@ const FEATURES_PER_TASK: usize = 16; // a multiple of FEATURE_BLOCK
 const FEATURE_BLOCK: usize = 4;
 /// Columns per chunk: a multiple of every path's step and of 32 (mxfp4 blocks).
 const K_CHUNK: usize = 512;
+/// Scale values one fused quantized call can take (all features of a block).
+const FUSED_SCALES: usize = 512;
 /// Activations up to this size are assumed to stay in L2 between features.
 const ACTIVATION_CACHE_BYTES: usize = 256 << 10;
 /// Below this many weight elements a call runs on the calling thread
@@ -205,7 +207,7 @@ impl KernelPath {
 fn fused_quantized(path: KernelPath, views: &[RowView<'_>], xs: &[&[f32]], acc: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if path == KernelPath::Avx2 {
-        use blocked::{FP8, INT4, MXFP4};
+        use blocked::{Scales, FP8, INT4, MXFP4};
         let (kind, block, lead, n) = match views[0] {
             RowView::Fp8 {
                 codes, block_cols, lead, ..
@@ -215,43 +217,45 @@ fn fused_quantized(path: KernelPath, views: &[RowView<'_>], xs: &[&[f32]], acc: 
             RowView::Dense { .. } => return false,
         };
         let step = avx2::STEP;
-        if block % step != 0 || lead % step != 0 || n % step != 0 {
+        let sets = (lead + n).div_ceil(block);
+        if block % step != 0 || lead % step != 0 || n % step != 0 || sets * views.len() > FUSED_SCALES {
             return false;
         }
-        let nv = views.len();
-        let segments: Vec<(usize, usize, usize)> = crate::formats::segments(n, lead, block).collect();
         // Every scale first: nothing is added unless the whole chunk can be.
-        let mut scales = vec![0.0f32; segments.len() * nv];
+        let nv = views.len();
+        let mut values = [0.0f32; FUSED_SCALES];
+        let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
         for (f, v) in views.iter().enumerate() {
-            for (j, &(_, _, s)) in segments.iter().enumerate() {
-                scales[j * nv + f] = match *v {
+            for j in 0..sets {
+                values[j * nv + f] = match *v {
                     RowView::Fp8 { scales, .. } => {
-                        let x = scales[s] * 256.0;
-                        if scales[s].is_finite() && !x.is_finite() {
+                        let x = scales[j] * 256.0;
+                        if scales[j].is_finite() && !x.is_finite() {
                             return false;
                         }
                         x
                     }
-                    RowView::Mxfp4 { scales, .. } => crate::formats::e8m0_to_f32(scales[s]),
-                    RowView::Int4 { scales, .. } => scales[s],
+                    RowView::Mxfp4 { scales, .. } => crate::formats::e8m0_to_f32(scales[j]),
+                    RowView::Int4 { scales, .. } => scales[j],
                     RowView::Dense { .. } => return false,
                 };
             }
+            ws[f] = match *v {
+                RowView::Fp8 { codes, .. } => codes,
+                RowView::Mxfp4 { blocks, .. } => blocks,
+                RowView::Int4 { packed, .. } => packed,
+                RowView::Dense { .. } => return false,
+            };
         }
-        let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
-        for (j, &(start, len, _)) in segments.iter().enumerate() {
-            for (slot, v) in ws.iter_mut().zip(views) {
-                *slot = match *v {
-                    RowView::Fp8 { codes, .. } => &codes[start..start + len],
-                    RowView::Mxfp4 { blocks, .. } => &blocks[start / 2..(start + len) / 2],
-                    RowView::Int4 { packed, .. } => &packed[start / 2..(start + len) / 2],
-                    RowView::Dense { .. } => return false,
-                };
-            }
-            // SAFETY: the path is AVX2 (checked by the caller's `is_supported`);
-            // every slice holds `len` elements from `start` (segments of the chunk).
-            unsafe { avx2::accumulate_quantized(kind, &ws[..nv], &scales[j * nv..(j + 1) * nv], xs, start, len, acc) };
-        }
+        let scales = Scales {
+            values: &values[..sets * nv],
+            stride: nv,
+            first: block - lead,
+            block,
+        };
+        // SAFETY: the path is AVX2 (the caller checked `is_supported`); every
+        // view holds the chunk's `n` columns with `sets` scales from `lead`.
+        unsafe { avx2::accumulate_quantized(kind, &ws[..nv], scales, xs, n, acc) };
         return true;
     }
     let _ = (path, views, xs, acc);
