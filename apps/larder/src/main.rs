@@ -32,6 +32,8 @@ enum Command {
     Forward(cmd::forward::Args),
     /// Generate text or token ids from a prompt, streaming as it goes.
     Run(cmd::run::Args),
+    /// Serve the model over an OpenAI-compatible HTTP API.
+    Serve(cmd::serve::Args),
     /// Pack a checkpoint's routed experts into a store: contiguous aligned records over one or more drives.
     Pack(cmd::pack::Args),
     /// Re-check every record digest of a packed store.
@@ -52,6 +54,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Forward(a) => cmd::forward::run(a),
         Command::Run(a) => cmd::run::run(a),
+        Command::Serve(a) => cmd::serve::run_cmd(a),
         Command::Pack(a) => cmd::pack::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Synth(a) => cmd::synth::run(a),

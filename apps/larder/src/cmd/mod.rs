@@ -6,6 +6,7 @@ pub mod bench_store;
 pub mod forward;
 pub mod pack;
 pub mod run;
+pub mod serve;
 pub mod synth;
 pub mod verify;
 

@@ -1,0 +1,393 @@
+//! The OpenAI request surface: parsing and validating `/v1/chat/completions`
+//! and `/v1/completions` bodies into a [`GenerationRequest`], and the
+//! OpenAI-shaped error body (`{"error": {"message", "type", "param", "code"}}`).
+//!
+//! Everything is checked **before** generation starts: fields the server
+//! cannot honour exactly (logit_bias, tools, n > 1, images, non-zero
+//! penalties, unknown fields) are refused, harmless defaults clients send are
+//! accepted.
+
+use serde_json::{json, Map, Value};
+
+/// An error answered to the client.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: u16,
+    pub message: String,
+    pub kind: &'static str,
+    pub param: Option<String>,
+    pub code: Option<&'static str>,
+}
+
+impl ApiError {
+    pub fn invalid(param: &str, message: impl Into<String>) -> Self {
+        ApiError {
+            status: 400,
+            message: message.into(),
+            kind: "invalid_request_error",
+            param: Some(param.to_string()),
+            code: None,
+        }
+    }
+
+    pub fn plain(status: u16, kind: &'static str, code: Option<&'static str>, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+            kind,
+            param: None,
+            code,
+        }
+    }
+
+    pub fn body(&self) -> Value {
+        json!({"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}})
+    }
+}
+
+/// Which endpoint a request came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Endpoint {
+    Chat,
+    Completion,
+}
+
+/// The prompt of a request, before tokenization.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Prompt {
+    Chat(Vec<(String, String)>),
+    Text(String),
+    Ids(Vec<u32>),
+}
+
+/// A validated request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerationRequest {
+    pub endpoint: Endpoint,
+    pub prompt: Prompt,
+    /// `None`: up to the context length.
+    pub max_tokens: Option<usize>,
+    pub temperature: f32,
+    pub top_p: f32,
+    pub top_k: usize,
+    pub seed: u64,
+    pub stop: Vec<String>,
+    pub stream: bool,
+    pub include_usage: bool,
+    /// Extension: do not stop at EOS tokens.
+    pub ignore_eos: bool,
+}
+
+const COMMON: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "n",
+    "stream",
+    "stream_options",
+    "user",
+    "metadata",
+    "frequency_penalty",
+    "presence_penalty",
+    "logit_bias",
+    "logprobs",
+    "store",
+    // Extension (as vLLM): keep generating past EOS tokens.
+    "ignore_eos",
+];
+const CHAT_ONLY: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "top_logprobs",
+];
+const COMPLETION_ONLY: &[&str] = &["prompt", "echo", "best_of", "suffix"];
+
+/// Parses and validates a request body for `endpoint`, served as `model_id`.
+pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<GenerationRequest, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| ApiError::invalid("body", "the request body is not valid UTF-8"))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| ApiError::invalid("body", format!("invalid JSON in the request body: {e}")))?;
+    let obj = value
+        .as_object()
+        .ok_or_else(|| ApiError::invalid("body", "the request body must be a JSON object"))?;
+    let own = if endpoint == Endpoint::Chat { CHAT_ONLY } else { COMPLETION_ONLY };
+    if let Some(k) = obj.keys().find(|k| !COMMON.contains(&k.as_str()) && !own.contains(&k.as_str())) {
+        return Err(ApiError::invalid(k, format!("Unrecognized request argument supplied: {k}")));
+    }
+    let model = obj
+        .get("model")
+        .and_then(Value::as_str)
+        .ok_or_else(|| ApiError::invalid("model", "you must provide a model parameter (a string)"))?;
+    if model != model_id {
+        return Err(ApiError {
+            status: 404,
+            message: format!("The model `{model}` does not exist; this server serves `{model_id}`"),
+            kind: "invalid_request_error",
+            param: Some("model".into()),
+            code: Some("model_not_found"),
+        });
+    }
+    refuse_unsupported(obj)?;
+    let prompt = match endpoint {
+        Endpoint::Chat => Prompt::Chat(messages(obj.get("messages"))?),
+        Endpoint::Completion => completion_prompt(obj.get("prompt"))?,
+    };
+    let max_tokens = match (obj.get("max_completion_tokens"), obj.get("max_tokens")) {
+        (Some(v), _) if !v.is_null() => Some(positive(v, "max_completion_tokens")?),
+        (_, Some(v)) if !v.is_null() => Some(positive(v, "max_tokens")?),
+        _ => None,
+    };
+    let temperature = number(obj, "temperature", 1.0, 0.0, 2.0)?;
+    let top_p = number(obj, "top_p", 1.0, 0.0, 1.0)?;
+    if top_p <= 0.0 {
+        return Err(ApiError::invalid("top_p", "top_p must be greater than 0"));
+    }
+    let top_k = match obj.get("top_k") {
+        None | Some(Value::Null) => 0,
+        Some(v) => v
+            .as_u64()
+            .filter(|&k| k <= u32::MAX as u64)
+            .ok_or_else(|| ApiError::invalid("top_k", "top_k must be a non-negative integer"))? as usize,
+    };
+    let seed = match obj.get("seed") {
+        None | Some(Value::Null) => 0,
+        Some(v) => match (v.as_u64(), v.as_i64()) {
+            (Some(s), _) => s,
+            (None, Some(s)) => s as u64,
+            _ => return Err(ApiError::invalid("seed", "seed must be an integer")),
+        },
+    };
+    let stop = match obj.get("stop") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s.clone()],
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|s| s.as_str().map(str::to_string))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::invalid("stop", "stop must be a string or a list of strings"))?,
+        Some(_) => return Err(ApiError::invalid("stop", "stop must be a string or a list of strings")),
+    };
+    if stop.len() > 4 || stop.iter().any(|s| s.is_empty()) {
+        return Err(ApiError::invalid("stop", "stop takes up to 4 non-empty strings"));
+    }
+    let stream = flag(obj, "stream")?;
+    let ignore_eos = flag(obj, "ignore_eos")?;
+    let include_usage = match obj.get("stream_options") {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(o)) => {
+            if let Some(k) = o.keys().find(|k| k.as_str() != "include_usage") {
+                return Err(ApiError::invalid("stream_options", format!("unsupported stream option {k}")));
+            }
+            match o.get("include_usage") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(ApiError::invalid("stream_options", "include_usage must be a boolean")),
+            }
+        }
+        Some(_) => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
+    };
+    if include_usage && !stream {
+        return Err(ApiError::invalid(
+            "stream_options",
+            "stream_options is only allowed with stream: true",
+        ));
+    }
+    Ok(GenerationRequest {
+        endpoint,
+        prompt,
+        max_tokens,
+        temperature,
+        top_p,
+        top_k,
+        seed,
+        stop,
+        stream,
+        include_usage,
+        ignore_eos,
+    })
+}
+
+/// Refuses every field whose value the server cannot honour exactly.
+fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
+    let is = |k: &str, ok: &dyn Fn(&Value) -> bool| -> Result<(), ApiError> {
+        match obj.get(k) {
+            Some(v) if !v.is_null() && !ok(v) => Err(ApiError::invalid(k, format!("`{k}` = {v} is not supported by this server"))),
+            _ => Ok(()),
+        }
+    };
+    is("n", &|v| v.as_u64() == Some(1))?;
+    is("frequency_penalty", &|v| v.as_f64() == Some(0.0))?;
+    is("presence_penalty", &|v| v.as_f64() == Some(0.0))?;
+    is("logit_bias", &|v| v.as_object().is_some_and(|o| o.is_empty()))?;
+    is("logprobs", &|v| v == &Value::Bool(false))?;
+    is("top_logprobs", &|v| v.as_u64() == Some(0))?;
+    is("tools", &|v| v.as_array().is_some_and(|a| a.is_empty()))?;
+    is("tool_choice", &|v| v == "none" || v == "auto")?;
+    is("parallel_tool_calls", &|v| v.is_boolean())?;
+    is("response_format", &|v| {
+        v.get("type").and_then(Value::as_str) == Some("text") && v.as_object().is_some_and(|o| o.len() == 1)
+    })?;
+    is("echo", &|v| v == &Value::Bool(false))?;
+    is("best_of", &|v| v.as_u64() == Some(1))?;
+    is("suffix", &|v| v.as_str() == Some(""))?;
+    is("user", &|v| v.is_string())?;
+    is("metadata", &|v| v.is_object())?;
+    is("store", &|v| v == &Value::Bool(false))?;
+    Ok(())
+}
+
+fn messages(v: Option<&Value>) -> Result<Vec<(String, String)>, ApiError> {
+    let list = v
+        .and_then(Value::as_array)
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| ApiError::invalid("messages", "messages must be a non-empty list"))?;
+    list.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let param = format!("messages[{i}]");
+            let o = m
+                .as_object()
+                .ok_or_else(|| ApiError::invalid(&param, "each message must be an object"))?;
+            if let Some(k) = o.keys().find(|k| !["role", "content", "name"].contains(&k.as_str())) {
+                return Err(ApiError::invalid(&param, format!("message field `{k}` is not supported")));
+            }
+            let role = o.get("role").and_then(Value::as_str).unwrap_or("");
+            let role = match role {
+                "system" | "user" | "assistant" => role.to_string(),
+                // OpenAI's newer name for system instructions.
+                "developer" => "system".to_string(),
+                other => return Err(ApiError::invalid(&format!("{param}.role"), format!("unsupported role {other:?}"))),
+            };
+            let content = match o.get("content") {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Array(parts)) => {
+                    let mut text = String::new();
+                    for p in parts {
+                        match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
+                            (Some("text"), Some(t)) => text.push_str(t),
+                            (kind, _) => {
+                                return Err(ApiError::invalid(
+                                    &format!("{param}.content"),
+                                    format!("content part of type {:?} is not supported (text only)", kind.unwrap_or("?")),
+                                ))
+                            }
+                        }
+                    }
+                    text
+                }
+                _ => {
+                    return Err(ApiError::invalid(
+                        &format!("{param}.content"),
+                        "content must be a string or a list of text parts",
+                    ))
+                }
+            };
+            Ok((role, content))
+        })
+        .collect()
+}
+
+fn completion_prompt(v: Option<&Value>) -> Result<Prompt, ApiError> {
+    match v {
+        Some(Value::String(s)) => Ok(Prompt::Text(s.clone())),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => Ok(Prompt::Text(a[0].as_str().unwrap_or_default().to_string())),
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_number) => a
+            .iter()
+            .map(|x| x.as_u64().filter(|&id| id <= u32::MAX as u64).map(|id| id as u32))
+            .collect::<Option<Vec<_>>>()
+            .map(Prompt::Ids)
+            .ok_or_else(|| ApiError::invalid("prompt", "token ids must be non-negative integers")),
+        _ => Err(ApiError::invalid(
+            "prompt",
+            "prompt must be a string, a list of one string, or a list of token ids",
+        )),
+    }
+}
+
+fn positive(v: &Value, param: &str) -> Result<usize, ApiError> {
+    v.as_u64()
+        .filter(|&n| n >= 1 && n <= u32::MAX as u64)
+        .map(|n| n as usize)
+        .ok_or_else(|| ApiError::invalid(param, format!("{param} must be a positive integer")))
+}
+
+fn number(obj: &Map<String, Value>, k: &str, default: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
+    match obj.get(k) {
+        None | Some(Value::Null) => Ok(default),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite() && (lo as f64..=hi as f64).contains(x))
+            .map(|x| x as f32)
+            .ok_or_else(|| ApiError::invalid(k, format!("{k} must be a number between {lo} and {hi}"))),
+    }
+}
+
+fn flag(obj: &Map<String, Value>, k: &str) -> Result<bool, ApiError> {
+    match obj.get(k) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(k, format!("{k} must be a boolean"))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn chat(body: Value) -> Result<GenerationRequest, ApiError> {
+        parse_request(Endpoint::Chat, body.to_string().as_bytes(), "m")
+    }
+
+    #[test]
+    fn accepts_what_clients_send() {
+        let r = chat(json!({"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_tokens": 5, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}, "stop": "x",
+            "frequency_penalty": 0, "presence_penalty": 0, "response_format": {"type": "text"}, "tools": [], "n": 1, "user": "u", "metadata": {}}))
+        .unwrap();
+        assert_eq!(
+            r.prompt,
+            Prompt::Chat(vec![("system".into(), "s".into()), ("user".into(), "hi".into())])
+        );
+        assert_eq!((r.max_tokens, r.temperature, r.stream, r.include_usage), (Some(5), 0.0, true, true));
+        assert_eq!(r.stop, vec!["x".to_string()]);
+        let c = parse_request(Endpoint::Completion, br#"{"model":"m","prompt":[1,2,3]}"#, "m").unwrap();
+        assert_eq!(c.prompt, Prompt::Ids(vec![1, 2, 3]));
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_honour() {
+        let base = || json!({"model": "m", "messages": [{"role": "user", "content": "hi"}]});
+        let with = |k: &str, v: Value| {
+            let mut b = base();
+            b[k] = v;
+            chat(b).unwrap_err()
+        };
+        assert_eq!(with("n", json!(2)).param.as_deref(), Some("n"));
+        assert_eq!(with("logit_bias", json!({"1": 5})).param.as_deref(), Some("logit_bias"));
+        assert_eq!(with("tools", json!([{"type": "function"}])).param.as_deref(), Some("tools"));
+        assert_eq!(with("frequency_penalty", json!(0.5)).status, 400);
+        assert_eq!(with("max_tokens", json!(-1)).param.as_deref(), Some("max_tokens"));
+        assert_eq!(with("max_tokens", json!(1e30)).param.as_deref(), Some("max_tokens"));
+        assert_eq!(with("temperature", json!("hot")).param.as_deref(), Some("temperature"));
+        assert_eq!(with("bogus", json!(1)).message, "Unrecognized request argument supplied: bogus");
+        assert_eq!(with("model", json!("other")).status, 404);
+        let img = json!([{"type": "image_url", "image_url": {"url": "x"}}]);
+        assert!(chat(json!({"model": "m", "messages": [{"role": "user", "content": img}]})).is_err());
+        assert!(parse_request(Endpoint::Chat, b"{not json", "m")
+            .unwrap_err()
+            .message
+            .contains("invalid JSON"));
+        assert!(parse_request(Endpoint::Chat, &[0xff, 0xfe], "m")
+            .unwrap_err()
+            .message
+            .contains("UTF-8"));
+    }
+}

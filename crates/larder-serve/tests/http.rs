@@ -1,0 +1,303 @@
+//! Black-box tests: the real server on a random loopback port, spoken to
+//! over raw HTTP/1.1: every endpoint, streaming and not, refusals, the API
+//! key, 429 under a full queue, and cancellation when a client disconnects.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use larder_engine::{ChatMessage, Engine, GenerateOptions};
+use larder_serve::{start, RunningServer, ServerConfig};
+use serde_json::{json, Value};
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+}
+
+fn server(config: ServerConfig) -> RunningServer {
+    server_for(&fixture("qwen3_moe_tok"), config)
+}
+
+fn server_for(model: &Path, config: ServerConfig) -> RunningServer {
+    let engine = Engine::load(model).unwrap();
+    start(
+        engine,
+        ServerConfig {
+            port: 0,
+            served_name: "tiny".into(),
+            ..config
+        },
+    )
+    .unwrap()
+}
+
+struct Reply {
+    status: u16,
+    headers: String,
+    body: String,
+}
+
+impl Reply {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+}
+
+/// Decodes a chunked transfer-encoded body.
+fn dechunk(mut raw: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = raw.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        raw = &rest[n + 2..];
+    }
+    out
+}
+
+fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
+    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Reply {
+        status,
+        headers: head.to_string(),
+        body,
+    }
+}
+
+fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
+    send(addr, "POST", path, &[("content-type", "application/json")], &body.to_string())
+}
+
+/// The `data:` payloads of an SSE body.
+fn events(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn endpoints_answer_in_openai_shapes() {
+    let srv = server(ServerConfig::default());
+    let a = srv.addr;
+    assert_eq!(send(a, "GET", "/health", &[], "").json()["status"], "ok");
+    let models = send(a, "GET", "/v1/models", &[], "").json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "tiny");
+
+    // Chat, greedy: the text equals what the engine generates for the same chat.
+    let engine = Engine::load(&fixture("qwen3_moe_tok")).unwrap();
+    let ids = engine.encode_chat(&[ChatMessage::new("user", "Hello there")]).unwrap();
+    let opts = GenerateOptions {
+        max_new: 12,
+        ..GenerateOptions::default()
+    };
+    let g = engine.generate(&ids, &opts, &mut |_| true).unwrap();
+    let expected = engine.decode(&g.ids).unwrap();
+    let req = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 12, "temperature": 0});
+    let r = post(a, "/v1/chat/completions", &req);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!(v["object"], "chat.completion");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert_eq!(v["model"], "tiny");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(v["choices"][0]["message"]["content"], expected.as_str());
+    assert_eq!(v["usage"]["prompt_tokens"], ids.len());
+    assert_eq!(v["usage"]["completion_tokens"], g.ids.len());
+    assert_eq!(v["usage"]["total_tokens"], ids.len() + g.ids.len());
+    let finish = v["choices"][0]["finish_reason"].as_str().unwrap();
+    assert!(finish == "stop" || finish == "length");
+
+    // Streaming gives the same text: role chunk first, finish chunk, usage, [DONE].
+    let mut sreq = req.clone();
+    sreq["stream"] = json!(true);
+    sreq["stream_options"] = json!({"include_usage": true});
+    let r = post(a, "/v1/chat/completions", &sreq);
+    assert!(r.headers.contains("text/event-stream"), "{}", r.headers);
+    let ev = events(&r.body);
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+    let chunks: Vec<Value> = ev[..ev.len() - 1].iter().map(|e| serde_json::from_str(e).unwrap()).collect();
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    let text: String = chunks.iter().filter_map(|c| c["choices"][0]["delta"]["content"].as_str()).collect();
+    assert_eq!(text, expected);
+    let usage = chunks.last().unwrap();
+    assert_eq!(usage["choices"], json!([]));
+    assert_eq!(usage["usage"]["completion_tokens"], g.ids.len());
+    assert_eq!(chunks[chunks.len() - 2]["choices"][0]["finish_reason"], finish);
+
+    // Completions from token ids, cut by max_tokens.
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": [262, 406, 39], "max_tokens": 3}),
+    );
+    let v = r.json();
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    let r = post(
+        a,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "Once upon", "max_tokens": 2, "stream": true}),
+    );
+    let ev = events(&r.body);
+    assert_eq!(ev.last().unwrap(), "[DONE]");
+
+    // A stop string is cut and ends generation with finish_reason stop.
+    let full = expected.clone();
+    let chars: Vec<(usize, char)> = full.char_indices().collect();
+    if chars.len() > 5 {
+        let (from, to) = (chars[3].0, chars[5].0);
+        let stop = &full[from..to];
+        let mut sreq = req.clone();
+        sreq["stop"] = json!(stop);
+        let v = post(a, "/v1/chat/completions", &sreq).json();
+        let got = v["choices"][0]["message"]["content"].as_str().unwrap();
+        assert_eq!(got, &full[..full.find(stop).unwrap()]);
+        assert_eq!(v["choices"][0]["finish_reason"], "stop");
+    }
+
+    let metrics = send(a, "GET", "/metrics", &[], "").body;
+    assert!(metrics.contains("larder_requests_total"), "{metrics}");
+    assert!(metrics.contains("larder_queue_depth"), "{metrics}");
+}
+
+#[test]
+fn refusals_are_openai_shaped_and_before_generation() {
+    let srv = server(ServerConfig {
+        max_request_bytes: 4096,
+        ..ServerConfig::default()
+    });
+    let a = srv.addr;
+    let ok = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+    let check = |r: Reply, status: u16, param: Option<&str>| {
+        assert_eq!(r.status, status, "{}", r.body);
+        let e = &r.json()["error"];
+        assert!(e["message"].is_string() && e["type"].is_string(), "{e}");
+        if let Some(p) = param {
+            assert_eq!(e["param"], p, "{e}");
+        }
+    };
+    let with = |k: &str, v: Value| {
+        let mut b = ok.clone();
+        b[k] = v;
+        post(a, "/v1/chat/completions", &b)
+    };
+    check(send(a, "POST", "/v1/chat/completions", &[], "{oops"), 400, Some("body"));
+    check(with("n", json!(2)), 400, Some("n"));
+    check(with("logit_bias", json!({"5": 1})), 400, Some("logit_bias"));
+    check(
+        with("tools", json!([{"type": "function", "function": {"name": "f"}}])),
+        400,
+        Some("tools"),
+    );
+    check(with("max_tokens", json!(-3)), 400, Some("max_tokens"));
+    check(with("max_tokens", json!(10_000_000)), 400, Some("max_tokens"));
+    check(with("wat", json!(1)), 400, Some("wat"));
+    check(with("model", json!("gpt-4")), 404, Some("model"));
+    let big = "x".repeat(5000);
+    check(with("user", json!(big)), 400, Some("body"));
+    check(send(a, "GET", "/nope", &[], ""), 404, None);
+    check(send(a, "DELETE", "/v1/models", &[], ""), 405, None);
+    // Harmless defaults are accepted.
+    let r = post(
+        a,
+        "/v1/chat/completions",
+        &json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1,
+                "frequency_penalty": 0, "presence_penalty": 0, "response_format": {"type": "text"}, "tools": [], "user": "me", "metadata": {"a": "b"}}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+#[test]
+fn api_key_is_required_when_set() {
+    let srv = server(ServerConfig {
+        api_key: Some("sekrit".into()),
+        ..ServerConfig::default()
+    });
+    let a = srv.addr;
+    assert_eq!(send(a, "GET", "/v1/models", &[], "").status, 401);
+    assert_eq!(send(a, "GET", "/v1/models", &[("authorization", "Bearer nope")], "").status, 401);
+    assert_eq!(send(a, "GET", "/v1/models", &[("authorization", "Bearer sekrit")], "").status, 200);
+    assert_eq!(send(a, "GET", "/health", &[], "").status, 200, "health needs no key");
+}
+
+#[test]
+fn full_queue_gets_429_and_a_gone_client_cancels_its_generation() {
+    // A synthetic model with an 8192-token context: room for a long generation.
+    let dir = std::env::temp_dir().join(format!("larder-serve-long-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = larder_model::synth::SynthSpec::preset("qwen3_moe", "tiny", None).unwrap();
+    larder_model::synth::write(&spec, &dir, &mut |_| {}).unwrap();
+    let srv = server_for(
+        &dir,
+        ServerConfig {
+            queue_depth: 1,
+            ..ServerConfig::default()
+        },
+    );
+    let a = srv.addr;
+    // A long streaming generation whose client reads nothing and then leaves.
+    let body = json!({"model": "tiny", "prompt": [262, 406, 39], "max_tokens": 8000, "stream": true, "ignore_eos": true}).to_string();
+    let mut s = TcpStream::connect(a).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 64];
+    s.read_exact(&mut first).unwrap(); // generation has started
+    let busy = post(a, "/v1/completions", &json!({"model": "tiny", "prompt": [1], "max_tokens": 1}));
+    assert_eq!(busy.status, 429, "{}", busy.body);
+    assert!(busy.headers.to_ascii_lowercase().contains("retry-after"));
+    assert_eq!(busy.json()["error"]["type"], "rate_limit_error");
+    drop(s);
+    // The engine notices within a token and frees the queue.
+    let t = Instant::now();
+    loop {
+        let m = send(a, "GET", "/metrics", &[], "").body;
+        if m.contains("larder_queue_depth 0") {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(20), "generation was not cancelled: {m}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let done = send(a, "GET", "/metrics", &[], "").body;
+    let tokens: u64 = done
+        .lines()
+        .find_map(|l| l.strip_prefix("larder_completion_tokens_total "))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(tokens < 8000, "cancelled before max_tokens ({tokens})");
+    assert_eq!(
+        post(a, "/v1/completions", &json!({"model": "tiny", "prompt": [1], "max_tokens": 1})).status,
+        200
+    );
+}
