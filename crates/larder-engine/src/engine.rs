@@ -234,18 +234,52 @@ impl Engine {
         prompt: &[u32],
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> bool,
+        trace: Option<&mut RouteTrace>,
+    ) -> Result<Generation, EngineError> {
+        let mut cache = self.model.new_cache();
+        self.generate_in(prompt, &mut cache, 0, opts, on_token, trace)
+    }
+
+    /// [`generate`](Self::generate) continuing from `cache`, which holds the
+    /// KV state of the first `cached` prompt tokens (prefix reuse: a chat
+    /// that extends the previous conversation). Only the rest of the prompt
+    /// is prefilled; batch invariance makes the result identical to a fresh
+    /// prefill. Afterwards `cache` holds every token fed to the model: the
+    /// prompt and all new ids but the last (`Stats::cached_tokens` says how
+    /// many prompt tokens were reused).
+    pub fn generate_cached(
+        &self,
+        prompt: &[u32],
+        cache: &mut KvCache,
+        cached: usize,
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Generation, EngineError> {
+        self.generate_in(prompt, cache, cached, opts, on_token, None)
+    }
+
+    fn generate_in(
+        &self,
+        prompt: &[u32],
+        cache: &mut KvCache,
+        cached: usize,
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> bool,
         mut trace: Option<&mut RouteTrace>,
     ) -> Result<Generation, EngineError> {
         let started = Instant::now();
         let store_before = self.store.as_ref().map(|s| s.stats());
         let mut sampler = Sampler::new(opts.sampling)?;
         self.model.check_ids(prompt, 0)?;
-        let mut cache = self.model.new_cache();
+        // At least the last prompt token runs, for its logits.
+        let reuse = cached.min(cache.len()).min(prompt.len() - 1);
+        cache.truncate(reuse);
         let mut stats = Stats {
             prompt_tokens: prompt.len(),
+            cached_tokens: reuse,
             ..Stats::default()
         };
-        let mut logits = self.prefill(prompt, &mut cache, trace.as_deref_mut())?;
+        let mut logits = self.prefill(&prompt[reuse..], cache, trace.as_deref_mut())?;
         stats.prefill_s = started.elapsed().as_secs_f64();
 
         let max_ctx = self.model.spec().max_position_embeddings;
@@ -270,7 +304,7 @@ impl Engine {
                 break;
             }
             let step = Instant::now();
-            logits = self.model.forward_last(&[next], &mut cache, trace.as_deref_mut())?;
+            logits = self.model.forward_last(&[next], cache, trace.as_deref_mut())?;
             stats.decode_s += step.elapsed().as_secs_f64();
             decode_steps += 1;
         }

@@ -6,12 +6,14 @@ use serde::Serialize;
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Stats {
     pub prompt_tokens: usize,
+    /// Prompt tokens whose KV state was reused instead of prefilled.
+    pub cached_tokens: usize,
     pub new_tokens: usize,
     /// Time to run the prompt through the model (to the first token's logits).
     pub prefill_s: f64,
     /// Time of every later forward pass (one per token after the first).
     pub decode_s: f64,
-    /// Prompt tokens per second of prefill.
+    /// Prefilled (not reused) prompt tokens per second of prefill.
     pub prefill_tok_per_s: f64,
     /// Steady decode rate: forward passes after the first token per second.
     pub decode_tok_per_s: f64,
@@ -90,7 +92,7 @@ impl ExpertStats {
 impl Stats {
     /// Fills the derived rates.
     pub fn finish(&mut self, decode_steps: usize) {
-        self.prefill_tok_per_s = rate(self.prompt_tokens, self.prefill_s);
+        self.prefill_tok_per_s = rate(self.prompt_tokens - self.cached_tokens, self.prefill_s);
         self.decode_tok_per_s = rate(decode_steps, self.decode_s);
     }
 }

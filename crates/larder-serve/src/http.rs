@@ -170,8 +170,9 @@ async fn generate(state: &Arc<State>, endpoint: Endpoint, req: Request<Incoming>
             Some(Event::Done {
                 finish_reason,
                 completion_tokens,
+                cached_tokens,
             }) => {
-                let usage = usage(prompt_tokens, completion_tokens);
+                let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
                 let choice = match endpoint {
                     Endpoint::Chat => {
                         json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason})
@@ -195,9 +196,9 @@ async fn generate(state: &Arc<State>, endpoint: Endpoint, req: Request<Incoming>
     }
 }
 
-fn usage(prompt: usize, completion: usize) -> Value {
+fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
     json!({"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
-           "prompt_tokens_details": {"cached_tokens": 0}})
+           "prompt_tokens_details": {"cached_tokens": cached}})
 }
 
 /// Turns engine events into SSE chunks; stops (dropping `rx`, which cancels
@@ -241,6 +242,7 @@ async fn stream_events(
             Event::Done {
                 finish_reason,
                 completion_tokens,
+                cached_tokens,
             } => {
                 let last = if chat {
                     json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
@@ -251,7 +253,7 @@ async fn stream_events(
                 if request.include_usage {
                     send(
                         &json!({"id": id, "object": object, "created": created, "model": model, "choices": [],
-                                 "usage": usage(prompt_tokens, completion_tokens)}),
+                                 "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}),
                     );
                 }
                 let _ = out.send(Bytes::from_static(b"data: [DONE]\n\n"));

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
 use larder_engine::{Engine, FinishReason, GenerateOptions, SamplingParams, StreamDecoder};
+use larder_model::KvCache;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{ApiError, GenerationRequest, Prompt};
@@ -24,6 +25,8 @@ pub enum Event {
     Done {
         finish_reason: &'static str,
         completion_tokens: usize,
+        /// Prompt tokens whose KV state was reused from the previous request.
+        cached_tokens: usize,
     },
     Failed(ApiError),
 }
@@ -70,8 +73,9 @@ impl Worker {
         std::thread::Builder::new()
             .name("larder-engine".into())
             .spawn(move || {
+                let mut session = None;
                 for job in rx {
-                    run_job(&engine, job, &m);
+                    run_job(&engine, job, &m, &mut session);
                     count.fetch_sub(1, Ordering::SeqCst);
                 }
             })
@@ -117,7 +121,14 @@ impl Worker {
     }
 }
 
-fn run_job(engine: &Engine, job: Job, metrics: &Metrics) {
+/// The KV state of the last request (its prompt and output), kept for
+/// prefix reuse: a request whose tokens start the same way continues from it.
+struct Session {
+    tokens: Vec<u32>,
+    cache: KvCache,
+}
+
+fn run_job(engine: &Engine, job: Job, metrics: &Metrics, session: &mut Option<Session>) {
     let Job { request, events } = job;
     let fail = |e: ApiError| {
         let _ = events.send(Event::Failed(e));
@@ -170,7 +181,14 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics) {
     let mut decoder = StreamDecoder::new();
     let mut stops = StopFilter::new(&request.stop);
     let stopped = AtomicBool::new(false);
-    let result = engine.generate(&prompt, &opts, &mut |id| {
+    let (mut cache, cached) = match session.take() {
+        Some(s) => {
+            let common = s.tokens.iter().zip(&prompt).take_while(|(a, b)| a == b).count();
+            (s.cache, common)
+        }
+        None => (engine.model().new_cache(), 0),
+    };
+    let result = engine.generate_cached(&prompt, &mut cache, cached, &opts, &mut |id| {
         let piece = match tok {
             Some(t) => decoder.push(t, id).ok().flatten().unwrap_or_default(),
             None => String::new(),
@@ -189,6 +207,8 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics) {
     });
     match result {
         Ok(g) => {
+            let fed: Vec<u32> = prompt.iter().chain(&g.ids).copied().take(cache.len()).collect();
+            *session = Some(Session { tokens: fed, cache });
             let tail = stops.finish();
             if !tail.is_empty() {
                 let _ = events.send(Event::Text(tail));
@@ -204,6 +224,7 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics) {
             let _ = events.send(Event::Done {
                 finish_reason,
                 completion_tokens: g.ids.len(),
+                cached_tokens: g.stats.cached_tokens,
             });
         }
         Err(e) => fail(ApiError::plain(500, "server_error", None, e.to_string())),

@@ -301,3 +301,28 @@ fn full_queue_gets_429_and_a_gone_client_cancels_its_generation() {
         200
     );
 }
+
+#[test]
+fn a_continued_chat_reuses_the_kept_prefix_exactly() {
+    let turn1 = json!({"model": "tiny", "messages": [{"role": "user", "content": "Hello there"}], "max_tokens": 6, "temperature": 0});
+    let srv = server(ServerConfig::default());
+    let r1 = post(srv.addr, "/v1/chat/completions", &turn1).json();
+    assert_eq!(r1["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let reply = r1["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    let turn2 = json!({"model": "tiny", "max_tokens": 8, "temperature": 0, "messages": [
+        {"role": "user", "content": "Hello there"}, {"role": "assistant", "content": reply}, {"role": "user", "content": "Go on"}]});
+    let continued = post(srv.addr, "/v1/chat/completions", &turn2).json();
+    let cached = continued["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().unwrap();
+    assert!(cached > 0, "the shared prefix was reused: {continued}");
+    // A fresh server prefills everything and must answer identically.
+    let fresh_srv = server(ServerConfig::default());
+    let fresh = post(fresh_srv.addr, "/v1/chat/completions", &turn2).json();
+    assert_eq!(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(continued["choices"], fresh["choices"], "prefix reuse changed the output");
+    assert_eq!(continued["usage"]["completion_tokens"], fresh["usage"]["completion_tokens"]);
+    // An unrelated request after it is also exact (the cache is cut back to the common prefix).
+    let other = json!({"model": "tiny", "messages": [{"role": "user", "content": "Something else"}], "max_tokens": 5, "temperature": 0});
+    let a = post(srv.addr, "/v1/chat/completions", &other).json();
+    let b = post(server(ServerConfig::default()).addr, "/v1/chat/completions", &other).json();
+    assert_eq!(a["choices"], b["choices"]);
+}
