@@ -1,0 +1,61 @@
+"""Talks to a running `larder serve` through the official `openai` package.
+
+Usage: python openai_client_check.py BASE_URL MODEL
+Checks a chat completion, a text completion, a streamed chat (same text as
+the non-streamed one, greedy), and that an unsupported request surfaces as
+openai.BadRequestError. Prints one JSON line; exits non-zero on failure.
+"""
+import json
+import sys
+
+import openai
+
+
+def main() -> int:
+    base, model = sys.argv[1], sys.argv[2]
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=60)
+    messages = [{"role": "user", "content": "Hello there"}]
+    chat = client.chat.completions.create(model=model, messages=messages, max_tokens=8, temperature=0)
+    text = chat.choices[0].message.content
+    assert chat.object == "chat.completion", chat
+    assert chat.usage.completion_tokens >= 1, chat.usage
+    assert chat.choices[0].finish_reason in ("stop", "length")
+
+    comp = client.completions.create(model=model, prompt="Once upon a time", max_tokens=4)
+    assert comp.object == "text_completion", comp
+    assert comp.choices[0].finish_reason == "length", comp
+
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=8, temperature=0, stream=True, stream_options={"include_usage": True}
+    )
+    pieces, usage, finish = [], None, None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for c in chunk.choices:
+            if c.delta.content:
+                pieces.append(c.delta.content)
+            if c.finish_reason:
+                finish = c.finish_reason
+    assert "".join(pieces) == text, (pieces, text)
+    assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens, usage
+    assert finish == chat.choices[0].finish_reason
+
+    try:
+        client.chat.completions.create(model=model, messages=messages, n=2)
+        raise AssertionError("n=2 should be refused")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "n" in str(e), e
+
+    try:
+        client.chat.completions.create(model="not-this-model", messages=messages)
+        raise AssertionError("a wrong model should be refused")
+    except openai.NotFoundError:
+        pass
+
+    print(json.dumps({"ok": True, "openai": openai.__version__, "chat": text, "completion": comp.choices[0].text}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
