@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -301,6 +301,3 @@ fn metrics(state: &State) -> Response<ReplyBody> {
         .body(ReplyBody::Full(Full::new(Bytes::from(text))))
         .unwrap_or_else(|_| error_reply(&ApiError::plain(500, "server_error", None, "metrics")))
 }
-
-/// How long a client may take to send its headers.
-pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);

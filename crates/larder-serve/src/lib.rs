@@ -35,6 +35,8 @@ pub struct ServerConfig {
     pub max_request_bytes: usize,
     /// Time allowed for a request body to arrive.
     pub body_timeout: Duration,
+    /// Time allowed for a request's headers to arrive (slow clients are closed).
+    pub header_timeout: Duration,
 }
 
 impl Default for ServerConfig {
@@ -47,6 +49,7 @@ impl Default for ServerConfig {
             queue_depth: 16,
             max_request_bytes: 1 << 20,
             body_timeout: Duration::from_secs(30),
+            header_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -133,10 +136,11 @@ async fn accept_loop(listener: tokio::net::TcpListener, state: Arc<http::State>,
         let Ok((stream, _)) = conn else { continue };
         let state = state.clone();
         tokio::spawn(async move {
+            let header_timeout = state.config.header_timeout;
             let service = service_fn(move |req| http::handle(state.clone(), req));
             let _ = http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(http::HEADER_TIMEOUT)
+                .header_read_timeout(header_timeout)
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });

@@ -249,13 +249,8 @@ fn api_key_is_required_when_set() {
 
 #[test]
 fn full_queue_gets_429_and_a_gone_client_cancels_its_generation() {
-    // A synthetic model with an 8192-token context: room for a long generation.
-    let dir = std::env::temp_dir().join(format!("larder-serve-long-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let spec = larder_model::synth::SynthSpec::preset("qwen3_moe", "tiny", None).unwrap();
-    larder_model::synth::write(&spec, &dir, &mut |_| {}).unwrap();
-    let srv = server_for(
-        &dir,
+    let srv = long_server(
+        "queue",
         ServerConfig {
             queue_depth: 1,
             ..ServerConfig::default()
@@ -325,4 +320,76 @@ fn a_continued_chat_reuses_the_kept_prefix_exactly() {
     let a = post(srv.addr, "/v1/chat/completions", &other).json();
     let b = post(server(ServerConfig::default()).addr, "/v1/chat/completions", &other).json();
     assert_eq!(a["choices"], b["choices"]);
+}
+
+/// A server on a synthetic model with a long context (room for long generations).
+fn long_server(name: &str, config: ServerConfig) -> RunningServer {
+    let dir = std::env::temp_dir().join(format!("larder-serve-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = larder_model::synth::SynthSpec::preset("qwen3_moe", "tiny", None).unwrap();
+    larder_model::synth::write(&spec, &dir, &mut |_| {}).unwrap();
+    server_for(&dir, config)
+}
+
+fn queue_depth(a: SocketAddr) -> u64 {
+    send(a, "GET", "/metrics", &[], "")
+        .body
+        .lines()
+        .find_map(|l| l.strip_prefix("larder_queue_depth "))
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+#[test]
+fn other_endpoints_stay_responsive_and_a_gone_non_streaming_client_cancels() {
+    let srv = long_server(
+        "responsive",
+        ServerConfig {
+            header_timeout: Duration::from_millis(500),
+            ..ServerConfig::default()
+        },
+    );
+    let a = srv.addr;
+    let body = json!({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 8000, "ignore_eos": true}).to_string();
+    let mut s = TcpStream::connect(a).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let t = Instant::now();
+    while queue_depth(a) == 0 {
+        assert!(t.elapsed() < Duration::from_secs(10));
+    }
+    // Generation is running: other endpoints answer at once.
+    let t = Instant::now();
+    for _ in 0..20 {
+        assert_eq!(send(a, "GET", "/health", &[], "").status, 200);
+        assert_eq!(send(a, "GET", "/v1/models", &[], "").status, 200);
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "health/models blocked by generation: {:?}",
+        t.elapsed()
+    );
+    // Many idle connections at once do not block anyone either.
+    let idle: Vec<TcpStream> = (0..300).map(|_| TcpStream::connect(a).unwrap()).collect();
+    assert_eq!(send(a, "GET", "/health", &[], "").status, 200);
+    // The non-streaming client leaves: its generation stops.
+    drop(s);
+    let t = Instant::now();
+    while queue_depth(a) != 0 {
+        assert!(t.elapsed() < Duration::from_secs(20), "non-streaming generation was not cancelled");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Slow clients (headers never finished) are closed after the header timeout.
+    let mut slow = TcpStream::connect(a).unwrap();
+    slow.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\n").unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = Vec::new();
+    let _ = slow.read_to_end(&mut buf);
+    assert!(t.elapsed() < Duration::from_secs(25), "a slowloris client was not closed");
+    drop(idle);
 }
