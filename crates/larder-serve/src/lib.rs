@@ -133,7 +133,16 @@ async fn accept_loop(listener: tokio::net::TcpListener, state: Arc<http::State>,
             c = listener.accept() => c,
             _ = &mut stop => return,
         };
-        let Ok((stream, _)) = conn else { continue };
+        let stream = match conn {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors or similar: back off instead of
+                // spinning; connections already open keep being served.
+                tracing::warn!("accept failed: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let state = state.clone();
         tokio::spawn(async move {
             let header_timeout = state.config.header_timeout;
