@@ -20,10 +20,15 @@ fn serve_binary_answers_and_uses_the_folder_name_as_model_id() {
     let addr = lines
         .by_ref()
         .map_while(Result::ok)
-        .find_map(|l| l.split("http://").nth(1).map(|rest| rest.split_whitespace().next().unwrap_or("").to_string()))
+        .find_map(|l| {
+            l.split("http://")
+                .nth(1)
+                .map(|rest| rest.split_whitespace().next().unwrap_or("").to_string())
+        })
         .expect("serve prints its address");
     let mut s = TcpStream::connect(&addr).unwrap();
-    s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+    s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
+        .unwrap();
     let mut reply = String::new();
     s.read_to_string(&mut reply).unwrap();
     let _ = child.kill();
