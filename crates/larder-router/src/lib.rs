@@ -6,9 +6,28 @@
 //! The MoE step sums expert outputs in exactly this order, so results do not
 //! depend on when or where expert bytes arrive.
 
+pub mod sigmoid;
 pub mod softmax;
 
+pub use sigmoid::SigmoidGroupTopK;
 pub use softmax::{softmax_topk, SoftmaxTopK};
+
+/// The routing function of a MoE block.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Router {
+    Softmax(SoftmaxTopK),
+    SigmoidGroup(SigmoidGroupTopK),
+}
+
+impl Router {
+    /// Routes one row of router logits.
+    pub fn route(&self, logits: &[f32]) -> Route {
+        match self {
+            Router::Softmax(r) => r.route(logits),
+            Router::SigmoidGroup(r) => r.route(logits),
+        }
+    }
+}
 
 /// One row's routing decision.
 #[derive(Debug, Clone, PartialEq)]
@@ -24,6 +43,8 @@ pub struct Route {
 pub enum RouterError {
     #[error("top-k of {k} experts out of {n}: k must be between 1 and the number of experts")]
     TopK { k: usize, n: usize },
+    #[error("{message}")]
+    Groups { message: String },
 }
 
 /// Indices of the `k` largest `scores`, by descending score, ties to the lower
