@@ -61,6 +61,8 @@ from safetensors.torch import save_file  # noqa: E402
 from transformers import (  # noqa: E402
     AutoModelForCausalLM,
     AutoTokenizer,
+    DeepseekV3Config,
+    DeepseekV3ForCausalLM,
     GenerationConfig,
     LlamaConfig,
     LlamaForCausalLM,
@@ -242,6 +244,82 @@ def spec_qwen3_moe_bf16_long():
     return dict(cls=Qwen3MoeForCausalLM, config=cfg, dtype="bfloat16", seed=6000, prompt_len=24)
 
 
+def deepseek_config(**kw):
+    base = dict(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=96,
+        moe_intermediate_size=24,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        n_shared_experts=1,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=4,
+        topk_group=2,
+        first_k_dense_replace=1,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        kv_lora_rank=32,
+        q_lora_rank=48,
+        qk_rope_head_dim=8,
+        qk_nope_head_dim=16,
+        v_head_dim=12,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-6,
+        bos_token_id=1,
+        eos_token_id=2,
+        rope_parameters=dict(ROPE_DEFAULT),
+        rope_interleave=True,
+        tie_word_embeddings=False,
+    )
+    base.update(kw)
+    return DeepseekV3Config(**base)
+
+
+def spec_deepseek_v3_tiny():
+    # q_lora_rank set, 1 dense layer, 4 groups of 2 experts, top-2 from 2 groups
+    return dict(cls=DeepseekV3ForCausalLM, config=deepseek_config(), dtype="bfloat16", seed=7000, prompt_len=7)
+
+
+def spec_deepseek_v3_noq_yarn():
+    # q_lora_rank null (one q_proj), YaRN with DeepSeek's mscale / mscale_all_dim, non-interleaved RoPE
+    cfg = deepseek_config(
+        q_lora_rank=None,
+        rope_interleave=False,
+        num_hidden_layers=2,
+        first_k_dense_replace=0,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "beta_fast": 32,
+            "beta_slow": 1,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+        },
+    )
+    return dict(cls=DeepseekV3ForCausalLM, config=cfg, dtype="float32", seed=7100, prompt_len=9)
+
+
+def spec_kimi_k2_tiny():
+    # Kimi-K2's shape in miniature: more experts, top-8, one group, one dense layer; model_type kimi_k2
+    cfg = deepseek_config(
+        n_routed_experts=24,
+        num_experts_per_tok=8,
+        n_group=1,
+        topk_group=1,
+        moe_intermediate_size=16,
+        routed_scaling_factor=2.827,
+        num_hidden_layers=3,
+    )
+    return dict(
+        cls=DeepseekV3ForCausalLM, config=cfg, dtype="bfloat16", seed=7200, prompt_len=7, model_type="kimi_k2"
+    )
+
+
 SPECS = {
     "qwen3_moe_tiny": spec_qwen3_moe_tiny,
     "qwen3_moe_tok": spec_qwen3_moe_tok,
@@ -249,6 +327,9 @@ SPECS = {
     "mixtral_tiny": spec_mixtral_tiny,
     "llama_tiny": spec_llama_tiny,
     "qwen3_moe_bf16_long": spec_qwen3_moe_bf16_long,
+    "deepseek_v3_tiny": spec_deepseek_v3_tiny,
+    "deepseek_v3_noq_yarn": spec_deepseek_v3_noq_yarn,
+    "kimi_k2_tiny": spec_kimi_k2_tiny,
 }
 
 # Hub tensor-name patterns per architecture (every stored tensor must match one of them)
@@ -286,6 +367,17 @@ NAME_PATTERNS = {
         LAYER + r"block_sparse_moe\.gate\.weight",
     ],
     "llama": [TOP, ATTN, NORMS, DENSE_MLP],
+    "deepseek_v3": [
+        TOP,
+        NORMS,
+        DENSE_MLP,
+        LAYER + r"self_attn\.(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)\.weight",
+        LAYER + r"self_attn\.(q_a_layernorm|kv_a_layernorm)\.weight",
+        LAYER + r"mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)\.weight",
+        LAYER + r"mlp\.shared_experts\.(gate_proj|up_proj|down_proj)\.weight",
+        LAYER + r"mlp\.gate\.weight",
+        LAYER + r"mlp\.gate\.e_score_correction_bias",
+    ],
 }
 
 
@@ -328,12 +420,16 @@ def reinit_(model, seed):
                 gain = 2.5
             v = (gain / fan_in**0.5) * torch.randn(shape, generator=g)
         p.copy_(v.to(p.dtype))
+    # DeepSeek's selection-only correction bias is a buffer: give it values so tests see it matter.
+    for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
+        if name.endswith("e_score_correction_bias"):
+            b.copy_((0.05 * torch.randn(tuple(b.shape), generator=g)).to(torch.bfloat16).float())
 
 
 def router_modules(model):
     out = {}
     for name, mod in model.named_modules():
-        if type(mod).__name__.endswith("TopKRouter"):
+        if type(mod).__name__.lower().endswith("topkrouter"):
             m = re.search(r"layers\.(\d+)\.", name)
             out[int(m.group(1))] = mod
     return out
@@ -345,7 +441,32 @@ def moe_cfg(config):
         return config.num_local_experts, config.num_experts_per_tok, True
     if arch in ("qwen3_moe", "qwen2_moe"):
         return config.num_experts, config.num_experts_per_tok, bool(config.norm_topk_prob)
+    if arch == "deepseek_v3":
+        return config.n_routed_experts, config.num_experts_per_tok, bool(config.norm_topk_prob)
     return 0, 0, False
+
+
+def deepseek_canonical(router, logits, idx, weights):
+    """DeepSeek routing in larder's canonical order (descending biased score, ties to the lower id), with
+    `probs` = biased scores of eligible experts (-inf outside the chosen groups) for the gap checks.
+    Re-derives the selection independently and checks it against the router's (as a set)."""
+    scores = torch.sigmoid(logits.float())
+    biased = scores + router.e_score_correction_bias.float()
+    n, ng = biased.shape[-1], router.num_group
+    gs = biased.view(-1, ng, n // ng).topk(2, dim=-1)[0].sum(-1)
+    gidx = torch.topk(gs, router.topk_group, dim=-1)[1]
+    mask = torch.zeros_like(gs).scatter_(1, gidx, 1).unsqueeze(-1).expand(-1, ng, n // ng).reshape(-1, n)
+    eligible = biased.masked_fill(~mask.bool(), float("-inf"))
+    order = []
+    out_w = []
+    for row in range(idx.shape[0]):
+        chosen = sorted(idx[row].tolist(), key=lambda e: (-float(eligible[row, e]), e))
+        ref = torch.topk(eligible[row], router.top_k)[1].tolist()
+        assert set(ref) == set(chosen), (row, ref, chosen)
+        w = {e: float(x) for e, x in zip(idx[row].tolist(), weights[row].tolist())}
+        order.append(chosen)
+        out_w.append([w[e] for e in chosen])
+    return torch.tensor(order), torch.tensor(out_w), eligible
 
 
 @torch.no_grad()
@@ -368,7 +489,11 @@ def forward_with_routing(model, ids):
             h.remove()
     logits = out.logits[0].float()
     routing = {}
-    if routers:
+    if routers and model.config.model_type == "deepseek_v3":
+        for layer, (lg, weights, idx) in sorted(captured.items()):
+            order, w, eligible = deepseek_canonical(routers[layer], lg, idx, weights)
+            routing[layer] = dict(indices=order, weights=w, probs=eligible)
+    elif routers:
         n_exp, top_k, renorm = moe_cfg(model.config)
         rl = out.router_logits
         assert len(rl) == len(routers), (len(rl), sorted(routers))
@@ -492,6 +617,15 @@ def save_fixture(spec, model, folder, tok_dir):
     if spec.get("tokenizer"):
         for fn in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copyfile(os.path.join(tok_dir, fn), os.path.join(folder, fn))
+    if spec.get("model_type"):
+        # Same architecture class, another model_type (Kimi-K2 ships DeepseekV3ForCausalLM as kimi_k2);
+        # the reference is computed with the original config (see load_reference_model).
+        path = os.path.join(folder, "config.json")
+        with open(path) as f:
+            cfg = json.load(f)
+        cfg["model_type"] = spec["model_type"]
+        with open(path + ".larder", "w") as f:
+            json.dump(cfg, f, indent=2)
 
 
 def check_saved(spec, model_mem, folder):
@@ -558,7 +692,7 @@ def routing_quality(routing, top_k):
     for r in routing.values():
         probs = r["probs"]
         n = probs.shape[-1]
-        srt = torch.sort(probs, dim=-1, descending=True).values
+        srt = torch.sort(probs.nan_to_num(neginf=-1e9), dim=-1, descending=True).values
         if top_k < n:
             bgap = min(bgap, float((srt[:, top_k - 1] - srt[:, top_k]).min()))
         if top_k > 1:
@@ -742,6 +876,9 @@ def generate_fixture(name, out_dir, tok_dir):
         assert ref_json["text_ids"] == prompt
     write_json_lines(os.path.join(folder, "reference.json"), ref_json)
 
+    larder_cfg = os.path.join(folder, "config.json.larder")
+    if os.path.exists(larder_cfg):  # the model_type the fixture ships with (references are computed already)
+        os.replace(larder_cfg, os.path.join(folder, "config.json"))
     for fn in os.listdir(folder):  # safetensors' writer creates 0600 files; make them ordinary
         os.chmod(os.path.join(folder, fn), 0o644)
 

@@ -1,5 +1,7 @@
-//! Grouped-query self-attention with RoPE, optional q/k bias and per-head
-//! q/k RMSNorm (Qwen3), optional sliding window, over a [`LayerCache`].
+//! Self-attention of a layer: grouped-query attention with RoPE, optional
+//! q/k bias and per-head q/k RMSNorm (Qwen3), optional sliding window; or
+//! DeepSeek's multi-head latent attention ([`crate::mla`]); over a
+//! [`LayerCache`].
 //!
 //! Each query row is computed on its own, from the cache contents up to its
 //! position, in a fixed order: a prompt prefilled in one chunk and the same
@@ -12,8 +14,25 @@ use larder_tensor::{Linear, Mat};
 use crate::kv_cache::LayerCache;
 use crate::rope::Rope;
 
-/// One attention layer.
-pub struct Attention {
+/// The attention of one layer.
+pub enum Attention {
+    Gqa(GqaAttention),
+    Mla(crate::mla::MlaAttention),
+}
+
+impl Attention {
+    /// Attends rows `x` (positions `start..start + x.rows()`), appending their
+    /// keys and values to `cache` (which must hold exactly `start` positions).
+    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut LayerCache) -> Mat {
+        match self {
+            Attention::Gqa(a) => a.forward(x, start, rope, cache),
+            Attention::Mla(a) => a.forward(x, start, rope, cache),
+        }
+    }
+}
+
+/// Grouped-query attention.
+pub struct GqaAttention {
     pub q_proj: Linear,
     pub k_proj: Linear,
     pub v_proj: Linear,
@@ -27,9 +46,8 @@ pub struct Attention {
     pub sliding_window: Option<usize>,
 }
 
-impl Attention {
-    /// Attends rows `x` (positions `start..start + x.rows()`), appending their
-    /// keys and values to `cache` (which must hold exactly `start` positions).
+impl GqaAttention {
+    /// See [`Attention::forward`].
     pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut LayerCache) -> Mat {
         let hd = self.head_dim;
         let mut q = self.q_proj.forward(x);

@@ -32,6 +32,35 @@ pub struct ModelSpec {
     pub layers: Vec<LayerSpec>,
     /// Tensor naming of the MoE block.
     pub moe_names: MoeNames,
+    /// Grouped-query attention, or DeepSeek's multi-head latent attention.
+    pub attention: AttentionSpec,
+    /// fp8 checkpoints (`quantization_config.quant_method: fp8`): the
+    /// `weight_block_size` of their `*.weight_scale_inv` scales.
+    pub fp8_block: Option<(usize, usize)>,
+}
+
+/// The attention of every layer.
+#[derive(Debug, Clone, PartialEq)]
+pub enum AttentionSpec {
+    /// q/k/v/o projections, `num_kv_heads` shared key/value heads of `head_dim`.
+    Gqa,
+    /// Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2).
+    Mla(MlaSpec),
+}
+
+/// Multi-head latent attention dimensions.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MlaSpec {
+    /// Low-rank query (`q_a_proj`, `q_a_layernorm`, `q_b_proj`); `None`: one `q_proj`.
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    /// RoPE on interleaved pairs (DeepSeek's layout).
+    pub rope_interleave: bool,
+    /// Softmax scale: `qk_head_dim^-0.5`, times YaRN's `mscale(factor, mscale_all_dim)^2`.
+    pub softmax_scale: f32,
 }
 
 /// One decoder layer.
@@ -61,6 +90,18 @@ pub struct MoeSpec {
     pub expert_intermediate: usize,
     /// An always-applied shared expert.
     pub shared_expert: Option<SharedExpertSpec>,
+    /// How router logits become expert choices and weights.
+    pub scoring: Scoring,
+}
+
+/// The routing function of a MoE block.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Scoring {
+    /// Softmax over all experts, top-k (`renormalize`: `norm_topk_prob`).
+    Softmax,
+    /// DeepSeek-V3: sigmoid, selection-only correction bias
+    /// (`{router}.e_score_correction_bias`), group-limited top-k, scaled weights.
+    SigmoidGroups { n_group: usize, topk_group: usize, scaling: f32 },
 }
 
 /// The shared expert of a MoE block.
@@ -93,6 +134,15 @@ impl MoeNames {
         router: "gate",
         expert_proj: ["gate_proj", "up_proj", "down_proj"],
         shared_expert: "shared_expert",
+        shared_expert_gate: "shared_expert_gate",
+    };
+
+    /// DeepSeek-V3 / Kimi-K2 (`mlp.shared_experts`, ungated).
+    pub const DEEPSEEK: MoeNames = MoeNames {
+        block: "mlp",
+        router: "gate",
+        expert_proj: ["gate_proj", "up_proj", "down_proj"],
+        shared_expert: "shared_experts",
         shared_expert_gate: "shared_expert_gate",
     };
 }

@@ -8,16 +8,17 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use larder_router::{Route, SoftmaxTopK};
+use larder_router::{Route, Router, SigmoidGroupTopK, SoftmaxTopK};
 use larder_tensor::ops::rms_norm;
 use larder_tensor::{Linear, Mat, WeightMatrix};
 
-use crate::attention::Attention;
+use crate::attention::{Attention, GqaAttention};
 use crate::checkpoint::Checkpoint;
-use crate::config::{FfnSpec, ModelSpec};
+use crate::config::{AttentionSpec, FfnSpec, MlaSpec, ModelSpec, Scoring};
 use crate::error::ModelError;
 use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
 use crate::kv_cache::KvCache;
+use crate::mla::{MlaAttention, QueryProj};
 use crate::mlp::{load_mlp, Mlp};
 use crate::moe::{MoeBlock, SharedExpert};
 use crate::rope::Rope;
@@ -145,8 +146,21 @@ impl DecoderModel {
                     } else {
                         Vec::new()
                     };
-                    let routing = SoftmaxTopK::new(m.num_experts, m.top_k, m.renormalize)
-                        .map_err(|e| ModelError::Experts(format!("layer {l}: {e}")))?;
+                    let bad = |e: larder_router::RouterError| ModelError::Experts(format!("layer {l}: {e}"));
+                    let routing = match &m.scoring {
+                        Scoring::Softmax => Router::Softmax(SoftmaxTopK::new(m.num_experts, m.top_k, m.renormalize).map_err(bad)?),
+                        Scoring::SigmoidGroups {
+                            n_group,
+                            topk_group,
+                            scaling,
+                        } => {
+                            let bias = ckpt.optional_vector(&format!("{bp}.{}.e_score_correction_bias", names.router), m.num_experts)?;
+                            Router::SigmoidGroup(
+                                SigmoidGroupTopK::new(m.num_experts, m.top_k, *n_group, *topk_group, m.renormalize, *scaling, bias)
+                                    .map_err(bad)?,
+                            )
+                        }
+                    };
                     (
                         Ffn::Moe(MoeBlock {
                             layer: l,
@@ -185,7 +199,17 @@ impl DecoderModel {
 
     /// A fresh, empty KV cache for this model.
     pub fn new_cache(&self) -> KvCache {
-        KvCache::new(self.layers.len(), self.spec.num_kv_heads * self.spec.head_dim)
+        match &self.spec.attention {
+            AttentionSpec::Gqa => {
+                let d = self.spec.num_kv_heads * self.spec.head_dim;
+                KvCache::new(self.layers.len(), d, d)
+            }
+            AttentionSpec::Mla(m) => KvCache::new(
+                self.layers.len(),
+                self.spec.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim),
+                self.spec.num_heads * m.v_head_dim,
+            ),
+        }
     }
 
     /// Checks ids against the vocabulary and the context length.
@@ -276,6 +300,9 @@ impl DecoderModel {
 }
 
 fn load_attention(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_window: Option<usize>) -> Result<Attention, ModelError> {
+    if let AttentionSpec::Mla(m) = &spec.attention {
+        return load_mla(spec, m, ckpt, prefix).map(Attention::Mla);
+    }
     let (h, hd) = (spec.hidden_size, spec.head_dim);
     let (nq, nkv) = (spec.num_heads * hd, spec.num_kv_heads * hd);
     let a = format!("{prefix}.self_attn");
@@ -296,7 +323,7 @@ fn load_attention(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_win
     } else {
         None
     };
-    Ok(Attention {
+    Ok(Attention::Gqa(GqaAttention {
         q_proj: lin("q_proj", nq, h, spec.qkv_bias)?,
         k_proj: lin("k_proj", nkv, h, spec.qkv_bias)?,
         v_proj: lin("v_proj", nkv, h, spec.qkv_bias)?,
@@ -307,5 +334,37 @@ fn load_attention(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_win
         head_dim: hd,
         rms_norm_eps: spec.rms_norm_eps,
         sliding_window,
+    }))
+}
+
+fn load_mla(spec: &ModelSpec, m: &MlaSpec, ckpt: &Checkpoint, prefix: &str) -> Result<MlaAttention, ModelError> {
+    let a = format!("{prefix}.self_attn");
+    let (h, heads) = (spec.hidden_size, spec.num_heads);
+    let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+    let lin = |name: &str, rows: usize, cols: usize| -> Result<Linear, ModelError> {
+        Ok(Linear::new(ckpt.matrix(&format!("{a}.{name}.weight"), rows, cols)?, None))
+    };
+    let q = match m.q_lora_rank {
+        None => QueryProj::Direct(lin("q_proj", heads * qk, h)?),
+        Some(rank) => QueryProj::LowRank {
+            a: lin("q_a_proj", rank, h)?,
+            norm: ckpt.vector(&format!("{a}.q_a_layernorm.weight"), rank)?,
+            b: lin("q_b_proj", heads * qk, rank)?,
+        },
+    };
+    Ok(MlaAttention {
+        q,
+        kv_a: lin("kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, h)?,
+        kv_norm: ckpt.vector(&format!("{a}.kv_a_layernorm.weight"), m.kv_lora_rank)?,
+        kv_b: lin("kv_b_proj", heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)?,
+        o_proj: lin("o_proj", h, heads * m.v_head_dim)?,
+        num_heads: heads,
+        nope: m.qk_nope_head_dim,
+        rope_dim: m.qk_rope_head_dim,
+        v_dim: m.v_head_dim,
+        kv_lora_rank: m.kv_lora_rank,
+        softmax_scale: m.softmax_scale,
+        interleave: m.rope_interleave,
+        rms_norm_eps: spec.rms_norm_eps,
     })
 }

@@ -2,18 +2,21 @@
 //! position seen so far. `truncate` rolls it back (speculative decoding
 //! rejects drafted positions this way).
 
-/// Keys and values of one layer, `len` positions of `kv_dim` floats each.
+/// Keys and values of one layer: `len` positions of `k_dim` key floats and
+/// `v_dim` value floats each (equal for GQA; MLA's differ).
 #[derive(Debug, Clone, Default)]
 pub struct LayerCache {
-    kv_dim: usize,
+    k_dim: usize,
+    v_dim: usize,
     keys: Vec<f32>,
     values: Vec<f32>,
 }
 
 impl LayerCache {
-    pub fn new(kv_dim: usize) -> Self {
+    pub fn new(k_dim: usize, v_dim: usize) -> Self {
         LayerCache {
-            kv_dim,
+            k_dim,
+            v_dim,
             keys: Vec::new(),
             values: Vec::new(),
         }
@@ -21,7 +24,7 @@ impl LayerCache {
 
     /// Number of cached positions.
     pub fn len(&self) -> usize {
-        self.keys.len() / self.kv_dim.max(1)
+        self.keys.len() / self.k_dim.max(1)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -30,23 +33,23 @@ impl LayerCache {
 
     /// Appends one position.
     pub fn push(&mut self, key: &[f32], value: &[f32]) {
-        debug_assert_eq!(key.len(), self.kv_dim);
-        debug_assert_eq!(value.len(), self.kv_dim);
+        debug_assert_eq!(key.len(), self.k_dim);
+        debug_assert_eq!(value.len(), self.v_dim);
         self.keys.extend_from_slice(key);
         self.values.extend_from_slice(value);
     }
 
     pub fn key(&self, pos: usize) -> &[f32] {
-        &self.keys[pos * self.kv_dim..(pos + 1) * self.kv_dim]
+        &self.keys[pos * self.k_dim..(pos + 1) * self.k_dim]
     }
 
     pub fn value(&self, pos: usize) -> &[f32] {
-        &self.values[pos * self.kv_dim..(pos + 1) * self.kv_dim]
+        &self.values[pos * self.v_dim..(pos + 1) * self.v_dim]
     }
 
     pub fn truncate(&mut self, len: usize) {
-        self.keys.truncate(len * self.kv_dim);
-        self.values.truncate(len * self.kv_dim);
+        self.keys.truncate(len * self.k_dim);
+        self.values.truncate(len * self.v_dim);
     }
 }
 
@@ -57,10 +60,11 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// An empty cache for `num_layers` layers of `kv_dim` floats per position.
-    pub fn new(num_layers: usize, kv_dim: usize) -> Self {
+    /// An empty cache for `num_layers` layers of `k_dim` key and `v_dim`
+    /// value floats per position.
+    pub fn new(num_layers: usize, k_dim: usize, v_dim: usize) -> Self {
         KvCache {
-            layers: (0..num_layers).map(|_| LayerCache::new(kv_dim)).collect(),
+            layers: (0..num_layers).map(|_| LayerCache::new(k_dim, v_dim)).collect(),
         }
     }
 
@@ -100,7 +104,7 @@ mod tests {
 
     #[test]
     fn truncate_drops_tail() {
-        let mut c = KvCache::new(2, 2);
+        let mut c = KvCache::new(2, 2, 2);
         for p in 0..3 {
             for l in 0..2 {
                 c.layer_mut(l).push(&[p as f32, 0.0], &[0.0, p as f32]);

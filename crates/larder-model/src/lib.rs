@@ -18,6 +18,7 @@ pub mod decoder;
 pub mod error;
 pub mod expert;
 pub mod kv_cache;
+pub mod mla;
 pub mod mlp;
 pub mod moe;
 pub mod rope;

@@ -3,7 +3,7 @@
 //! each row's expert outputs in its canonical router order. Optional shared
 //! expert (with Qwen2-MoE's sigmoid gate) is added after.
 
-use larder_router::{Route, SoftmaxTopK};
+use larder_router::{Route, Router};
 use larder_tensor::ops::sigmoid;
 use larder_tensor::{Linear, Mat};
 
@@ -22,7 +22,7 @@ pub struct SharedExpert {
 pub struct MoeBlock {
     pub layer: usize,
     pub router: Linear,
-    pub routing: SoftmaxTopK,
+    pub routing: Router,
     pub shared: Option<SharedExpert>,
 }
 

@@ -225,6 +225,23 @@ impl Rope {
     }
 }
 
+impl Rope {
+    /// DeepSeek's interleaved layout: pair `i` is `(x[2i], x[2i+1])`, rotated
+    /// by frequency `i`. Like transformers' `apply_rotary_pos_emb_interleave`,
+    /// the result is written de-interleaved: rotated first members, then
+    /// rotated second members (queries and keys get the same permutation).
+    pub fn apply_interleaved(head: &mut [f32], cos: &[f32], sin: &[f32], scratch: &mut Vec<f32>) {
+        let half = head.len() / 2;
+        scratch.clear();
+        scratch.extend_from_slice(head);
+        for i in 0..half {
+            let (x1, x2) = (scratch[2 * i], scratch[2 * i + 1]);
+            head[i] = x1 * cos[i] - x2 * sin[i];
+            head[half + i] = x2 * cos[i] + x1 * sin[i];
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,9 @@ const FIXTURES: &[&str] = &[
     "qwen2_moe_tiny",
     "mixtral_tiny",
     "llama_tiny",
+    "deepseek_v3_tiny",
+    "deepseek_v3_noq_yarn",
+    "kimi_k2_tiny",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -171,7 +174,10 @@ fixture_tests!(
     qwen3_moe_bf16_long,
     qwen2_moe_tiny,
     mixtral_tiny,
-    llama_tiny
+    llama_tiny,
+    deepseek_v3_tiny,
+    deepseek_v3_noq_yarn,
+    kimi_k2_tiny
 );
 
 #[test]

@@ -26,6 +26,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         renormalize: true,
         expert_intermediate: cfg.usize("intermediate_size")?,
         shared_expert: None,
+        scoring: crate::config::Scoring::Softmax,
     };
     let window = cfg.opt_usize("sliding_window")?;
     let layers = (0..n)

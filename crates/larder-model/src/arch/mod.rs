@@ -1,6 +1,7 @@
 //! Supported architectures: each file turns its `config.json` into a
 //! [`ModelSpec`]; [`load_model`] picks the file by `model_type`.
 
+pub mod deepseek_v3;
 pub mod llama;
 pub mod mixtral;
 pub mod qwen2_moe;
@@ -26,6 +27,8 @@ const ARCHITECTURES: &[(&str, SpecReader)] = &[
     ("qwen3_moe", qwen3_moe::spec),
     ("qwen2_moe", qwen2_moe::spec),
     ("mixtral", mixtral::spec),
+    ("deepseek_v3", deepseek_v3::spec),
+    ("kimi_k2", deepseek_v3::spec),
 ];
 
 /// Names of the supported `model_type`s.
@@ -90,6 +93,8 @@ pub(crate) fn base_spec(
         qk_norm: false,
         layers: Vec::new(),
         moe_names,
+        attention: crate::config::AttentionSpec::Gqa,
+        fp8_block: None,
     })
 }
 
