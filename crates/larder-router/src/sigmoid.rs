@@ -37,7 +37,7 @@ impl SigmoidGroupTopK {
         if top_k == 0 || top_k > num_experts {
             return Err(RouterError::TopK { k: top_k, n: num_experts });
         }
-        if n_group == 0 || num_experts % n_group != 0 {
+        if n_group == 0 || !num_experts.is_multiple_of(n_group) {
             return Err(RouterError::Groups {
                 message: format!("n_group {n_group} must divide the {num_experts} experts"),
             });

@@ -127,7 +127,7 @@ fn moe_spec(cfg: &ConfigJson, num_experts: usize) -> Result<MoeSpec, ModelError>
     }
     let n_group = cfg.opt_usize("n_group")?.unwrap_or(1);
     let topk_group = cfg.opt_usize("topk_group")?.unwrap_or(1);
-    if n_group == 0 || num_experts % n_group != 0 {
+    if n_group == 0 || !num_experts.is_multiple_of(n_group) {
         return Err(cfg.err("n_group", format!("{n_group} must divide n_routed_experts ({num_experts})")));
     }
     if topk_group == 0 || topk_group > n_group {
