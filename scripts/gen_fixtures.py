@@ -283,6 +283,15 @@ def spec_deepseek_v3_tiny():
     return dict(cls=DeepseekV3ForCausalLM, config=deepseek_config(), dtype="bfloat16", seed=7000, prompt_len=7)
 
 
+def spec_deepseek_v3_fp8():
+    # DeepSeek-V3's fp8 layout: e4m3 weights with f32 `weight_scale_inv` per 32x32 block; 32 does not divide
+    # several dimensions (24, 40, 48, 112), so ragged edge blocks are exercised.
+    cfg = deepseek_config(num_hidden_layers=2)
+    return dict(
+        cls=DeepseekV3ForCausalLM, config=cfg, dtype="float32", seed=7300, prompt_len=7, fp8_block=(32, 32)
+    )
+
+
 def spec_deepseek_v3_noq_yarn():
     # q_lora_rank null (one q_proj), YaRN with DeepSeek's mscale / mscale_all_dim, non-interleaved RoPE
     cfg = deepseek_config(
@@ -329,6 +338,7 @@ SPECS = {
     "qwen3_moe_bf16_long": spec_qwen3_moe_bf16_long,
     "deepseek_v3_tiny": spec_deepseek_v3_tiny,
     "deepseek_v3_noq_yarn": spec_deepseek_v3_noq_yarn,
+    "deepseek_v3_fp8": spec_deepseek_v3_fp8,
     "kimi_k2_tiny": spec_kimi_k2_tiny,
 }
 
@@ -586,11 +596,100 @@ def stored_tensors(folder):
 # --------------------------------------------------------------------------------------------------------------
 
 
+FP8_MAX = 448.0
+
+
+def fp8_quantize(w, block):
+    """Block-wise e4m3 quantization of a 2-D f32 weight (ragged edge blocks allowed).
+    Returns (codes float8_e4m3fn, scale_inv f32 [ceil(r/br), ceil(c/bc)], dequantized f32)."""
+    br, bc = block
+    r, c = w.shape
+    sr, sc = -(-r // br), -(-c // bc)
+    scales = torch.empty(sr, sc, dtype=torch.float32)
+    codes = torch.empty(r, c, dtype=torch.float8_e4m3fn)
+    deq = torch.empty(r, c, dtype=torch.float32)
+    for i in range(sr):
+        for j in range(sc):
+            blk = w[i * br : (i + 1) * br, j * bc : (j + 1) * bc]
+            s = float(blk.abs().max()) / FP8_MAX or 1.0
+            q = (blk / s).to(torch.float8_e4m3fn)
+            scales[i, j] = s
+            codes[i * br : (i + 1) * br, j * bc : (j + 1) * bc] = q
+            # our own dequantization (transformers' CPU fp8 path mishandles ragged blocks)
+            deq[i * br : (i + 1) * br, j * bc : (j + 1) * bc] = q.float() * torch.tensor(s, dtype=torch.float32)
+    return codes, scales, deq
+
+
+def fp8_eligible(name):
+    """Weights DeepSeek-V3 ships in fp8: every projection except embeddings, LM head and routers."""
+    if "embed_tokens" in name or name == "lm_head.weight" or name.endswith("mlp.gate.weight"):
+        return False
+    return name.endswith("proj.weight") or name.endswith("proj_with_mqa.weight")
+
+
+@torch.no_grad()
+def fp8_roundtrip_(model, block):
+    """Replaces every fp8-eligible weight by its fp8 dequantization; returns {hub name: (codes, scales)}."""
+    out = {}
+    for name, p in model.named_parameters():
+        m = re.match(r"(model\.layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)\Z", name)
+        if m:
+            for e in range(p.shape[0]):
+                if m.group(2) == "gate_up_proj":
+                    half = p.shape[1] // 2
+                    for part, rows in (("gate_proj", slice(0, half)), ("up_proj", slice(half, None))):
+                        codes, scales, deq = fp8_quantize(p[e, rows].clone(), block)
+                        p[e, rows] = deq
+                        out[f"{m.group(1)}.experts.{e}.{part}.weight"] = (codes, scales)
+                else:
+                    codes, scales, deq = fp8_quantize(p[e].clone(), block)
+                    p[e] = deq
+                    out[f"{m.group(1)}.experts.{e}.down_proj.weight"] = (codes, scales)
+        elif p.dim() == 2 and fp8_eligible(name):
+            codes, scales, deq = fp8_quantize(p.clone(), block)
+            p.copy_(deq)
+            out[name] = (codes, scales)
+    return out
+
+
+def write_fp8_checkpoint(folder, quantized, block):
+    """Rewrites the saved (dequantized f32) checkpoint in DeepSeek's fp8 layout."""
+    files, tensors = stored_tensors(folder)
+    assert files == ["model.safetensors"], files
+    out = {}
+    for name, (_, t) in tensors.items():
+        if name in quantized:
+            codes, scales = quantized[name]
+            # the reference model ran on exactly these codes x scales
+            br, bc = block
+            full = scales.repeat_interleave(br, 0)[: codes.shape[0]].repeat_interleave(bc, 1)[:, : codes.shape[1]]
+            assert torch.equal(codes.float() * full, t), name
+            out[name] = codes.contiguous()
+            out[name + "_scale_inv"] = scales.contiguous()
+        else:
+            out[name] = t.contiguous()
+    assert set(quantized) <= set(tensors), sorted(set(quantized) - set(tensors))[:3]
+    save_file(out, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    path = os.path.join(folder, "config.json")
+    with open(path) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"] = {
+        "quant_method": "fp8",
+        "fmt": "e4m3",
+        "activation_scheme": "dynamic",
+        "weight_block_size": list(block),
+    }
+    with open(path, "w") as f:
+        json.dump(cfg, f, indent=2)
+
+
 def build_model(spec, seed):
     torch.manual_seed(seed)
     config = spec["config"]
     model = spec["cls"](config).to(torch.float32)
     reinit_(model, seed)
+    if spec.get("fp8_block"):
+        spec["fp8_tensors"] = fp8_roundtrip_(model, spec["fp8_block"])
     model.eval()
     if spec.get("generation"):
         model.generation_config = GenerationConfig(**spec["generation"])
@@ -876,6 +975,8 @@ def generate_fixture(name, out_dir, tok_dir):
         assert ref_json["text_ids"] == prompt
     write_json_lines(os.path.join(folder, "reference.json"), ref_json)
 
+    if spec.get("fp8_block"):
+        write_fp8_checkpoint(folder, spec["fp8_tensors"], spec["fp8_block"])
     larder_cfg = os.path.join(folder, "config.json.larder")
     if os.path.exists(larder_cfg):  # the model_type the fixture ships with (references are computed already)
         os.replace(larder_cfg, os.path.join(folder, "config.json"))

@@ -20,10 +20,19 @@ use crate::error::EngineError;
 /// An [`ExpertProvider`] over an [`ExpertStore`].
 pub struct StoreExperts {
     store: Arc<ExpertStore>,
-    /// Per layer: the stored dtype of gate, up, down (None: no routed experts).
-    dtypes: Vec<Option<[WeightDType; 3]>>,
+    /// Per layer: gate, up, down as stored, each with the index of its
+    /// first part (codes) and, for block-scaled formats, of its scales.
+    layouts: Vec<Option<[Projection; 3]>>,
     hidden: usize,
     intermediate: Vec<usize>,
+}
+
+/// How one projection of a record is stored.
+#[derive(Debug, Clone, Copy)]
+struct Projection {
+    format: WeightFormat,
+    codes: usize,
+    scales: Option<usize>,
 }
 
 /// The error type threaded through a fetch: model errors from compute,
@@ -40,7 +49,7 @@ impl StoreExperts {
     /// Checks the index describes `spec`'s experts (roles, shapes, dtypes).
     pub fn new(store: Arc<ExpertStore>, spec: &ModelSpec) -> Result<StoreExperts, EngineError> {
         let index = store.index();
-        let mut dtypes = vec![None; spec.layers.len()];
+        let mut layouts = vec![None; spec.layers.len()];
         let mut intermediate = vec![0; spec.layers.len()];
         for (l, n) in expert_layers(spec) {
             let bad = |m: String| EngineError::Invalid {
@@ -53,26 +62,51 @@ impl StoreExperts {
             }
             let want = expert_tensors(spec, l, 0).ok_or_else(|| bad("not a MoE layer".into()))?;
             let parts = &index.parts[l];
-            if parts.len() != 3 {
-                return Err(bad(format!("records have {} components, expected gate, up, down", parts.len())));
-            }
-            let mut d = [WeightDType::F32; 3];
-            for (k, (p, t)) in parts.iter().zip(&want).enumerate() {
+            let mut projections = Vec::with_capacity(3);
+            let mut k = 0;
+            for t in &want {
+                let p = parts.get(k).ok_or_else(|| bad(format!("records lack the {} projection", t.role)))?;
                 if p.role != t.role || p.shape != t.shape {
                     return Err(bad(format!(
                         "component {k} is {} {:?}, expected {} {:?}",
                         p.role, p.shape, t.role, t.shape
                     )));
                 }
-                d[k] =
-                    parse_dtype(&p.dtype).ok_or_else(|| bad(format!("{} dtype {} is not supported for experts yet", p.role, p.dtype)))?;
+                let scale = parts.get(k + 1).filter(|s| s.role == format!("{}.scale", t.role));
+                let format = match (p.dtype.as_str(), scale) {
+                    ("F8_E4M3", Some(s)) => {
+                        let (br, bc) = spec
+                            .fp8_block
+                            .ok_or_else(|| bad("fp8 experts but the config has no quantization_config.weight_block_size".into()))?;
+                        if s.dtype != "F32" || s.shape != [t.shape[0].div_ceil(br), t.shape[1].div_ceil(bc)] {
+                            return Err(bad(format!("{} scales are {} {:?}", t.role, s.dtype, s.shape)));
+                        }
+                        WeightFormat::Fp8Block {
+                            block_rows: br,
+                            block_cols: bc,
+                        }
+                    }
+                    ("F8_E4M3", None) => return Err(bad(format!("fp8 {} without its weight_scale_inv", t.role))),
+                    (d, _) => WeightFormat::Dense(
+                        parse_dtype(d).ok_or_else(|| bad(format!("{} dtype {d} is not supported for experts yet", t.role)))?,
+                    ),
+                };
+                projections.push(Projection {
+                    format,
+                    codes: k,
+                    scales: scale.map(|_| k + 1),
+                });
+                k += 1 + scale.is_some() as usize;
             }
-            dtypes[l] = Some(d);
+            if k != parts.len() {
+                return Err(bad(format!("records have {} components, expected {k}", parts.len())));
+            }
+            layouts[l] = Some([projections[0], projections[1], projections[2]]);
             intermediate[l] = want[0].shape[0];
         }
         Ok(StoreExperts {
             store,
-            dtypes,
+            layouts,
             hidden: spec.hidden_size,
             intermediate,
         })
@@ -82,10 +116,10 @@ impl StoreExperts {
         &self.store
     }
 
-    /// The expert over a record's bytes (no copy). Components sharing one
-    /// buffer become one record view, so gate and up fuse when adjacent.
+    /// The expert over a record's bytes (no copy of weight codes). Components
+    /// sharing one buffer become one record view, so gate and up fuse when adjacent.
     fn expert(&self, layer: usize, expert: usize, rec: &ExpertRecord) -> Result<SwigluExpert, ModelError> {
-        let dtypes = self.dtypes[layer].ok_or_else(|| ModelError::Experts(format!("layer {layer} has no routed experts")))?;
+        let layout = self.layouts[layer].ok_or_else(|| ModelError::Experts(format!("layer {layer} has no routed experts")))?;
         let (h, i) = (self.hidden, self.intermediate[layer]);
         let name = format!("layer {layer} expert {expert}");
         let p = &rec.parts;
@@ -94,11 +128,14 @@ impl StoreExperts {
             let owner = p[0].owner.clone();
             let total = (*owner).as_ref().len();
             let record = SharedBytes::new(owner, 0, total);
-            let c = |k: usize| ComponentLayout {
-                format: WeightFormat::Dense(dtypes[k]),
-                offset: p[k].start,
-                len: p[k].len,
-                scales: None,
+            let c = |k: usize| {
+                let pr = layout[k];
+                ComponentLayout {
+                    format: pr.format,
+                    offset: p[pr.codes].start,
+                    len: p[pr.codes].len,
+                    scales: pr.scales.map(|s| (p[s].start, p[s].len)),
+                }
             };
             let layout = ExpertLayout {
                 hidden: h,
@@ -110,8 +147,24 @@ impl StoreExperts {
             return Ok(SwigluExpert::from_record(&name, &record, &layout)?);
         }
         let m = |k: usize, rows, cols| {
-            let v = &p[k];
-            WeightMatrix::new(&name, dtypes[k], rows, cols, SharedBytes::new(v.owner.clone(), v.start, v.len))
+            let pr = layout[k];
+            let v = &p[pr.codes];
+            let codes = SharedBytes::new(v.owner.clone(), v.start, v.len);
+            match (pr.format, pr.scales) {
+                (WeightFormat::Fp8Block { block_rows, block_cols }, Some(s)) => {
+                    let scales = p[s]
+                        .as_slice()
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                    WeightMatrix::fp8_block(&name, rows, cols, codes, scales, block_rows, block_cols)
+                }
+                (WeightFormat::Dense(d), _) => WeightMatrix::new(&name, d, rows, cols, codes),
+                (f, _) => Err(larder_tensor::WeightError::Layout {
+                    name: name.clone(),
+                    message: format!("{f} experts are not supported here"),
+                }),
+            }
         };
         Ok(SwigluExpert::new(&name, m(0, i, h)?, m(1, i, h)?, m(2, h, i)?)?)
     }
@@ -153,6 +206,7 @@ fn parse_dtype(s: &str) -> Option<WeightDType> {
 /// Where every routed expert of a checkpoint is in its own safetensors
 /// files: one extent per tensor (direct streaming, and the input of pack).
 pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, EngineError> {
+    ckpt.set_fp8_block(spec.fp8_block);
     let mut index = ExpertIndex {
         files: ckpt.file_paths(),
         layers: vec![Vec::new(); spec.layers.len()],
@@ -168,23 +222,26 @@ pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, 
                 digest: None,
             };
             let mut descs = Vec::new();
-            for (k, t) in tensors.iter().enumerate() {
-                let info = ckpt.checked_info(&t.name, &t.shape)?;
-                loc.extents.push(Extent {
-                    file: info.file,
-                    offset: info.offset,
-                    len: info.len,
-                });
-                loc.parts.push(Part {
-                    extent: k,
-                    offset: 0,
-                    len: info.len,
-                });
-                descs.push(PartDesc {
-                    role: t.role.to_string(),
-                    dtype: info.dtype,
-                    shape: info.shape,
-                });
+            for t in tensors.iter() {
+                let (info, scale) = ckpt.checked_info(&t.name, &t.shape)?;
+                for (role, info) in [(t.role.to_string(), Some(info)), (format!("{}.scale", t.role), scale)] {
+                    let Some(info) = info else { continue };
+                    loc.parts.push(Part {
+                        extent: loc.extents.len(),
+                        offset: 0,
+                        len: info.len,
+                    });
+                    loc.extents.push(Extent {
+                        file: info.file,
+                        offset: info.offset,
+                        len: info.len,
+                    });
+                    descs.push(PartDesc {
+                        role,
+                        dtype: info.dtype,
+                        shape: info.shape,
+                    });
+                }
             }
             if e == 0 {
                 index.parts[l] = descs;

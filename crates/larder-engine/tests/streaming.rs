@@ -101,7 +101,14 @@ fn expert_bytes(model: &Path) -> u64 {
 
 #[test]
 fn direct_and_packed_streaming_are_bit_identical_to_in_ram() {
-    for name in ["qwen3_moe_tiny", "qwen2_moe_tiny", "mixtral_tiny"] {
+    for name in [
+        "qwen3_moe_tiny",
+        "qwen2_moe_tiny",
+        "mixtral_tiny",
+        "deepseek_v3_tiny",
+        "kimi_k2_tiny",
+        "deepseek_v3_fp8",
+    ] {
         let model = fixture(name);
         let reference = outcome(&Engine::load(&model).unwrap());
         let eb = expert_bytes(&model);

@@ -52,6 +52,8 @@ pub struct TensorInfo {
 pub struct Checkpoint {
     files: Vec<MappedFile>,
     tensors: HashMap<String, TensorEntry>,
+    /// Block size of fp8 weights' `*_scale_inv` scales (from the config).
+    fp8_block: std::sync::OnceLock<(usize, usize)>,
 }
 
 impl Checkpoint {
@@ -61,6 +63,7 @@ impl Checkpoint {
         let mut ckpt = Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
+            fp8_block: std::sync::OnceLock::new(),
         };
         for path in paths {
             ckpt.add_file(path)?;
@@ -158,10 +161,20 @@ impl Checkpoint {
         })
     }
 
-    /// Checks a tensor has `shape` and a dtype larder computes with; returns where it is.
-    pub fn checked_info(&self, name: &str, shape: &[usize]) -> Result<TensorInfo, ModelError> {
+    /// Checks a tensor has `shape` and a dtype larder computes with; returns
+    /// where it is, and for an fp8 weight where its scales are.
+    pub fn checked_info(&self, name: &str, shape: &[usize]) -> Result<(TensorInfo, Option<TensorInfo>), ModelError> {
+        if self.entry(name)?.dtype == Dtype::F8_E4M3 && shape.len() == 2 {
+            self.fp8_parts(name, shape[0], shape[1])?;
+            return Ok((self.tensor_info(name)?, Some(self.tensor_info(&Self::scale_name(name))?)));
+        }
         self.check(name, shape)?;
-        self.tensor_info(name)
+        Ok((self.tensor_info(name)?, None))
+    }
+
+    /// The fp8 block size set from the config, if any.
+    pub fn fp8_block(&self) -> Option<(usize, usize)> {
+        self.fp8_block.get().copied()
     }
 
     /// The stored shape of a tensor.
@@ -208,8 +221,66 @@ impl Checkpoint {
         Ok((e, dtype))
     }
 
-    /// A 2-D weight `[rows, cols]`, kept in its stored dtype (no copy).
+    /// Sets the block size of fp8 weights (`quantization_config.weight_block_size`).
+    pub fn set_fp8_block(&self, block: Option<(usize, usize)>) {
+        if let Some(b) = block {
+            let _ = self.fp8_block.set(b);
+        }
+    }
+
+    /// The name of an fp8 weight's scale tensor (`x.weight` -> `x.weight_scale_inv`).
+    pub fn scale_name(name: &str) -> String {
+        format!("{name}_scale_inv")
+    }
+
+    /// Checks an fp8 weight `[rows, cols]` and its f32 block scales; returns
+    /// both entries and the block size.
+    fn fp8_parts(&self, name: &str, rows: usize, cols: usize) -> Result<(&TensorEntry, &TensorEntry, (usize, usize)), ModelError> {
+        let e = self.entry(name)?;
+        let path = &self.files[e.file].path;
+        if e.shape != [rows, cols] {
+            return Err(ModelError::TensorShape {
+                name: name.to_string(),
+                path: path.clone(),
+                got: e.shape.clone(),
+                expected: vec![rows, cols],
+            });
+        }
+        let Some(&(br, bc)) = self.fp8_block.get() else {
+            return Err(ModelError::Safetensors {
+                path: path.clone(),
+                message: format!("tensor `{name}` is fp8 but config.json has no quantization_config.weight_block_size"),
+            });
+        };
+        let sname = Self::scale_name(name);
+        let s = self.entry(&sname)?;
+        let want = [rows.div_ceil(br), cols.div_ceil(bc)];
+        if s.shape != want || s.dtype != Dtype::F32 {
+            return Err(ModelError::Safetensors {
+                path: self.files[s.file].path.clone(),
+                message: format!(
+                    "scale tensor `{sname}` is {:?} {:?}; fp8 blocks of {br}x{bc} over [{rows}, {cols}] need F32 {want:?}",
+                    s.dtype, s.shape
+                ),
+            });
+        }
+        Ok((e, s, (br, bc)))
+    }
+
+    /// A 2-D weight `[rows, cols]`, kept in its stored dtype (no copy); fp8
+    /// weights come with their block scales.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
+        if self.entry(name)?.dtype == Dtype::F8_E4M3 {
+            let (e, s, (br, bc)) = self.fp8_parts(name, rows, cols)?;
+            let map: Arc<dyn AsRef<[u8]> + Send + Sync> = self.files[e.file].map.clone();
+            let codes = SharedBytes::new(map, e.start, e.len);
+            let sb = &self.files[s.file].map[s.start..s.start + s.len];
+            let scales = sb.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            return WeightMatrix::fp8_block(name, rows, cols, codes, scales, br, bc).map_err(|err| ModelError::Safetensors {
+                path: self.files[e.file].path.clone(),
+                message: err.to_string(),
+            });
+        }
         let (e, dtype) = self.check(name, &[rows, cols])?;
         let map: Arc<dyn AsRef<[u8]> + Send + Sync> = self.files[e.file].map.clone();
         let bytes = SharedBytes::new(map, e.start, e.len);

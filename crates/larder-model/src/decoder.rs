@@ -86,6 +86,7 @@ pub struct DecoderModel {
 impl DecoderModel {
     /// Loads the spine and, with `experts = None`, every routed expert into RAM.
     pub fn load(spec: ModelSpec, ckpt: &Checkpoint, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
+        ckpt.set_fp8_block(spec.fp8_block);
         let h = spec.hidden_size;
         let embed = ckpt.matrix("model.embed_tokens.weight", spec.vocab_size, h)?;
         let lm_head = if spec.tie_word_embeddings && !ckpt.has("lm_head.weight") {

@@ -18,6 +18,7 @@ const FIXTURES: &[&str] = &[
     "deepseek_v3_tiny",
     "deepseek_v3_noq_yarn",
     "kimi_k2_tiny",
+    "deepseek_v3_fp8",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -177,6 +178,7 @@ fixture_tests!(
     llama_tiny,
     deepseek_v3_tiny,
     deepseek_v3_noq_yarn,
+    deepseek_v3_fp8,
     kimi_k2_tiny
 );
 
