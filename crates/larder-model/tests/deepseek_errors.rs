@@ -1,0 +1,100 @@
+//! DeepSeek-V3 / Kimi-K2 bad input: clear errors naming the field or tensor.
+
+use std::path::{Path, PathBuf};
+
+use larder_model::load_model;
+use serde_json::Value;
+
+fn copy_fixture(name: &str, tag: &str) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name);
+    let dst = std::env::temp_dir().join(format!("larder-ds-err-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    dst
+}
+
+fn edit(dir: &Path, f: impl FnOnce(&mut Value)) {
+    let p = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, v.to_string()).unwrap();
+}
+
+fn load_error(dir: &Path) -> String {
+    match load_model(dir, None) {
+        Ok(_) => panic!("{} should not load", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn config_errors_name_the_field() {
+    let cases: Vec<(&str, Value, &str)> = vec![
+        ("scoring_func", Value::from("softmax"), "scoring_func"),
+        ("topk_method", Value::from("greedy"), "topk_method"),
+        ("n_group", Value::from(3), "n_group"),
+        ("topk_group", Value::from(9), "topk_group"),
+        ("qk_rope_head_dim", Value::from(7), "qk_rope_head_dim"),
+        ("kv_lora_rank", Value::Null, "kv_lora_rank"),
+        ("moe_layer_freq", Value::from(0), "moe_layer_freq"),
+        ("attention_bias", Value::from(true), "attention_bias"),
+    ];
+    for (i, (field, value, want)) in cases.into_iter().enumerate() {
+        let dir = copy_fixture("deepseek_v3_tiny", &format!("cfg{i}"));
+        edit(&dir, |v| v[field] = value.clone());
+        let msg = load_error(&dir);
+        assert!(msg.contains(want), "{field}={value}: {msg}");
+    }
+}
+
+#[test]
+fn dims_that_do_not_match_the_tensors_name_the_tensor() {
+    let dir = copy_fixture("deepseek_v3_tiny", "vdim");
+    edit(&dir, |v| v["v_head_dim"] = Value::from(10));
+    let msg = load_error(&dir);
+    assert!(msg.contains("kv_b_proj"), "{msg}");
+
+    let dir = copy_fixture("deepseek_v3_tiny", "experts");
+    edit(&dir, |v| v["n_routed_experts"] = Value::from(12));
+    let msg = load_error(&dir);
+    assert!(msg.contains("mlp.gate.weight") || msg.contains("experts.8"), "{msg}");
+}
+
+#[test]
+fn fp8_scales_and_quantization_config_are_required() {
+    // A missing scale tensor is named.
+    let dir = copy_fixture("deepseek_v3_fp8", "noscale");
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let dropped = "model.layers.0.self_attn.kv_b_proj.weight_scale_inv";
+    let kept: Vec<_> = st.tensors().into_iter().filter(|(n, _)| n != dropped).collect();
+    std::fs::write(&path, safetensors::serialize(kept, None).unwrap()).unwrap();
+    let msg = load_error(&dir);
+    assert!(msg.contains(dropped), "{msg}");
+
+    // fp8 weights without a quantization_config.
+    let dir = copy_fixture("deepseek_v3_fp8", "noquant");
+    edit(&dir, |v| {
+        v.as_object_mut().unwrap().remove("quantization_config");
+    });
+    let msg = load_error(&dir);
+    assert!(msg.contains("weight_block_size"), "{msg}");
+
+    // Other quantization methods are refused by name.
+    let dir = copy_fixture("deepseek_v3_fp8", "awq");
+    edit(&dir, |v| v["quantization_config"]["quant_method"] = Value::from("awq"));
+    let msg = load_error(&dir);
+    assert!(msg.contains("quant_method") && msg.contains("awq"), "{msg}");
+
+    // A block size that disagrees with the scale tensors' shapes.
+    let dir = copy_fixture("deepseek_v3_fp8", "block");
+    edit(&dir, |v| {
+        v["quantization_config"]["weight_block_size"] = serde_json::json!([16, 16])
+    });
+    let msg = load_error(&dir);
+    assert!(msg.contains("scale tensor"), "{msg}");
+}
