@@ -13,8 +13,10 @@ use clap::{Parser, Subcommand};
 /// store made by `larder pack`. Routed experts stay in RAM for a checkpoint
 /// folder unless --ram-budget or --io asks to stream them (from the original
 /// safetensors, read by range); a packed store always streams. Supported
-/// architectures: Qwen3-MoE, Qwen2-MoE, Mixtral, Llama, Mistral. Weights are
-/// used in the dtype they ship in (bf16, f16, f32); activations are f32.
+/// architectures: Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek-V3 / Kimi-K2, Llama,
+/// Mistral. Weights are used in the dtype they ship in (bf16, f16, f32, fp8
+/// e4m3 with block scales); activations are f32. DeepSeek/Kimi
+/// multi-token-prediction layers are not loaded (they stay in the checkpoint).
 ///
 /// Logs go to stderr (set LARDER_LOG=debug for more); with --json, stdout
 /// holds exactly one JSON document. LARDER_KERNEL=scalar|avx2|avx512|neon
