@@ -225,3 +225,22 @@ fn full_disk_during_pack_is_a_clear_error() {
     assert!(err.contains("No space left on device"), "{err}");
     assert!(!store.join("manifest.json").exists());
 }
+
+#[test]
+fn deepseek_v3_synthetic_checkpoints_load_pack_and_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("ds");
+    let report = ok_json(&["synth", "--arch", "deepseek_v3", "--preset", "tiny", "--out", s(&model), "--json"]);
+    assert_eq!(report["spec"]["deepseek"]["first_k_dense_replace"], 1);
+    assert!(report["routing_overlap"]["mean"].as_f64().unwrap() < 0.5);
+    let config: Value = serde_json::from_str(&std::fs::read_to_string(model.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["model_type"], "deepseek_v3");
+    let store = tmp.path().join("store");
+    let packed = ok_json(&["pack", "--model", s(&model), "--out", s(&store), "--json"]);
+    assert_eq!(packed["layers"], 2, "the dense first layer has no routed experts");
+    let ids = "5,17,42";
+    let in_ram = ok_json(&["forward", "--model", s(&model), "--ids", ids, "--json"]);
+    let streamed = ok_json(&["forward", "--model", s(&store), "--ids", ids, "--ram-budget", "1", "--json"]);
+    assert_eq!(in_ram, streamed);
+    assert!(fails(&["synth", "--arch", "gpt_oss", "--out", s(&tmp.path().join("x"))]).contains("deepseek_v3"));
+}

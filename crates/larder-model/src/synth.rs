@@ -54,15 +54,31 @@ pub struct SynthSpec {
     pub vocab: usize,
     pub seed: u64,
     pub routing: Routing,
+    /// DeepSeek-V3 layout: MLA, a dense first layer, shared experts, grouped sigmoid routing.
+    pub deepseek: Option<DeepseekShape>,
+}
+
+/// The DeepSeek-V3-specific dimensions of a synthetic checkpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeepseekShape {
+    pub q_lora_rank: usize,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    pub n_shared_experts: usize,
+    pub first_k_dense_replace: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
 }
 
 impl SynthSpec {
     /// A preset (`tiny`, `k3-mini`); with `experts_gib`, the layer count is
     /// chosen so routed experts total about that many GiB.
     pub fn preset(arch: &str, preset: &str, experts_gib: Option<f64>) -> Result<SynthSpec, String> {
-        if arch != "qwen3_moe" {
+        if arch != "qwen3_moe" && arch != "deepseek_v3" {
             return Err(format!(
-                "--arch {arch}: synthetic checkpoints are available for qwen3_moe (deepseek_v3 arrives with its architecture support)"
+                "--arch {arch}: synthetic checkpoints are available for qwen3_moe and deepseek_v3"
             ));
         }
         let mut s = match preset {
@@ -80,6 +96,17 @@ impl SynthSpec {
                 vocab: 512,
                 seed: 0,
                 routing: Routing::Uniform,
+                deepseek: (arch == "deepseek_v3").then_some(DeepseekShape {
+                    q_lora_rank: 48,
+                    kv_lora_rank: 32,
+                    qk_nope_head_dim: 16,
+                    qk_rope_head_dim: 8,
+                    v_head_dim: 16,
+                    n_shared_experts: 1,
+                    first_k_dense_replace: 1,
+                    n_group: 4,
+                    topk_group: 2,
+                }),
             },
             // Kimi-class expert size (~17.3 MB in bf16), top-8 of 64.
             "k3-mini" => SynthSpec {
@@ -96,6 +123,18 @@ impl SynthSpec {
                 vocab: 32000,
                 seed: 0,
                 routing: Routing::Uniform,
+                // DeepSeek-V3's proportions at hidden 2048: 8 groups, 4 eligible.
+                deepseek: (arch == "deepseek_v3").then_some(DeepseekShape {
+                    q_lora_rank: 512,
+                    kv_lora_rank: 256,
+                    qk_nope_head_dim: 64,
+                    qk_rope_head_dim: 32,
+                    v_head_dim: 64,
+                    n_shared_experts: 1,
+                    first_k_dense_replace: 1,
+                    n_group: 8,
+                    topk_group: 4,
+                }),
             },
             other => return Err(format!("unknown preset {other:?} (tiny, k3-mini)")),
         };
@@ -104,7 +143,8 @@ impl SynthSpec {
                 return Err("--experts-gib must be positive".into());
             }
             let per_layer = (s.experts * s.expert_bytes()) as f64;
-            s.layers = ((gib * (1u64 << 30) as f64 / per_layer).round() as usize).max(1);
+            let dense = s.deepseek.as_ref().map_or(0, |d| d.first_k_dense_replace);
+            s.layers = ((gib * (1u64 << 30) as f64 / per_layer).round() as usize).max(1) + dense;
         }
         Ok(s)
     }
@@ -114,11 +154,57 @@ impl SynthSpec {
         3 * self.hidden * self.expert_intermediate * 2
     }
 
+    /// Layers with routed experts.
+    pub fn moe_layers(&self) -> usize {
+        self.layers - self.deepseek.as_ref().map_or(0, |d| d.first_k_dense_replace.min(self.layers))
+    }
+
     pub fn total_expert_bytes(&self) -> u64 {
-        (self.layers * self.experts * self.expert_bytes()) as u64
+        (self.moe_layers() * self.experts * self.expert_bytes()) as u64
     }
 
     fn config(&self) -> serde_json::Value {
+        if let Some(d) = &self.deepseek {
+            return serde_json::json!({
+                "architectures": ["DeepseekV3ForCausalLM"],
+                "model_type": "deepseek_v3",
+                "hidden_size": self.hidden,
+                "intermediate_size": self.expert_intermediate * 4,
+                "moe_intermediate_size": self.expert_intermediate,
+                "n_routed_experts": self.experts,
+                "num_experts_per_tok": self.top_k,
+                "n_shared_experts": d.n_shared_experts,
+                "first_k_dense_replace": d.first_k_dense_replace,
+                "moe_layer_freq": 1,
+                "n_group": d.n_group,
+                "topk_group": d.topk_group,
+                "norm_topk_prob": true,
+                "routed_scaling_factor": 2.5,
+                "scoring_func": "sigmoid",
+                "topk_method": "noaux_tc",
+                "q_lora_rank": d.q_lora_rank,
+                "kv_lora_rank": d.kv_lora_rank,
+                "qk_nope_head_dim": d.qk_nope_head_dim,
+                "qk_rope_head_dim": d.qk_rope_head_dim,
+                "v_head_dim": d.v_head_dim,
+                "rope_interleave": true,
+                "num_hidden_layers": self.layers,
+                "num_attention_heads": self.heads,
+                "num_key_value_heads": self.heads,
+                "vocab_size": self.vocab,
+                "max_position_embeddings": 8192,
+                "rms_norm_eps": 1e-6,
+                "rope_theta": 10000.0,
+                "tie_word_embeddings": false,
+                "attention_bias": false,
+                "hidden_act": "silu",
+                "torch_dtype": "bfloat16",
+                "bos_token_id": 0,
+                "eos_token_id": self.vocab - 1,
+                "num_nextn_predict_layers": 0,
+                "larder_synth": {"preset": self.preset, "seed": self.seed, "routing": self.routing},
+            });
+        }
         serde_json::json!({
             "architectures": ["Qwen3MoeForCausalLM"],
             "model_type": "qwen3_moe",
@@ -161,6 +247,7 @@ enum Init {
     /// Uniform with this std, seeded by the tensor's index.
     Uniform(f32),
     Ones,
+    Zeros,
     Embedding,
     LmHead,
     Router,
@@ -179,9 +266,7 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
         source: e,
     };
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
-    let (h, i, hd) = (spec.hidden, spec.expert_intermediate, spec.head_dim);
-    let small = 0.002f32;
-    let proj = 0.02f32;
+    let h = spec.hidden;
     // Shard 0: embeddings, final norm, LM head; shard l+1: layer l.
     let mut shards: Vec<Vec<TensorPlan>> = vec![vec![
         t("model.embed_tokens.weight", &[spec.vocab, h], Init::Embedding),
@@ -189,33 +274,7 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
         t("lm_head.weight", &[spec.vocab, h], Init::LmHead),
     ]];
     for l in 0..spec.layers {
-        let p = format!("model.layers.{l}");
-        let mut v = vec![
-            t(&format!("{p}.input_layernorm.weight"), &[h], Init::Ones),
-            t(&format!("{p}.post_attention_layernorm.weight"), &[h], Init::Ones),
-            t(&format!("{p}.self_attn.q_proj.weight"), &[spec.heads * hd, h], Init::Uniform(proj)),
-            t(
-                &format!("{p}.self_attn.k_proj.weight"),
-                &[spec.kv_heads * hd, h],
-                Init::Uniform(proj),
-            ),
-            t(
-                &format!("{p}.self_attn.v_proj.weight"),
-                &[spec.kv_heads * hd, h],
-                Init::Uniform(proj),
-            ),
-            t(&format!("{p}.self_attn.o_proj.weight"), &[h, spec.heads * hd], Init::Uniform(small)),
-            t(&format!("{p}.self_attn.q_norm.weight"), &[hd], Init::Ones),
-            t(&format!("{p}.self_attn.k_norm.weight"), &[hd], Init::Ones),
-            t(&format!("{p}.mlp.gate.weight"), &[spec.experts, h], Init::Router),
-        ];
-        for e in 0..spec.experts {
-            let x = format!("{p}.mlp.experts.{e}");
-            v.push(t(&format!("{x}.gate_proj.weight"), &[i, h], Init::Uniform(proj)));
-            v.push(t(&format!("{x}.up_proj.weight"), &[i, h], Init::Uniform(proj)));
-            v.push(t(&format!("{x}.down_proj.weight"), &[h, i], Init::Uniform(small)));
-        }
-        shards.push(v);
+        shards.push(layer_tensors(spec, l));
     }
     let n = shards.len();
     let mut weight_map = serde_json::Map::new();
@@ -248,6 +307,83 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
     )?;
     write_json("config.json", &spec.config())?;
     Ok(files)
+}
+
+/// Every tensor of layer `l`, named as the architecture's checkpoints name them.
+fn layer_tensors(spec: &SynthSpec, l: usize) -> Vec<TensorPlan> {
+    let (h, i, hd) = (spec.hidden, spec.expert_intermediate, spec.head_dim);
+    let (small, proj) = (0.002f32, 0.02f32);
+    let p = format!("model.layers.{l}");
+    let mut v = vec![
+        t(&format!("{p}.input_layernorm.weight"), &[h], Init::Ones),
+        t(&format!("{p}.post_attention_layernorm.weight"), &[h], Init::Ones),
+    ];
+    let a = format!("{p}.self_attn");
+    let moe = match &spec.deepseek {
+        None => {
+            v.extend([
+                t(&format!("{a}.q_proj.weight"), &[spec.heads * hd, h], Init::Uniform(proj)),
+                t(&format!("{a}.k_proj.weight"), &[spec.kv_heads * hd, h], Init::Uniform(proj)),
+                t(&format!("{a}.v_proj.weight"), &[spec.kv_heads * hd, h], Init::Uniform(proj)),
+                t(&format!("{a}.o_proj.weight"), &[h, spec.heads * hd], Init::Uniform(small)),
+                t(&format!("{a}.q_norm.weight"), &[hd], Init::Ones),
+                t(&format!("{a}.k_norm.weight"), &[hd], Init::Ones),
+            ]);
+            true
+        }
+        Some(d) => {
+            let qk = d.qk_nope_head_dim + d.qk_rope_head_dim;
+            v.extend([
+                t(&format!("{a}.q_a_proj.weight"), &[d.q_lora_rank, h], Init::Uniform(proj)),
+                t(&format!("{a}.q_a_layernorm.weight"), &[d.q_lora_rank], Init::Ones),
+                t(
+                    &format!("{a}.q_b_proj.weight"),
+                    &[spec.heads * qk, d.q_lora_rank],
+                    Init::Uniform(proj),
+                ),
+                t(
+                    &format!("{a}.kv_a_proj_with_mqa.weight"),
+                    &[d.kv_lora_rank + d.qk_rope_head_dim, h],
+                    Init::Uniform(proj),
+                ),
+                t(&format!("{a}.kv_a_layernorm.weight"), &[d.kv_lora_rank], Init::Ones),
+                t(
+                    &format!("{a}.kv_b_proj.weight"),
+                    &[spec.heads * (d.qk_nope_head_dim + d.v_head_dim), d.kv_lora_rank],
+                    Init::Uniform(proj),
+                ),
+                t(&format!("{a}.o_proj.weight"), &[h, spec.heads * d.v_head_dim], Init::Uniform(small)),
+            ]);
+            if l < d.first_k_dense_replace {
+                let di = spec.expert_intermediate * 4;
+                v.extend([
+                    t(&format!("{p}.mlp.gate_proj.weight"), &[di, h], Init::Uniform(proj)),
+                    t(&format!("{p}.mlp.up_proj.weight"), &[di, h], Init::Uniform(proj)),
+                    t(&format!("{p}.mlp.down_proj.weight"), &[h, di], Init::Uniform(small)),
+                ]);
+                false
+            } else {
+                let si = i * d.n_shared_experts;
+                v.extend([
+                    t(&format!("{p}.mlp.gate.e_score_correction_bias"), &[spec.experts], Init::Zeros),
+                    t(&format!("{p}.mlp.shared_experts.gate_proj.weight"), &[si, h], Init::Uniform(proj)),
+                    t(&format!("{p}.mlp.shared_experts.up_proj.weight"), &[si, h], Init::Uniform(proj)),
+                    t(&format!("{p}.mlp.shared_experts.down_proj.weight"), &[h, si], Init::Uniform(small)),
+                ]);
+                true
+            }
+        }
+    };
+    if moe {
+        v.push(t(&format!("{p}.mlp.gate.weight"), &[spec.experts, h], Init::Router));
+        for e in 0..spec.experts {
+            let x = format!("{p}.mlp.experts.{e}");
+            v.push(t(&format!("{x}.gate_proj.weight"), &[i, h], Init::Uniform(proj)));
+            v.push(t(&format!("{x}.up_proj.weight"), &[i, h], Init::Uniform(proj)));
+            v.push(t(&format!("{x}.down_proj.weight"), &[h, i], Init::Uniform(small)));
+        }
+    }
+    v
 }
 
 fn t(name: &str, shape: &[usize], kind: Init) -> TensorPlan {
@@ -330,6 +466,7 @@ fn generate(spec: &SynthSpec, kind: Init, rows: usize, cols: usize, seed: u64) -
             let z = unit(&mut s);
             let v = match kind {
                 Init::Ones => 1.0,
+                Init::Zeros => 0.0,
                 Init::Uniform(std) => z * std,
                 Init::Embedding if skewed => {
                     // 0.6 own + 0.6 cluster + 0.5 popularity direction.

@@ -16,10 +16,11 @@ intermediate 1408 in bf16 = 17.3 MB per expert like the Kimi-class target, top-8
 --experts-gib the layer count is chosen to reach that size of routed experts.\n\n\
 After writing, a short greedy decode measures the mean share of experts a token shares with the previous \
 token (uniform routing: about top_k/experts); skip it with --measure-tokens 0.\n\n\
-Example:\n  larder synth --arch qwen3_moe --preset k3-mini --experts-gib 8 --out ./k3mini")]
+Examples:\n  larder synth --arch qwen3_moe --preset k3-mini --experts-gib 8 --out ./k3mini\n  \
+larder synth --arch deepseek_v3 --preset k3-mini --experts-gib 8 --out ./k3mini-ds")]
 pub struct Args {
-    /// Architecture (qwen3_moe).
-    #[arg(long, default_value = "qwen3_moe")]
+    /// Architecture: qwen3_moe or deepseek_v3 (MLA, dense first layer, shared expert, grouped sigmoid routing).
+    #[arg(long, default_value = "qwen3_moe", value_parser = ["qwen3_moe", "deepseek_v3"])]
     arch: String,
     /// Shape preset: tiny or k3-mini.
     #[arg(long, default_value = "tiny")]
