@@ -39,8 +39,20 @@ fn edit_config(dir: &Path, edit: impl FnOnce(&mut Value)) {
 
 #[test]
 fn forward_json_matches_reference_logits() {
-    let r = reference("qwen3_moe_tiny");
-    let model = fixture("qwen3_moe_tiny");
+    for name in [
+        "qwen3_moe_tiny",
+        "deepseek_v3_tiny",
+        "deepseek_v3_fp8",
+        "kimi_k2_tiny",
+        "deepseek_v3_noq_yarn",
+    ] {
+        forward_matches(name);
+    }
+}
+
+fn forward_matches(name: &str) {
+    let r = reference(name);
+    let model = fixture(name);
     let ids = id_list(&r["prompt_ids"]);
     let v = ok_json(&["forward", "--model", model.to_str().unwrap(), "--ids", &ids, "--json"]);
     let logits = v["logits"].as_array().unwrap();
@@ -58,14 +70,23 @@ fn forward_json_matches_reference_logits() {
     for (p, row) in logits.iter().enumerate() {
         for (i, x) in row.as_array().unwrap().iter().enumerate() {
             let got = x.as_f64().unwrap() as f32;
-            assert!((got - want[p * vocab + i]).abs() <= 1e-4, "position {p} token {i}");
+            assert!((got - want[p * vocab + i]).abs() <= 1e-4, "{name}: position {p} token {i}");
         }
     }
 }
 
 #[test]
 fn run_json_gives_greedy_ids_and_stats() {
-    for name in ["qwen3_moe_tiny", "qwen2_moe_tiny", "mixtral_tiny", "llama_tiny"] {
+    for name in [
+        "qwen3_moe_tiny",
+        "qwen2_moe_tiny",
+        "mixtral_tiny",
+        "llama_tiny",
+        "deepseek_v3_tiny",
+        "deepseek_v3_noq_yarn",
+        "deepseek_v3_fp8",
+        "kimi_k2_tiny",
+    ] {
         let r = reference(name);
         let model = fixture(name);
         let v = ok_json(&[
