@@ -1,4 +1,5 @@
-//! DeepSeek-V3 / Kimi-K2 bad input: clear errors naming the field or tensor.
+//! DeepSeek-V3 / Kimi-K2 checkpoints: bad input gets clear errors naming the field or tensor;
+//! multi-token-prediction layers are left out of the main model.
 
 use std::path::{Path, PathBuf};
 
@@ -97,4 +98,39 @@ fn fp8_scales_and_quantization_config_are_required() {
     });
     let msg = load_error(&dir);
     assert!(msg.contains("scale tensor"), "{msg}");
+}
+
+#[test]
+fn multi_token_prediction_layers_are_not_loaded() {
+    // Real checkpoints carry MTP layers at index num_hidden_layers; add one and
+    // check the main model loads and computes exactly as without it.
+    let plain = copy_fixture("deepseek_v3_tiny", "mtp-plain");
+    let dir = copy_fixture("deepseek_v3_tiny", "mtp");
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let extra: Vec<(String, Vec<u8>, Vec<usize>)> = vec![
+        ("model.layers.3.eh_proj.weight".into(), vec![0u8; 64 * 128 * 2], vec![64, 128]),
+        ("model.layers.3.enorm.weight".into(), vec![0u8; 64 * 2], vec![64]),
+        (
+            "model.layers.3.mlp.experts.0.gate_proj.weight".into(),
+            vec![0u8; 24 * 64 * 2],
+            vec![24, 64],
+        ),
+    ];
+    let mut views: Vec<(String, safetensors::tensor::TensorView)> = st.tensors();
+    for (name, data, shape) in &extra {
+        views.push((
+            name.clone(),
+            safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, shape.clone(), data).unwrap(),
+        ));
+    }
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+    edit(&dir, |v| v["num_nextn_predict_layers"] = Value::from(1));
+    let ids = [5u32, 17, 42, 99];
+    let a = load_model(&plain, None).unwrap();
+    let b = load_model(&dir, None).unwrap();
+    let la = a.forward(&ids, &mut a.new_cache(), None).unwrap();
+    let lb = b.forward(&ids, &mut b.new_cache(), None).unwrap();
+    assert_eq!(la, lb);
 }
