@@ -20,6 +20,9 @@ use crate::experts::{direct_index, packed_index, store_err, StoreExperts};
 use crate::generation::GenerationConfig;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stats::{ExpertStats, Stats};
+use larder_spec::Drafter;
+
+mod speculative;
 use crate::tokenizer::TextTokenizer;
 
 /// Prompt positions run through the model per forward pass during prefill.
@@ -45,6 +48,8 @@ pub struct GenerateOptions {
     pub sampling: SamplingParams,
     /// Stop at the generation config's EOS ids (default true).
     pub stop_at_eos: bool,
+    /// Most tokens a drafter may propose per verification pass (speculative decoding).
+    pub draft_max: usize,
 }
 
 impl Default for GenerateOptions {
@@ -53,6 +58,7 @@ impl Default for GenerateOptions {
             max_new: 128,
             sampling: SamplingParams::default(),
             stop_at_eos: true,
+            draft_max: 8,
         }
     }
 }
@@ -237,7 +243,22 @@ impl Engine {
         trace: Option<&mut RouteTrace>,
     ) -> Result<Generation, EngineError> {
         let mut cache = self.model.new_cache();
-        self.generate_in(prompt, &mut cache, 0, opts, on_token, trace)
+        self.generate_in(prompt, &mut cache, 0, opts, on_token, trace, None)
+    }
+
+    /// [`generate`](Self::generate) with speculative decoding: `drafter`
+    /// guesses up to `opts.draft_max` tokens at a time and the model verifies
+    /// them in one batched pass. Greedy output is identical to `generate`'s;
+    /// sampled output has the same distribution (reproducible per seed).
+    pub fn generate_with_drafter(
+        &self,
+        prompt: &[u32],
+        opts: &GenerateOptions,
+        drafter: &mut dyn Drafter,
+        on_token: &mut dyn FnMut(u32) -> bool,
+    ) -> Result<Generation, EngineError> {
+        let mut cache = self.model.new_cache();
+        self.generate_in(prompt, &mut cache, 0, opts, on_token, None, Some(drafter))
     }
 
     /// [`generate`](Self::generate) continuing from `cache`, which holds the
@@ -255,9 +276,11 @@ impl Engine {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Generation, EngineError> {
-        self.generate_in(prompt, cache, cached, opts, on_token, None)
+        self.generate_in(prompt, cache, cached, opts, on_token, None, None)
     }
 
+    // The one generation loop behind every public entry point.
+    #[allow(clippy::too_many_arguments)]
     fn generate_in(
         &self,
         prompt: &[u32],
@@ -266,6 +289,7 @@ impl Engine {
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> bool,
         mut trace: Option<&mut RouteTrace>,
+        drafter: Option<&mut dyn Drafter>,
     ) -> Result<Generation, EngineError> {
         let started = Instant::now();
         let store_before = self.store.as_ref().map(|s| s.stats());
@@ -282,6 +306,23 @@ impl Engine {
         let mut logits = self.prefill(&prompt[reuse..], cache, trace.as_deref_mut())?;
         stats.prefill_s = started.elapsed().as_secs_f64();
 
+        if let Some(drafter) = drafter {
+            let run = speculative::Run {
+                engine: self,
+                prompt,
+                opts,
+                started,
+            };
+            let (ids, finish) = run.decode(drafter, &mut sampler, cache, logits, &mut stats, on_token, trace)?;
+            if let (Some(store), Some(before)) = (&self.store, store_before) {
+                stats.experts = Some(ExpertStats::from_store(store.backend().name(), &store.stats().since(&before)));
+            }
+            return Ok(Generation {
+                ids,
+                finish_reason: finish,
+                stats,
+            });
+        }
         let max_ctx = self.model.spec().max_position_embeddings;
         let mut ids = Vec::new();
         let mut finish = FinishReason::Length;

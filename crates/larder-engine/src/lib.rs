@@ -25,5 +25,5 @@ pub use engine::{Engine, ExpertMode, FinishReason, GenerateOptions, Generation, 
 pub use error::EngineError;
 pub use generation::GenerationConfig;
 pub use sampling::{Sampler, SamplingParams};
-pub use stats::{ExpertStats, Stats};
+pub use stats::{ExpertStats, SpeculativeStats, Stats};
 pub use tokenizer::{StreamDecoder, TextTokenizer};

@@ -74,6 +74,17 @@ impl Sampler {
         if self.params.is_greedy() {
             return argmax(logits);
         }
+        let dist = self.distribution(logits);
+        self.draw(&dist)
+    }
+
+    /// The distribution tokens are drawn from: `(token, probability)` in a
+    /// fixed order (descending logit, ties to the lower id), after
+    /// temperature, top-k and top-p; greedy is the argmax with probability 1.
+    pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
+        if self.params.is_greedy() {
+            return vec![(argmax(logits), 1.0)];
+        }
         let t = self.params.temperature;
         let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / t)).collect();
         // Descending by logit, ties to the lower id: a total, reproducible order.
@@ -99,15 +110,29 @@ impl Sampler {
             let s: f64 = probs.iter().sum();
             probs.iter_mut().for_each(|p| *p /= s);
         }
-        let u: f64 = self.rng.random();
+        cand.iter().zip(probs).map(|(&(t, _), p)| (t, p)).collect()
+    }
+
+    /// A uniform draw in [0, 1) from this request's generator (greedy: 0).
+    pub fn uniform(&mut self) -> f64 {
+        if self.params.is_greedy() {
+            0.0
+        } else {
+            self.rng.random()
+        }
+    }
+
+    /// Draws from a distribution (as [`distribution`](Self::distribution) returns).
+    pub fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
+        let u = self.uniform();
         let mut acc = 0.0;
-        for (i, p) in probs.iter().enumerate() {
+        for &(t, p) in dist {
             acc += p;
             if u < acc {
-                return cand[i].0;
+                return t;
             }
         }
-        cand[probs.len() - 1].0
+        dist.last().map_or(0, |&(t, _)| t)
     }
 }
 

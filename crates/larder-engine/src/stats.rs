@@ -22,6 +22,42 @@ pub struct Stats {
     /// Expert streaming counters (absent when every expert is in RAM).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub experts: Option<ExpertStats>,
+    /// Speculative decoding counters (absent without a drafter).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speculative: Option<SpeculativeStats>,
+}
+
+/// What speculative decoding did during one request.
+#[derive(Debug, Clone, Default, Serialize, PartialEq)]
+pub struct SpeculativeStats {
+    pub drafter: String,
+    pub drafted: u64,
+    pub accepted: u64,
+    pub acceptance_rate: f64,
+    /// Drafted tokens kept per verification pass.
+    pub mean_accepted: f64,
+    pub verify_steps: u64,
+    /// Target forwards during decode (verification passes and plain steps).
+    pub target_steps: u64,
+    pub draft_s: f64,
+    /// Drafting was switched off mid-request (it stopped paying).
+    pub disabled: bool,
+}
+
+impl From<&larder_spec::SpecStats> for SpeculativeStats {
+    fn from(s: &larder_spec::SpecStats) -> Self {
+        SpeculativeStats {
+            drafter: s.drafter.clone(),
+            drafted: s.drafted,
+            accepted: s.accepted,
+            acceptance_rate: s.acceptance_rate(),
+            mean_accepted: s.mean_accepted(),
+            verify_steps: s.verify_steps,
+            target_steps: s.target_steps,
+            draft_s: s.draft_s,
+            disabled: s.disabled,
+        }
+    }
 }
 
 /// What streaming experts cost during one request.
