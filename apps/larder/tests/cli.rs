@@ -271,3 +271,37 @@ fn bench_kernels_quick_json_has_the_documented_shape() {
     }
     assert!(fails(&["bench", "kernels", "--quick", "--formats", "nope"]).contains("--formats"));
 }
+
+#[test]
+fn speculative_run_flags_give_identical_greedy_ids() {
+    let r = reference("qwen3_moe_tiny");
+    let m = fixture("qwen3_moe_tiny");
+    let m = m.to_str().unwrap();
+    let ids = id_list(&r["prompt_ids"]);
+    let plain = ok_json(&["run", "--model", m, "--ids", &ids, "--max-new", "24", "--json"]);
+    let draft = fixture("mixtral_tiny");
+    for extra in [
+        vec!["--draft", "ngram"],
+        vec!["--draft-model", draft.to_str().unwrap(), "--draft-max", "4"],
+    ] {
+        let mut args = vec!["run", "--model", m, "--ids", &ids, "--max-new", "24", "--json"];
+        args.extend(&extra);
+        let v = ok_json(&args);
+        assert_eq!(v["ids"], plain["ids"], "{extra:?}");
+        assert!(v["stats"]["speculative"]["target_steps"].as_u64().unwrap() >= 1, "{extra:?}");
+    }
+    let err = fails(&["run", "--model", m, "--ids", &ids, "--draft", "model"]);
+    assert!(err.contains("--draft-model"), "{err}");
+    let tok = fixture("qwen3_moe_tok");
+    let other = fixture("deepseek_v3_tok");
+    let err = fails(&[
+        "run",
+        "--model",
+        tok.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "--draft-model",
+        other.to_str().unwrap(),
+    ]);
+    assert!(err.contains("vocabulary"), "{err}");
+}

@@ -42,6 +42,11 @@ impl TextTokenizer {
         self.inner.token_to_id(token)
     }
 
+    /// Token string -> id, special tokens included.
+    pub fn vocab(&self) -> std::collections::HashMap<String, u32> {
+        self.inner.get_vocab(true)
+    }
+
     /// Vocabulary size including added tokens.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)

@@ -176,6 +176,7 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics, session: &mut Option<Se
             seed: request.seed,
         },
         stop_at_eos: !request.ignore_eos,
+        ..GenerateOptions::default()
     };
     let tok = engine.tokenizer().ok();
     let mut decoder = StreamDecoder::new();

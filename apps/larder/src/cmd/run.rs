@@ -55,6 +55,16 @@ pub struct Args {
     /// After the text, print detailed stats on stderr (expert I/O and per-layer cache hit rates when streaming).
     #[arg(long)]
     stats: bool,
+    /// Speculative decoding: `ngram` (prompt lookup), `model` (needs --draft-model) or `off`.
+    /// The model still verifies every token: greedy output is identical, sampling keeps its distribution.
+    #[arg(long, value_name = "ngram|model|off", default_value = "off", value_parser = ["ngram", "model", "off"])]
+    draft: String,
+    /// A small checkpoint sharing the model's vocabulary, used as draft model (implies --draft model).
+    #[arg(long, value_name = "DIR")]
+    draft_model: Option<PathBuf>,
+    /// Most tokens drafted per verification pass (the length adapts below it).
+    #[arg(long, default_value_t = 8)]
+    draft_max: usize,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -81,7 +91,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seed: args.seed,
         },
         stop_at_eos: !args.ignore_eos,
+        draft_max: args.draft_max.max(1),
     };
+    let mut drafter = super::drafter(&args.draft, args.draft_model.as_deref(), &engine)?;
     let tok = engine.tokenizer().ok();
     if tok.is_none() {
         tracing::info!("{} has no tokenizer.json: printing token ids instead of text", args.model.display());
@@ -90,7 +102,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let mut stream = StreamDecoder::new();
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
-    let generation = engine.generate(&prompt_ids, &opts, &mut |id| {
+    let mut on_token = |id| {
         if args.json {
             return true;
         }
@@ -106,7 +118,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
         true
-    })?;
+    };
+    let generation = match drafter.as_mut() {
+        Some(d) => engine.generate_with_drafter(&prompt_ids, &opts, d.as_mut(), &mut on_token)?,
+        None => engine.generate(&prompt_ids, &opts, &mut on_token)?,
+    };
     if let Some(e) = write_error {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             return Err(e.into());
@@ -156,6 +172,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                 );
             }
         }
+    }
+    if let Some(sp) = &s.speculative {
+        eprintln!(
+            "[larder] drafter {}: {} drafted, {} accepted ({:.1}%), {:.2} per verification, {} target passes{}",
+            sp.drafter,
+            sp.drafted,
+            sp.accepted,
+            100.0 * sp.acceptance_rate,
+            sp.mean_accepted,
+            sp.target_steps,
+            if sp.disabled { ", switched off (not paying)" } else { "" }
+        );
     }
     if args.stats {
         eprintln!(

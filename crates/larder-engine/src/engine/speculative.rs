@@ -86,7 +86,8 @@ impl Run<'_> {
             }
             // Never draft past max_new or the context.
             let room = (self.opts.max_new - ids.len()).min(max_ctx - cache.len() - 1);
-            let k = adapt.k().min(room);
+            // The first decode step is plain: it calibrates what a token costs without drafting.
+            let k = if spec.target_steps == 0 { 0 } else { adapt.k().min(room) };
             let mut drafts = Vec::new();
             if k > 0 {
                 let t = Instant::now();
