@@ -23,12 +23,15 @@ fn opts(max_new: usize) -> GenerateOptions {
     }
 }
 
+/// Which script positions a [`Scripted`] drafter gets wrong.
+type WrongAt = fn(usize) -> bool;
+
 /// A drafter that proposes a fixed script: the continuation it was given
 /// (from `from` on), with `wrong` tokens replaced by something else.
 struct Scripted {
     script: Vec<u32>,
     prompt_len: usize,
-    wrong: fn(usize) -> bool,
+    wrong: WrongAt,
 }
 
 impl Drafter for Scripted {
@@ -78,7 +81,7 @@ fn acceptance_edge_cases_keep_the_output_exact() {
             // A long script: drafts run past EOS and past max_new.
             let mut script = plain.ids.clone();
             script.extend([7, 8, 9, 10, 11, 12, 13, 14]);
-            let cases: [(&str, fn(usize) -> bool); 3] = [
+            let cases: [(&str, WrongAt); 3] = [
                 ("all kept", |_| false),
                 ("none kept", |_| true),
                 ("every third wrong", |i| i % 3 == 2),
