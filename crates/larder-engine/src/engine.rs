@@ -93,7 +93,7 @@ pub struct LoadOptions {
 /// A loaded checkpoint ready to generate.
 pub struct Engine {
     dir: PathBuf,
-    model: DecoderModel,
+    model: Arc<DecoderModel>,
     /// The expert store, when experts are streamed.
     store: Option<Arc<ExpertStore>>,
     tokenizer: Option<TextTokenizer>,
@@ -156,7 +156,7 @@ impl Engine {
         let generation = GenerationConfig::from_dir(dir)?;
         Ok(Engine {
             dir: dir.to_path_buf(),
-            model,
+            model: Arc::new(model),
             store,
             tokenizer,
             chat,
@@ -166,6 +166,11 @@ impl Engine {
 
     pub fn model(&self) -> &DecoderModel {
         &self.model
+    }
+
+    /// The model, shared (a self-drafter runs it too).
+    pub fn shared_model(&self) -> Arc<DecoderModel> {
+        self.model.clone()
     }
 
     /// The expert store, when experts are streamed.

@@ -192,6 +192,10 @@ impl ExpertProvider for StoreExperts {
     fn wants_prefetch(&self) -> bool {
         true
     }
+
+    fn is_resident(&self, layer: usize, expert: usize) -> bool {
+        self.store.cache().contains((layer, expert))
+    }
 }
 
 fn parse_dtype(s: &str) -> Option<WeightDType> {

@@ -59,6 +59,7 @@ fn greedy_output_is_identical_for_every_drafter() {
         let mut drafters: Vec<Box<dyn Drafter>> = vec![
             Box::new(NgramDrafter::default()),
             Box::new(ModelDrafter::new(draft.clone(), 512).unwrap()),
+            Box::new(ModelDrafter::self_draft(engine.shared_model())),
         ];
         for d in drafters.iter_mut() {
             let got = engine.generate_with_drafter(PROMPT, &o, d.as_mut(), &mut |_| true).unwrap();
@@ -66,6 +67,41 @@ fn greedy_output_is_identical_for_every_drafter() {
             assert_eq!(got.finish_reason, plain.finish_reason, "{name} with {}", d.name());
             let s = got.stats.speculative.unwrap();
             assert_eq!(s.drafter, d.name());
+            if d.name() == "self" {
+                // Every expert is in RAM: the self-draft is the model itself.
+                assert!(s.acceptance_rate > 0.9, "{name}: {s:?}");
+            }
+        }
+    }
+}
+
+#[test]
+fn self_draft_over_a_small_expert_cache_keeps_the_output_exact() {
+    use larder_engine::{ExpertMode, LoadOptions};
+    use larder_store::{IoKind, IoOptions, StoreOptions};
+    for name in ["qwen3_moe_tiny", "deepseek_v3_tiny"] {
+        let in_ram = Engine::load(&fixture(name)).unwrap();
+        let plain = in_ram.generate(PROMPT, &opts(24), &mut |_| true).unwrap();
+        for budget in [1u64, 40_000, 200_000] {
+            let streamed = Engine::load_with(
+                &fixture(name),
+                &LoadOptions {
+                    experts: ExpertMode::Stream(StoreOptions {
+                        io: IoOptions {
+                            kind: IoKind::Pread,
+                            direct: false,
+                            depth: 2,
+                        },
+                        ram_budget: budget,
+                        verify: true,
+                        prefetch_threads: 0,
+                    }),
+                },
+            )
+            .unwrap();
+            let mut d = ModelDrafter::self_draft(streamed.shared_model());
+            let got = streamed.generate_with_drafter(PROMPT, &opts(24), &mut d, &mut |_| true).unwrap();
+            assert_eq!(got.ids, plain.ids, "{name} budget {budget}");
         }
     }
 }

@@ -248,7 +248,26 @@ impl DecoderModel {
         Ok(self.lm_head.forward(&last).into_vec())
     }
 
-    fn forward_hidden(&self, ids: &[u32], cache: &mut KvCache, mut trace: Option<&mut RouteTrace>) -> Result<Mat, ModelError> {
+    /// Last-row logits of a cheap approximate pass in which every MoE layer
+    /// uses only experts already in RAM (see [`MoeBlock::forward_with`]):
+    /// what a cache-resident self-draft guesses with. Never the model's answer.
+    pub fn forward_last_resident(&self, ids: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, ModelError> {
+        let hidden = self.forward_inner(ids, cache, None, true)?;
+        let last = hidden.gather_rows(&[hidden.rows() - 1]);
+        Ok(self.lm_head.forward(&last).into_vec())
+    }
+
+    fn forward_hidden(&self, ids: &[u32], cache: &mut KvCache, trace: Option<&mut RouteTrace>) -> Result<Mat, ModelError> {
+        self.forward_inner(ids, cache, trace, false)
+    }
+
+    fn forward_inner(
+        &self,
+        ids: &[u32],
+        cache: &mut KvCache,
+        mut trace: Option<&mut RouteTrace>,
+        resident_only: bool,
+    ) -> Result<Mat, ModelError> {
         let start = cache.len();
         self.check_ids(ids, start)?;
         let h = self.spec.hidden_size;
@@ -264,8 +283,10 @@ impl DecoderModel {
             let y = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&normed),
                 Ffn::Moe(moe) => {
-                    self.prefetch_next(l, &normed);
-                    let (y, routes) = moe.forward(&normed, self.experts.as_ref())?;
+                    if !resident_only {
+                        self.prefetch_next(l, &normed);
+                    }
+                    let (y, routes) = moe.forward_with(&normed, self.experts.as_ref(), resident_only)?;
                     if let Some(t) = trace.as_deref_mut() {
                         t.layers.entry(l).or_default().extend(routes);
                     }

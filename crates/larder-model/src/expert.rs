@@ -30,6 +30,11 @@ pub trait ExpertProvider: Send + Sync {
     /// must never change results, only when bytes arrive. Default: ignored.
     fn prefetch(&self, _layer: usize, _ids: &[usize]) {}
 
+    /// Whether an expert's bytes are in RAM now (reading it costs no I/O).
+    fn is_resident(&self, _layer: usize, _expert: usize) -> bool {
+        true
+    }
+
     /// Whether [`prefetch`](Self::prefetch) does anything (the model skips
     /// predicting otherwise).
     fn wants_prefetch(&self) -> bool {

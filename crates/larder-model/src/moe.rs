@@ -35,7 +35,30 @@ impl MoeBlock {
 
     /// Computes the block for rows `x`, returning the routes it took.
     pub fn forward(&self, x: &Mat, experts: &dyn ExpertProvider) -> Result<(Mat, Vec<Route>), ModelError> {
-        let routes = self.route(x);
+        self.forward_with(x, experts, false)
+    }
+
+    /// [`forward`](Self::forward); with `resident_only`, each row keeps only
+    /// the chosen experts the provider holds in RAM, their weights rescaled
+    /// to the original total (the cheap, approximate pass a self-draft uses;
+    /// never used for tokens the model emits).
+    pub fn forward_with(&self, x: &Mat, experts: &dyn ExpertProvider, resident_only: bool) -> Result<(Mat, Vec<Route>), ModelError> {
+        let mut routes = self.route(x);
+        if resident_only {
+            for r in routes.iter_mut() {
+                let total: f32 = r.weights.iter().sum();
+                let keep: Vec<(usize, f32)> = r
+                    .experts
+                    .iter()
+                    .zip(&r.weights)
+                    .filter(|(&e, _)| experts.is_resident(self.layer, e))
+                    .map(|(&e, &w)| (e, w))
+                    .collect();
+                let kept: f32 = keep.iter().map(|(_, w)| w).sum();
+                r.experts = keep.iter().map(|(e, _)| *e).collect();
+                r.weights = keep.iter().map(|(_, w)| if kept > 0.0 { w * total / kept } else { 0.0 }).collect();
+            }
+        }
         let mut union: Vec<usize> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
         union.sort_unstable();
         union.dedup();

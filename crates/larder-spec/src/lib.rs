@@ -16,7 +16,8 @@
 //! turns drafting off for a request when it stops paying.
 //!
 //! Drafters: [`NgramDrafter`] (prompt lookup), [`ModelDrafter`] (a small
-//! model sharing the target's vocabulary, with its own KV cache).
+//! model sharing the target's vocabulary, with its own KV cache, or the
+//! target itself using only RAM-resident experts: [`ModelDrafter::self_draft`]).
 
 pub mod accept;
 pub mod adaptive;

@@ -1,7 +1,9 @@
 //! A draft model: any checkpoint larder can run that shares the target's
-//! vocabulary, kept in RAM with its own KV cache. It drafts greedily; its
-//! cache follows the context (cut back to the common prefix whenever the
-//! target rejected part of a guess).
+//! vocabulary, kept in RAM with its own KV cache; or the **target itself**
+//! in its cache-resident mode (every MoE layer uses only experts already in
+//! RAM, router weights rescaled over them: drafting costs no expert I/O).
+//! It drafts greedily; its cache follows the context (cut back to the common
+//! prefix whenever the target rejected part of a guess).
 
 use std::sync::Arc;
 
@@ -14,6 +16,8 @@ pub struct ModelDrafter {
     cache: KvCache,
     /// Tokens whose KV state is in `cache`.
     fed: Vec<u32>,
+    /// Self-draft: the target in its cache-resident mode.
+    resident_only: bool,
 }
 
 impl ModelDrafter {
@@ -29,6 +33,25 @@ impl ModelDrafter {
             cache: model.new_cache(),
             model,
             fed: Vec::new(),
+            resident_only: false,
+        })
+    }
+
+    /// The cache-resident self-draft over the target `model` itself.
+    pub fn self_draft(model: Arc<DecoderModel>) -> Self {
+        ModelDrafter {
+            cache: model.new_cache(),
+            model,
+            fed: Vec::new(),
+            resident_only: true,
+        }
+    }
+
+    fn step(&mut self, ids: &[u32]) -> Result<Vec<f32>, SpecError> {
+        Ok(if self.resident_only {
+            self.model.forward_last_resident(ids, &mut self.cache)?
+        } else {
+            self.model.forward_last(ids, &mut self.cache, None)?
         })
     }
 }
@@ -45,7 +68,11 @@ fn argmax(v: &[f32]) -> u32 {
 
 impl Drafter for ModelDrafter {
     fn name(&self) -> &'static str {
-        "model"
+        if self.resident_only {
+            "self"
+        } else {
+            "model"
+        }
     }
 
     fn propose(&mut self, context: &[u32], k: usize) -> Result<Vec<u32>, SpecError> {
@@ -62,14 +89,14 @@ impl Drafter for ModelDrafter {
         let keep = common.min(context.len() - 1);
         self.cache.truncate(keep);
         self.fed.truncate(keep);
-        let mut logits = self.model.forward_last(&context[keep..], &mut self.cache, None)?;
+        let mut logits = self.step(&context[keep..])?;
         self.fed.extend_from_slice(&context[keep..]);
         let mut out = Vec::with_capacity(k);
         for i in 0..k {
             let t = argmax(&logits);
             out.push(t);
             if i + 1 < k {
-                logits = self.model.forward_last(&[t], &mut self.cache, None)?;
+                logits = self.step(&[t])?;
                 self.fed.push(t);
             }
         }

@@ -109,6 +109,7 @@ pub fn drafter(kind: &str, model: Option<&Path>, engine: &Engine) -> anyhow::Res
     let kind = if model.is_some() { "model" } else { kind };
     Ok(match kind {
         "ngram" => Some(Box::new(larder_spec::NgramDrafter::default())),
+        "self" => Some(Box::new(larder_spec::ModelDrafter::self_draft(engine.shared_model()))),
         "model" => {
             let dir = model.ok_or_else(|| anyhow::anyhow!("--draft model needs --draft-model DIR"))?;
             let draft = larder_model::load_model(dir, None).with_context(|| format!("cannot load draft model {}", dir.display()))?;

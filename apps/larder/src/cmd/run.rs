@@ -55,9 +55,10 @@ pub struct Args {
     /// After the text, print detailed stats on stderr (expert I/O and per-layer cache hit rates when streaming).
     #[arg(long)]
     stats: bool,
-    /// Speculative decoding: `ngram` (prompt lookup), `model` (needs --draft-model) or `off`.
+    /// Speculative decoding: `ngram` (prompt lookup), `model` (needs --draft-model), `self` (the model
+    /// itself using only experts already in the RAM cache: no I/O to draft) or `off`.
     /// The model still verifies every token: greedy output is identical, sampling keeps its distribution.
-    #[arg(long, value_name = "ngram|model|off", default_value = "off", value_parser = ["ngram", "model", "off"])]
+    #[arg(long, value_name = "ngram|model|self|off", default_value = "off", value_parser = ["ngram", "model", "self", "off"])]
     draft: String,
     /// A small checkpoint sharing the model's vocabulary, used as draft model (implies --draft model).
     #[arg(long, value_name = "DIR")]
