@@ -136,16 +136,7 @@ impl Sampler {
     }
 }
 
-/// Index of the largest value, ties to the lowest index (NaN never wins).
-pub fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0usize;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] || v[best].is_nan() {
-            best = i;
-        }
-    }
-    best as u32
-}
+pub use larder_tensor::ops::argmax;
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,7 @@
 use std::sync::Arc;
 
 use larder_model::{DecoderModel, KvCache};
+use larder_tensor::ops::argmax;
 
 use crate::{Drafter, SpecError};
 
@@ -54,16 +55,6 @@ impl ModelDrafter {
             self.model.forward_last(ids, &mut self.cache, None)?
         })
     }
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
 }
 
 impl Drafter for ModelDrafter {

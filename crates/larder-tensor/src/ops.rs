@@ -60,6 +60,18 @@ pub fn softmax_in_place(x: &mut [f32]) {
     }
 }
 
+/// Index of the largest value, ties to the lowest index (NaN never wins):
+/// greedy decoding's choice.
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] || v[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
