@@ -37,6 +37,9 @@ pub struct Args {
     /// Override the experts chosen per token.
     #[arg(long)]
     top_k: Option<usize>,
+    /// Override the vocabulary size (e.g. to make a draft model for another synthetic checkpoint).
+    #[arg(long)]
+    vocab: Option<usize>,
     /// Seed of the random weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -64,6 +67,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if let Some(k) = args.top_k {
         spec.top_k = k;
+    }
+    if let Some(v) = args.vocab {
+        anyhow::ensure!(v >= 2, "--vocab must be at least 2");
+        spec.vocab = v;
     }
     anyhow::ensure!(
         spec.top_k >= 1 && spec.top_k <= spec.experts,
