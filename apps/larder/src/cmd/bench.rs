@@ -141,9 +141,7 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
     }
     bar.finish_and_clear();
     let doc = json!({ "ram_gbps": ram, "path": path.name(), "threads": args.threads, "results": results });
-    if let Some(out) = &args.out {
-        std::fs::write(out, serde_json::to_string_pretty(&doc)?).with_context(|| format!("cannot write {}", out.display()))?;
-    }
+    super::save_json(args.out.as_deref(), &doc)?;
     if args.json {
         return super::print_json(&doc);
     }

@@ -98,9 +98,7 @@ pub fn io(args: IoArgs) -> anyhow::Result<()> {
     }
     let limit = results.iter().map(|m| m.gbps).fold(0.0, f64::max);
     let doc = json!({"store": args.store, "limit_gbps": limit, "results": results});
-    if let Some(path) = &args.out {
-        std::fs::write(path, serde_json::to_vec_pretty(&doc)?).with_context(|| format!("cannot write {}", path.display()))?;
-    }
+    super::save_json(args.out.as_deref(), &doc)?;
     if args.json {
         super::print_json(&doc)?;
     }
@@ -265,9 +263,7 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
         "ids_hash": ids_hash,
         "stats": g.stats,
     });
-    if let Some(path) = &args.out {
-        std::fs::write(path, serde_json::to_vec_pretty(&doc)?).with_context(|| format!("cannot write {}", path.display()))?;
-    }
+    super::save_json(args.out.as_deref(), &doc)?;
     if args.json {
         return super::print_json(&doc);
     }

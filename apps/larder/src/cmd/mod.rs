@@ -147,6 +147,14 @@ pub fn progress_bar(len: u64, template: &str) -> indicatif::ProgressBar {
     bar
 }
 
+/// Writes a JSON report to `--out FILE`, when given (benchmarks).
+pub fn save_json(out: Option<&Path>, doc: &serde_json::Value) -> anyhow::Result<()> {
+    if let Some(path) = out {
+        std::fs::write(path, serde_json::to_vec_pretty(doc)?).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
 /// Prints one JSON document on stdout.
 pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
     use std::io::Write;
