@@ -1,10 +1,11 @@
 //! AVX2 + FMA + F16C: the [`Simd`] operations for 8-lane vectors (the
-//! shared register-blocked loop is in [`super::blocked`]), and SIMD decoders
-//! for the quantized formats (also used by the AVX-512 path).
+//! shared register-blocked loop is in [`super::blocked`]), and exact SIMD
+//! decoders of quantized rows into f32 (also used by the AVX-512 path; the
+//! fused quantized dot products are in [`super::quant_avx2`]).
 
 use std::arch::x86_64::*;
 
-use super::blocked::{self, kind, Simd, BF16, F16, F32, FP8, INT4, MXFP4};
+use super::blocked::{self, kind, Simd, BF16, F16, F32};
 use crate::dtype::WeightDType;
 use crate::formats;
 use crate::weight::RowView;
@@ -46,44 +47,6 @@ impl Simd for Avx2 {
             )))),
         }
     }
-    /// FP8: e4m3 codes become f16 bit patterns of value / 256 (exact, NaN
-    /// codes NaN), widened by F16C, times `scale` = 256 x block scale: one
-    /// rounding of the same real product the scalar decoder rounds, so the
-    /// weights are bit-identical to [`crate::formats`]' (the caller checks
-    /// 256 x scale is finite). MXFP4/INT4: nibble to value, times `scale`.
-    #[inline(always)]
-    unsafe fn load_q<const KIND: u8>(w: *const u8, i: usize, scale: __m256) -> __m256 {
-        match KIND {
-            FP8 => _mm256_mul_ps(_mm256_cvtph_ps(fp8_to_f16(w.add(i))), scale),
-            MXFP4 => {
-                let n = nibbles(w.add(i / 2));
-                let lut = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
-                let mag = _mm256_permutevar8x32_ps(lut, n);
-                let sign = _mm256_slli_epi32::<28>(_mm256_and_si256(n, _mm256_set1_epi32(8)));
-                _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), scale)
-            }
-            INT4 => {
-                let n = nibbles(w.add(i / 2));
-                _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8))), scale)
-            }
-            _ => unreachable!("not a quantized kind"),
-        }
-    }
-    /// FP8: 16 codes decoded with 256-bit integer operations at once.
-    #[inline(always)]
-    unsafe fn load_q2<const KIND: u8>(w: *const u8, i: usize, scale: __m256) -> (__m256, __m256) {
-        if KIND != FP8 {
-            return (Self::load_q::<KIND>(w, i, scale), Self::load_q::<KIND>(w, i + 8, scale));
-        }
-        let h = fp8_to_f16_x16(w.add(i));
-        let lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
-        let hi = _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(h));
-        (_mm256_mul_ps(lo, scale), _mm256_mul_ps(hi, scale))
-    }
-    #[inline(always)]
-    unsafe fn splat(x: f32) -> __m256 {
-        _mm256_set1_ps(x)
-    }
     /// Pairwise: 8 -> 4 -> 2 -> 1 lanes.
     #[inline(always)]
     unsafe fn sum(v: __m256) -> f32 {
@@ -101,25 +64,11 @@ impl Simd for Avx2 {
 /// # Safety
 /// AVX2, FMA and F16C must be available; sizes as in [`blocked::accumulate`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     match kind(dtype) {
-        F32 => blocked::accumulate::<Avx2, F32>(ws, blocked::Scales::NONE, xs, len, acc),
-        F16 => blocked::accumulate::<Avx2, F16>(ws, blocked::Scales::NONE, xs, len, acc),
-        _ => blocked::accumulate::<Avx2, BF16>(ws, blocked::Scales::NONE, xs, len, acc),
-    }
-}
-
-/// Quantized weights decoded in registers (see [`Avx2::load_q`]), the scale
-/// changing per block as `scales` says; `kind` is `FP8`, `MXFP4` or `INT4`.
-///
-/// # Safety
-/// As [`blocked::accumulate`].
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn accumulate_quantized(kind: u8, ws: &[&[u8]], scales: blocked::Scales<'_>, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
-    match kind {
-        FP8 => blocked::accumulate::<Avx2, FP8>(ws, scales, xs, len, acc),
-        MXFP4 => blocked::accumulate::<Avx2, MXFP4>(ws, scales, xs, len, acc),
-        _ => blocked::accumulate::<Avx2, INT4>(ws, scales, xs, len, acc),
+        F32 => blocked::accumulate::<Avx2, F32>(ws, ahead, xs, len, acc),
+        F16 => blocked::accumulate::<Avx2, F16>(ws, ahead, xs, len, acc),
+        _ => blocked::accumulate::<Avx2, BF16>(ws, ahead, xs, len, acc),
     }
 }
 
@@ -138,21 +87,29 @@ unsafe fn fp8_to_f16(p: *const u8) -> __m128i {
     _mm_or_si128(h, _mm_cmpeq_epi16(mag, _mm_set1_epi16(0x3f80)))
 }
 
-/// [`fp8_to_f16`] for 16 codes, with 256-bit integer operations.
-#[inline(always)]
-unsafe fn fp8_to_f16_x16(p: *const u8) -> __m256i {
-    let c = _mm256_slli_epi16::<7>(_mm256_cvtepi8_epi16(_mm_loadu_si128(p as *const __m128i)));
-    let h = _mm256_and_si256(c, _mm256_set1_epi16(0xbf80u16 as i16));
-    let mag = _mm256_and_si256(h, _mm256_set1_epi16(0x3f80));
-    _mm256_or_si256(h, _mm256_cmpeq_epi16(mag, _mm256_set1_epi16(0x3f80)))
-}
-
 /// The 8 nibbles of a little-endian 32-bit word, low first, as i32 lanes.
 #[inline(always)]
 unsafe fn nibbles(p: *const u8) -> __m256i {
     let w = (p as *const i32).read_unaligned();
     let shifts = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
     _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(w), shifts), _mm256_set1_epi32(0x0f))
+}
+
+/// 8 mxfp4 codes (one 32-bit word) times `scale`, exactly as [`formats`] decodes them.
+#[inline(always)]
+unsafe fn mxfp4_8(p: *const u8, scale: __m256) -> __m256 {
+    let n = nibbles(p);
+    let lut = _mm256_setr_ps(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+    let mag = _mm256_permutevar8x32_ps(lut, n);
+    let sign = _mm256_slli_epi32::<28>(_mm256_and_si256(n, _mm256_set1_epi32(8)));
+    _mm256_mul_ps(_mm256_xor_ps(mag, _mm256_castsi256_ps(sign)), scale)
+}
+
+/// 8 offset int4 codes (one 32-bit word) times `scale`, exactly as [`formats`] decodes them.
+#[inline(always)]
+unsafe fn int4_8(p: *const u8, scale: __m256) -> __m256 {
+    let n = nibbles(p);
+    _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(n, _mm256_set1_epi32(8))), scale)
 }
 
 /// See [`blocked::finish`].
@@ -188,7 +145,7 @@ pub unsafe fn decode(view: RowView<'_>, out: &mut [f32]) -> bool {
             for ((o, b), &e) in out.chunks_mut(32).zip(blocks.chunks(16)).zip(scales) {
                 let scale = _mm256_set1_ps(formats::e8m0_to_f32(e));
                 for (eight, word) in o.chunks_exact_mut(8).zip(b.chunks_exact(4)) {
-                    _mm256_storeu_ps(eight.as_mut_ptr(), Avx2::load_q::<MXFP4>(word.as_ptr(), 0, scale));
+                    _mm256_storeu_ps(eight.as_mut_ptr(), mxfp4_8(word.as_ptr(), scale));
                 }
             }
             true
@@ -203,7 +160,7 @@ pub unsafe fn decode(view: RowView<'_>, out: &mut [f32]) -> bool {
                 let scale = _mm256_set1_ps(scales[s]);
                 let words = &packed[start / 2..(start + len) / 2];
                 for (eight, word) in out[start..start + len].chunks_exact_mut(8).zip(words.chunks_exact(4)) {
-                    _mm256_storeu_ps(eight.as_mut_ptr(), Avx2::load_q::<INT4>(word.as_ptr(), 0, scale));
+                    _mm256_storeu_ps(eight.as_mut_ptr(), int4_8(word.as_ptr(), scale));
                 }
             }
             true

@@ -45,10 +45,6 @@ impl Simd for Avx512 {
         }
     }
     #[inline(always)]
-    unsafe fn splat(x: f32) -> __m512 {
-        _mm512_set1_ps(x)
-    }
-    #[inline(always)]
     unsafe fn sum(v: __m512) -> f32 {
         _mm512_reduce_add_ps(v)
     }
@@ -59,11 +55,11 @@ impl Simd for Avx512 {
 /// # Safety
 /// AVX-512F/BW, AVX2, FMA and F16C must be available; sizes as in [`blocked::accumulate`].
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     match kind(dtype) {
-        F32 => blocked::accumulate::<Avx512, F32>(ws, blocked::Scales::NONE, xs, len, acc),
-        F16 => blocked::accumulate::<Avx512, F16>(ws, blocked::Scales::NONE, xs, len, acc),
-        _ => blocked::accumulate::<Avx512, BF16>(ws, blocked::Scales::NONE, xs, len, acc),
+        F32 => blocked::accumulate::<Avx512, F32>(ws, ahead, xs, len, acc),
+        F16 => blocked::accumulate::<Avx512, F16>(ws, ahead, xs, len, acc),
+        _ => blocked::accumulate::<Avx512, BF16>(ws, ahead, xs, len, acc),
     }
 }
 

@@ -22,12 +22,23 @@ use crate::dtype::WeightDType;
 pub(crate) const F32: u8 = 0;
 pub(crate) const F16: u8 = 1;
 pub(crate) const BF16: u8 = 2;
-/// fp8 e4m3 codes; the scale passed is 256 x the block scale (see `avx2`).
-pub(crate) const FP8: u8 = 3;
-/// mxfp4 nibbles (8 per 4 bytes); the scale is the block's e8m0 value.
-pub(crate) const MXFP4: u8 = 4;
-/// int4 nibbles offset by 8 (8 per 4 bytes); the scale is the group's.
-pub(crate) const INT4: u8 = 5;
+
+/// Bytes per weight element of kind `KIND`.
+#[inline(always)]
+const fn elem_bytes<const KIND: u8>() -> usize {
+    if KIND == F32 {
+        4
+    } else {
+        2
+    }
+}
+
+/// Asks for the cache line at `p` (any address: prefetches never fault).
+#[inline(always)]
+pub(crate) unsafe fn prefetch(p: *const u8) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+}
 
 /// The weight-kind tag the kernels are monomorphised on.
 pub(crate) fn kind(dtype: WeightDType) -> u8 {
@@ -50,56 +61,19 @@ pub(crate) trait Simd {
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `LANES` weights of kind `KIND` starting at element `i`, widened to f32.
     unsafe fn load_w<const KIND: u8>(w: *const u8, i: usize) -> Self::V;
-    /// `LANES` quantized weights of kind `KIND` (`FP8`, `MXFP4`, `INT4`)
-    /// starting at element `i`, decoded exactly as [`crate::formats`] does
-    /// and multiplied by `scale`. Only paths that fuse decoding into the
-    /// dot product implement it (the dispatcher never asks the others).
-    unsafe fn load_q<const KIND: u8>(_w: *const u8, _i: usize, _scale: Self::V) -> Self::V {
-        unreachable!("this path decodes quantized rows before the dot product")
-    }
-    /// [`load_q`](Self::load_q) at `i` and at `i + LANES`.
-    #[inline(always)]
-    unsafe fn load_q2<const KIND: u8>(w: *const u8, i: usize, scale: Self::V) -> (Self::V, Self::V) {
-        (Self::load_q::<KIND>(w, i, scale), Self::load_q::<KIND>(w, i + Self::LANES, scale))
-    }
-    /// Every lane `x`.
-    unsafe fn splat(x: f32) -> Self::V;
     /// Fixed-order horizontal sum.
     unsafe fn sum(v: Self::V) -> f32;
 }
 
-/// Where quantization scales change along the columns of a call: columns
-/// `0..first` use scale set 0, then each further `block` columns the next
-/// set; feature `f` of set `j` is `values[j * stride + f]`. Dense kinds
-/// use [`Scales::NONE`].
-#[derive(Clone, Copy)]
-pub(crate) struct Scales<'a> {
-    pub values: &'a [f32],
-    pub stride: usize,
-    pub first: usize,
-    pub block: usize,
-}
-
-impl Scales<'_> {
-    pub(crate) const NONE: Scales<'static> = Scales {
-        values: &[],
-        stride: 0,
-        first: usize::MAX,
-        block: usize::MAX,
-    };
-}
-
 /// Adds `xs[r][..len] . ws[f][..len]` into the accumulators of
-/// every (feature, row), laid out `acc[(f * xs.len() + r) * LANES..]`;
-/// quantized kinds multiply each weight by its block's scale (`scales`).
+/// every (feature, row), laid out `acc[(f * xs.len() + r) * LANES..]`.
 ///
 /// # Safety
 /// The CPU must support `S`; each `ws[f]` holds `len` (a multiple of `LANES`)
 /// elements of kind `KIND`, each `xs[r]` at least `len`, `acc`
-/// `ws.len() * xs.len() * LANES` values; for quantized kinds `first` and
-/// `block` are multiples of `LANES` and `scales` has a set per block.
+/// `ws.len() * xs.len() * LANES` values.
 #[inline(always)]
-pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], scales: Scales<'_>, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], ahead: isize, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     debug_assert_eq!(len % S::LANES, 0);
     let m = xs.len();
     // Many rows: pairs of features x 4 rows (fewer weight conversions per FMA);
@@ -122,7 +96,7 @@ pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], scales: S
             macro_rules! go {
                 ($($rr:literal, $ff:literal);*) => {
                     match (nr, nf) {
-                        $( ($rr, $ff) => block::<S, KIND, $rr, $ff>(wsub, scales, f0, xs, r, len, asub), )*
+                        $( ($rr, $ff) => block::<S, KIND, $rr, $ff>(wsub, ahead, xs, r, len, asub), )*
                         _ => unreachable!("row block {nr} x {nf} features"),
                     }
                 };
@@ -134,12 +108,11 @@ pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], scales: S
     }
 }
 
-/// Rows `r0..r0 + R` against the `F` weight rows (features `f0..` of the call).
+/// Rows `r0..r0 + R` against the `F` weight rows.
 #[inline(always)]
 unsafe fn block<S: Simd, const KIND: u8, const R: usize, const F: usize>(
     ws: &[&[u8]],
-    scales: Scales<'_>,
-    f0: usize,
+    ahead: isize,
     xs: &[&[f32]],
     r0: usize,
     len: usize,
@@ -162,60 +135,22 @@ unsafe fn block<S: Simd, const KIND: u8, const R: usize, const F: usize>(
     for r in 0..R {
         xp[r] = xs[r0 + r].as_ptr();
     }
-    // One pass per scale block (dense kinds: one block of `len`).
-    let (mut i, mut set, mut end) = (0, 0, scales.first.min(len));
-    loop {
-        let mut sc = [S::zero(); F];
-        if KIND >= FP8 {
+    let mut i = 0;
+    while i < len {
+        let mut w = [S::zero(); F];
+        for f in 0..F {
+            w[f] = S::load_w::<KIND>(wp[f], i);
+            if ahead != 0 {
+                prefetch(wp[f].wrapping_offset(ahead).wrapping_add(i * elem_bytes::<KIND>()));
+            }
+        }
+        for r in 0..R {
+            let x = S::load(xp[r].add(i));
             for f in 0..F {
-                sc[f] = S::splat(scales.values[set * scales.stride + f0 + f]);
+                a[f][r] = S::fma(x, w[f], a[f][r]);
             }
         }
-        // fp8: two steps per iteration, decoding 2 x LANES codes at once (the
-        // integer work is shared); FMAs stay in the same per-accumulator order.
-        if KIND == FP8 {
-            while i + 2 * S::LANES <= end {
-                let mut w = [(S::zero(), S::zero()); F];
-                for f in 0..F {
-                    w[f] = S::load_q2::<KIND>(wp[f], i, sc[f]);
-                }
-                for r in 0..R {
-                    let x = S::load(xp[r].add(i));
-                    for f in 0..F {
-                        a[f][r] = S::fma(x, w[f].0, a[f][r]);
-                    }
-                }
-                for r in 0..R {
-                    let x = S::load(xp[r].add(i + S::LANES));
-                    for f in 0..F {
-                        a[f][r] = S::fma(x, w[f].1, a[f][r]);
-                    }
-                }
-                i += 2 * S::LANES;
-            }
-        }
-        while i < end {
-            let mut w = [S::zero(); F];
-            for f in 0..F {
-                w[f] = if KIND >= FP8 {
-                    S::load_q::<KIND>(wp[f], i, sc[f])
-                } else {
-                    S::load_w::<KIND>(wp[f], i)
-                };
-            }
-            for r in 0..R {
-                let x = S::load(xp[r].add(i));
-                for f in 0..F {
-                    a[f][r] = S::fma(x, w[f], a[f][r]);
-                }
-            }
-            i += S::LANES;
-        }
-        if end >= len {
-            break;
-        }
-        set += 1;
-        end = end.saturating_add(scales.block).min(len);
+        i += S::LANES;
     }
     for f in 0..F {
         for r in 0..R {

@@ -13,9 +13,11 @@
 //! covered by the same tests wherever the CPU has it, but it is not chosen
 //! automatically until it has been verified on such hardware.
 //!
-//! Dense f32/f16/bf16 rows are widened in registers inside the dot product;
-//! quantized rows (fp8, mxfp4, int4) are decoded exactly into an f32 row
-//! buffer (hot in L1/L2) and then go through the f32 kernel.
+//! Dense f32/f16/bf16 rows are widened in registers inside the dot product.
+//! Quantized rows (fp8, mxfp4, int4) are decoded in registers too on AVX2
+//! (`quant_avx2`, each block's scale applied to its block sum); elsewhere
+//! they are decoded exactly into an f32 row buffer (hot in L1/L2) and go
+//! through the f32 kernel.
 //!
 //! Guarantees, which tests assert:
 //! - **deterministic**: every output element is one dot product with a fixed
@@ -41,6 +43,8 @@ mod avx512;
 mod blocked;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(target_arch = "x86_64")]
+mod quant_avx2;
 
 use std::sync::OnceLock;
 
@@ -56,8 +60,6 @@ const FEATURES_PER_TASK: usize = 16; // a multiple of FEATURE_BLOCK
 const FEATURE_BLOCK: usize = 4;
 /// Columns per chunk: a multiple of every path's step and of 32 (mxfp4 blocks).
 const K_CHUNK: usize = 512;
-/// Scale values one fused quantized call can take (all features of a block).
-const FUSED_SCALES: usize = 512;
 /// Activations up to this size are assumed to stay in L2 between features.
 const ACTIVATION_CACHE_BYTES: usize = 256 << 10;
 /// Below this many weight elements a call runs on the calling thread
@@ -143,14 +145,14 @@ impl KernelPath {
     /// Adds one chunk (`len` elements, a multiple of [`step`](Self::step)) of
     /// up to [`FEATURE_BLOCK`] dense weight rows into the accumulators of every
     /// (feature, row), laid out `acc[(f * rows + r) * acc_len..]`.
-    fn accumulate(self, dtype: WeightDType, ws: &[&[u8]], xs: &[&[f32]], len: usize, acc: &mut [f32], buf: &mut Vec<f32>) {
+    fn accumulate(self, dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&[f32]], len: usize, acc: &mut [f32], buf: &mut Vec<f32>) {
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the path is only used when `is_supported` confirmed the CPU features.
-            KernelPath::Avx512 => unsafe { avx512::accumulate(dtype, ws, xs, len, acc) },
+            KernelPath::Avx512 => unsafe { avx512::accumulate(dtype, ws, ahead, xs, len, acc) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
-            KernelPath::Avx2 => unsafe { avx2::accumulate(dtype, ws, xs, len, acc) },
+            KernelPath::Avx2 => unsafe { avx2::accumulate(dtype, ws, ahead, xs, len, acc) },
             _ => {
                 buf.resize(ws.len() * len, 0.0);
                 for (w, b) in ws.iter().zip(buf.chunks_exact_mut(len)) {
@@ -199,67 +201,47 @@ impl KernelPath {
 }
 
 /// Adds one chunk of quantized rows with the decoding fused into the dot
-/// product (AVX2: codes become f32 in registers, one quantization block or
-/// group at a time, weights bit-identical to [`crate::formats`]). Returns
-/// `false`, having done nothing, where the path or layout does not allow it
-/// (the caller then decodes into a buffer): other paths, blocks not a
-/// multiple of the SIMD step, or an fp8 scale too large to premultiply by 256.
-fn fused_quantized(path: KernelPath, views: &[RowView<'_>], xs: &[&[f32]], acc: &mut [f32]) -> bool {
+/// product (AVX2: codes become f32 in registers, each block's scale applied
+/// to its block sum; see `quant_avx2`). Returns `false`, having done
+/// nothing, where the path or layout does not allow it (the caller then
+/// decodes into a buffer): other paths, blocks not a multiple of 8 columns.
+fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], unscale: &[f32], acc: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if path == KernelPath::Avx2 {
-        use blocked::{Scales, FP8, INT4, MXFP4};
-        let (kind, block, lead, n) = match views[0] {
-            RowView::Fp8 {
-                codes, block_cols, lead, ..
-            } => (FP8, block_cols, lead, codes.len()),
-            RowView::Mxfp4 { blocks, .. } => (MXFP4, crate::formats::MXFP4_BLOCK, 0, blocks.len() * 2),
-            RowView::Int4 { packed, group, lead, .. } => (INT4, group, lead, packed.len() * 2),
-            RowView::Dense { .. } => return false,
-        };
-        let step = avx2::STEP;
-        let sets = (lead + n).div_ceil(block);
-        if block % step != 0 || lead % step != 0 || n % step != 0 || sets * views.len() > FUSED_SCALES {
-            return false;
-        }
-        // Every scale first: nothing is added unless the whole chunk can be.
-        let nv = views.len();
-        let mut values = [0.0f32; FUSED_SCALES];
-        let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
-        for (f, v) in views.iter().enumerate() {
-            for j in 0..sets {
-                values[j * nv + f] = match *v {
-                    RowView::Fp8 { scales, .. } => {
-                        let x = scales[j] * 256.0;
-                        if scales[j].is_finite() && !x.is_finite() {
-                            return false;
-                        }
-                        x
-                    }
-                    RowView::Mxfp4 { scales, .. } => crate::formats::e8m0_to_f32(scales[j]),
-                    RowView::Int4 { scales, .. } => scales[j],
-                    RowView::Dense { .. } => return false,
-                };
-            }
-            ws[f] = match *v {
-                RowView::Fp8 { codes, .. } => codes,
-                RowView::Mxfp4 { blocks, .. } => blocks,
-                RowView::Int4 { packed, .. } => packed,
-                RowView::Dense { .. } => return false,
-            };
-        }
-        let scales = Scales {
-            values: &values[..sets * nv],
-            stride: nv,
-            first: block - lead,
-            block,
-        };
         // SAFETY: the path is AVX2 (the caller checked `is_supported`); every
-        // view holds the chunk's `n` columns with `sets` scales from `lead`.
-        unsafe { avx2::accumulate_quantized(kind, &ws[..nv], scales, xs, n, acc) };
-        return true;
+        // view holds the chunk's columns, as does every `xs[r]`.
+        return unsafe { quant_avx2::accumulate(views, ahead, xs, unscale, acc) };
     }
-    let _ = (path, views, xs, acc);
+    let _ = (path, views, ahead, xs, unscale, acc);
     false
+}
+
+/// Whether every chunk of `w` goes through [`fused_quantized`] on `path`
+/// (so chunks need not fit the decode buffer).
+fn fuses(path: KernelPath, w: &WeightMatrix) -> bool {
+    fused_block(path, w).is_some()
+}
+
+/// The scale block (columns) of a quantized `w` that `path` computes fused.
+fn fused_block(path: KernelPath, w: &WeightMatrix) -> Option<usize> {
+    use crate::weight::WeightFormat;
+    let block = match w.format() {
+        WeightFormat::Fp8Block { block_cols, .. } => block_cols,
+        WeightFormat::Mxfp4 => crate::formats::MXFP4_BLOCK,
+        WeightFormat::Int4Group { group } => group,
+        WeightFormat::Dense(_) => return None,
+    };
+    (cfg!(target_arch = "x86_64") && path == KernelPath::Avx2 && block % 8 == 0).then_some(block)
+}
+
+/// The stored bytes (dense values or codes) of a row view.
+fn row_bytes<'a>(view: RowView<'a>) -> &'a [u8] {
+    match view {
+        RowView::Dense { bytes, .. } => bytes,
+        RowView::Fp8 { codes, .. } => codes,
+        RowView::Mxfp4 { blocks, .. } => blocks,
+        RowView::Int4 { packed, .. } => packed,
+    }
 }
 
 /// Some columns of a weight row as dense elements: the stored bytes of a
@@ -332,6 +314,16 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         return out;
     }
     let xs: Vec<&[f32]> = (0..m).map(|r| x.row(r)).collect();
+    // The fused fp8 kernel reads its activations prescaled, row by row
+    // (`quant_avx2::prescale`); everything else reads them as they are.
+    #[cfg(target_arch = "x86_64")]
+    let (xq, unscale) = match w.format() {
+        crate::weight::WeightFormat::Fp8Block { .. } if fuses(path, w) => quant_avx2::prescale(x),
+        _ => (Vec::new(), Vec::new()),
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let (xq, unscale): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
+    let xk: Vec<&[f32]> = if xq.is_empty() { xs.clone() } else { xq.chunks_exact(k).collect() };
     let (step, acc_len) = (path.step(), path.acc_len());
     let k_main = k / step * step;
     // Computed feature-major ([n, m]) so that each task owns a contiguous block.
@@ -340,25 +332,42 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         let first = ti * FEATURES_PER_TASK;
         let features = block.len() / m;
         let mut acc = vec![0.0f32; features * m * acc_len];
-        let mut decoded = vec![0.0f32; FEATURE_BLOCK * K_CHUNK];
         let mut buf = Vec::new();
-        // Dense rows whose activations stay cached need no chunking at all
-        // (fewer calls); quantized rows decode one chunk at a time into an
-        // L1-sized buffer.
+        // Rows whose activations stay cached need no chunking at all (fewer
+        // calls) unless they are decoded into a buffer, one L1-sized chunk
+        // at a time.
         let x_cached = m * k * 4 <= ACTIVATION_CACHE_BYTES;
-        let chunk = if x_cached && w.dense_dtype().is_some() {
+        let fused_block = fused_block(path, w);
+        let chunk = if x_cached && (w.dense_dtype().is_some() || fused_block.is_some()) {
             k_main.max(1)
+        } else if let Some(block) = fused_block {
+            // Whole scale blocks: the fused kernel applies a scale once per
+            // block piece, so pieces must not depend on the chunking.
+            K_CHUNK.div_ceil(block) * block
         } else {
             K_CHUNK
         };
+        // Decoded rows of one register block (also the fallback should a
+        // fused chunk be refused, so sized for the chunk).
+        let row_cap = chunk.max(K_CHUNK);
+        // Allocated on first use only: dense and fused rows never need it,
+        // and zeroing it per task would cost as much as small rows' weights.
+        let mut decoded: Vec<f32> = Vec::new();
         // Column chunks; accumulators carry over between chunks, so the
         // reduction order equals one pass over the whole row whatever the
         // loop order below.
-        let chunks: Vec<(usize, usize, Vec<&[f32]>)> = (0..k_main)
+        // Column chunks with the kernel's and the plain activations (the
+        // same unless fp8 is prescaled).
+        let chunks: Vec<Chunk<'_>> = (0..k_main)
             .step_by(chunk)
             .map(|c0| {
                 let c1 = (c0 + chunk).min(k_main);
-                (c0, c1, xs.iter().map(|x| &x[c0..c1]).collect())
+                Chunk {
+                    c0,
+                    c1,
+                    kernel_xs: xk.iter().map(|x| &x[c0..c1]).collect(),
+                    plain_xs: xs.iter().map(|x| &x[c0..c1]).collect(),
+                }
             })
             .collect();
         let blocks: Vec<(usize, usize)> = (0..features)
@@ -366,7 +375,8 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             .map(|f0| (f0, (f0 + FEATURE_BLOCK).min(features)))
             .collect();
         // Adds one column chunk of one block of features.
-        let mut add = |(f0, f1): (usize, usize), (c0, c1, cxs): &(usize, usize, Vec<&[f32]>)| {
+        let mut add = |(f0, f1): (usize, usize), ch: &Chunk<'_>| {
+            let (c0, c1) = (&ch.c0, &ch.c1);
             let a = &mut acc[f0 * m * acc_len..f1 * m * acc_len];
             let mut views = [RowView::Dense {
                 dtype: WeightDType::F32,
@@ -375,15 +385,27 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             for (v, f) in views.iter_mut().zip(f0..f1) {
                 *v = w.row_view(first + f).slice(*c0, *c1);
             }
-            if fused_quantized(path, &views[..f1 - f0], cxs, a) {
+            // Where the same columns of the next register block's rows start
+            // (relative to these rows), to prefetch while this block computes.
+            let ahead = if first + f1 < w.rows() {
+                let next = w.row_view(first + f1).slice(*c0, *c1);
+                (row_bytes(next).as_ptr() as isize).wrapping_sub(row_bytes(views[0]).as_ptr() as isize)
+            } else {
+                0
+            };
+            if fused_quantized(path, &views[..f1 - f0], ahead, &ch.kernel_xs, &unscale, a) {
                 return;
             }
             let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
             let mut dtype = WeightDType::F32;
-            for ((slot, v), buf) in ws.iter_mut().zip(&views[..f1 - f0]).zip(decoded.chunks_exact_mut(K_CHUNK)) {
-                (dtype, *slot) = dense_columns(path, *v, buf);
+            if w.dense_dtype().is_none() {
+                decoded.resize(FEATURE_BLOCK * row_cap, 0.0);
             }
-            path.accumulate(dtype, &ws[..f1 - f0], cxs, c1 - c0, a, &mut buf);
+            let mut bufs = decoded.chunks_mut(row_cap);
+            for (slot, v) in ws.iter_mut().zip(&views[..f1 - f0]) {
+                (dtype, *slot) = dense_columns(path, *v, bufs.next().unwrap_or(&mut []));
+            }
+            path.accumulate(dtype, &ws[..f1 - f0], ahead, &ch.plain_xs, c1 - c0, a, &mut buf);
         };
         if x_cached {
             // The activations stay cached anyway: stream each block of weight
@@ -400,6 +422,9 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         let chunk_xs: Vec<&[f32]> = xs.iter().map(|x| &x[k_main..]).collect();
         for (j, outs) in block.chunks_exact_mut(m).enumerate() {
             let a = &acc[j * m * acc_len..(j + 1) * m * acc_len];
+            if w.dense_dtype().is_none() {
+                decoded.resize(decoded.len().max(k - k_main), 0.0);
+            }
             let (dtype, bytes) = dense_columns(path, w.row_view(first + j).slice(k_main, k), &mut decoded);
             path.finish(dtype, bytes, &chunk_xs, a, outs, &mut buf);
         }
@@ -415,6 +440,16 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         }
     }
     out
+}
+
+/// One column range of a call and its activation rows.
+struct Chunk<'a> {
+    c0: usize,
+    c1: usize,
+    /// What the fused quantized kernel reads (prescaled for fp8).
+    kernel_xs: Vec<&'a [f32]>,
+    /// The activations as given.
+    plain_xs: Vec<&'a [f32]>,
 }
 
 /// The bytes of an f32 slice (little-endian, as the dense F32 layout expects).

@@ -45,7 +45,17 @@ fn weights(n: usize, k: usize) -> Vec<WeightMatrix> {
     out.push(WeightMatrix::mxfp4("mxfp4", n, k, SharedBytes::from_vec(blocks), SharedBytes::from_vec(sc)).unwrap());
     let packed = random_bytes(n * k / 2, 7);
     let isc = random(n * k / 32, 8).iter().map(|s| s.abs() / 8.0 + 1e-3).collect();
-    out.push(WeightMatrix::int4_group("int4", n, k, SharedBytes::from_vec(packed), isc, 32).unwrap());
+    out.push(WeightMatrix::int4_group("int4", n, k, SharedBytes::from_vec(packed.clone()), isc, 32).unwrap());
+    // Blocks and groups that are multiples of 8 but not of 32 (the fused
+    // kernel's short steps; segments start mid-chunk when chunks are cut).
+    let codes40: Vec<u8> = random_bytes(n * k, 9)
+        .into_iter()
+        .map(|b| if b & 0x7f == 0x7f { 0x01 } else { b })
+        .collect();
+    let sc40 = random(n.div_ceil(16) * k.div_ceil(40), 10).iter().map(|s| s.abs() + 0.01).collect();
+    out.push(WeightMatrix::fp8_block("fp8-40", n, k, SharedBytes::from_vec(codes40), sc40, 16, 40).unwrap());
+    let isc8 = random(n * k / 8, 11).iter().map(|s| s.abs() / 8.0 + 1e-3).collect();
+    out.push(WeightMatrix::int4_group("int4-8", n, k, SharedBytes::from_vec(packed), isc8, 8).unwrap());
     out
 }
 
@@ -215,11 +225,19 @@ fn feature_blocking_does_not_change_results() {
     }
 }
 
+/// Whether `path` computes quantized rows with the decoding fused into the
+/// dot product (block scales applied to block sums) rather than as the
+/// products of the exactly decoded weights.
+fn fuses_quantized(path: KernelPath) -> bool {
+    path == KernelPath::Avx2
+}
+
 #[test]
-fn quantized_rows_compute_exactly_as_their_decoded_rows() {
-    // Fused decoding (AVX2) and decode-then-multiply (other paths) both give
-    // the products of the exactly decoded weights, bit for bit: the same
-    // arithmetic as an f32 matrix holding the decoded values.
+fn quantized_rows_compute_as_their_decoded_rows() {
+    // Paths that decode first give the products of the exactly decoded
+    // weights, bit for bit (the same arithmetic as an f32 matrix holding the
+    // decoded values); the fused AVX2 path applies each block's scale to its
+    // block sum, a reassociation within the reference tolerance.
     let (n, k) = (37, 1024 + 256 + 32);
     let mut quantized: Vec<WeightMatrix> = weights(n, k).into_iter().filter(|w| w.dense_dtype().is_none()).collect();
     let codes: Vec<u8> = random_bytes(n * k, 51)
@@ -236,6 +254,10 @@ fn quantized_rows_compute_exactly_as_their_decoded_rows() {
         for m in [1, 3, 8] {
             let x = Mat::from_vec(m, k, random(m * k, 53 + m as u64));
             for path in KernelPath::available() {
+                if fuses_quantized(path) {
+                    check_against_reference(path, &x, w);
+                    continue;
+                }
                 let a = matmul_t_with(path, &x, w);
                 let b = matmul_t_with(path, &x, &dense);
                 for r in 0..m {
@@ -243,6 +265,66 @@ fn quantized_rows_compute_exactly_as_their_decoded_rows() {
                     assert!(same, "{} {:?} m={m} row {r}", path.name(), w.format());
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn an_fp8_nan_code_makes_its_feature_nan_on_every_path() {
+    let (n, k) = (9, 512);
+    let clean: Vec<u8> = random_bytes(n * k, 61)
+        .into_iter()
+        .map(|b| if b & 0x7f == 0x7f { 0x11 } else { b })
+        .collect();
+    let scales = vec![0.5f32; n.div_ceil(128) * k.div_ceil(128)];
+    let x = Mat::from_vec(3, k, random(3 * k, 62));
+    for (row, col, code) in [(0, 0, 0x7fu8), (4, 300, 0xff), (8, 511, 0x7f)] {
+        let mut codes = clean.clone();
+        codes[row * k + col] = code;
+        let bad = WeightMatrix::fp8_block("nan", n, k, SharedBytes::from_vec(codes), scales.clone(), 128, 128).unwrap();
+        let good = WeightMatrix::fp8_block("clean", n, k, SharedBytes::from_vec(clean.clone()), scales.clone(), 128, 128).unwrap();
+        for path in KernelPath::available() {
+            let (yb, yg) = (matmul_t_with(path, &x, &bad), matmul_t_with(path, &x, &good));
+            for r in 0..3 {
+                for f in 0..n {
+                    if f == row {
+                        assert!(yb.row(r)[f].is_nan(), "{} row {r} feature {f}", path.name());
+                    } else {
+                        assert_eq!(
+                            yb.row(r)[f].to_bits(),
+                            yg.row(r)[f].to_bits(),
+                            "{} row {r} feature {f}",
+                            path.name()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fp8_activations_of_any_magnitude_stay_exact_and_batch_invariant() {
+    // The fused fp8 kernel prescales each activation row unless its values
+    // are huge; tiny, huge and ordinary rows side by side must each match
+    // the reference and compute as they do alone.
+    let (n, k) = (20, 640);
+    let w = weights(n, k)
+        .into_iter()
+        .find(|w| w.format().to_string().starts_with("fp8"))
+        .unwrap();
+    let base = random(k, 71);
+    let mut rows = Vec::new();
+    for factor in [1.0f32, 1e-30, 1e-38, 3e29, 1e33, 1.0] {
+        rows.extend(base.iter().map(|v| v * factor));
+    }
+    let x = Mat::from_vec(6, k, rows);
+    for path in KernelPath::available() {
+        check_against_reference(path, &x, &w);
+        let all = matmul_t_with(path, &x, &w);
+        for r in 0..6 {
+            let alone = matmul_t_with(path, &x.gather_rows(&[r]), &w);
+            assert_eq!(alone.row(0), all.row(r), "{} row {r}", path.name());
         }
     }
 }

@@ -1,0 +1,368 @@
+//! AVX2 dot products over quantized weight rows, the codes decoded in
+//! registers and each block's scale applied once: fp8 e4m3 with 2-D block
+//! scales, mxfp4 (e8m0 scale per 32), int4 (f32 scale per group).
+//!
+//! Reduction order per (activation row, feature), fixed: the call's columns
+//! are cut at the scale boundaries into segments ([`formats::segments`]);
+//! within a segment the products of the activations and the *unscaled* code
+//! values (small exact numbers) accumulate, 8 lanes at a time, into two
+//! fresh partial sums (even and odd 8-column steps: more FMA chains in
+//! flight); at the segment's end `acc += (even + odd) * scale`, one FMA per
+//! lane. Segments depend only on the columns, never on which rows share the
+//! call, so results are batch-invariant and deterministic; they differ from
+//! decode-then-multiply (the scalar reference) by f32 reassociation of the
+//! scale only, inside the tolerance the kernel tests state. Scaling once per
+//! block instead of once per weight removes a multiply per weight (a third
+//! of the decode's work).
+//!
+//! fp8: codes become f32 of value x 2^-120 with three integer operations
+//! ([`fp8_scaled`]); each activation row comes prescaled by a power of two
+//! ([`prescale`]) so that products stay clear of f32's subnormal range, and
+//! each block sum is multiplied back before its scale (powers of two:
+//! exact). NaN codes (0x7f, 0xff) come out finite that way, so a register
+//! block keeps the largest magnitude code it saw (one byte max per 32 codes)
+//! and a feature whose row holds a NaN code gets NaN results, as
+//! decode-then-multiply gives.
+//!
+//! mxfp4 / int4: 16 bytes give 32 nibbles in order (mask, shift, interleave),
+//! a byte shuffle looks up each nibble's value (mxfp4: twice the e2m1 value,
+//! so all are integers; int4: the code minus 8), then sign-extend and convert.
+
+// Register blocks are const-size arrays indexed by (feature, row).
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+
+use super::blocked::prefetch;
+use super::FEATURE_BLOCK;
+use crate::formats;
+use crate::weight::RowView;
+
+const FP8: u8 = 0;
+const MXFP4: u8 = 1;
+const INT4: u8 = 2;
+
+/// The rows of one call: per feature its codes and its scales from the
+/// first segment on (fp8/int4: f32; mxfp4: e8m0 bytes).
+struct Rows<'a> {
+    codes: [&'a [u8]; FEATURE_BLOCK],
+    scales: [&'a [f32]; FEATURE_BLOCK],
+    e8m0: [&'a [u8]; FEATURE_BLOCK],
+    nf: usize,
+    /// Bytes from a code to the same code of the row a register block later
+    /// (prefetched; 0 for none).
+    ahead: isize,
+    /// Columns in the call (a multiple of 8).
+    len: usize,
+    lead: usize,
+    block: usize,
+}
+
+impl Rows<'_> {
+    /// The factors a block sum of feature `f`'s segment `idx` is multiplied
+    /// by, in turn: mxfp4 a half and the e8m0 value (the table holds twice
+    /// the e2m1 values), int4 1 and the scale, fp8 the scale (after the
+    /// row's own unscaling factor, see [`prescale`]).
+    #[inline(always)]
+    fn factor<const KIND: u8>(&self, f: usize, idx: usize) -> (f32, f32) {
+        match KIND {
+            FP8 => (1.0, self.scales[f][idx]),
+            MXFP4 => (0.5, formats::e8m0_to_f32(self.e8m0[f][idx])),
+            _ => (1.0, self.scales[f][idx]),
+        }
+    }
+}
+
+/// Adds one chunk of up to [`FEATURE_BLOCK`] quantized rows (`views`, all of
+/// one format and column range) into the accumulators of every (feature,
+/// row), laid out `acc[(f * xs.len() + r) * 8..]`. Returns `false`, having
+/// done nothing, where the layout does not allow it: a block or group that
+/// is not a multiple of 8 columns, or a chunk whose columns are not.
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; each `xs[r]` holds the chunk's
+/// columns; `acc` holds `views.len() * xs.len() * 8` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], unscale: &[f32], acc: &mut [f32]) -> bool {
+    let Some(first) = views.first() else { return true };
+    let (kind, len, lead, block) = match *first {
+        RowView::Fp8 {
+            codes, block_cols, lead, ..
+        } => (FP8, codes.len(), lead, block_cols),
+        RowView::Mxfp4 { blocks, .. } => (MXFP4, blocks.len() * 2, 0, formats::MXFP4_BLOCK),
+        RowView::Int4 { packed, group, lead, .. } => (INT4, packed.len() * 2, lead, group),
+        RowView::Dense { .. } => return false,
+    };
+    if block % 8 != 0 || lead % 8 != 0 || len % 8 != 0 || views.len() > FEATURE_BLOCK || (kind == FP8 && unscale.len() != xs.len()) {
+        return false;
+    }
+    let mut rows = Rows {
+        codes: [&[]; FEATURE_BLOCK],
+        scales: [&[]; FEATURE_BLOCK],
+        e8m0: [&[]; FEATURE_BLOCK],
+        nf: views.len(),
+        ahead,
+        len,
+        lead,
+        block,
+    };
+    let segments = (lead + len).div_ceil(block);
+    for (f, v) in views.iter().enumerate() {
+        // Every view must match the first (one format, one column range, a
+        // scale per segment); anything else goes the decoding way.
+        match *v {
+            RowView::Fp8 {
+                codes,
+                scales,
+                block_cols,
+                lead: l,
+            } if kind == FP8 && codes.len() == len && block_cols == block && l == lead && scales.len() >= segments => {
+                rows.codes[f] = codes;
+                rows.scales[f] = scales;
+            }
+            RowView::Mxfp4 { blocks, scales } if kind == MXFP4 && blocks.len() * 2 == len && scales.len() >= segments => {
+                rows.codes[f] = blocks;
+                rows.e8m0[f] = scales;
+            }
+            RowView::Int4 {
+                packed,
+                scales,
+                group,
+                lead: l,
+            } if kind == INT4 && packed.len() * 2 == len && group == block && l == lead && scales.len() >= segments => {
+                rows.codes[f] = packed;
+                rows.scales[f] = scales;
+            }
+            _ => return false,
+        }
+    }
+    match kind {
+        FP8 => dispatch::<FP8>(&rows, xs, unscale, acc),
+        MXFP4 => dispatch::<MXFP4>(&rows, xs, unscale, acc),
+        _ => dispatch::<INT4>(&rows, xs, unscale, acc),
+    }
+    true
+}
+
+/// One activation row: up to 4 features at once (independent chains for the
+/// FMA units); more rows: one feature x up to 4 rows (each decoded weight
+/// vector feeds 4 FMAs). Either way accumulators, block sums, decoded
+/// weights and an activation fit in the 16 vector registers.
+#[inline(always)]
+unsafe fn dispatch<const KIND: u8>(q: &Rows<'_>, xs: &[&[f32]], unscale: &[f32], acc: &mut [f32]) {
+    let m = xs.len();
+    if m == 1 {
+        match q.nf {
+            1 => block::<KIND, 1, 1>(q, 0, xs, unscale, 0, acc),
+            2 => block::<KIND, 1, 2>(q, 0, xs, unscale, 0, acc),
+            3 => block::<KIND, 1, 3>(q, 0, xs, unscale, 0, acc),
+            _ => block::<KIND, 1, 4>(q, 0, xs, unscale, 0, acc),
+        }
+        return;
+    }
+    for f in 0..q.nf {
+        let mut r = 0;
+        while r < m {
+            match (m - r).min(4) {
+                1 => block::<KIND, 1, 1>(q, f, xs, unscale, r, acc),
+                2 => block::<KIND, 2, 1>(q, f, xs, unscale, r, acc),
+                3 => block::<KIND, 3, 1>(q, f, xs, unscale, r, acc),
+                _ => block::<KIND, 4, 1>(q, f, xs, unscale, r, acc),
+            }
+            r += 4;
+        }
+    }
+}
+
+/// Rows `r0..r0 + R` against features `f0..f0 + F`. Each block sum is kept
+/// as two partial sums (even and odd 8-column steps) so that twice as many
+/// FMA chains are in flight; the accumulators stay in memory, touched once
+/// per segment.
+#[inline(always)]
+unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
+    q: &Rows<'_>,
+    f0: usize,
+    xs: &[&[f32]],
+    unscale: &[f32],
+    r0: usize,
+    acc: &mut [f32],
+) {
+    let m = xs.len();
+    let ap = acc.as_mut_ptr();
+    let slot = |f: usize, r: usize| ap.add(((f0 + f) * m + r0 + r) * 8);
+    let mut cp = [std::ptr::null::<u8>(); F];
+    for f in 0..F {
+        cp[f] = q.codes[f0 + f].as_ptr();
+    }
+    let mut xp = [std::ptr::null::<f32>(); R];
+    for r in 0..R {
+        xp[r] = xs[r0 + r].as_ptr();
+    }
+    let lut = match KIND {
+        MXFP4 => _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
+        _ => _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
+    };
+    // fp8: the largest (code << 1) of all F rows; 0xfe means a NaN code.
+    let mut nan = _mm256_setzero_si256();
+    for (start, seg, idx) in formats::segments(q.len, q.lead, q.block) {
+        let end = start + seg;
+        let mut s = [[[_mm256_setzero_ps(); 2]; R]; F];
+        let mut i = start;
+        if KIND == FP8 {
+            while i + 32 <= end {
+                for f in 0..F {
+                    let b = _mm256_loadu_si256(cp[f].add(i) as *const __m256i);
+                    if q.ahead != 0 {
+                        prefetch(cp[f].wrapping_offset(q.ahead).wrapping_add(i));
+                    }
+                    nan = _mm256_max_epu8(nan, _mm256_add_epi8(b, b));
+                    let lo = _mm256_castsi256_si128(b);
+                    let hi = _mm256_extracti128_si256::<1>(b);
+                    let w = [
+                        fp8_scaled(lo),
+                        fp8_scaled(_mm_unpackhi_epi64(lo, lo)),
+                        fp8_scaled(hi),
+                        fp8_scaled(_mm_unpackhi_epi64(hi, hi)),
+                    ];
+                    for r in 0..R {
+                        for j in 0..4 {
+                            s[f][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[f][r][j % 2]);
+                        }
+                    }
+                }
+                i += 32;
+            }
+            while i < end {
+                for f in 0..F {
+                    let b = _mm_loadl_epi64(cp[f].add(i) as *const __m128i);
+                    nan = _mm256_max_epu8(nan, _mm256_castsi128_si256(_mm_add_epi8(b, b)));
+                    let w = fp8_scaled(b);
+                    for r in 0..R {
+                        s[f][r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i)), w, s[f][r][0]);
+                    }
+                }
+                i += 8;
+            }
+        } else {
+            while i + 32 <= end {
+                for f in 0..F {
+                    let w = nibbles32(cp[f].add(i / 2), lut);
+                    if q.ahead != 0 {
+                        prefetch(cp[f].wrapping_offset(q.ahead).wrapping_add(i / 2));
+                    }
+                    for r in 0..R {
+                        for j in 0..4 {
+                            s[f][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[f][r][j % 2]);
+                        }
+                    }
+                }
+                i += 32;
+            }
+            while i < end {
+                for f in 0..F {
+                    let w = nibbles8(cp[f].add(i / 2), lut);
+                    for r in 0..R {
+                        s[f][r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i)), w, s[f][r][0]);
+                    }
+                }
+                i += 8;
+            }
+        }
+        for f in 0..F {
+            let (unit, scale) = q.factor::<KIND>(f0 + f, idx);
+            let scale = _mm256_set1_ps(scale);
+            for r in 0..R {
+                let unit = _mm256_set1_ps(if KIND == FP8 { unscale[r0 + r] } else { unit });
+                let sum = _mm256_mul_ps(_mm256_add_ps(s[f][r][0], s[f][r][1]), unit);
+                _mm256_storeu_ps(slot(f, r), _mm256_fmadd_ps(sum, scale, _mm256_loadu_ps(slot(f, r))));
+            }
+        }
+    }
+    if KIND == FP8 && _mm256_movemask_epi8(_mm256_cmpeq_epi8(nan, _mm256_set1_epi8(-2))) != 0 {
+        // Rare: find the rows that hold a NaN code.
+        for f in 0..F {
+            if q.codes[f0 + f].iter().any(|&c| c & 0x7f == 0x7f) {
+                for r in 0..R {
+                    _mm256_storeu_ps(slot(f, r), _mm256_set1_ps(f32::NAN));
+                }
+            }
+        }
+    }
+}
+
+/// The low 8 fp8 e4m3 codes of `codes` as f32 of value x 2^-120: each code
+/// sign-extended to 32 bits and shifted left by 20 has its 7 magnitude bits
+/// at f32 bits 20..26 (exponent and mantissa, both formats laying them out
+/// alike below the exponent's top bits, the subnormal codes becoming exact
+/// f32 subnormals) and its sign at bit 31; the mask clears the sign's other
+/// copies. NaN codes come out finite (see the module doc).
+#[inline(always)]
+unsafe fn fp8_scaled(codes: __m128i) -> __m256 {
+    let c = _mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(codes));
+    _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x87f0_0000u32 as i32)))
+}
+
+/// Activations for the fused fp8 kernel, and per row the factor that
+/// undoes their scaling. fp8 codes decode to value x 2^-120
+/// ([`fp8_scaled`]), so each row is multiplied by a power of two 2^s
+/// (exact) that brings its largest magnitude near 2^40, keeping the products
+/// x * w x 2^(s-120) clear of f32's subnormal range without any sum
+/// overflowing; block sums are multiplied by 2^(120-s) before their scale.
+/// `s` is clamped to 0..=126 (rows already past 2^40, or not finite, stay as
+/// they are; rows below 2^-86 are lifted as far as f32 allows) and depends on
+/// the row alone, keeping results batch-invariant.
+pub(crate) fn prescale(x: &crate::Mat) -> (Vec<f32>, Vec<f32>) {
+    let (m, k) = (x.rows(), x.cols());
+    let mut xq = Vec::with_capacity(m * k);
+    let mut unscale = Vec::with_capacity(m);
+    for r in 0..m {
+        let row = x.row(r);
+        let max = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        let s = if max.is_finite() && max > 0.0 {
+            // Unbiased exponent of the largest magnitude (subnormals count as -127).
+            let e = ((max.to_bits() >> 23) & 0xff) as i32 - 127;
+            (40 - e).clamp(0, 126)
+        } else {
+            0
+        };
+        let shift = pow2(s);
+        xq.extend(row.iter().map(|v| v * shift));
+        unscale.push(pow2(120 - s));
+    }
+    (xq, unscale)
+}
+
+/// 2^e for -126 <= e <= 127.
+fn pow2(e: i32) -> f32 {
+    f32::from_bits(((127 + e) as u32) << 23)
+}
+
+/// 32 nibbles (16 bytes, low nibble first) looked up in `lut` and widened to
+/// f32, in column order.
+#[inline(always)]
+unsafe fn nibbles32(p: *const u8, lut: __m128i) -> [__m256; 4] {
+    let b = _mm_loadu_si128(p as *const __m128i);
+    let mask = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(b, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
+    let v0 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
+    let v1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));
+    let widen = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    [
+        widen(v0),
+        widen(_mm_unpackhi_epi64(v0, v0)),
+        widen(v1),
+        widen(_mm_unpackhi_epi64(v1, v1)),
+    ]
+}
+
+/// 8 nibbles (4 bytes) as [`nibbles32`] does.
+#[inline(always)]
+unsafe fn nibbles8(p: *const u8, lut: __m128i) -> __m256 {
+    let b = _mm_cvtsi32_si128((p as *const i32).read_unaligned());
+    let mask = _mm_set1_epi8(0x0f);
+    let lo = _mm_and_si128(b, mask);
+    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
+    let v = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+}
