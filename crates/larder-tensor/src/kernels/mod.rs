@@ -142,10 +142,13 @@ impl KernelPath {
         }
     }
 
-    /// Adds one chunk (`len` elements, a multiple of [`step`](Self::step)) of
-    /// up to [`FEATURE_BLOCK`] dense weight rows into the accumulators of every
-    /// (feature, row), laid out `acc[(f * rows + r) * acc_len..]`.
-    fn accumulate(self, dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&[f32]], len: usize, acc: &mut [f32], buf: &mut Vec<f32>) {
+    /// Adds one chunk (the columns of `xs[r]`, a multiple of
+    /// [`step`](Self::step)) of up to [`FEATURE_BLOCK`] dense weight rows into
+    /// the accumulators of every (feature, row), laid out
+    /// `acc[(f * rows + r) * acc_len..]`; `ahead` is the byte distance to the
+    /// rows a register block later (prefetched), or 0.
+    fn accumulate(self, dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&[f32]], acc: &mut [f32], buf: &mut Vec<f32>) {
+        let len = xs.first().map_or(0, |x| x.len());
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the path is only used when `is_supported` confirmed the CPU features.
@@ -405,7 +408,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             for (slot, v) in ws.iter_mut().zip(&views[..f1 - f0]) {
                 (dtype, *slot) = dense_columns(path, *v, bufs.next().unwrap_or(&mut []));
             }
-            path.accumulate(dtype, &ws[..f1 - f0], ahead, &ch.plain_xs, c1 - c0, a, &mut buf);
+            path.accumulate(dtype, &ws[..f1 - f0], ahead, &ch.plain_xs, a, &mut buf);
         };
         if x_cached {
             // The activations stay cached anyway: stream each block of weight
