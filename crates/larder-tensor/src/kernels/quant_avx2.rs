@@ -59,16 +59,15 @@ struct Rows<'a> {
 }
 
 impl Rows<'_> {
-    /// The factors a block sum of feature `f`'s segment `idx` is multiplied
-    /// by, in turn: mxfp4 a half and the e8m0 value (the table holds twice
-    /// the e2m1 values), int4 1 and the scale, fp8 the scale (after the
-    /// row's own unscaling factor, see [`prescale`]).
+    /// The factor the block sum of feature `f`'s segment `idx` is multiplied
+    /// by: mxfp4 half the e8m0 value (the table holds twice the e2m1 values;
+    /// halving a power of two is exact), int4 and fp8 the scale (fp8 after
+    /// the row's own unscaling, see [`prescale`]).
     #[inline(always)]
-    fn factor<const KIND: u8>(&self, f: usize, idx: usize) -> (f32, f32) {
+    fn factor<const KIND: u8>(&self, f: usize, idx: usize) -> f32 {
         match KIND {
-            FP8 => (1.0, self.scales[f][idx]),
-            MXFP4 => (0.5, formats::e8m0_to_f32(self.e8m0[f][idx])),
-            _ => (1.0, self.scales[f][idx]),
+            MXFP4 => 0.5 * formats::e8m0_to_f32(self.e8m0[f][idx]),
+            _ => self.scales[f][idx],
         }
     }
 }
@@ -269,11 +268,12 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
             }
         }
         for f in 0..F {
-            let (unit, scale) = q.factor::<KIND>(f0 + f, idx);
-            let scale = _mm256_set1_ps(scale);
+            let scale = _mm256_set1_ps(q.factor::<KIND>(f0 + f, idx));
             for r in 0..R {
-                let unit = _mm256_set1_ps(if KIND == FP8 { unscale[r0 + r] } else { unit });
-                let sum = _mm256_mul_ps(_mm256_add_ps(s[f][r][0], s[f][r][1]), unit);
+                let mut sum = _mm256_add_ps(s[f][r][0], s[f][r][1]);
+                if KIND == FP8 {
+                    sum = _mm256_mul_ps(sum, _mm256_set1_ps(unscale[r0 + r]));
+                }
                 _mm256_storeu_ps(slot(f, r), _mm256_fmadd_ps(sum, scale, _mm256_loadu_ps(slot(f, r))));
             }
         }
