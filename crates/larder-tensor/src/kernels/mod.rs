@@ -208,14 +208,14 @@ impl KernelPath {
 /// to its block sum; see `quant_avx2`). Returns `false`, having done
 /// nothing, where the path or layout does not allow it (the caller then
 /// decodes into a buffer): other paths, blocks not a multiple of 8 columns.
-fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], unscale: &[f32], acc: &mut [f32]) -> bool {
+fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], (unscale, permuted): (&[f32], bool), acc: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if path == KernelPath::Avx2 {
         // SAFETY: the path is AVX2 (the caller checked `is_supported`); every
         // view holds the chunk's columns, as does every `xs[r]`.
-        return unsafe { quant_avx2::accumulate(views, ahead, xs, unscale, acc) };
+        return unsafe { quant_avx2::accumulate(views, ahead, xs, unscale, permuted, acc) };
     }
-    let _ = (path, views, ahead, xs, unscale, acc);
+    let _ = (path, views, ahead, xs, unscale, permuted, acc);
     false
 }
 
@@ -317,18 +317,20 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         return out;
     }
     let xs: Vec<&[f32]> = (0..m).map(|r| x.row(r)).collect();
-    // The fused fp8 kernel reads its activations prescaled, row by row
+    // The fused fp8 kernel reads its activations prescaled, row by row, and
+    // for blocks of whole 32-column groups in its decoding order
     // (`quant_avx2::prescale`); everything else reads them as they are.
+    let (step, acc_len) = (path.step(), path.acc_len());
+    let k_main = k / step * step;
+    let permuted_fp8 = fused_block(path, w).is_some_and(|b| b % 32 == 0);
     #[cfg(target_arch = "x86_64")]
     let (xq, unscale) = match w.format() {
-        crate::weight::WeightFormat::Fp8Block { .. } if fuses(path, w) => quant_avx2::prescale(x),
+        crate::weight::WeightFormat::Fp8Block { .. } if fuses(path, w) => quant_avx2::prescale(x, if permuted_fp8 { k_main } else { 0 }),
         _ => (Vec::new(), Vec::new()),
     };
     #[cfg(not(target_arch = "x86_64"))]
     let (xq, unscale): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
     let xk: Vec<&[f32]> = if xq.is_empty() { xs.clone() } else { xq.chunks_exact(k).collect() };
-    let (step, acc_len) = (path.step(), path.acc_len());
-    let k_main = k / step * step;
     // Computed feature-major ([n, m]) so that each task owns a contiguous block.
     let mut out_t = vec![0.0f32; n * m];
     let task = |(ti, block): (usize, &mut [f32])| {
@@ -396,7 +398,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             } else {
                 0
             };
-            if fused_quantized(path, &views[..f1 - f0], ahead, &ch.kernel_xs, &unscale, a) {
+            if fused_quantized(path, &views[..f1 - f0], ahead, &ch.kernel_xs, (&unscale, permuted_fp8), a) {
                 return;
             }
             let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];

@@ -15,9 +15,12 @@
 //! block instead of once per weight removes a multiply per weight (a third
 //! of the decode's work).
 //!
-//! fp8: codes become f32 of value x 2^-120 with three integer operations
-//! ([`fp8_scaled`]); each activation row comes prescaled by a power of two
-//! ([`prescale`]) so that products stay clear of f32's subnormal range, and
+//! fp8: codes become f32 of value x 2^-120 with two or three integer
+//! operations per 8 ([`fp8_byte`]: byte j of every 32-bit lane, so the
+//! activations of each whole 32-column group come permuted to match;
+//! [`fp8_scaled`] where blocks are not whole groups); each activation row
+//! comes prescaled by a power of two ([`prescale`]) so that products stay
+//! clear of f32's subnormal range, and
 //! each block sum is multiplied back before its scale (powers of two:
 //! exact). NaN codes (0x7f, 0xff) come out finite that way, so a register
 //! block keeps the largest magnitude code it saw (one byte max per 32 codes)
@@ -52,6 +55,9 @@ struct Rows<'a> {
     /// Bytes from a code to the same code of the row a register block later
     /// (prefetched; 0 for none).
     ahead: isize,
+    /// fp8: whether the activations come permuted for [`fp8_byte`] (every
+    /// 32-column step then starts on a multiple of 32).
+    permuted: bool,
     /// Columns in the call (a multiple of 8).
     len: usize,
     lead: usize,
@@ -82,7 +88,7 @@ impl Rows<'_> {
 /// The CPU must support AVX2, FMA and F16C; each `xs[r]` holds the chunk's
 /// columns; `acc` holds `views.len() * xs.len() * 8` values.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], unscale: &[f32], acc: &mut [f32]) -> bool {
+pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], unscale: &[f32], permuted: bool, acc: &mut [f32]) -> bool {
     let Some(first) = views.first() else { return true };
     let (kind, len, lead, block) = match *first {
         RowView::Fp8 {
@@ -92,7 +98,8 @@ pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32
         RowView::Int4 { packed, group, lead, .. } => (INT4, packed.len() * 2, lead, group),
         RowView::Dense { .. } => return false,
     };
-    if block % 8 != 0 || lead % 8 != 0 || len % 8 != 0 || views.len() > FEATURE_BLOCK || (kind == FP8 && unscale.len() != xs.len()) {
+    if block % 8 != 0 || lead % 8 != 0 || len % 8 != 0 || views.len() > FEATURE_BLOCK || (kind == FP8 && unscale.len() != xs.len())
+        || (permuted && (block % 32 != 0 || lead % 32 != 0)) {
         return false;
     }
     let mut rows = Rows {
@@ -101,6 +108,7 @@ pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32
         e8m0: [&[]; FEATURE_BLOCK],
         nf: views.len(),
         ahead,
+        permuted,
         len,
         lead,
         block,
@@ -215,14 +223,18 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
                         prefetch(cp[f].wrapping_offset(q.ahead).wrapping_add(i));
                     }
                     nan = _mm256_max_epu8(nan, _mm256_add_epi8(b, b));
-                    let lo = _mm256_castsi256_si128(b);
-                    let hi = _mm256_extracti128_si256::<1>(b);
-                    let w = [
-                        fp8_scaled(lo),
-                        fp8_scaled(_mm_unpackhi_epi64(lo, lo)),
-                        fp8_scaled(hi),
-                        fp8_scaled(_mm_unpackhi_epi64(hi, hi)),
-                    ];
+                    let w = if q.permuted {
+                        [fp8_byte::<0>(b), fp8_byte::<1>(b), fp8_byte::<2>(b), fp8_byte::<3>(b)]
+                    } else {
+                        let lo = _mm256_castsi256_si128(b);
+                        let hi = _mm256_extracti128_si256::<1>(b);
+                        [
+                            fp8_scaled(lo),
+                            fp8_scaled(_mm_unpackhi_epi64(lo, lo)),
+                            fp8_scaled(hi),
+                            fp8_scaled(_mm_unpackhi_epi64(hi, hi)),
+                        ]
+                    };
                     for r in 0..R {
                         for j in 0..4 {
                             s[f][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[f][r][j % 2]);
@@ -302,6 +314,25 @@ unsafe fn fp8_scaled(codes: __m128i) -> __m256 {
     _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x87f0_0000u32 as i32)))
 }
 
+/// Byte `J` of every 32-bit lane of `codes` (the codes of columns `4d + J`
+/// of a 32-column group, `d` the lane) as f32 of value x 2^-120, as
+/// [`fp8_scaled`] gives them: shifted to the lane's top byte, then right
+/// arithmetically by 4, a code has its magnitude at bits 20..26 and its sign
+/// at bit 31 (the mask clears the sign's copies). Two shifts and a mask per
+/// 8 codes, no lane crossing; the activations come in the matching order
+/// ([`prescale`]).
+#[inline(always)]
+unsafe fn fp8_byte<const J: i32>(codes: __m256i) -> __m256 {
+    let top = match J {
+        0 => _mm256_slli_epi32::<24>(codes),
+        1 => _mm256_slli_epi32::<16>(codes),
+        2 => _mm256_slli_epi32::<8>(codes),
+        _ => codes,
+    };
+    let c = _mm256_srai_epi32::<4>(top);
+    _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x87f0_0000u32 as i32)))
+}
+
 /// Activations for the fused fp8 kernel, and per row the factor that
 /// undoes their scaling. fp8 codes decode to value x 2^-120
 /// ([`fp8_scaled`]), so each row is multiplied by a power of two 2^s
@@ -311,7 +342,11 @@ unsafe fn fp8_scaled(codes: __m128i) -> __m256 {
 /// `s` is clamped to 0..=126 (rows already past 2^40, or not finite, stay as
 /// they are; rows below 2^-86 are lifted as far as f32 allows) and depends on
 /// the row alone, keeping results batch-invariant.
-pub(crate) fn prescale(x: &crate::Mat) -> (Vec<f32>, Vec<f32>) {
+///
+/// With `permute_cols > 0`, every whole group of 32 columns below it is
+/// stored in the order [`fp8_byte`] decodes codes in: position `8j + d` of a
+/// group holds column `4d + j`.
+pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize) -> (Vec<f32>, Vec<f32>) {
     let (m, k) = (x.rows(), x.cols());
     let mut xq = Vec::with_capacity(m * k);
     let mut unscale = Vec::with_capacity(m);
@@ -326,7 +361,16 @@ pub(crate) fn prescale(x: &crate::Mat) -> (Vec<f32>, Vec<f32>) {
             0
         };
         let shift = pow2(s);
+        let at = xq.len();
         xq.extend(row.iter().map(|v| v * shift));
+        for group in xq[at..at + permute_cols.min(k) / 32 * 32].chunks_exact_mut(32) {
+            let natural: [f32; 32] = group.try_into().expect("32 columns");
+            for j in 0..4 {
+                for d in 0..8 {
+                    group[8 * j + d] = natural[4 * d + j];
+                }
+            }
+        }
         unscale.push(pow2(120 - s));
     }
     (xq, unscale)

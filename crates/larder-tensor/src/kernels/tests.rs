@@ -350,3 +350,27 @@ fn every_fp8_code_decodes_exactly_on_every_path() {
         }
     }
 }
+
+#[test]
+fn fp8_rows_with_a_ragged_tail_match_alone_and_in_chunked_batches() {
+    // 128-column blocks (the fused kernel's 32-column-group order) over a
+    // width that leaves 8-column steps and a < 8 tail; 40 rows are chunked.
+    for k in [2048 + 96 + 8, 2048 + 96 + 13, 200] {
+        let n = 11;
+        let codes: Vec<u8> = random_bytes(n * k, 81)
+            .into_iter()
+            .map(|b| if b & 0x7f == 0x7f { 0x12 } else { b })
+            .collect();
+        let scales = random(k.div_ceil(128), 82).iter().map(|s| s.abs() + 0.01).collect();
+        let w = WeightMatrix::fp8_block("fp8-ragged", n, k, SharedBytes::from_vec(codes), scales, 128, 128).unwrap();
+        let x = Mat::from_vec(40, k, random(40 * k, 83));
+        for path in KernelPath::available() {
+            check_against_reference(path, &x, &w);
+            let all = matmul_t_with(path, &x, &w);
+            for r in [0, 17, 39] {
+                let alone = matmul_t_with(path, &x.gather_rows(&[r]), &w);
+                assert_eq!(alone.row(0), all.row(r), "{} k={k} row {r}", path.name());
+            }
+        }
+    }
+}
