@@ -54,8 +54,12 @@ use crate::dtype::WeightDType;
 use crate::mat::Mat;
 use crate::weight::{RowView, WeightMatrix};
 
-/// Output features handled by one parallel task.
+/// Fewest output features handled by one parallel task.
 const FEATURES_PER_TASK: usize = 16; // a multiple of FEATURE_BLOCK
+/// Most output features handled by one parallel task.
+const MAX_FEATURES_PER_TASK: usize = 256;
+/// Bytes of accumulators one task may keep (they stay in L1).
+const TASK_ACC_BYTES: usize = 32 << 10;
 /// Weight rows multiplied together by one kernel call (a register block).
 const FEATURE_BLOCK: usize = 4;
 /// Columns per chunk: a multiple of every path's step and of 32 (mxfp4 blocks).
@@ -208,7 +212,14 @@ impl KernelPath {
 /// to its block sum; see `quant_avx2`). Returns `false`, having done
 /// nothing, where the path or layout does not allow it (the caller then
 /// decodes into a buffer): other paths, blocks not a multiple of 8 columns.
-fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], (unscale, permuted): (&[f32], bool), acc: &mut [f32]) -> bool {
+fn fused_quantized(
+    path: KernelPath,
+    views: &[RowView<'_>],
+    ahead: isize,
+    xs: &[&[f32]],
+    (unscale, permuted): (&[f32], bool),
+    acc: &mut [f32],
+) -> bool {
     #[cfg(target_arch = "x86_64")]
     if path == KernelPath::Avx2 {
         // SAFETY: the path is AVX2 (the caller checked `is_supported`); every
@@ -317,64 +328,80 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         return out;
     }
     let xs: Vec<&[f32]> = (0..m).map(|r| x.row(r)).collect();
-    // The fused fp8 kernel reads its activations prescaled, row by row, and
-    // for blocks of whole 32-column groups in its decoding order
+    // The fused quantized kernel reads its activations prescaled, row by
+    // row, and for blocks of whole 32-column groups in its decoding order
     // (`quant_avx2::prescale`); everything else reads them as they are.
     let (step, acc_len) = (path.step(), path.acc_len());
     let k_main = k / step * step;
-    let permuted_fp8 = fused_block(path, w).is_some_and(|b| b % 32 == 0);
+    let permuted = fused_block(path, w).is_some_and(|b| b % 32 == 0);
     #[cfg(target_arch = "x86_64")]
     let (xq, unscale) = match w.format() {
-        crate::weight::WeightFormat::Fp8Block { .. } if fuses(path, w) => quant_avx2::prescale(x, if permuted_fp8 { k_main } else { 0 }),
-        _ => (Vec::new(), Vec::new()),
+        _ if !fuses(path, w) => (Vec::new(), Vec::new()),
+        format => {
+            let code_exp = match format {
+                crate::weight::WeightFormat::Fp8Block { .. } => 120,
+                crate::weight::WeightFormat::Mxfp4 => 126,
+                _ => 0,
+            };
+            quant_avx2::prescale(x, if permuted { k_main } else { 0 }, code_exp)
+        }
     };
     #[cfg(not(target_arch = "x86_64"))]
     let (xq, unscale): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
     let xk: Vec<&[f32]> = if xq.is_empty() { xs.clone() } else { xq.chunks_exact(k).collect() };
+    // Rows whose activations stay cached need no chunking at all (fewer
+    // calls) unless they are decoded into a buffer, one L1-sized chunk at a
+    // time.
+    let x_cached = m * k * 4 <= ACTIVATION_CACHE_BYTES;
+    let fused_block = fused_block(path, w);
+    let chunk = if x_cached && (w.dense_dtype().is_some() || fused_block.is_some()) {
+        k_main.max(1)
+    } else if let Some(block) = fused_block {
+        // Whole scale blocks: the fused kernel applies a scale once per
+        // block piece, so pieces must not depend on the chunking.
+        K_CHUNK.div_ceil(block) * block
+    } else {
+        K_CHUNK
+    };
+    // Decoded rows of one register block (also the fallback should a fused
+    // chunk be refused, so sized for the chunk).
+    let row_cap = chunk.max(K_CHUNK);
+    // Column chunks with the kernel's and the plain activations (the same
+    // unless quantized rows are fused); accumulators carry over between
+    // chunks, so the reduction order equals one pass over the whole row
+    // whatever the loop order below.
+    let chunks: Vec<Chunk<'_>> = (0..k_main)
+        .step_by(chunk)
+        .map(|c0| {
+            let c1 = (c0 + chunk).min(k_main);
+            Chunk {
+                c0,
+                c1,
+                kernel_xs: xk.iter().map(|x| &x[c0..c1]).collect(),
+                plain_xs: xs.iter().map(|x| &x[c0..c1]).collect(),
+            }
+        })
+        .collect();
+    let tail_xs: Vec<&[f32]> = xs.iter().map(|x| &x[k_main..]).collect();
+    // Enough tasks to balance the threads, few enough that per-task set-up
+    // stays small next to the weights a task streams, and small enough that
+    // a task's accumulators stay in L1/L2.
+    let threads = rayon::current_num_threads();
+    let acc_cap = (TASK_ACC_BYTES / (m * acc_len * 4)).max(FEATURES_PER_TASK);
+    let per_task = n
+        .div_ceil(threads * 4)
+        .clamp(FEATURES_PER_TASK, acc_cap.min(MAX_FEATURES_PER_TASK))
+        .next_multiple_of(FEATURE_BLOCK);
     // Computed feature-major ([n, m]) so that each task owns a contiguous block.
     let mut out_t = vec![0.0f32; n * m];
     let task = |(ti, block): (usize, &mut [f32])| {
-        let first = ti * FEATURES_PER_TASK;
+        let first = ti * per_task;
         let features = block.len() / m;
         let mut acc = vec![0.0f32; features * m * acc_len];
         let mut buf = Vec::new();
-        // Rows whose activations stay cached need no chunking at all (fewer
-        // calls) unless they are decoded into a buffer, one L1-sized chunk
-        // at a time.
-        let x_cached = m * k * 4 <= ACTIVATION_CACHE_BYTES;
-        let fused_block = fused_block(path, w);
-        let chunk = if x_cached && (w.dense_dtype().is_some() || fused_block.is_some()) {
-            k_main.max(1)
-        } else if let Some(block) = fused_block {
-            // Whole scale blocks: the fused kernel applies a scale once per
-            // block piece, so pieces must not depend on the chunking.
-            K_CHUNK.div_ceil(block) * block
-        } else {
-            K_CHUNK
-        };
-        // Decoded rows of one register block (also the fallback should a
-        // fused chunk be refused, so sized for the chunk).
-        let row_cap = chunk.max(K_CHUNK);
         // Allocated on first use only: dense and fused rows never need it,
         // and zeroing it per task would cost as much as small rows' weights.
         let mut decoded: Vec<f32> = Vec::new();
-        // Column chunks; accumulators carry over between chunks, so the
-        // reduction order equals one pass over the whole row whatever the
-        // loop order below.
-        // Column chunks with the kernel's and the plain activations (the
-        // same unless fp8 is prescaled).
-        let chunks: Vec<Chunk<'_>> = (0..k_main)
-            .step_by(chunk)
-            .map(|c0| {
-                let c1 = (c0 + chunk).min(k_main);
-                Chunk {
-                    c0,
-                    c1,
-                    kernel_xs: xk.iter().map(|x| &x[c0..c1]).collect(),
-                    plain_xs: xs.iter().map(|x| &x[c0..c1]).collect(),
-                }
-            })
-            .collect();
         let blocks: Vec<(usize, usize)> = (0..features)
             .step_by(FEATURE_BLOCK)
             .map(|f0| (f0, (f0 + FEATURE_BLOCK).min(features)))
@@ -398,7 +425,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             } else {
                 0
             };
-            if fused_quantized(path, &views[..f1 - f0], ahead, &ch.kernel_xs, (&unscale, permuted_fp8), a) {
+            if fused_quantized(path, &views[..f1 - f0], ahead, &ch.kernel_xs, (&unscale, permuted), a) {
                 return;
             }
             let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
@@ -424,20 +451,24 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                 blocks.iter().for_each(|&b| add(b, c));
             }
         }
-        let chunk_xs: Vec<&[f32]> = xs.iter().map(|x| &x[k_main..]).collect();
         for (j, outs) in block.chunks_exact_mut(m).enumerate() {
             let a = &acc[j * m * acc_len..(j + 1) * m * acc_len];
-            if w.dense_dtype().is_none() {
-                decoded.resize(decoded.len().max(k - k_main), 0.0);
-            }
-            let (dtype, bytes) = dense_columns(path, w.row_view(first + j).slice(k_main, k), &mut decoded);
-            path.finish(dtype, bytes, &chunk_xs, a, outs, &mut buf);
+            let (dtype, bytes) = if k_main == k {
+                // No tail: nothing to look up or decode, only the reduction.
+                (w.dense_dtype().unwrap_or(WeightDType::F32), &[][..])
+            } else {
+                if w.dense_dtype().is_none() {
+                    decoded.resize(decoded.len().max(k - k_main), 0.0);
+                }
+                dense_columns(path, w.row_view(first + j).slice(k_main, k), &mut decoded)
+            };
+            path.finish(dtype, bytes, &tail_xs, a, outs, &mut buf);
         }
     };
-    if n * k >= PARALLEL_MIN_ELEMS && rayon::current_num_threads() > 1 {
-        out_t.par_chunks_mut(FEATURES_PER_TASK * m).enumerate().for_each(task);
+    if n * k >= PARALLEL_MIN_ELEMS && threads > 1 {
+        out_t.par_chunks_mut(per_task * m).enumerate().for_each(task);
     } else {
-        out_t.chunks_mut(FEATURES_PER_TASK * m).enumerate().for_each(task);
+        out_t.chunks_mut(per_task * m).enumerate().for_each(task);
     }
     for f in 0..n {
         for r in 0..m {
@@ -451,7 +482,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
 struct Chunk<'a> {
     c0: usize,
     c1: usize,
-    /// What the fused quantized kernel reads (prescaled for fp8).
+    /// What the fused quantized kernel reads (prescaled, maybe permuted).
     kernel_xs: Vec<&'a [f32]>,
     /// The activations as given.
     plain_xs: Vec<&'a [f32]>,

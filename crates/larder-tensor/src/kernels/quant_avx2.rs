@@ -55,8 +55,9 @@ struct Rows<'a> {
     /// Bytes from a code to the same code of the row a register block later
     /// (prefetched; 0 for none).
     ahead: isize,
-    /// fp8: whether the activations come permuted for [`fp8_byte`] (every
-    /// 32-column step then starts on a multiple of 32).
+    /// Whether the activations come permuted for [`fp8_byte`],
+    /// [`e2m1_nibble`] and [`int4_nibble`] (every 32-column step then starts
+    /// on a multiple of 32).
     permuted: bool,
     /// Columns in the call (a multiple of 8).
     len: usize,
@@ -66,13 +67,12 @@ struct Rows<'a> {
 
 impl Rows<'_> {
     /// The factor the block sum of feature `f`'s segment `idx` is multiplied
-    /// by: mxfp4 half the e8m0 value (the table holds twice the e2m1 values;
-    /// halving a power of two is exact), int4 and fp8 the scale (fp8 after
-    /// the row's own unscaling, see [`prescale`]).
+    /// by (after the row's own unscaling, see [`prescale`]): mxfp4 the e8m0
+    /// value, fp8 and int4 the scale.
     #[inline(always)]
     fn factor<const KIND: u8>(&self, f: usize, idx: usize) -> f32 {
         match KIND {
-            MXFP4 => 0.5 * formats::e8m0_to_f32(self.e8m0[f][idx]),
+            MXFP4 => formats::e8m0_to_f32(self.e8m0[f][idx]),
             _ => self.scales[f][idx],
         }
     }
@@ -88,7 +88,14 @@ impl Rows<'_> {
 /// The CPU must support AVX2, FMA and F16C; each `xs[r]` holds the chunk's
 /// columns; `acc` holds `views.len() * xs.len() * 8` values.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], unscale: &[f32], permuted: bool, acc: &mut [f32]) -> bool {
+pub(crate) unsafe fn accumulate(
+    views: &[RowView<'_>],
+    ahead: isize,
+    xs: &[&[f32]],
+    unscale: &[f32],
+    permuted: bool,
+    acc: &mut [f32],
+) -> bool {
     let Some(first) = views.first() else { return true };
     let (kind, len, lead, block) = match *first {
         RowView::Fp8 {
@@ -98,8 +105,14 @@ pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32
         RowView::Int4 { packed, group, lead, .. } => (INT4, packed.len() * 2, lead, group),
         RowView::Dense { .. } => return false,
     };
-    if block % 8 != 0 || lead % 8 != 0 || len % 8 != 0 || views.len() > FEATURE_BLOCK || (kind == FP8 && unscale.len() != xs.len())
-        || (permuted && (block % 32 != 0 || lead % 32 != 0)) {
+    if block % 8 != 0
+        || lead % 8 != 0
+        || len % 8 != 0
+        || views.len() > FEATURE_BLOCK
+        || unscale.len() != xs.len()
+        || (permuted && (block % 32 != 0 || lead % 32 != 0))
+        || (kind == MXFP4 && !permuted)
+    {
         return false;
     }
     let mut rows = Rows {
@@ -254,6 +267,38 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
                 }
                 i += 8;
             }
+        } else if q.permuted {
+            // Segments are whole 32-column groups here.
+            while i < end {
+                for f in 0..F {
+                    let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(cp[f].add(i / 2) as *const __m128i));
+                    if q.ahead != 0 {
+                        prefetch(cp[f].wrapping_offset(q.ahead).wrapping_add(i / 2));
+                    }
+                    let w = if KIND == MXFP4 {
+                        [
+                            e2m1_nibble::<0>(words),
+                            e2m1_nibble::<1>(words),
+                            e2m1_nibble::<2>(words),
+                            e2m1_nibble::<3>(words),
+                        ]
+                    } else {
+                        let words = _mm256_xor_si256(words, _mm256_set1_epi32(0x8888));
+                        [
+                            int4_nibble::<0>(words),
+                            int4_nibble::<1>(words),
+                            int4_nibble::<2>(words),
+                            int4_nibble::<3>(words),
+                        ]
+                    };
+                    for r in 0..R {
+                        for j in 0..4 {
+                            s[f][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[f][r][j % 2]);
+                        }
+                    }
+                }
+                i += 32;
+            }
         } else {
             while i + 32 <= end {
                 for f in 0..F {
@@ -282,10 +327,7 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
         for f in 0..F {
             let scale = _mm256_set1_ps(q.factor::<KIND>(f0 + f, idx));
             for r in 0..R {
-                let mut sum = _mm256_add_ps(s[f][r][0], s[f][r][1]);
-                if KIND == FP8 {
-                    sum = _mm256_mul_ps(sum, _mm256_set1_ps(unscale[r0 + r]));
-                }
+                let sum = _mm256_mul_ps(_mm256_add_ps(s[f][r][0], s[f][r][1]), _mm256_set1_ps(unscale[r0 + r]));
                 _mm256_storeu_ps(slot(f, r), _mm256_fmadd_ps(sum, scale, _mm256_loadu_ps(slot(f, r))));
             }
         }
@@ -333,12 +375,45 @@ unsafe fn fp8_byte<const J: i32>(codes: __m256i) -> __m256 {
     _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x87f0_0000u32 as i32)))
 }
 
-/// Activations for the fused fp8 kernel, and per row the factor that
-/// undoes their scaling. fp8 codes decode to value x 2^-120
-/// ([`fp8_scaled`]), so each row is multiplied by a power of two 2^s
-/// (exact) that brings its largest magnitude near 2^40, keeping the products
-/// x * w x 2^(s-120) clear of f32's subnormal range without any sum
-/// overflowing; block sums are multiplied by 2^(120-s) before their scale.
+/// mxfp4 code `N` of every 16-bit word (one per 32-bit lane: columns
+/// `4d + N`) as f32 of value x 2^-126: shifted to the lane's top bits, then
+/// right arithmetically by 6, the nibble has its exponent at f32 bits 23..24,
+/// its mantissa bit at 22 and its sign at 31 (the mask clears the sign's
+/// copies); exponent 0 gives the exact subnormal, as e2m1's own.
+#[inline(always)]
+unsafe fn e2m1_nibble<const N: i32>(words: __m256i) -> __m256 {
+    let top = match N {
+        0 => _mm256_slli_epi32::<28>(words),
+        1 => _mm256_slli_epi32::<24>(words),
+        2 => _mm256_slli_epi32::<20>(words),
+        _ => _mm256_slli_epi32::<16>(words),
+    };
+    let c = _mm256_srai_epi32::<6>(top);
+    _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x81c0_0000u32 as i32)))
+}
+
+/// int4 code `N` of every 16-bit word (columns `4d + N`) as f32 of its value
+/// (the nibble minus 8): `words` come with every nibble's top bit flipped,
+/// which makes the nibble the 4-bit two's complement of that value; shifted
+/// to the lane's top bits and right arithmetically by 28, it is sign-extended.
+#[inline(always)]
+unsafe fn int4_nibble<const N: i32>(words: __m256i) -> __m256 {
+    let top = match N {
+        0 => _mm256_slli_epi32::<28>(words),
+        1 => _mm256_slli_epi32::<24>(words),
+        2 => _mm256_slli_epi32::<20>(words),
+        _ => _mm256_slli_epi32::<16>(words),
+    };
+    _mm256_cvtepi32_ps(_mm256_srai_epi32::<28>(top))
+}
+
+/// Activations for the fused kernel, and per row the factor that undoes
+/// their scaling. Codes decode to value x 2^-`code_exp` (fp8 120, mxfp4 126,
+/// int4 0), so each row is multiplied by a power of two 2^s (exact) that
+/// brings its largest magnitude near 2^40, keeping the products
+/// x * w x 2^(s - code_exp) clear of f32's subnormal range without any sum
+/// overflowing; block sums are multiplied by 2^(code_exp - s) before their
+/// scale.
 /// `s` is clamped to 0..=126 (rows already past 2^40, or not finite, stay as
 /// they are; rows below 2^-86 are lifted as far as f32 allows) and depends on
 /// the row alone, keeping results batch-invariant.
@@ -346,7 +421,7 @@ unsafe fn fp8_byte<const J: i32>(codes: __m256i) -> __m256 {
 /// With `permute_cols > 0`, every whole group of 32 columns below it is
 /// stored in the order [`fp8_byte`] decodes codes in: position `8j + d` of a
 /// group holds column `4d + j`.
-pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, code_exp: i32) -> (Vec<f32>, Vec<f32>) {
     let (m, k) = (x.rows(), x.cols());
     let mut xq = Vec::with_capacity(m * k);
     let mut unscale = Vec::with_capacity(m);
@@ -371,7 +446,7 @@ pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize) -> (Vec<f32>, Vec<f3
                 }
             }
         }
-        unscale.push(pow2(120 - s));
+        unscale.push(pow2(code_exp - s));
     }
     (xq, unscale)
 }
