@@ -27,9 +27,14 @@
 //! and a feature whose row holds a NaN code gets NaN results, as
 //! decode-then-multiply gives.
 //!
-//! mxfp4 / int4: 16 bytes give 32 nibbles in order (mask, shift, interleave),
-//! a byte shuffle looks up each nibble's value (mxfp4: twice the e2m1 value,
-//! so all are integers; int4: the code minus 8), then sign-extend and convert.
+//! mxfp4 / int4 (32-column groups): 16 bytes widen to one 16-bit word per
+//! 32-bit lane; nibble `n` of every word is shifted to the lane's top and
+//! back arithmetically, giving mxfp4 as f32 of value x 2^-126
+//! ([`e2m1_nibble`]) or int4 as a signed integer to convert
+//! ([`int4_nibble`]), against activations permuted and prescaled as for fp8.
+//! int4 groups that are not whole 32-column groups take the code-order path:
+//! 32 nibbles in order (mask, shift, interleave), a byte-shuffle table of the
+//! values, sign extension and conversion.
 
 // Register blocks are const-size arrays indexed by (feature, row).
 #![allow(clippy::needless_range_loop)]
@@ -218,10 +223,8 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
     for r in 0..R {
         xp[r] = xs[r0 + r].as_ptr();
     }
-    let lut = match KIND {
-        MXFP4 => _mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12),
-        _ => _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7),
-    };
+    // int4 values by nibble, for the code-order path (mxfp4 never takes it).
+    let lut = _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     // fp8: the largest (code << 1) of all F rows; 0xfe means a NaN code.
     let mut nan = _mm256_setzero_si256();
     for (start, seg, idx) in formats::segments(q.len, q.lead, q.block) {
