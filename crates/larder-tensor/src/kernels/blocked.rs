@@ -96,7 +96,7 @@ pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], ahead: is
             macro_rules! go {
                 ($($rr:literal, $ff:literal);*) => {
                     match (nr, nf) {
-                        $( ($rr, $ff) => block::<S, KIND, $rr, $ff>(wsub, ahead, xs, r, len, asub), )*
+                        $( ($rr, $ff) => block::<S, KIND, $rr, $ff>(wsub, if r == 0 { ahead } else { 0 }, xs, r, len, asub), )*
                         _ => unreachable!("row block {nr} x {nf} features"),
                     }
                 };

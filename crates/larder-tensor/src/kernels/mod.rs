@@ -339,9 +339,9 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         _ if !fuses(path, w) => (Vec::new(), Vec::new()),
         format => {
             let code_exp = match format {
-                crate::weight::WeightFormat::Fp8Block { .. } => 120,
-                crate::weight::WeightFormat::Mxfp4 => 126,
-                _ => 0,
+                crate::weight::WeightFormat::Fp8Block { .. } => Some(120),
+                crate::weight::WeightFormat::Mxfp4 => Some(126),
+                _ => None,
             };
             quant_avx2::prescale(x, if permuted { k_main } else { 0 }, code_exp)
         }

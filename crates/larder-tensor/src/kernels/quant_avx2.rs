@@ -31,7 +31,8 @@
 //! 32-bit lane; nibble `n` of every word is shifted to the lane's top and
 //! back arithmetically, giving mxfp4 as f32 of value x 2^-126
 //! ([`e2m1_nibble`]) or int4 as a signed integer to convert
-//! ([`int4_nibble`]), against activations permuted and prescaled as for fp8.
+//! ([`int4_nibble`]), against activations permuted as for fp8 (and, for
+//! mxfp4, prescaled).
 //! int4 groups that are not whole 32-column groups take the code-order path:
 //! 32 nibbles in order (mask, shift, interleave), a byte-shuffle table of the
 //! values, sign extension and conversion.
@@ -114,7 +115,7 @@ pub(crate) unsafe fn accumulate(
         || lead % 8 != 0
         || len % 8 != 0
         || views.len() > FEATURE_BLOCK
-        || unscale.len() != xs.len()
+        || (kind != INT4 && unscale.len() != xs.len())
         || (permuted && (block % 32 != 0 || lead % 32 != 0))
         || (kind == MXFP4 && !permuted)
     {
@@ -212,6 +213,8 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
     r0: usize,
     acc: &mut [f32],
 ) {
+    // The rows a register block later are prefetched by the first row group only.
+    let ahead = if r0 == 0 { q.ahead } else { 0 };
     let m = xs.len();
     let ap = acc.as_mut_ptr();
     let slot = |f: usize, r: usize| ap.add(((f0 + f) * m + r0 + r) * 8);
@@ -235,8 +238,8 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
             while i + 32 <= end {
                 for f in 0..F {
                     let b = _mm256_loadu_si256(cp[f].add(i) as *const __m256i);
-                    if q.ahead != 0 {
-                        prefetch(cp[f].wrapping_offset(q.ahead).wrapping_add(i));
+                    if ahead != 0 {
+                        prefetch(cp[f].wrapping_offset(ahead).wrapping_add(i));
                     }
                     nan = _mm256_max_epu8(nan, _mm256_add_epi8(b, b));
                     let w = if q.permuted {
@@ -275,8 +278,8 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
             while i < end {
                 for f in 0..F {
                     let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(cp[f].add(i / 2) as *const __m128i));
-                    if q.ahead != 0 {
-                        prefetch(cp[f].wrapping_offset(q.ahead).wrapping_add(i / 2));
+                    if ahead != 0 {
+                        prefetch(cp[f].wrapping_offset(ahead).wrapping_add(i / 2));
                     }
                     let w = if KIND == MXFP4 {
                         [
@@ -306,8 +309,8 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
             while i + 32 <= end {
                 for f in 0..F {
                     let w = nibbles32(cp[f].add(i / 2), lut);
-                    if q.ahead != 0 {
-                        prefetch(cp[f].wrapping_offset(q.ahead).wrapping_add(i / 2));
+                    if ahead != 0 {
+                        prefetch(cp[f].wrapping_offset(ahead).wrapping_add(i / 2));
                     }
                     for r in 0..R {
                         for j in 0..4 {
@@ -330,7 +333,10 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
         for f in 0..F {
             let scale = _mm256_set1_ps(q.factor::<KIND>(f0 + f, idx));
             for r in 0..R {
-                let sum = _mm256_mul_ps(_mm256_add_ps(s[f][r][0], s[f][r][1]), _mm256_set1_ps(unscale[r0 + r]));
+                let mut sum = _mm256_add_ps(s[f][r][0], s[f][r][1]);
+                if KIND != INT4 {
+                    sum = _mm256_mul_ps(sum, _mm256_set1_ps(unscale[r0 + r]));
+                }
                 _mm256_storeu_ps(slot(f, r), _mm256_fmadd_ps(sum, scale, _mm256_loadu_ps(slot(f, r))));
             }
         }
@@ -411,27 +417,28 @@ unsafe fn int4_nibble<const N: i32>(words: __m256i) -> __m256 {
 }
 
 /// Activations for the fused kernel, and per row the factor that undoes
-/// their scaling. Codes decode to value x 2^-`code_exp` (fp8 120, mxfp4 126,
-/// int4 0), so each row is multiplied by a power of two 2^s (exact) that
-/// brings its largest magnitude near 2^40, keeping the products
-/// x * w x 2^(s - code_exp) clear of f32's subnormal range without any sum
-/// overflowing; block sums are multiplied by 2^(code_exp - s) before their
-/// scale.
-/// `s` is clamped to 0..=126 (rows already past 2^40, or not finite, stay as
-/// they are; rows below 2^-86 are lifted as far as f32 allows) and depends on
-/// the row alone, keeping results batch-invariant.
+/// their scaling. Codes decode to value x 2^-`code_exp` (fp8 120, mxfp4 126),
+/// so each row is multiplied by a power of two 2^s (exact) that brings its
+/// largest magnitude near 2^40, keeping the products x * w x 2^(s - code_exp)
+/// clear of f32's subnormal range without any sum overflowing; block sums
+/// are multiplied by 2^(code_exp - s) before their scale. `s` is clamped to
+/// 0..=126 (rows already past 2^40, or not finite, stay as they are; rows
+/// below 2^-86 are lifted as far as f32 allows) and depends on the row
+/// alone, keeping results batch-invariant. `code_exp: None` (int4, whose
+/// codes decode to their integer values) leaves the values as they are and
+/// returns no factors.
 ///
 /// With `permute_cols > 0`, every whole group of 32 columns below it is
 /// stored in the order [`fp8_byte`] decodes codes in: position `8j + d` of a
 /// group holds column `4d + j`.
-pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, code_exp: i32) -> (Vec<f32>, Vec<f32>) {
+pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, code_exp: Option<i32>) -> (Vec<f32>, Vec<f32>) {
     let (m, k) = (x.rows(), x.cols());
     let mut xq = Vec::with_capacity(m * k);
     let mut unscale = Vec::with_capacity(m);
     for r in 0..m {
         let row = x.row(r);
         let max = row.iter().fold(0.0f32, |a, v| a.max(v.abs()));
-        let s = if max.is_finite() && max > 0.0 {
+        let s = if code_exp.is_some() && max.is_finite() && max > 0.0 {
             // Unbiased exponent of the largest magnitude (subnormals count as -127).
             let e = ((max.to_bits() >> 23) & 0xff) as i32 - 127;
             (40 - e).clamp(0, 126)
@@ -449,7 +456,9 @@ pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, code_exp: i32) -> (V
                 }
             }
         }
-        unscale.push(pow2(code_exp - s));
+        if let Some(e) = code_exp {
+            unscale.push(pow2(e - s));
+        }
     }
     (xq, unscale)
 }
