@@ -391,13 +391,7 @@ unsafe fn fp8_byte<const J: i32>(codes: __m256i) -> __m256 {
 /// copies); exponent 0 gives the exact subnormal, as e2m1's own.
 #[inline(always)]
 unsafe fn e2m1_nibble<const N: i32>(words: __m256i) -> __m256 {
-    let top = match N {
-        0 => _mm256_slli_epi32::<28>(words),
-        1 => _mm256_slli_epi32::<24>(words),
-        2 => _mm256_slli_epi32::<20>(words),
-        _ => _mm256_slli_epi32::<16>(words),
-    };
-    let c = _mm256_srai_epi32::<6>(top);
+    let c = _mm256_srai_epi32::<6>(nibble_to_top::<N>(words));
     _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x81c0_0000u32 as i32)))
 }
 
@@ -407,13 +401,19 @@ unsafe fn e2m1_nibble<const N: i32>(words: __m256i) -> __m256 {
 /// to the lane's top bits and right arithmetically by 28, it is sign-extended.
 #[inline(always)]
 unsafe fn int4_nibble<const N: i32>(words: __m256i) -> __m256 {
-    let top = match N {
+    _mm256_cvtepi32_ps(_mm256_srai_epi32::<28>(nibble_to_top::<N>(words)))
+}
+
+/// Nibble `N` of the 16-bit word in every 32-bit lane, moved to the lane's
+/// top four bits.
+#[inline(always)]
+unsafe fn nibble_to_top<const N: i32>(words: __m256i) -> __m256i {
+    match N {
         0 => _mm256_slli_epi32::<28>(words),
         1 => _mm256_slli_epi32::<24>(words),
         2 => _mm256_slli_epi32::<20>(words),
         _ => _mm256_slli_epi32::<16>(words),
-    };
-    _mm256_cvtepi32_ps(_mm256_srai_epi32::<28>(top))
+    }
 }
 
 /// Activations for the fused kernel, and per row the factor that undoes
