@@ -234,101 +234,31 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
         let end = start + seg;
         let mut s = [[[_mm256_setzero_ps(); 2]; R]; F];
         let mut i = start;
-        if KIND == FP8 {
-            while i + 32 <= end {
-                for f in 0..F {
-                    let b = _mm256_loadu_si256(cp[f].add(i) as *const __m256i);
-                    if ahead != 0 {
-                        prefetch(cp[f].wrapping_offset(ahead).wrapping_add(i));
-                    }
-                    nan = _mm256_max_epu8(nan, _mm256_add_epi8(b, b));
-                    let w = if q.permuted {
-                        [fp8_byte::<0>(b), fp8_byte::<1>(b), fp8_byte::<2>(b), fp8_byte::<3>(b)]
-                    } else {
-                        let lo = _mm256_castsi256_si128(b);
-                        let hi = _mm256_extracti128_si256::<1>(b);
-                        [
-                            fp8_scaled(lo),
-                            fp8_scaled(_mm_unpackhi_epi64(lo, lo)),
-                            fp8_scaled(hi),
-                            fp8_scaled(_mm_unpackhi_epi64(hi, hi)),
-                        ]
-                    };
-                    for r in 0..R {
-                        for j in 0..4 {
-                            s[f][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[f][r][j % 2]);
-                        }
+        while i + 32 <= end {
+            for f in 0..F {
+                if ahead != 0 {
+                    let bytes = if KIND == FP8 { i } else { i / 2 };
+                    prefetch(cp[f].wrapping_offset(ahead).wrapping_add(bytes));
+                }
+                let w = step32::<KIND>(q.permuted, cp[f], i, lut, &mut nan);
+                for r in 0..R {
+                    for j in 0..4 {
+                        s[f][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[f][r][j % 2]);
                     }
                 }
-                i += 32;
             }
-            while i < end {
-                for f in 0..F {
-                    let b = _mm_loadl_epi64(cp[f].add(i) as *const __m128i);
-                    nan = _mm256_max_epu8(nan, _mm256_castsi128_si256(_mm_add_epi8(b, b)));
-                    let w = fp8_scaled(b);
-                    for r in 0..R {
-                        s[f][r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i)), w, s[f][r][0]);
-                    }
+            i += 32;
+        }
+        // 8-column steps (segments are multiples of 8 long; never on the
+        // permuted nibble path, whose segments are whole groups).
+        while i < end {
+            for f in 0..F {
+                let w = step8::<KIND>(cp[f], i, lut, &mut nan);
+                for r in 0..R {
+                    s[f][r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i)), w, s[f][r][0]);
                 }
-                i += 8;
             }
-        } else if q.permuted {
-            // Segments are whole 32-column groups here.
-            while i < end {
-                for f in 0..F {
-                    let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(cp[f].add(i / 2) as *const __m128i));
-                    if ahead != 0 {
-                        prefetch(cp[f].wrapping_offset(ahead).wrapping_add(i / 2));
-                    }
-                    let w = if KIND == MXFP4 {
-                        [
-                            e2m1_nibble::<0>(words),
-                            e2m1_nibble::<1>(words),
-                            e2m1_nibble::<2>(words),
-                            e2m1_nibble::<3>(words),
-                        ]
-                    } else {
-                        let words = _mm256_xor_si256(words, _mm256_set1_epi32(0x8888));
-                        [
-                            int4_nibble::<0>(words),
-                            int4_nibble::<1>(words),
-                            int4_nibble::<2>(words),
-                            int4_nibble::<3>(words),
-                        ]
-                    };
-                    for r in 0..R {
-                        for j in 0..4 {
-                            s[f][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[f][r][j % 2]);
-                        }
-                    }
-                }
-                i += 32;
-            }
-        } else {
-            while i + 32 <= end {
-                for f in 0..F {
-                    let w = nibbles32(cp[f].add(i / 2), lut);
-                    if ahead != 0 {
-                        prefetch(cp[f].wrapping_offset(ahead).wrapping_add(i / 2));
-                    }
-                    for r in 0..R {
-                        for j in 0..4 {
-                            s[f][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[f][r][j % 2]);
-                        }
-                    }
-                }
-                i += 32;
-            }
-            while i < end {
-                for f in 0..F {
-                    let w = nibbles8(cp[f].add(i / 2), lut);
-                    for r in 0..R {
-                        s[f][r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i)), w, s[f][r][0]);
-                    }
-                }
-                i += 8;
-            }
+            i += 8;
         }
         for f in 0..F {
             let scale = _mm256_set1_ps(q.factor::<KIND>(f0 + f, idx));
@@ -363,6 +293,57 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
 unsafe fn fp8_scaled(codes: __m128i) -> __m256 {
     let c = _mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(codes));
     _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x87f0_0000u32 as i32)))
+}
+
+/// The 32 columns from column `i` of one row (codes at `p`) as four vectors
+/// of 8: in column order, or in the permuted order of whole 32-column groups.
+/// fp8 also folds the codes into the NaN tracker.
+#[inline(always)]
+unsafe fn step32<const KIND: u8>(permuted: bool, p: *const u8, i: usize, lut: __m128i, nan: &mut __m256i) -> [__m256; 4] {
+    if KIND == FP8 {
+        let b = _mm256_loadu_si256(p.add(i) as *const __m256i);
+        *nan = _mm256_max_epu8(*nan, _mm256_add_epi8(b, b));
+        if permuted {
+            return [fp8_byte::<0>(b), fp8_byte::<1>(b), fp8_byte::<2>(b), fp8_byte::<3>(b)];
+        }
+        let (lo, hi) = (_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
+        return [
+            fp8_scaled(lo),
+            fp8_scaled(_mm_unpackhi_epi64(lo, lo)),
+            fp8_scaled(hi),
+            fp8_scaled(_mm_unpackhi_epi64(hi, hi)),
+        ];
+    }
+    if !permuted {
+        return nibbles32(p.add(i / 2), lut);
+    }
+    let words = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(i / 2) as *const __m128i));
+    if KIND == MXFP4 {
+        return [
+            e2m1_nibble::<0>(words),
+            e2m1_nibble::<1>(words),
+            e2m1_nibble::<2>(words),
+            e2m1_nibble::<3>(words),
+        ];
+    }
+    let words = _mm256_xor_si256(words, _mm256_set1_epi32(0x8888));
+    [
+        int4_nibble::<0>(words),
+        int4_nibble::<1>(words),
+        int4_nibble::<2>(words),
+        int4_nibble::<3>(words),
+    ]
+}
+
+/// The 8 columns from column `i` of one row, in column order.
+#[inline(always)]
+unsafe fn step8<const KIND: u8>(p: *const u8, i: usize, lut: __m128i, nan: &mut __m256i) -> __m256 {
+    if KIND == FP8 {
+        let b = _mm_loadl_epi64(p.add(i) as *const __m128i);
+        *nan = _mm256_max_epu8(*nan, _mm256_castsi128_si256(_mm_add_epi8(b, b)));
+        return fp8_scaled(b);
+    }
+    nibbles8(p.add(i / 2), lut)
 }
 
 /// Byte `J` of every 32-bit lane of `codes` (the codes of columns `4d + J`
