@@ -212,21 +212,14 @@ impl KernelPath {
 /// to its block sum; see `quant_avx2`). Returns `false`, having done
 /// nothing, where the path or layout does not allow it (the caller then
 /// decodes into a buffer): other paths, blocks not a multiple of 8 columns.
-fn fused_quantized(
-    path: KernelPath,
-    views: &[RowView<'_>],
-    ahead: isize,
-    xs: &[&[f32]],
-    (unscale, permuted): (&[f32], bool),
-    acc: &mut [f32],
-) -> bool {
+fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], act: Activations<'_>, acc: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
     if path == KernelPath::Avx2 {
         // SAFETY: the path is AVX2 (the caller checked `is_supported`); every
         // view holds the chunk's columns, as does every `xs[r]`.
-        return unsafe { quant_avx2::accumulate(views, ahead, xs, unscale, permuted, acc) };
+        return unsafe { quant_avx2::accumulate(views, ahead, xs, act, acc) };
     }
-    let _ = (path, views, ahead, xs, unscale, permuted, acc);
+    let _ = (path, views, ahead, xs, act, acc);
     false
 }
 
@@ -246,6 +239,21 @@ fn fused_block(path: KernelPath, w: &WeightMatrix) -> Option<usize> {
         WeightFormat::Dense(_) => return None,
     };
     (cfg!(target_arch = "x86_64") && path == KernelPath::Avx2 && block % 8 == 0).then_some(block)
+}
+
+/// Whether every scale of an fp8 weight can be folded into activations
+/// (`quant_avx2::scales_fold_into_activations`), checked per block-row.
+fn fp8_scales_fold(w: &WeightMatrix, block_rows: usize) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return (0..w.rows()).step_by(block_rows).all(|r| match w.row_view(r) {
+        RowView::Fp8 { scales, .. } => quant_avx2::scales_fold_into_activations(scales),
+        _ => false,
+    });
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = (w, block_rows);
+        false
+    }
 }
 
 /// The stored bytes (dense values or codes) of a row view.
@@ -349,6 +357,22 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
     #[cfg(not(target_arch = "x86_64"))]
     let (xq, unscale): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
     let xk: Vec<&[f32]> = if xq.is_empty() { xs.clone() } else { xq.chunks_exact(k).collect() };
+    // fp8 with 2-D blocks whose scales fold safely into the activations: the
+    // activations of each block-row are multiplied by its scales once, and
+    // rows are summed in chunk-sized pieces (see `Activations`).
+    let block_scaled = match w.format() {
+        crate::weight::WeightFormat::Fp8Block { block_rows, block_cols }
+            if permuted && block_rows % FEATURE_BLOCK == 0 && fp8_scales_fold(w, block_rows) =>
+        {
+            Some(K_CHUNK.div_ceil(block_cols) * block_cols)
+        }
+        _ => None,
+    };
+    let act = Activations {
+        unscale: &unscale,
+        permuted,
+        block_scaled,
+    };
     // Rows whose activations stay cached need no chunking at all (fewer
     // calls) unless they are decoded into a buffer, one L1-sized chunk at a
     // time.
@@ -402,6 +426,9 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         // Allocated on first use only: dense and fused rows never need it,
         // and zeroing it per task would cost as much as small rows' weights.
         let mut decoded: Vec<f32> = Vec::new();
+        // Block-scaled fp8 activations of one block-row and chunk, and which.
+        let mut scaled_x: Vec<f32> = Vec::new();
+        let mut scaled_for: Option<(usize, usize)> = None;
         let blocks: Vec<(usize, usize)> = (0..features)
             .step_by(FEATURE_BLOCK)
             .map(|f0| (f0, (f0 + FEATURE_BLOCK).min(features)))
@@ -425,7 +452,31 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             } else {
                 0
             };
-            if fused_quantized(path, &views[..f1 - f0], ahead, &ch.kernel_xs, (&unscale, permuted), a) {
+            #[cfg(target_arch = "x86_64")]
+            if let (Some(_), RowView::Fp8 { scales, block_cols, .. }) = (act.block_scaled, views[0]) {
+                let key = (scales.as_ptr() as usize, *c0);
+                if scaled_for != Some(key) {
+                    quant_avx2::scale_by_blocks(&ch.kernel_xs, scales, block_cols, &mut scaled_x);
+                    scaled_for = Some(key);
+                }
+                // Row slices on the stack for the usual few rows.
+                let (mut few, many): ([&[f32]; 8], Vec<&[f32]>);
+                let sx: &[&[f32]] = if m <= 8 {
+                    few = [&[]; 8];
+                    for (slot, row) in few.iter_mut().zip(scaled_x.chunks_exact(c1 - c0)) {
+                        *slot = row;
+                    }
+                    &few[..m]
+                } else {
+                    many = scaled_x.chunks_exact(c1 - c0).collect();
+                    &many
+                };
+                if fused_quantized(path, &views[..f1 - f0], ahead, sx, act, a) {
+                    return;
+                }
+            }
+            let unscaled = Activations { block_scaled: None, ..act };
+            if fused_quantized(path, &views[..f1 - f0], ahead, &ch.kernel_xs, unscaled, a) {
                 return;
             }
             let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
@@ -476,6 +527,20 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         }
     }
     out
+}
+
+/// How the activations of a call come to the fused kernel.
+#[derive(Clone, Copy)]
+pub(crate) struct Activations<'a> {
+    /// Per row, the factor undoing `quant_avx2::prescale` (empty for int4).
+    pub unscale: &'a [f32],
+    /// Whole 32-column groups permuted as `quant_avx2::prescale` does.
+    pub permuted: bool,
+    /// fp8 only: the activations also come multiplied by each column
+    /// block's scale for these rows (`quant_avx2::scale_by_blocks`), so the rows are
+    /// summed in pieces of this many columns with factor 1 instead of one
+    /// piece per scale block.
+    pub block_scaled: Option<usize>,
 }
 
 /// One column range of a call and its activation rows.

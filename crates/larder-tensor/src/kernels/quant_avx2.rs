@@ -15,6 +15,13 @@
 //! block instead of once per weight removes a multiply per weight (a third
 //! of the decode's work).
 //!
+//! fp8 with 2-D blocks (every checkpoint that ships them) goes one step
+//! further when its scales allow ([`scales_fold_into_activations`]): the
+//! activations of each block-row are multiplied by its column blocks' scales
+//! once per task ([`scale_by_blocks`]), the four rows of a register block
+//! sharing them, and block sums then take factor 1 over fixed 512-column
+//! pieces (whole chunks, so still independent of the rows in a call).
+//!
 //! fp8: codes become f32 of value x 2^-120 with two or three integer
 //! operations per 8 ([`fp8_byte`]: byte j of every 32-bit lane, so the
 //! activations of each whole 32-column group come permuted to match;
@@ -43,7 +50,7 @@
 use std::arch::x86_64::*;
 
 use super::blocked::prefetch;
-use super::FEATURE_BLOCK;
+use super::{Activations, FEATURE_BLOCK};
 use crate::formats;
 use crate::weight::RowView;
 
@@ -65,6 +72,8 @@ struct Rows<'a> {
     /// [`e2m1_nibble`] and [`int4_nibble`] (every 32-column step then starts
     /// on a multiple of 32).
     permuted: bool,
+    /// The block sums take factor 1 (the activations carry the scales).
+    unit_factor: bool,
     /// Columns in the call (a multiple of 8).
     len: usize,
     lead: usize,
@@ -77,6 +86,9 @@ impl Rows<'_> {
     /// value, fp8 and int4 the scale.
     #[inline(always)]
     fn factor<const KIND: u8>(&self, f: usize, idx: usize) -> f32 {
+        if self.unit_factor {
+            return 1.0;
+        }
         match KIND {
             MXFP4 => formats::e8m0_to_f32(self.e8m0[f][idx]),
             _ => self.scales[f][idx],
@@ -94,14 +106,8 @@ impl Rows<'_> {
 /// The CPU must support AVX2, FMA and F16C; each `xs[r]` holds the chunk's
 /// columns; `acc` holds `views.len() * xs.len() * 8` values.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn accumulate(
-    views: &[RowView<'_>],
-    ahead: isize,
-    xs: &[&[f32]],
-    unscale: &[f32],
-    permuted: bool,
-    acc: &mut [f32],
-) -> bool {
+pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], act: Activations<'_>, acc: &mut [f32]) -> bool {
+    let (unscale, permuted) = (act.unscale, act.permuted);
     let Some(first) = views.first() else { return true };
     let (kind, len, lead, block) = match *first {
         RowView::Fp8 {
@@ -128,11 +134,18 @@ pub(crate) unsafe fn accumulate(
         nf: views.len(),
         ahead,
         permuted,
+        unit_factor: false,
         len,
         lead,
         block,
     };
     let segments = (lead + len).div_ceil(block);
+    if let Some(piece) = act.block_scaled {
+        if kind != FP8 || lead != 0 || piece % 32 != 0 {
+            return false;
+        }
+        (rows.block, rows.unit_factor) = (piece, true);
+    }
     for (f, v) in views.iter().enumerate() {
         // Every view must match the first (one format, one column range, a
         // scale per segment); anything else goes the decoding way.
@@ -442,6 +455,28 @@ pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, code_exp: Option<i32
         }
     }
     (xq, unscale)
+}
+
+/// Multiplies `out[r] = xq[r] * scales[column block]` for one block-row's
+/// scales (`scales[j]` for columns `j * block..`), the columns being those of
+/// a chunk starting at a multiple of `block` (a multiple of 32, so permuted
+/// groups never straddle blocks).
+pub(crate) fn scale_by_blocks(xs: &[&[f32]], scales: &[f32], block: usize, out: &mut Vec<f32>) {
+    out.clear();
+    for x in xs {
+        for (j, cols) in x.chunks(block).enumerate() {
+            let s = scales[j];
+            out.extend(cols.iter().map(|v| v * s));
+        }
+    }
+}
+
+/// Whether an fp8 weight's scales allow [`scale_by_blocks`]: all finite and
+/// zero or within 2^-60..2^60, so that activations prescaled to below 2^41
+/// neither overflow nor lose precision to f32's subnormal range.
+pub(crate) fn scales_fold_into_activations(scales: &[f32]) -> bool {
+    let (lo, hi) = (pow2(-60), pow2(60));
+    scales.iter().all(|s| *s == 0.0 || (lo..=hi).contains(&s.abs()))
 }
 
 /// 2^e for -126 <= e <= 127.

@@ -374,3 +374,29 @@ fn fp8_rows_with_a_ragged_tail_match_alone_and_in_chunked_batches() {
         }
     }
 }
+
+#[test]
+fn fp8_scales_that_cannot_fold_into_activations_take_the_per_block_path() {
+    // A scale of 2^70 (or 2^-70) anywhere keeps the whole weight on the
+    // per-block scale step; results match the reference and are
+    // batch-invariant either way.
+    let (n, k) = (12, 640);
+    let codes: Vec<u8> = random_bytes(n * k, 91)
+        .into_iter()
+        .map(|b| if b & 0x7f == 0x7f { 0x21 } else { b })
+        .collect();
+    for odd in [2f32.powi(70), 2f32.powi(-70), 0.0] {
+        let mut scales: Vec<f32> = random(k.div_ceil(128), 92).iter().map(|s| s.abs() + 0.01).collect();
+        scales[2] = odd;
+        let w = WeightMatrix::fp8_block("fp8-odd-scale", n, k, SharedBytes::from_vec(codes.clone()), scales, 128, 128).unwrap();
+        let x = Mat::from_vec(40, k, random(40 * k, 93));
+        for path in KernelPath::available() {
+            check_against_reference(path, &x, &w);
+            let all = matmul_t_with(path, &x, &w);
+            for r in [0, 39] {
+                let alone = matmul_t_with(path, &x.gather_rows(&[r]), &w);
+                assert_eq!(alone.row(0), all.row(r), "{} scale {odd} row {r}", path.name());
+            }
+        }
+    }
+}
