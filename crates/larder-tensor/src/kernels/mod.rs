@@ -223,13 +223,9 @@ fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[
     false
 }
 
-/// Whether every chunk of `w` goes through [`fused_quantized`] on `path`
-/// (so chunks need not fit the decode buffer).
-fn fuses(path: KernelPath, w: &WeightMatrix) -> bool {
-    fused_block(path, w).is_some()
-}
-
-/// The scale block (columns) of a quantized `w` that `path` computes fused.
+/// The scale block (columns) of a quantized `w` that `path` computes fused
+/// (every chunk then goes through [`fused_quantized`], so chunks need not fit
+/// the decode buffer); `None` for dense weights and other paths.
 fn fused_block(path: KernelPath, w: &WeightMatrix) -> Option<usize> {
     use crate::weight::WeightFormat;
     let block = match w.format() {
@@ -341,10 +337,11 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
     // (`quant_avx2::prescale`); everything else reads them as they are.
     let (step, acc_len) = (path.step(), path.acc_len());
     let k_main = k / step * step;
-    let permuted = fused_block(path, w).is_some_and(|b| b % 32 == 0);
+    let fused_block = fused_block(path, w);
+    let permuted = fused_block.is_some_and(|b| b % 32 == 0);
     #[cfg(target_arch = "x86_64")]
     let (xq, unscale) = match w.format() {
-        _ if !fuses(path, w) => (Vec::new(), Vec::new()),
+        _ if fused_block.is_none() => (Vec::new(), Vec::new()),
         format => {
             let code_exp = match format {
                 crate::weight::WeightFormat::Fp8Block { .. } => Some(120),
@@ -377,7 +374,6 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
     // calls) unless they are decoded into a buffer, one L1-sized chunk at a
     // time.
     let x_cached = m * k * 4 <= ACTIVATION_CACHE_BYTES;
-    let fused_block = fused_block(path, w);
     let chunk = if x_cached && (w.dense_dtype().is_some() || fused_block.is_some()) {
         k_main.max(1)
     } else if let Some(block) = fused_block {
