@@ -134,10 +134,67 @@ pub enum RowView<'a> {
     },
 }
 
+/// A weight's storage, resolved: row views in a few index computations
+/// (kernels take one per register block of rows).
+#[derive(Debug, Clone, Copy)]
+pub struct WeightRows<'a> {
+    format: WeightFormat,
+    cols: usize,
+    /// Dense values, fp8 codes, mxfp4 blocks or int4 words.
+    data: &'a [u8],
+    /// fp8 and int4 scales.
+    scales_f32: &'a [f32],
+    /// mxfp4 e8m0 scales.
+    scales_u8: &'a [u8],
+}
+
+impl<'a> WeightRows<'a> {
+    /// The stored bytes (and scales) of row `r`.
+    ///
+    /// # Panics
+    /// If `r` is not a row of the weight.
+    #[inline(always)]
+    pub fn row(&self, r: usize) -> RowView<'a> {
+        let c = self.cols;
+        match self.format {
+            WeightFormat::Dense(dtype) => {
+                let rb = c * dtype.size();
+                RowView::Dense {
+                    dtype,
+                    bytes: &self.data[r * rb..(r + 1) * rb],
+                }
+            }
+            WeightFormat::Fp8Block { block_rows, block_cols } => {
+                let per_row = c.div_ceil(block_cols);
+                RowView::Fp8 {
+                    codes: &self.data[r * c..(r + 1) * c],
+                    scales: &self.scales_f32[(r / block_rows) * per_row..(r / block_rows + 1) * per_row],
+                    block_cols,
+                    lead: 0,
+                }
+            }
+            WeightFormat::Mxfp4 => RowView::Mxfp4 {
+                blocks: &self.data[r * c / 2..(r + 1) * c / 2],
+                scales: &self.scales_u8[r * c / 32..(r + 1) * c / 32],
+            },
+            WeightFormat::Int4Group { group } => {
+                let g = c / group;
+                RowView::Int4 {
+                    packed: &self.data[r * c / 2..(r + 1) * c / 2],
+                    scales: &self.scales_f32[r * g..(r + 1) * g],
+                    group,
+                    lead: 0,
+                }
+            }
+        }
+    }
+}
+
 impl<'a> RowView<'a> {
     /// The columns `c0..c1` of this view. `c0` and `c1` must be multiples of 32
     /// (or `c1` the row's end); quantized views carry the offset into their
     /// first block.
+    #[inline(always)]
     pub fn slice(self, c0: usize, c1: usize) -> RowView<'a> {
         match self {
             RowView::Dense { dtype, bytes } => RowView::Dense {
@@ -365,38 +422,23 @@ impl WeightMatrix {
 
     /// The stored bytes (and scales) of row `r`.
     pub fn row_view(&self, r: usize) -> RowView<'_> {
-        let c = self.cols;
-        match (&self.storage, self.format) {
-            (Storage::Dense(b), WeightFormat::Dense(dtype)) => {
-                let rb = c * dtype.size();
-                RowView::Dense {
-                    dtype,
-                    bytes: &b.as_slice()[r * rb..(r + 1) * rb],
-                }
-            }
-            (Storage::Fp8 { codes, scales }, WeightFormat::Fp8Block { block_rows, block_cols }) => {
-                let per_row = c.div_ceil(block_cols);
-                RowView::Fp8 {
-                    codes: &codes.as_slice()[r * c..(r + 1) * c],
-                    scales: &scales[(r / block_rows) * per_row..(r / block_rows + 1) * per_row],
-                    block_cols,
-                    lead: 0,
-                }
-            }
-            (Storage::Mxfp4 { blocks, scales }, _) => RowView::Mxfp4 {
-                blocks: &blocks.as_slice()[r * c / 2..(r + 1) * c / 2],
-                scales: &scales.as_slice()[r * c / 32..(r + 1) * c / 32],
-            },
-            (Storage::Int4 { packed, scales }, WeightFormat::Int4Group { group }) => {
-                let g = c / group;
-                RowView::Int4 {
-                    packed: &packed.as_slice()[r * c / 2..(r + 1) * c / 2],
-                    scales: &scales[r * g..(r + 1) * g],
-                    group,
-                    lead: 0,
-                }
-            }
-            _ => unreachable!("format and storage are built together"),
+        self.rows_source().row(r)
+    }
+
+    /// The storage resolved once, for taking many rows' views cheaply.
+    pub fn rows_source(&self) -> WeightRows<'_> {
+        let (data, scales_f32, scales_u8): (&[u8], &[f32], &[u8]) = match &self.storage {
+            Storage::Dense(b) => (b.as_slice(), &[], &[]),
+            Storage::Fp8 { codes, scales } => (codes.as_slice(), scales, &[]),
+            Storage::Mxfp4 { blocks, scales } => (blocks.as_slice(), &[], scales.as_slice()),
+            Storage::Int4 { packed, scales } => (packed.as_slice(), scales, &[]),
+        };
+        WeightRows {
+            format: self.format,
+            cols: self.cols,
+            data,
+            scales_f32,
+            scales_u8,
         }
     }
 

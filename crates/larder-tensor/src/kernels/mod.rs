@@ -241,7 +241,8 @@ fn fused_block(path: KernelPath, w: &WeightMatrix) -> Option<usize> {
 /// (`quant_avx2::scales_fold_into_activations`), checked per block-row.
 fn fp8_scales_fold(w: &WeightMatrix, block_rows: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
-    return (0..w.rows()).step_by(block_rows).all(|r| match w.row_view(r) {
+    let rows = w.rows_source();
+    return (0..w.rows()).step_by(block_rows).all(|r| match rows.row(r) {
         RowView::Fp8 { scales, .. } => quant_avx2::scales_fold_into_activations(scales),
         _ => false,
     });
@@ -332,6 +333,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         return out;
     }
     let xs: Vec<&[f32]> = (0..m).map(|r| x.row(r)).collect();
+    let w_rows = w.rows_source();
     // The fused quantized kernel reads its activations prescaled, row by
     // row, and for blocks of whole 32-column groups in its decoding order
     // (`quant_avx2::prescale`); everything else reads them as they are.
@@ -348,7 +350,13 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                 crate::weight::WeightFormat::Mxfp4 => Some(126),
                 _ => None,
             };
-            quant_avx2::prescale(x, if permuted { k_main } else { 0 }, code_exp)
+            // mxfp4 decodes 64 columns per step (two scale blocks).
+            let group = if matches!(format, crate::weight::WeightFormat::Mxfp4) {
+                64
+            } else {
+                32
+            };
+            quant_avx2::prescale(x, if permuted { k_main } else { 0 }, group, code_exp)
         }
     };
     #[cfg(not(target_arch = "x86_64"))]
@@ -438,12 +446,12 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                 bytes: &[],
             }; FEATURE_BLOCK];
             for (v, f) in views.iter_mut().zip(f0..f1) {
-                *v = w.row_view(first + f).slice(*c0, *c1);
+                *v = w_rows.row(first + f).slice(*c0, *c1);
             }
             // Where the same columns of the next register block's rows start
             // (relative to these rows), to prefetch while this block computes.
             let ahead = if first + f1 < w.rows() {
-                let next = w.row_view(first + f1).slice(*c0, *c1);
+                let next = w_rows.row(first + f1).slice(*c0, *c1);
                 (row_bytes(next).as_ptr() as isize).wrapping_sub(row_bytes(views[0]).as_ptr() as isize)
             } else {
                 0
@@ -507,7 +515,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                 if w.dense_dtype().is_none() {
                     decoded.resize(decoded.len().max(k - k_main), 0.0);
                 }
-                dense_columns(path, w.row_view(first + j).slice(k_main, k), &mut decoded)
+                dense_columns(path, w_rows.row(first + j).slice(k_main, k), &mut decoded)
             };
             path.finish(dtype, bytes, &tail_xs, a, outs, &mut buf);
         }

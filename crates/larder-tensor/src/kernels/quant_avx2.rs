@@ -22,8 +22,8 @@
 //! sharing them, and block sums then take factor 1 over fixed 512-column
 //! pieces (whole chunks, so still independent of the rows in a call).
 //!
-//! fp8: codes become f32 of value x 2^-120 with two or three integer
-//! operations per 8 ([`fp8_byte`]: byte j of every 32-bit lane, so the
+//! fp8: codes become f32 of value x 2^-120 with about two integer
+//! operations per 8 ([`fp8_bytes`]: byte j of every 32-bit lane, so the
 //! activations of each whole 32-column group come permuted to match;
 //! [`fp8_scaled`] where blocks are not whole groups); each activation row
 //! comes prescaled by a power of two ([`prescale`]) so that products stay
@@ -34,11 +34,15 @@
 //! and a feature whose row holds a NaN code gets NaN results, as
 //! decode-then-multiply gives.
 //!
-//! mxfp4 / int4 (32-column groups): 16 bytes widen to one 16-bit word per
-//! 32-bit lane; nibble `n` of every word is shifted to the lane's top and
-//! back arithmetically, giving mxfp4 as f32 of value x 2^-126
+//! mxfp4: whole 64-column groups (two scale blocks) decode from 32 bytes,
+//! 8 codes per 32-bit lane, with 16-bit shift pairs ([`e2m1_lanes`]) to f32
+//! of value x 2^-126; the two blocks' sums sit in lanes 0..4 and 4..8 of the
+//! same partial sums and take their scales as one vector, one step per 64
+//! columns. A last 32-column group (and int4's 32-column groups) widen 16
+//! bytes to one 16-bit word per 32-bit lane; nibble `n` of every word is
+//! shifted to the lane's top and back arithmetically, giving mxfp4 as f32
 //! ([`e2m1_nibble`]) or int4 as a signed integer to convert
-//! ([`int4_nibble`]), against activations permuted as for fp8 (and, for
+//! ([`int4_nibble`]). The activations come permuted to match (and, for
 //! mxfp4, prescaled).
 //! int4 groups that are not whole 32-column groups take the code-order path:
 //! 32 nibbles in order (mask, shift, interleave), a byte-shuffle table of the
@@ -68,7 +72,7 @@ struct Rows<'a> {
     /// Bytes from a code to the same code of the row a register block later
     /// (prefetched; 0 for none).
     ahead: isize,
-    /// Whether the activations come permuted for [`fp8_byte`],
+    /// Whether the activations come permuted for [`fp8_bytes`],
     /// [`e2m1_nibble`] and [`int4_nibble`] (every 32-column step then starts
     /// on a multiple of 32).
     permuted: bool,
@@ -243,16 +247,32 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
     let lut = _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     // fp8: the largest (code << 1) of all F rows; 0xfe means a NaN code.
     let mut nan = _mm256_setzero_si256();
-    for (start, seg, idx) in formats::segments(q.len, q.lead, q.block) {
+    // mxfp4: whole 64-column groups first (two features at a time), then
+    // a last 32-column group if any.
+    let mut done = 0;
+    if KIND == MXFP4 {
+        done = q.len / 64 * 64;
+        let mut f = 0;
+        while f < F {
+            if f + 1 < F {
+                mxfp4_groups::<R, 2>(q, f0 + f, xs, unscale, r0, ahead, done, acc);
+            } else {
+                mxfp4_groups::<R, 1>(q, f0 + f, xs, unscale, r0, ahead, done, acc);
+            }
+            f += 2;
+        }
+    }
+    // The rest, segment by segment (mxfp4: `done` is a multiple of the block).
+    let (lead, first_idx) = if done == 0 { (q.lead, 0) } else { (0, done / q.block) };
+    let rest = formats::segments(q.len - done, lead, q.block).map(|(start, seg, idx)| (start + done, seg, idx + first_idx));
+    for (start, seg, idx) in rest {
         let end = start + seg;
         let mut s = [[[_mm256_setzero_ps(); 2]; R]; F];
         let mut i = start;
         while i + 32 <= end {
             for f in 0..F {
-                if ahead != 0 {
-                    let bytes = if KIND == FP8 { i } else { i / 2 };
-                    prefetch(cp[f].wrapping_offset(ahead).wrapping_add(bytes));
-                }
+                let bytes = if KIND == FP8 { i } else { i / 2 };
+                prefetch(cp[f].wrapping_offset(ahead).wrapping_add(bytes));
                 let w = step32::<KIND>(q.permuted, cp[f], i, lut, &mut nan);
                 for r in 0..R {
                     for j in 0..4 {
@@ -296,6 +316,92 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
     }
 }
 
+/// The columns `0..end` (whole 64-column groups) of mxfp4 features
+/// `f0..f0 + G` against rows `r0..r0 + R`. A group's 64 codes decode at
+/// once ([`e2m1_lanes`]); lanes 0..4 of its partial sums hold the first
+/// scale block's columns and lanes 4..8 the second's, so both blocks take
+/// their scales as one vector: `acc += ((even + odd) * unscale) * scales`,
+/// once per group. Features run two at a time (what the registers hold
+/// with two partial sums each); the order per (feature, row) is the same
+/// whatever `G`, `R` or the call's other rows.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn mxfp4_groups<const R: usize, const G: usize>(
+    q: &Rows<'_>,
+    f0: usize,
+    xs: &[&[f32]],
+    unscale: &[f32],
+    r0: usize,
+    ahead: isize,
+    end: usize,
+    acc: &mut [f32],
+) {
+    let m = xs.len();
+    let ap = acc.as_mut_ptr();
+    let slot = |g: usize, r: usize| ap.add(((f0 + g) * m + r0 + r) * 8);
+    let mut cp = [std::ptr::null::<u8>(); G];
+    let mut sp = [std::ptr::null::<u8>(); G];
+    let mut total = [[_mm256_setzero_ps(); R]; G];
+    for g in 0..G {
+        cp[g] = q.codes[f0 + g].as_ptr();
+        // `accumulate` checked a scale per 32 columns.
+        sp[g] = q.e8m0[f0 + g].as_ptr();
+        for r in 0..R {
+            total[g][r] = _mm256_loadu_ps(slot(g, r));
+        }
+    }
+    let mut xp = [std::ptr::null::<f32>(); R];
+    let mut back = [_mm256_setzero_ps(); R];
+    for r in 0..R {
+        xp[r] = xs[r0 + r].as_ptr();
+        back[r] = _mm256_set1_ps(unscale[r0 + r]);
+    }
+    let mut i = 0;
+    while i < end {
+        let mut s = [[[_mm256_setzero_ps(); 2]; R]; G];
+        for g in 0..G {
+            // (With nothing ahead this prefetches the codes about to load:
+            // cheaper than a branch.)
+            prefetch(cp[g].wrapping_offset(ahead).wrapping_add(i / 2));
+            let w = e2m1_lanes(_mm256_loadu_si256(cp[g].add(i / 2) as *const __m256i));
+            for r in 0..R {
+                for j in 0..8 {
+                    s[g][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[g][r][j % 2]);
+                }
+            }
+        }
+        for g in 0..G {
+            let (lo, hi) = (*sp[g].add(i / 32), *sp[g].add(i / 32 + 1));
+            let scales = _mm256_set_m128(_mm_set1_ps(E8M0[hi as usize]), _mm_set1_ps(E8M0[lo as usize]));
+            for r in 0..R {
+                let sum = _mm256_mul_ps(_mm256_add_ps(s[g][r][0], s[g][r][1]), back[r]);
+                total[g][r] = _mm256_fmadd_ps(sum, scales, total[g][r]);
+            }
+        }
+        i += 64;
+    }
+    for g in 0..G {
+        for r in 0..R {
+            _mm256_storeu_ps(slot(g, r), total[g][r]);
+        }
+    }
+}
+
+/// Every e8m0 scale's value ([`formats::e8m0_to_f32`]), by code.
+static E8M0: [f32; 256] = {
+    let mut t = [0.0f32; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = match i {
+            0 => f32::from_bits(1 << 22),
+            255 => f32::NAN,
+            _ => f32::from_bits((i as u32) << 23),
+        };
+        i += 1;
+    }
+    t
+};
+
 /// The low 8 fp8 e4m3 codes of `codes` as f32 of value x 2^-120: each code
 /// sign-extended to 32 bits and shifted left by 20 has its 7 magnitude bits
 /// at f32 bits 20..26 (exponent and mantissa, both formats laying them out
@@ -317,7 +423,7 @@ unsafe fn step32<const KIND: u8>(permuted: bool, p: *const u8, i: usize, lut: __
         let b = _mm256_loadu_si256(p.add(i) as *const __m256i);
         *nan = _mm256_max_epu8(*nan, _mm256_add_epi8(b, b));
         if permuted {
-            return [fp8_byte::<0>(b), fp8_byte::<1>(b), fp8_byte::<2>(b), fp8_byte::<3>(b)];
+            return fp8_bytes(b);
         }
         let (lo, hi) = (_mm256_castsi256_si128(b), _mm256_extracti128_si256::<1>(b));
         return [
@@ -359,23 +465,27 @@ unsafe fn step8<const KIND: u8>(p: *const u8, i: usize, lut: __m128i, nan: &mut 
     nibbles8(p.add(i / 2), lut)
 }
 
-/// Byte `J` of every 32-bit lane of `codes` (the codes of columns `4d + J`
-/// of a 32-column group, `d` the lane) as f32 of value x 2^-120, as
-/// [`fp8_scaled`] gives them: shifted to the lane's top byte, then right
-/// arithmetically by 4, a code has its magnitude at bits 20..26 and its sign
-/// at bit 31 (the mask clears the sign's copies). Two shifts and a mask per
-/// 8 codes, no lane crossing; the activations come in the matching order
-/// ([`prescale`]).
+/// The 32 fp8 codes of a 32-column group (byte `j` of 32-bit lane `d`
+/// holding column `4d + j`) as four vectors of f32 of value x 2^-120, as
+/// [`fp8_scaled`] gives them, vector `j` holding byte `j` of every lane (the
+/// order [`prescale`] stores such groups in). A byte at the top of a 16-bit
+/// word, shifted right arithmetically by 4, has its magnitude at the word's
+/// bits 4..10 and its sign at bit 15 (the mask clears the sign's copies):
+/// for the high word that is f32 bits 20..26 and 31 already, the low word's
+/// moves up by 16. Low bytes first move to their word's top: five shifts
+/// and four masks per 32 codes, no lane crossing.
 #[inline(always)]
-unsafe fn fp8_byte<const J: i32>(codes: __m256i) -> __m256 {
-    let top = match J {
-        0 => _mm256_slli_epi32::<24>(codes),
-        1 => _mm256_slli_epi32::<16>(codes),
-        2 => _mm256_slli_epi32::<8>(codes),
-        _ => codes,
-    };
-    let c = _mm256_srai_epi32::<4>(top);
-    _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x87f0_0000u32 as i32)))
+unsafe fn fp8_bytes(codes: __m256i) -> [__m256; 4] {
+    let mask = _mm256_set1_epi32(0x87f0_0000u32 as i32);
+    let odd = _mm256_srai_epi16::<4>(codes);
+    let even = _mm256_srai_epi16::<4>(_mm256_slli_epi16::<8>(codes));
+    let pick = |v: __m256i| _mm256_castsi256_ps(_mm256_and_si256(v, mask));
+    [
+        pick(_mm256_slli_epi32::<16>(even)),
+        pick(_mm256_slli_epi32::<16>(odd)),
+        pick(even),
+        pick(odd),
+    ]
 }
 
 /// mxfp4 code `N` of every 16-bit word (one per 32-bit lane: columns
@@ -387,6 +497,33 @@ unsafe fn fp8_byte<const J: i32>(codes: __m256i) -> __m256 {
 unsafe fn e2m1_nibble<const N: i32>(words: __m256i) -> __m256 {
     let c = _mm256_srai_epi32::<6>(nibble_to_top::<N>(words));
     _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x81c0_0000u32 as i32)))
+}
+
+/// The 64 mxfp4 codes of a 64-column group (32 bytes: 8 codes per 32-bit
+/// lane, lane `d` holding columns `8d..8d + 8`) as eight vectors of f32 of
+/// value x 2^-126, vector `N` holding code `N` of every lane (columns
+/// `8d + N`, the order [`prescale`] stores such groups in). Each 16-bit
+/// shift pair moves codes `N` and `N + 4` at once: the high word's code
+/// lands where [`e2m1_nibble`] puts it, the low word's moves up by 16. Eleven
+/// shifts and eight masks per 64 codes.
+#[inline(always)]
+unsafe fn e2m1_lanes(codes: __m256i) -> [__m256; 8] {
+    let mask = _mm256_set1_epi32(0x81c0_0000u32 as i32);
+    let pick = |v: __m256i| _mm256_castsi256_ps(_mm256_and_si256(v, mask));
+    let t0 = _mm256_srai_epi16::<6>(_mm256_slli_epi16::<12>(codes));
+    let t1 = _mm256_srai_epi16::<6>(_mm256_slli_epi16::<8>(codes));
+    let t2 = _mm256_srai_epi16::<6>(_mm256_slli_epi16::<4>(codes));
+    let t3 = _mm256_srai_epi16::<6>(codes);
+    [
+        pick(_mm256_slli_epi32::<16>(t0)),
+        pick(_mm256_slli_epi32::<16>(t1)),
+        pick(_mm256_slli_epi32::<16>(t2)),
+        pick(_mm256_slli_epi32::<16>(t3)),
+        pick(t0),
+        pick(t1),
+        pick(t2),
+        pick(t3),
+    ]
 }
 
 /// int4 code `N` of every 16-bit word (columns `4d + N`) as f32 of its value
@@ -422,10 +559,12 @@ unsafe fn nibble_to_top<const N: i32>(words: __m256i) -> __m256i {
 /// codes decode to their integer values) leaves the values as they are and
 /// returns no factors.
 ///
-/// With `permute_cols > 0`, every whole group of 32 columns below it is
-/// stored in the order [`fp8_byte`] decodes codes in: position `8j + d` of a
-/// group holds column `4d + j`.
-pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, code_exp: Option<i32>) -> (Vec<f32>, Vec<f32>) {
+/// With `permute_cols > 0`, the columns below it are stored in the order
+/// the kernel decodes codes in, by groups of `group` columns (32 or 64;
+/// after the last whole group of 64 a whole group of 32 if one is left):
+/// position `8j + d` of a group holds column `(group / 8) d + j` (code `j`
+/// of 32-bit lane `d`, see [`fp8_bytes`] and [`e2m1_lanes`]).
+pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, group: usize, code_exp: Option<i32>) -> (Vec<f32>, Vec<f32>) {
     let (m, k) = (x.rows(), x.cols());
     let mut xq = Vec::with_capacity(m * k);
     let mut unscale = Vec::with_capacity(m);
@@ -442,19 +581,28 @@ pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, code_exp: Option<i32
         let shift = pow2(s);
         let at = xq.len();
         xq.extend(row.iter().map(|v| v * shift));
-        for group in xq[at..at + permute_cols.min(k) / 32 * 32].chunks_exact_mut(32) {
-            let natural: [f32; 32] = group.try_into().expect("32 columns");
-            for j in 0..4 {
-                for d in 0..8 {
-                    group[8 * j + d] = natural[4 * d + j];
-                }
-            }
-        }
+        let cols = permute_cols.min(k);
+        let wide = if group == 64 { cols / 64 * 64 } else { 0 };
+        xq[at..at + wide].chunks_exact_mut(64).for_each(permute_group);
+        xq[at + wide..at + cols / 32 * 32].chunks_exact_mut(32).for_each(permute_group);
         if let Some(e) = code_exp {
             unscale.push(pow2(e - s));
         }
     }
     (xq, unscale)
+}
+
+/// Stores a group of 32 or 64 columns in decoding order: position `8j + d`
+/// holds column `(len / 8) d + j`.
+fn permute_group(group: &mut [f32]) {
+    let mut natural = [0.0f32; 64];
+    natural[..group.len()].copy_from_slice(group);
+    let per_lane = group.len() / 8;
+    for j in 0..per_lane {
+        for d in 0..8 {
+            group[8 * j + d] = natural[per_lane * d + j];
+        }
+    }
 }
 
 /// Multiplies `out[r] = xq[r] * scales[column block]` for one block-row's
@@ -512,4 +660,18 @@ unsafe fn nibbles8(p: *const u8, lut: __m128i) -> __m256 {
     let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
     let v = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
     _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn e8m0_table_matches_the_decoder() {
+        for code in 0..=255u8 {
+            let (table, decoded) = (super::E8M0[code as usize], crate::formats::e8m0_to_f32(code));
+            assert!(
+                table.to_bits() == decoded.to_bits() || (table.is_nan() && decoded.is_nan()),
+                "code {code}"
+            );
+        }
+    }
 }

@@ -400,3 +400,49 @@ fn fp8_scales_that_cannot_fold_into_activations_take_the_per_block_path() {
         }
     }
 }
+
+#[test]
+fn mxfp4_scales_across_the_e8m0_range_match_the_reference() {
+    // 2^-127 (the subnormal code 0) up to 2^100, in both lanes of a 64-column
+    // group and in a last 32-column group (k = 2080); a NaN scale (255)
+    // makes its feature NaN, as decode-then-multiply gives.
+    let (n, k) = (9, 2080);
+    let codes = random_bytes(n * k / 2, 94);
+    let picks = [0u8, 1, 20, 127, 200, 227];
+    let scales: Vec<u8> = random_bytes(n * k / 32, 95)
+        .iter()
+        .map(|b| picks[*b as usize % picks.len()])
+        .collect();
+    let w = WeightMatrix::mxfp4(
+        "mxfp4-range",
+        n,
+        k,
+        SharedBytes::from_vec(codes.clone()),
+        SharedBytes::from_vec(scales.clone()),
+    )
+    .unwrap();
+    let x = Mat::from_vec(5, k, random(5 * k, 96));
+    for path in KernelPath::available() {
+        check_against_reference(path, &x, &w);
+        let all = matmul_t_with(path, &x, &w);
+        for r in 0..5 {
+            assert_eq!(
+                matmul_t_with(path, &x.gather_rows(&[r]), &w).row(0),
+                all.row(r),
+                "{} row {r}",
+                path.name()
+            );
+        }
+    }
+    let mut nan_scales = scales;
+    nan_scales[3 * k / 32 + 40] = 255;
+    let w = WeightMatrix::mxfp4("mxfp4-nan", n, k, SharedBytes::from_vec(codes), SharedBytes::from_vec(nan_scales)).unwrap();
+    for path in KernelPath::available() {
+        let y = matmul_t_with(path, &x, &w);
+        for r in 0..5 {
+            for f in 0..n {
+                assert_eq!(y.row(r)[f].is_nan(), f == 3, "{} row {r} feature {f}", path.name());
+            }
+        }
+    }
+}
