@@ -335,12 +335,18 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
     let xs: Vec<&[f32]> = (0..m).map(|r| x.row(r)).collect();
     let w_rows = w.rows_source();
     // The fused quantized kernel reads its activations prescaled, row by
-    // row, and for blocks of whole 32-column groups in its decoding order
-    // (`quant_avx2::prescale`); everything else reads them as they are.
+    // row, and for blocks of whole 32-column groups in its decoding order,
+    // by groups of 32 or 64 columns (`quant_avx2::prescale`); everything
+    // else reads them as they are.
     let (step, acc_len) = (path.step(), path.acc_len());
     let k_main = k / step * step;
     let fused_block = fused_block(path, w);
     let permuted = fused_block.is_some_and(|b| b % 32 == 0);
+    // Columns per permuted group: mxfp4 and int4 decode 64 per step, fp8 32.
+    let perm_group = match w.format() {
+        crate::weight::WeightFormat::Fp8Block { .. } => 32,
+        _ => 64,
+    };
     #[cfg(target_arch = "x86_64")]
     let (xq, unscale) = match w.format() {
         _ if fused_block.is_none() => (Vec::new(), Vec::new()),
@@ -350,13 +356,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                 crate::weight::WeightFormat::Mxfp4 => Some(126),
                 _ => None,
             };
-            // mxfp4 decodes 64 columns per step (two scale blocks).
-            let group = if matches!(format, crate::weight::WeightFormat::Mxfp4) {
-                64
-            } else {
-                32
-            };
-            quant_avx2::prescale(x, if permuted { k_main } else { 0 }, group, code_exp)
+            quant_avx2::prescale(x, if permuted { k_main } else { 0 }, perm_group, code_exp)
         }
     };
     #[cfg(not(target_arch = "x86_64"))]
@@ -386,8 +386,14 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         k_main.max(1)
     } else if let Some(block) = fused_block {
         // Whole scale blocks: the fused kernel applies a scale once per
-        // block piece, so pieces must not depend on the chunking.
-        K_CHUNK.div_ceil(block) * block
+        // block piece, so pieces must not depend on the chunking; permuted
+        // chunks also start on a permuted group.
+        let unit = if permuted && block % perm_group != 0 {
+            block * perm_group / 32
+        } else {
+            block
+        };
+        K_CHUNK.div_ceil(unit) * unit
     } else {
         K_CHUNK
     };
@@ -538,7 +544,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
 pub(crate) struct Activations<'a> {
     /// Per row, the factor undoing `quant_avx2::prescale` (empty for int4).
     pub unscale: &'a [f32],
-    /// Whole 32-column groups permuted as `quant_avx2::prescale` does.
+    /// Whole 32- or 64-column groups permuted as `quant_avx2::prescale` does.
     pub permuted: bool,
     /// fp8 only: the activations also come multiplied by each column
     /// block's scale for these rows (`quant_avx2::scale_by_blocks`), so the rows are

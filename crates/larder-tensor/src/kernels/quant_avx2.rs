@@ -34,15 +34,15 @@
 //! and a feature whose row holds a NaN code gets NaN results, as
 //! decode-then-multiply gives.
 //!
-//! mxfp4: whole 64-column groups (two scale blocks) decode from 32 bytes,
-//! 8 codes per 32-bit lane, with 16-bit shift pairs ([`e2m1_lanes`]) to f32
-//! of value x 2^-126; the two blocks' sums sit in lanes 0..4 and 4..8 of the
-//! same partial sums and take their scales as one vector, one step per 64
-//! columns. A last 32-column group (and int4's 32-column groups) widen 16
+//! mxfp4 and int4 (blocks of whole 32-column groups): whole 64-column
+//! groups decode from 32 bytes, 8 codes per 32-bit lane, with 16-bit shift
+//! pairs ([`e2m1_lanes`]: f32 of value x 2^-126; [`int4_lanes`]: signed
+//! integers, converted); the group's two 32-column halves sit in lanes 0..4
+//! and 4..8 of the same partial sums and take their scales as one vector,
+//! one step per 64 columns ([`groups64`]). A last 32-column group widens 16
 //! bytes to one 16-bit word per 32-bit lane; nibble `n` of every word is
-//! shifted to the lane's top and back arithmetically, giving mxfp4 as f32
-//! ([`e2m1_nibble`]) or int4 as a signed integer to convert
-//! ([`int4_nibble`]). The activations come permuted to match (and, for
+//! shifted to the lane's top and back arithmetically ([`e2m1_nibble`],
+//! [`int4_nibble`]). The activations come permuted to match (and, for
 //! mxfp4, prescaled).
 //! int4 groups that are not whole 32-column groups take the code-order path:
 //! 32 nibbles in order (mask, shift, interleave), a byte-shuffle table of the
@@ -247,23 +247,23 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
     let lut = _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     // fp8: the largest (code << 1) of all F rows; 0xfe means a NaN code.
     let mut nan = _mm256_setzero_si256();
-    // mxfp4: whole 64-column groups first (two features at a time), then
-    // a last 32-column group if any.
+    // mxfp4 and int4 in permuted order: whole 64-column groups first (two
+    // features at a time), then a last 32-column group if any.
     let mut done = 0;
-    if KIND == MXFP4 {
+    if KIND != FP8 && q.permuted {
         done = q.len / 64 * 64;
         let mut f = 0;
         while f < F {
             if f + 1 < F {
-                mxfp4_groups::<R, 2>(q, f0 + f, xs, unscale, r0, ahead, done, acc);
+                groups64::<KIND, R, 2>(q, f0 + f, xs, unscale, r0, ahead, done, acc);
             } else {
-                mxfp4_groups::<R, 1>(q, f0 + f, xs, unscale, r0, ahead, done, acc);
+                groups64::<KIND, R, 1>(q, f0 + f, xs, unscale, r0, ahead, done, acc);
             }
             f += 2;
         }
     }
-    // The rest, segment by segment (mxfp4: `done` is a multiple of the block).
-    let (lead, first_idx) = if done == 0 { (q.lead, 0) } else { (0, done / q.block) };
+    // The rest, segment by segment.
+    let (lead, first_idx) = ((q.lead + done) % q.block, (q.lead + done) / q.block);
     let rest = formats::segments(q.len - done, lead, q.block).map(|(start, seg, idx)| (start + done, seg, idx + first_idx));
     for (start, seg, idx) in rest {
         let end = start + seg;
@@ -316,17 +316,19 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
     }
 }
 
-/// The columns `0..end` (whole 64-column groups) of mxfp4 features
-/// `f0..f0 + G` against rows `r0..r0 + R`. A group's 64 codes decode at
-/// once ([`e2m1_lanes`]); lanes 0..4 of its partial sums hold the first
-/// scale block's columns and lanes 4..8 the second's, so both blocks take
-/// their scales as one vector: `acc += ((even + odd) * unscale) * scales`,
-/// once per group. Features run two at a time (what the registers hold
-/// with two partial sums each); the order per (feature, row) is the same
-/// whatever `G`, `R` or the call's other rows.
+/// The columns `0..end` (whole 64-column groups) of mxfp4 or int4
+/// features `f0..f0 + G` against rows `r0..r0 + R`, in permuted order. A
+/// group's 64 codes decode at once ([`e2m1_lanes`], [`int4_lanes`]); lanes
+/// 0..4 of its partial sums hold the group's first 32 columns and lanes 4..8
+/// the other 32, each inside one scale block (blocks are multiples of 32
+/// columns, starting on one), so both take their scales as one vector:
+/// `acc += ((even + odd) * unscale) * scales` once per group (int4: no
+/// unscale). Features run two at a time (what the registers hold with two
+/// partial sums each); the order per (feature, row) is the same whatever
+/// `G`, `R` or the call's other rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn mxfp4_groups<const R: usize, const G: usize>(
+unsafe fn groups64<const KIND: u8, const R: usize, const G: usize>(
     q: &Rows<'_>,
     f0: usize,
     xs: &[&[f32]],
@@ -340,12 +342,9 @@ unsafe fn mxfp4_groups<const R: usize, const G: usize>(
     let ap = acc.as_mut_ptr();
     let slot = |g: usize, r: usize| ap.add(((f0 + g) * m + r0 + r) * 8);
     let mut cp = [std::ptr::null::<u8>(); G];
-    let mut sp = [std::ptr::null::<u8>(); G];
     let mut total = [[_mm256_setzero_ps(); R]; G];
     for g in 0..G {
         cp[g] = q.codes[f0 + g].as_ptr();
-        // `accumulate` checked a scale per 32 columns.
-        sp[g] = q.e8m0[f0 + g].as_ptr();
         for r in 0..R {
             total[g][r] = _mm256_loadu_ps(slot(g, r));
         }
@@ -354,7 +353,9 @@ unsafe fn mxfp4_groups<const R: usize, const G: usize>(
     let mut back = [_mm256_setzero_ps(); R];
     for r in 0..R {
         xp[r] = xs[r0 + r].as_ptr();
-        back[r] = _mm256_set1_ps(unscale[r0 + r]);
+        if KIND == MXFP4 {
+            back[r] = _mm256_set1_ps(unscale[r0 + r]);
+        }
     }
     let mut i = 0;
     while i < end {
@@ -363,7 +364,8 @@ unsafe fn mxfp4_groups<const R: usize, const G: usize>(
             // (With nothing ahead this prefetches the codes about to load:
             // cheaper than a branch.)
             prefetch(cp[g].wrapping_offset(ahead).wrapping_add(i / 2));
-            let w = e2m1_lanes(_mm256_loadu_si256(cp[g].add(i / 2) as *const __m256i));
+            let codes = _mm256_loadu_si256(cp[g].add(i / 2) as *const __m256i);
+            let w = if KIND == MXFP4 { e2m1_lanes(codes) } else { int4_lanes(codes) };
             for r in 0..R {
                 for j in 0..8 {
                     s[g][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[g][r][j % 2]);
@@ -371,10 +373,21 @@ unsafe fn mxfp4_groups<const R: usize, const G: usize>(
             }
         }
         for g in 0..G {
-            let (lo, hi) = (*sp[g].add(i / 32), *sp[g].add(i / 32 + 1));
-            let scales = _mm256_set_m128(_mm_set1_ps(E8M0[hi as usize]), _mm_set1_ps(E8M0[lo as usize]));
+            // `accumulate` checked a scale per block of the call's columns.
+            let (lo, hi) = ((q.lead + i) / q.block, (q.lead + i + 32) / q.block);
+            let (a, b) = if KIND == MXFP4 {
+                let e = q.e8m0[f0 + g];
+                (E8M0[*e.get_unchecked(lo) as usize], E8M0[*e.get_unchecked(hi) as usize])
+            } else {
+                let sc = q.scales[f0 + g];
+                (*sc.get_unchecked(lo), *sc.get_unchecked(hi))
+            };
+            let scales = _mm256_set_m128(_mm_set1_ps(b), _mm_set1_ps(a));
             for r in 0..R {
-                let sum = _mm256_mul_ps(_mm256_add_ps(s[g][r][0], s[g][r][1]), back[r]);
+                let mut sum = _mm256_add_ps(s[g][r][0], s[g][r][1]);
+                if KIND == MXFP4 {
+                    sum = _mm256_mul_ps(sum, back[r]);
+                }
                 total[g][r] = _mm256_fmadd_ps(sum, scales, total[g][r]);
             }
         }
@@ -523,6 +536,35 @@ unsafe fn e2m1_lanes(codes: __m256i) -> [__m256; 8] {
         pick(t1),
         pick(t2),
         pick(t3),
+    ]
+}
+
+/// The 64 int4 codes of a 64-column group (32 bytes, 8 codes per 32-bit
+/// lane) as eight vectors of f32 of their values, vector `N` holding code
+/// `N` of every lane, as [`e2m1_lanes`] orders them. With every nibble's top
+/// bit flipped a nibble is the 4-bit two's complement of its value; a 16-bit
+/// shift pair sign-extends codes `N` and `N + 4` at once into the low and
+/// high words, and 32-bit shifts take each word's value out.
+#[inline(always)]
+unsafe fn int4_lanes(codes: __m256i) -> [__m256; 8] {
+    let c = _mm256_xor_si256(codes, _mm256_set1_epi32(0x8888_8888u32 as i32));
+    let t = [
+        _mm256_srai_epi16::<12>(_mm256_slli_epi16::<12>(c)),
+        _mm256_srai_epi16::<12>(_mm256_slli_epi16::<8>(c)),
+        _mm256_srai_epi16::<12>(_mm256_slli_epi16::<4>(c)),
+        _mm256_srai_epi16::<12>(c),
+    ];
+    let low = |v: __m256i| _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(v)));
+    let high = |v: __m256i| _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(v));
+    [
+        low(t[0]),
+        low(t[1]),
+        low(t[2]),
+        low(t[3]),
+        high(t[0]),
+        high(t[1]),
+        high(t[2]),
+        high(t[3]),
     ]
 }
 

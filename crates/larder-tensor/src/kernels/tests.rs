@@ -446,3 +446,26 @@ fn mxfp4_scales_across_the_e8m0_range_match_the_reference() {
         }
     }
 }
+
+#[test]
+fn int4_groups_that_are_odd_multiples_of_32_match_alone_and_in_chunked_batches() {
+    // Groups of 96 and 224 columns: 64-column decoding steps straddle group
+    // boundaries inside a step's halves never, and column chunks (64 rows
+    // do not fit the activation cache) start on whole groups and whole
+    // 64-column steps (224: chunks of 1344, not 672).
+    for (group, k) in [(96, 1152), (224, 1344)] {
+        let n = 8;
+        let packed = random_bytes(n * k / 2, 97);
+        let scales = random(n * k / group, 98).iter().map(|s| s.abs() / 8.0 + 1e-3).collect();
+        let w = WeightMatrix::int4_group("int4-odd", n, k, SharedBytes::from_vec(packed), scales, group).unwrap();
+        let x = Mat::from_vec(64, k, random(64 * k, 99));
+        for path in KernelPath::available() {
+            check_against_reference(path, &x, &w);
+            let all = matmul_t_with(path, &x, &w);
+            for r in [0, 17, 63] {
+                let alone = matmul_t_with(path, &x.gather_rows(&[r]), &w);
+                assert_eq!(alone.row(0), all.row(r), "{} group {group} row {r}", path.name());
+            }
+        }
+    }
+}
