@@ -153,6 +153,8 @@ impl KernelPath {
     /// rows a register block later (prefetched), or 0.
     fn accumulate(self, dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&[f32]], acc: &mut [f32], buf: &mut Vec<f32>) {
         let len = xs.first().map_or(0, |x| x.len());
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = ahead; // only the x86 paths prefetch
         match self {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: the path is only used when `is_supported` confirmed the CPU features.
@@ -241,11 +243,13 @@ fn fused_block(path: KernelPath, w: &WeightMatrix) -> Option<usize> {
 /// (`quant_avx2::scales_fold_into_activations`), checked per block-row.
 fn fp8_scales_fold(w: &WeightMatrix, block_rows: usize) -> bool {
     #[cfg(target_arch = "x86_64")]
-    let rows = w.rows_source();
-    return (0..w.rows()).step_by(block_rows).all(|r| match rows.row(r) {
-        RowView::Fp8 { scales, .. } => quant_avx2::scales_fold_into_activations(scales),
-        _ => false,
-    });
+    {
+        let rows = w.rows_source();
+        (0..w.rows()).step_by(block_rows).all(|r| match rows.row(r) {
+            RowView::Fp8 { scales, .. } => quant_avx2::scales_fold_into_activations(scales),
+            _ => false,
+        })
+    }
     #[cfg(not(target_arch = "x86_64"))]
     {
         let _ = (w, block_rows);
@@ -437,7 +441,9 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         // and zeroing it per task would cost as much as small rows' weights.
         let mut decoded: Vec<f32> = Vec::new();
         // Block-scaled fp8 activations of one block-row and chunk, and which.
+        #[cfg(target_arch = "x86_64")]
         let mut scaled_x: Vec<f32> = Vec::new();
+        #[cfg(target_arch = "x86_64")]
         let mut scaled_for: Option<(usize, usize)> = None;
         let blocks: Vec<(usize, usize)> = (0..features)
             .step_by(FEATURE_BLOCK)
@@ -541,6 +547,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
 
 /// How the activations of a call come to the fused kernel.
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))] // only the AVX2 kernel reads them
 pub(crate) struct Activations<'a> {
     /// Per row, the factor undoing `quant_avx2::prescale` (empty for int4).
     pub unscale: &'a [f32],
