@@ -139,13 +139,16 @@ pub enum RowView<'a> {
 #[derive(Debug, Clone, Copy)]
 pub struct WeightRows<'a> {
     format: WeightFormat,
-    cols: usize,
     /// Dense values, fp8 codes, mxfp4 blocks or int4 words.
     data: &'a [u8],
     /// fp8 and int4 scales.
     scales_f32: &'a [f32],
     /// mxfp4 e8m0 scales.
     scales_u8: &'a [u8],
+    /// Bytes of `data` per row.
+    stride: usize,
+    /// fp8 scales per block-row, int4 scales per row.
+    scales_per_row: usize,
 }
 
 impl<'a> WeightRows<'a> {
@@ -155,38 +158,34 @@ impl<'a> WeightRows<'a> {
     /// If `r` is not a row of the weight.
     #[inline(always)]
     pub fn row(&self, r: usize) -> RowView<'a> {
-        let c = self.cols;
+        let (bytes, per) = (&self.data[r * self.stride..(r + 1) * self.stride], self.scales_per_row);
         match self.format {
-            WeightFormat::Dense(dtype) => {
-                let rb = c * dtype.size();
-                RowView::Dense {
-                    dtype,
-                    bytes: &self.data[r * rb..(r + 1) * rb],
-                }
-            }
+            WeightFormat::Dense(dtype) => RowView::Dense { dtype, bytes },
             WeightFormat::Fp8Block { block_rows, block_cols } => {
-                let per_row = c.div_ceil(block_cols);
+                let block_row = r / block_rows;
                 RowView::Fp8 {
-                    codes: &self.data[r * c..(r + 1) * c],
-                    scales: &self.scales_f32[(r / block_rows) * per_row..(r / block_rows + 1) * per_row],
+                    codes: bytes,
+                    scales: &self.scales_f32[block_row * per..(block_row + 1) * per],
                     block_cols,
                     lead: 0,
                 }
             }
             WeightFormat::Mxfp4 => RowView::Mxfp4 {
-                blocks: &self.data[r * c / 2..(r + 1) * c / 2],
-                scales: &self.scales_u8[r * c / 32..(r + 1) * c / 32],
+                blocks: bytes,
+                scales: &self.scales_u8[r * per..(r + 1) * per],
             },
-            WeightFormat::Int4Group { group } => {
-                let g = c / group;
-                RowView::Int4 {
-                    packed: &self.data[r * c / 2..(r + 1) * c / 2],
-                    scales: &self.scales_f32[r * g..(r + 1) * g],
-                    group,
-                    lead: 0,
-                }
-            }
+            WeightFormat::Int4Group { group } => RowView::Int4 {
+                packed: bytes,
+                scales: &self.scales_f32[r * per..(r + 1) * per],
+                group,
+                lead: 0,
+            },
         }
+    }
+
+    /// Bytes from a stored row to the next (the same for every row).
+    pub fn stride(&self) -> usize {
+        self.stride
     }
 }
 
@@ -207,12 +206,12 @@ impl<'a> RowView<'a> {
                 block_cols,
                 lead,
             } => {
-                let start = lead + c0;
+                let (first, lead) = first_block(lead + c0, block_cols);
                 RowView::Fp8 {
                     codes: &codes[c0..c1],
-                    scales: &scales[start / block_cols..],
+                    scales: &scales[first..],
                     block_cols,
-                    lead: start % block_cols,
+                    lead,
                 }
             }
             RowView::Mxfp4 { blocks, scales } => RowView::Mxfp4 {
@@ -225,15 +224,26 @@ impl<'a> RowView<'a> {
                 group,
                 lead,
             } => {
-                let start = lead + c0;
+                let (first, lead) = first_block(lead + c0, group);
                 RowView::Int4 {
                     packed: &packed[c0 / 2..c1 / 2],
-                    scales: &scales[start / group..],
+                    scales: &scales[first..],
                     group,
-                    lead: start % group,
+                    lead,
                 }
             }
         }
+    }
+}
+
+/// The block holding column `start` and the columns before it in that block
+/// (no division for the common start inside the first block).
+#[inline(always)]
+fn first_block(start: usize, block: usize) -> (usize, usize) {
+    if start < block {
+        (0, start)
+    } else {
+        (start / block, start % block)
     }
 }
 
@@ -433,12 +443,20 @@ impl WeightMatrix {
             Storage::Mxfp4 { blocks, scales } => (blocks.as_slice(), &[], scales.as_slice()),
             Storage::Int4 { packed, scales } => (packed.as_slice(), scales, &[]),
         };
+        let c = self.cols;
+        let (stride, scales_per_row) = match self.format {
+            WeightFormat::Dense(dtype) => (c * dtype.size(), 0),
+            WeightFormat::Fp8Block { block_cols, .. } => (c, c.div_ceil(block_cols)),
+            WeightFormat::Mxfp4 => (c / 2, c / 32),
+            WeightFormat::Int4Group { group } => (c / 2, c / group),
+        };
         WeightRows {
             format: self.format,
-            cols: self.cols,
             data,
             scales_f32,
             scales_u8,
+            stride,
+            scales_per_row,
         }
     }
 

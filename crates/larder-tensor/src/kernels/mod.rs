@@ -257,16 +257,6 @@ fn fp8_scales_fold(w: &WeightMatrix, block_rows: usize) -> bool {
     }
 }
 
-/// The stored bytes (dense values or codes) of a row view.
-fn row_bytes<'a>(view: RowView<'a>) -> &'a [u8] {
-    match view {
-        RowView::Dense { bytes, .. } => bytes,
-        RowView::Fp8 { codes, .. } => codes,
-        RowView::Mxfp4 { blocks, .. } => blocks,
-        RowView::Int4 { packed, .. } => packed,
-    }
-}
-
 /// Some columns of a weight row as dense elements: the stored bytes of a
 /// dense format, or the exact f32 decoding of a quantized one (into `buf`,
 /// which holds at least as many values as the view has columns).
@@ -463,8 +453,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             // Where the same columns of the next register block's rows start
             // (relative to these rows), to prefetch while this block computes.
             let ahead = if first + f1 < w.rows() {
-                let next = w_rows.row(first + f1).slice(*c0, *c1);
-                (row_bytes(next).as_ptr() as isize).wrapping_sub(row_bytes(views[0]).as_ptr() as isize)
+                ((f1 - f0) * w_rows.stride()) as isize
             } else {
                 0
             };
