@@ -420,6 +420,8 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         .div_ceil(threads * 4)
         .clamp(FEATURES_PER_TASK, acc_cap.min(MAX_FEATURES_PER_TASK))
         .next_multiple_of(FEATURE_BLOCK);
+    // Rows without a tail reduce each task's accumulators in one call.
+    let no_tails: Vec<&[f32]> = if k_main == k { vec![&[]; per_task * m] } else { Vec::new() };
     // Computed feature-major ([n, m]) so that each task owns a contiguous block.
     let mut out_t = vec![0.0f32; n * m];
     let task = |(ti, block): (usize, &mut [f32])| {
@@ -507,17 +509,19 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                 blocks.iter().for_each(|&b| add(b, c));
             }
         }
+        if k_main == k {
+            // No tail: one reduction of every (feature, row) accumulator of
+            // the task, each as a "row" with an empty tail.
+            let dtype = w.dense_dtype().unwrap_or(WeightDType::F32);
+            path.finish(dtype, &[], &no_tails[..block.len()], &acc, block, &mut buf);
+            return;
+        }
         for (j, outs) in block.chunks_exact_mut(m).enumerate() {
             let a = &acc[j * m * acc_len..(j + 1) * m * acc_len];
-            let (dtype, bytes) = if k_main == k {
-                // No tail: nothing to look up or decode, only the reduction.
-                (w.dense_dtype().unwrap_or(WeightDType::F32), &[][..])
-            } else {
-                if w.dense_dtype().is_none() {
-                    decoded.resize(decoded.len().max(k - k_main), 0.0);
-                }
-                dense_columns(path, w_rows.row(first + j).slice(k_main, k), &mut decoded)
-            };
+            if w.dense_dtype().is_none() {
+                decoded.resize(decoded.len().max(k - k_main), 0.0);
+            }
+            let (dtype, bytes) = dense_columns(path, w_rows.row(first + j).slice(k_main, k), &mut decoded);
             path.finish(dtype, bytes, &tail_xs, a, outs, &mut buf);
         }
     };
