@@ -270,6 +270,12 @@ fn bench_kernels_quick_json_has_the_documented_shape() {
         assert!(r.get("candle_gbps").is_some());
     }
     assert!(fails(&["bench", "kernels", "--quick", "--formats", "nope"]).contains("--formats"));
+    // candle runs on the same dense weights, cold and hot; not on fp8.
+    let v = ok_json(&["bench", "kernels", "--quick", "--formats", "f32,fp8", "--rows", "1", "--json"]);
+    for r in v["results"].as_array().unwrap() {
+        let dense = r["dtype"] == "f32";
+        assert_eq!(r["candle_gbps"].as_f64().is_some_and(|g| g > 0.0), dense, "{r}");
+    }
 }
 
 #[test]

@@ -270,28 +270,67 @@ impl WeightSet {
     }
 }
 
-/// Times candle's own CPU matmul (`x [rows, k] @ W^T`, both in `dtype`) on the
-/// same shape; weight GB/s. candle has no fp8-block/mxfp4/int4 matmul.
-pub fn measure_candle(dtype: WeightDType, rows: usize, k: usize, n: usize, budget: Duration) -> Result<f64, candle_core::Error> {
-    use candle_core::{DType, Device, Tensor};
-    let dt = match dtype {
-        WeightDType::F32 => DType::F32,
-        WeightDType::F16 => DType::F16,
-        WeightDType::BF16 => DType::BF16,
-    };
-    let dev = Device::Cpu;
-    let w = Tensor::randn(0f32, 0.02, (n, k), &dev)?.to_dtype(dt)?;
-    let x = Tensor::randn(0f32, 1.0, (rows, k), &dev)?.to_dtype(dt)?;
-    let wt = w.t()?;
-    let mut err = None;
-    let t = median_time(1, budget, |_| match x.matmul(&wt) {
-        Ok(y) => {
-            black_box(y);
+/// The weights of a dense [`WeightSet`] as candle tensors (the same bytes),
+/// for timing candle's own CPU matmul on exactly what the kernels read.
+pub struct CandleSet {
+    dtype: WeightDType,
+    k: usize,
+    n: usize,
+    weights: Vec<candle_core::Tensor>,
+}
+
+impl CandleSet {
+    /// `None` for formats candle cannot multiply (fp8 blocks, mxfp4, int4).
+    pub fn new(set: &WeightSet) -> Result<Option<Self>, candle_core::Error> {
+        use candle_core::{DType, Device, Tensor};
+        let Some(dtype) = set.weights[0].dense_dtype() else {
+            return Ok(None);
+        };
+        let dt = match dtype {
+            WeightDType::F32 => DType::F32,
+            WeightDType::F16 => DType::F16,
+            WeightDType::BF16 => DType::BF16,
+        };
+        let mut weights = Vec::with_capacity(set.weights.len());
+        for w in &set.weights {
+            let rows = w.rows_source();
+            let bytes: Vec<u8> = (0..set.n)
+                .flat_map(|r| match rows.row(r) {
+                    crate::weight::RowView::Dense { bytes, .. } => bytes,
+                    _ => &[],
+                })
+                .copied()
+                .collect();
+            weights.push(Tensor::from_raw_buffer(&bytes, dt, &[set.n, set.k], &Device::Cpu)?);
         }
-        Err(e) => err = Some(e),
-    });
-    if let Some(e) = err {
-        return Err(e);
+        Ok(Some(CandleSet {
+            dtype,
+            k: set.k,
+            n: set.n,
+            weights,
+        }))
     }
-    Ok((n * k * dtype.size()) as f64 / t.as_secs_f64() / 1e9)
+
+    /// Weight GB/s of candle's `x [rows, k] @ W^T` (x in the weight's dtype,
+    /// as candle requires): cold cycles through every copy, hot reuses the
+    /// first, as [`WeightSet::measure`] does. candle splits its matmul over
+    /// the current rayon pool: run it inside the kernels' pool to compare at
+    /// the same thread count.
+    pub fn measure(&self, rows: usize, cold: bool, budget: Duration) -> Result<f64, candle_core::Error> {
+        use candle_core::{Device, Tensor};
+        let x = Tensor::randn(0f32, 1.0, (rows, self.k), &Device::Cpu)?.to_dtype(self.weights[0].dtype())?;
+        let wts = self.weights.iter().map(|w| w.t()).collect::<Result<Vec<_>, _>>()?;
+        let used = if cold { wts.len() } else { 1 };
+        let mut err = None;
+        let t = median_time(3, budget, |i| match x.matmul(&wts[i % used]) {
+            Ok(y) => {
+                black_box(y);
+            }
+            Err(e) => err = Some(e),
+        });
+        if let Some(e) = err {
+            return Err(e);
+        }
+        Ok((self.n * self.k * self.dtype.size()) as f64 / t.as_secs_f64() / 1e9)
+    }
 }

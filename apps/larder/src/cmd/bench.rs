@@ -4,14 +4,14 @@
 //! the weight bytes per second of every weight format at the shapes of real
 //! MoE layers, for 1, 8 and 64 activation rows, cold (weights streamed from
 //! RAM) and hot (the same weight again), and candle's own matmul on the same
-//! dense shapes for comparison.
+//! dense weights, cold and hot, in the same thread pool, for comparison.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
-use larder_tensor::bench::{bench_formats, measure_candle, ram_read_gbps, WeightSet, COLD_SET_BYTES};
+use larder_tensor::bench::{bench_formats, ram_read_gbps, CandleSet, WeightSet, COLD_SET_BYTES};
 use larder_tensor::kernels::{active_path, KernelPath};
 use larder_tensor::WeightFormat;
 use serde_json::json;
@@ -119,15 +119,18 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         for (name, format) in &formats {
             bar.set_message(format!("{name} {k}x{n}"));
             let set = WeightSet::new(*format, n, k, cold_bytes);
+            // candle on the same weights, cold and hot, in the same pool.
+            let candle_set = if args.no_candle {
+                None
+            } else {
+                CandleSet::new(&set).context("candle weights")?
+            };
             for &m in rows {
-                let candle = match format {
-                    WeightFormat::Dense(d) if !args.no_candle => {
-                        let b = if m >= 64 { Duration::ZERO } else { budget };
-                        measure_candle(*d, m, k, n, b).ok()
-                    }
-                    _ => None,
-                };
                 for cold in [true, false] {
+                    let candle = candle_set.as_ref().and_then(|cs| {
+                        let b = if m >= 64 { Duration::ZERO } else { budget };
+                        pool.install(|| cs.measure(m, cold, b)).ok()
+                    });
                     let c = pool.install(|| set.measure(path, m, cold, budget));
                     results.push(json!({
                         "dtype": name, "format": format.to_string(), "rows": m, "k": k, "n": n,
