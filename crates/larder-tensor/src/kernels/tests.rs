@@ -79,6 +79,19 @@ fn check_against_reference(path: KernelPath, x: &Mat, w: &WeightMatrix) {
     }
 }
 
+/// On every path: `x` against `w` matches the reference, and each of `rows`
+/// computed alone is bit-identical to the same row inside the whole batch.
+fn check_reference_and_alone_vs_batch(x: &Mat, w: &WeightMatrix, rows: &[usize], what: &str) {
+    for path in KernelPath::available() {
+        check_against_reference(path, x, w);
+        let all = matmul_t_with(path, x, w);
+        for &r in rows {
+            let alone = matmul_t_with(path, &x.gather_rows(&[r]), w);
+            assert_eq!(alone.row(0), all.row(r), "{} {what} row {r}", path.name());
+        }
+    }
+}
+
 #[test]
 fn every_path_matches_the_f64_reference_for_every_format() {
     for path in KernelPath::available() {
@@ -319,14 +332,7 @@ fn fp8_activations_of_any_magnitude_stay_exact_and_batch_invariant() {
         rows.extend(base.iter().map(|v| v * factor));
     }
     let x = Mat::from_vec(6, k, rows);
-    for path in KernelPath::available() {
-        check_against_reference(path, &x, &w);
-        let all = matmul_t_with(path, &x, &w);
-        for r in 0..6 {
-            let alone = matmul_t_with(path, &x.gather_rows(&[r]), &w);
-            assert_eq!(alone.row(0), all.row(r), "{} row {r}", path.name());
-        }
-    }
+    check_reference_and_alone_vs_batch(&x, &w, &[0, 1, 2, 3, 4, 5], "fp8 magnitudes");
 }
 
 #[test]
@@ -364,14 +370,7 @@ fn fp8_rows_with_a_ragged_tail_match_alone_and_in_chunked_batches() {
         let scales = random(k.div_ceil(128), 82).iter().map(|s| s.abs() + 0.01).collect();
         let w = WeightMatrix::fp8_block("fp8-ragged", n, k, SharedBytes::from_vec(codes), scales, 128, 128).unwrap();
         let x = Mat::from_vec(40, k, random(40 * k, 83));
-        for path in KernelPath::available() {
-            check_against_reference(path, &x, &w);
-            let all = matmul_t_with(path, &x, &w);
-            for r in [0, 17, 39] {
-                let alone = matmul_t_with(path, &x.gather_rows(&[r]), &w);
-                assert_eq!(alone.row(0), all.row(r), "{} k={k} row {r}", path.name());
-            }
-        }
+        check_reference_and_alone_vs_batch(&x, &w, &[0, 17, 39], &format!("k={k}"));
     }
 }
 
@@ -390,14 +389,7 @@ fn fp8_scales_that_cannot_fold_into_activations_take_the_per_block_path() {
         scales[2] = odd;
         let w = WeightMatrix::fp8_block("fp8-odd-scale", n, k, SharedBytes::from_vec(codes.clone()), scales, 128, 128).unwrap();
         let x = Mat::from_vec(40, k, random(40 * k, 93));
-        for path in KernelPath::available() {
-            check_against_reference(path, &x, &w);
-            let all = matmul_t_with(path, &x, &w);
-            for r in [0, 39] {
-                let alone = matmul_t_with(path, &x.gather_rows(&[r]), &w);
-                assert_eq!(alone.row(0), all.row(r), "{} scale {odd} row {r}", path.name());
-            }
-        }
+        check_reference_and_alone_vs_batch(&x, &w, &[0, 39], &format!("scale {odd}"));
     }
 }
 
@@ -422,18 +414,7 @@ fn mxfp4_scales_across_the_e8m0_range_match_the_reference() {
     )
     .unwrap();
     let x = Mat::from_vec(5, k, random(5 * k, 96));
-    for path in KernelPath::available() {
-        check_against_reference(path, &x, &w);
-        let all = matmul_t_with(path, &x, &w);
-        for r in 0..5 {
-            assert_eq!(
-                matmul_t_with(path, &x.gather_rows(&[r]), &w).row(0),
-                all.row(r),
-                "{} row {r}",
-                path.name()
-            );
-        }
-    }
+    check_reference_and_alone_vs_batch(&x, &w, &[0, 1, 2, 3, 4], "mxfp4 e8m0 range");
     let mut nan_scales = scales;
     nan_scales[3 * k / 32 + 40] = 255;
     let w = WeightMatrix::mxfp4("mxfp4-nan", n, k, SharedBytes::from_vec(codes), SharedBytes::from_vec(nan_scales)).unwrap();
@@ -459,13 +440,6 @@ fn int4_groups_that_are_odd_multiples_of_32_match_alone_and_in_chunked_batches()
         let scales = random(n * k / group, 98).iter().map(|s| s.abs() / 8.0 + 1e-3).collect();
         let w = WeightMatrix::int4_group("int4-odd", n, k, SharedBytes::from_vec(packed), scales, group).unwrap();
         let x = Mat::from_vec(64, k, random(64 * k, 99));
-        for path in KernelPath::available() {
-            check_against_reference(path, &x, &w);
-            let all = matmul_t_with(path, &x, &w);
-            for r in [0, 17, 63] {
-                let alone = matmul_t_with(path, &x.gather_rows(&[r]), &w);
-                assert_eq!(alone.row(0), all.row(r), "{} group {group} row {r}", path.name());
-            }
-        }
+        check_reference_and_alone_vs_batch(&x, &w, &[0, 17, 63], &format!("int4 group {group}"));
     }
 }
