@@ -447,7 +447,7 @@ impl WeightMatrix {
         let (stride, scales_per_row) = match self.format {
             WeightFormat::Dense(dtype) => (c * dtype.size(), 0),
             WeightFormat::Fp8Block { block_cols, .. } => (c, c.div_ceil(block_cols)),
-            WeightFormat::Mxfp4 => (c / 2, c / 32),
+            WeightFormat::Mxfp4 => (c / 2, c / formats::MXFP4_BLOCK),
             WeightFormat::Int4Group { group } => (c / 2, c / group),
         };
         WeightRows {
@@ -468,8 +468,9 @@ impl WeightMatrix {
     /// Decodes the whole matrix (tests and reference paths).
     pub fn to_f32(&self) -> Vec<f32> {
         let mut out = vec![0.0; self.rows * self.cols];
+        let rows = self.rows_source();
         for (r, row) in out.chunks_exact_mut(self.cols.max(1)).enumerate().take(self.rows) {
-            self.decode_row(r, row);
+            formats::decode_row(rows.row(r), row);
         }
         out
     }
