@@ -276,6 +276,23 @@ fn bench_kernels_quick_json_has_the_documented_shape() {
         let dense = r["dtype"] == "f32";
         assert_eq!(r["candle_gbps"].as_f64().is_some_and(|g| g > 0.0), dense, "{r}");
     }
+    // --path picks the measured path (scalar exists everywhere); unknown or
+    // unavailable paths are errors.
+    let v = ok_json(&[
+        "bench",
+        "kernels",
+        "--quick",
+        "--no-candle",
+        "--formats",
+        "f32",
+        "--rows",
+        "1",
+        "--path",
+        "scalar",
+        "--json",
+    ]);
+    assert_eq!(v["path"], "scalar");
+    assert!(fails(&["bench", "kernels", "--quick", "--path", "nope"]).contains("unknown kernel path"));
 }
 
 #[test]

@@ -54,6 +54,11 @@ pub struct KernelArgs {
     /// Also write the JSON document to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
+    /// Kernel path to measure (scalar, avx2, avx512, neon); default: the one
+    /// larder uses on this CPU (`LARDER_KERNEL` overrides it). Measure
+    /// `avx512` here before choosing it with `LARDER_KERNEL=avx512`.
+    #[arg(long, value_name = "PATH")]
+    path: Option<String>,
 }
 
 pub fn run(bench: Bench) -> anyhow::Result<()> {
@@ -65,7 +70,14 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
 }
 
 fn kernels(args: KernelArgs) -> anyhow::Result<()> {
-    let path: KernelPath = active_path();
+    let path: KernelPath = match &args.path {
+        None => active_path(),
+        Some(name) => {
+            let path = KernelPath::from_name(name).with_context(|| format!("unknown kernel path {name:?} (scalar, avx2, avx512, neon)"))?;
+            anyhow::ensure!(path.is_supported(), "kernel path {name} is not available on this CPU");
+            path
+        }
+    };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(args.threads.max(1))
         .build()

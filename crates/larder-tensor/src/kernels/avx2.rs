@@ -121,6 +121,15 @@ pub unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], o
     blocked::finish::<Avx2>(dtype, w, xs, acc, out)
 }
 
+/// See [`blocked::reduce`].
+///
+/// # Safety
+/// As [`accumulate`]; `acc` holds `out.len() * ACC` values.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn reduce(acc: &[f32], out: &mut [f32]) {
+    blocked::reduce::<Avx2>(acc, out)
+}
+
 /// Decodes a quantized row into `out` with AVX2, bit-identical to
 /// [`crate::formats::decode_row`]; returns `false` for formats it leaves to
 /// the scalar decoder.

@@ -71,3 +71,12 @@ pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&
 pub unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
     blocked::finish::<Avx512>(dtype, w, xs, acc, out)
 }
+
+/// See [`blocked::reduce`].
+///
+/// # Safety
+/// As [`accumulate`]; `acc` holds `out.len() * ACC` values.
+#[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+pub unsafe fn reduce(acc: &[f32], out: &mut [f32]) {
+    blocked::reduce::<Avx512>(acc, out)
+}

@@ -167,10 +167,7 @@ unsafe fn block<S: Simd, const KIND: u8, const R: usize, const F: usize>(
 #[inline(always)]
 pub(crate) unsafe fn finish<S: Simd>(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
     if w.is_empty() {
-        for (r, o) in out.iter_mut().enumerate() {
-            *o = S::sum(S::load(acc.as_ptr().add(r * S::LANES)));
-        }
-        return;
+        return reduce::<S>(acc, out);
     }
     let mut wbuf = [0u8; 64];
     wbuf[..w.len()].copy_from_slice(w);
@@ -189,5 +186,18 @@ pub(crate) unsafe fn finish<S: Simd>(dtype: WeightDType, w: &[u8], xs: &[&[f32]]
             a = S::fma(S::load(xbuf.as_ptr()), wt, a);
         }
         *o = S::sum(a);
+    }
+}
+
+/// [`finish`] without a tail: `out[r]` is the lane sum of row `r`'s
+/// accumulator.
+///
+/// # Safety
+/// The CPU must support `S`'s instructions; `acc` holds `out.len() * S::LANES` values.
+#[inline(always)]
+pub(crate) unsafe fn reduce<S: Simd>(acc: &[f32], out: &mut [f32]) {
+    debug_assert!(acc.len() >= out.len() * S::LANES);
+    for (r, o) in out.iter_mut().enumerate() {
+        *o = S::sum(S::load(acc.as_ptr().add(r * S::LANES)));
     }
 }

@@ -114,7 +114,8 @@ impl KernelPath {
             .collect()
     }
 
-    fn parse(s: &str) -> Option<KernelPath> {
+    /// The path named `s` (as [`name`](Self::name) gives it), available or not.
+    pub fn from_name(s: &str) -> Option<KernelPath> {
         [KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512, KernelPath::Neon]
             .into_iter()
             .find(|p| p.name() == s)
@@ -196,6 +197,24 @@ impl KernelPath {
 }
 
 impl KernelPath {
+    /// Reduces accumulators into `out` (one per (feature, row), laid out as
+    /// for [`finish`](Self::finish)), bit-identical to `finish` with no tail.
+    fn reduce(self, acc: &[f32], out: &mut [f32]) {
+        debug_assert!(acc.len() >= out.len() * self.acc_len());
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as in `accumulate`; `acc` holds an accumulator per output.
+            KernelPath::Avx512 => unsafe { avx512::reduce(acc, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: as above.
+            KernelPath::Avx2 => unsafe { avx2::reduce(acc, out) },
+            #[cfg(target_arch = "aarch64")]
+            // SAFETY: as above.
+            KernelPath::Neon => unsafe { neon::reduce(acc, out) },
+            _ => scalar::reduce(acc, out),
+        }
+    }
+
     /// Decodes a stored row exactly (SIMD where the path has a decoder).
     pub fn decode(self, view: RowView<'_>, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
@@ -218,8 +237,9 @@ fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[
     #[cfg(target_arch = "x86_64")]
     if path == KernelPath::Avx2 {
         // SAFETY: the path is AVX2 (the caller checked `is_supported`); every
-        // view holds the chunk's columns, as does every `xs[r]`.
-        return unsafe { quant_avx2::accumulate(views, ahead, xs, act, acc) };
+        // view holds the chunk's columns, as does every `xs[r]`; `accumulate`
+        // checks `acc` against the stride.
+        return unsafe { quant_avx2::accumulate(views, ahead, xs, act, acc, path.acc_len()) };
     }
     let _ = (path, views, ahead, xs, act, acc);
     false
@@ -291,7 +311,7 @@ pub fn active_path() -> KernelPath {
             .rfind(|p| *p != KernelPath::Avx512)
             .unwrap_or(KernelPath::Scalar);
         match std::env::var("LARDER_KERNEL") {
-            Ok(name) => match KernelPath::parse(&name) {
+            Ok(name) => match KernelPath::from_name(&name) {
                 Some(p) if p.is_supported() => p,
                 _ => {
                     eprintln!("larder: LARDER_KERNEL={name} is not available on this CPU; using scalar");
@@ -420,8 +440,6 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         .div_ceil(threads * 4)
         .clamp(FEATURES_PER_TASK, acc_cap.min(MAX_FEATURES_PER_TASK))
         .next_multiple_of(FEATURE_BLOCK);
-    // Rows without a tail reduce each task's accumulators in one call.
-    let no_tails: Vec<&[f32]> = if k_main == k { vec![&[]; per_task * m] } else { Vec::new() };
     // Computed feature-major ([n, m]) so that each task owns a contiguous block.
     let mut out_t = vec![0.0f32; n * m];
     let task = |(ti, block): (usize, &mut [f32])| {
@@ -510,10 +528,8 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             }
         }
         if k_main == k {
-            // No tail: one reduction of every (feature, row) accumulator of
-            // the task, each as a "row" with an empty tail.
-            let dtype = w.dense_dtype().unwrap_or(WeightDType::F32);
-            path.finish(dtype, &[], &no_tails[..block.len()], &acc, block, &mut buf);
+            // No tail: one reduction of every (feature, row) accumulator of the task.
+            path.reduce(&acc, block);
             return;
         }
         for (j, outs) in block.chunks_exact_mut(m).enumerate() {

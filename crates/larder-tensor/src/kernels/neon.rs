@@ -75,3 +75,16 @@ pub unsafe fn finish_f32(w: &[f32], xs: &[&[f32]], acc: &[f32], out: &mut [f32])
         *o = sum;
     }
 }
+
+/// [`finish_f32`] without a tail: `out[r]` is the lane sum of row `r`'s
+/// accumulators.
+///
+/// # Safety
+/// NEON must be available; `acc` holds `out.len() * ACC` values.
+#[target_feature(enable = "neon")]
+pub unsafe fn reduce(acc: &[f32], out: &mut [f32]) {
+    for (r, o) in out.iter_mut().enumerate() {
+        let ap = acc.as_ptr().add(r * ACC);
+        *o = vaddvq_f32(vaddq_f32(vld1q_f32(ap), vld1q_f32(ap.add(4))));
+    }
+}

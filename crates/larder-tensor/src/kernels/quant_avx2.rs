@@ -80,6 +80,10 @@ struct Rows<'a> {
     unit_factor: bool,
     /// Columns in the call (a multiple of 8).
     len: usize,
+    /// f32 slots per (feature, row) accumulator: 8 on the AVX2 path, 16 on
+    /// the AVX-512 path (whose reduction sums all 16; this kernel fills the
+    /// first 8 and leaves the rest zero).
+    acc_stride: usize,
     lead: usize,
     block: usize,
 }
@@ -102,15 +106,23 @@ impl Rows<'_> {
 
 /// Adds one chunk of up to [`FEATURE_BLOCK`] quantized rows (`views`, all of
 /// one format and column range) into the accumulators of every (feature,
-/// row), laid out `acc[(f * xs.len() + r) * 8..]`. Returns `false`, having
+/// row), laid out `acc[(f * xs.len() + r) * acc_stride..]`. Returns `false`, having
 /// done nothing, where the layout does not allow it: a block or group that
 /// is not a multiple of 8 columns, or a chunk whose columns are not.
 ///
 /// # Safety
 /// The CPU must support AVX2, FMA and F16C; each `xs[r]` holds the chunk's
-/// columns; `acc` holds `views.len() * xs.len() * 8` values.
+/// columns; `acc_stride >= 8`; `acc` holds `views.len() * xs.len() *
+/// acc_stride` values.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], act: Activations<'_>, acc: &mut [f32]) -> bool {
+pub(crate) unsafe fn accumulate(
+    views: &[RowView<'_>],
+    ahead: isize,
+    xs: &[&[f32]],
+    act: Activations<'_>,
+    acc: &mut [f32],
+    acc_stride: usize,
+) -> bool {
     let (unscale, permuted) = (act.unscale, act.permuted);
     let Some(first) = views.first() else { return true };
     let (kind, len, lead, block) = match *first {
@@ -128,6 +140,8 @@ pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32
         || (kind != INT4 && unscale.len() != xs.len())
         || (permuted && (block % 32 != 0 || lead % 32 != 0))
         || (kind == MXFP4 && !permuted)
+        || acc_stride < 8
+        || acc.len() < views.len() * xs.len() * acc_stride
     {
         return false;
     }
@@ -140,6 +154,7 @@ pub(crate) unsafe fn accumulate(views: &[RowView<'_>], ahead: isize, xs: &[&[f32
         permuted,
         unit_factor: false,
         len,
+        acc_stride,
         lead,
         block,
     };
@@ -234,7 +249,7 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
     let ahead = if r0 == 0 { q.ahead } else { 0 };
     let m = xs.len();
     let ap = acc.as_mut_ptr();
-    let slot = |f: usize, r: usize| ap.add(((f0 + f) * m + r0 + r) * 8);
+    let slot = |f: usize, r: usize| ap.add(((f0 + f) * m + r0 + r) * q.acc_stride);
     let mut cp = [std::ptr::null::<u8>(); F];
     for f in 0..F {
         cp[f] = q.codes[f0 + f].as_ptr();
@@ -340,7 +355,7 @@ unsafe fn groups64<const KIND: u8, const R: usize, const G: usize>(
 ) {
     let m = xs.len();
     let ap = acc.as_mut_ptr();
-    let slot = |g: usize, r: usize| ap.add(((f0 + g) * m + r0 + r) * 8);
+    let slot = |g: usize, r: usize| ap.add(((f0 + g) * m + r0 + r) * q.acc_stride);
     let mut cp = [std::ptr::null::<u8>(); G];
     let mut total = [[_mm256_setzero_ps(); R]; G];
     for g in 0..G {

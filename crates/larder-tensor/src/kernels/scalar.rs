@@ -53,12 +53,25 @@ pub fn accumulate(w: &[f32], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
 /// Combines each row's lanes pairwise and adds the tail (`w.len() < STEP`) in sequence.
 pub fn finish(w: &[f32], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
     for ((o, x), a) in out.iter_mut().zip(xs).zip(acc.chunks_exact(ACC)) {
-        let mut sum = ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]));
+        let mut sum = lane_sum(a);
         for (xv, wv) in x.iter().zip(w) {
             sum += xv * wv;
         }
         *o = sum;
     }
+}
+
+/// [`finish`] without a tail: `out[r]` is the sum of row `r`'s accumulators.
+pub fn reduce(acc: &[f32], out: &mut [f32]) {
+    for (o, a) in out.iter_mut().zip(acc.chunks_exact(ACC)) {
+        *o = lane_sum(a);
+    }
+}
+
+/// One accumulator's lanes summed pairwise (the order [`finish`] fixes).
+#[inline]
+fn lane_sum(a: &[f32]) -> f32 {
+    ((a[0] + a[4]) + (a[1] + a[5])) + ((a[2] + a[6]) + (a[3] + a[7]))
 }
 
 #[cfg(test)]

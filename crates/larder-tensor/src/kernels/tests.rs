@@ -147,9 +147,9 @@ fn deterministic_across_thread_counts() {
 fn scalar_is_always_available_and_env_names_parse() {
     assert!(KernelPath::available().contains(&KernelPath::Scalar));
     for p in [KernelPath::Scalar, KernelPath::Avx2, KernelPath::Avx512, KernelPath::Neon] {
-        assert_eq!(KernelPath::parse(p.name()), Some(p));
+        assert_eq!(KernelPath::from_name(p.name()), Some(p));
     }
-    assert_eq!(KernelPath::parse("bogus"), None);
+    assert_eq!(KernelPath::from_name("bogus"), None);
 }
 
 #[test]
