@@ -1,6 +1,6 @@
 //! AVX-512 (F + BW): the [`Simd`] operations for 16-lane vectors (the
-//! shared register-blocked loop is in [`super::blocked`]). Quantized rows are
-//! decoded by the AVX2 decoders (every AVX-512 CPU has AVX2).
+//! shared register-blocked loop is in [`super::blocked`]). Quantized rows go
+//! through the fused 8-lane `quant_avx2` kernel (every AVX-512 CPU has AVX2).
 
 use std::arch::x86_64::*;
 

@@ -9,15 +9,17 @@
 //! compare paths; an unavailable path falls back to scalar with a warning).
 //!
 //! The AVX-512 path is **opt-in** (`LARDER_KERNEL=avx512`): the machines this
-//! project is developed and tested on have no AVX-512, so it is compiled and
-//! covered by the same tests wherever the CPU has it, but it is not chosen
-//! automatically until it has been verified on such hardware.
+//! project is developed on have no AVX-512. The same tests cover it wherever
+//! the CPU has it, and CI runs them on an emulated Skylake-X
+//! (`scripts/emulated_avx512.sh`), but an emulator says nothing about speed,
+//! so it is not chosen automatically until measured on such hardware.
 //!
 //! Dense f32/f16/bf16 rows are widened in registers inside the dot product.
-//! Quantized rows (fp8, mxfp4, int4) are decoded in registers too on AVX2
-//! (`quant_avx2`, each block's scale applied to its block sum); elsewhere
-//! they are decoded exactly into an f32 row buffer (hot in L1/L2) and go
-//! through the f32 kernel.
+//! Quantized rows (fp8, mxfp4, int4) are decoded in registers too on x86-64
+//! (`quant_avx2`, each block's scale applied to its block sum; the AVX-512
+//! path runs the same 8-lane kernel, every AVX-512 CPU having AVX2, into the
+//! first 8 of its 16 accumulator slots); elsewhere they are decoded exactly
+//! into an f32 row buffer (hot in L1/L2) and go through the f32 kernel.
 //!
 //! Guarantees, which tests assert:
 //! - **deterministic**: every output element is one dot product with a fixed
@@ -235,10 +237,10 @@ impl KernelPath {
 /// decodes into a buffer): other paths, blocks not a multiple of 8 columns.
 fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], act: Activations<'_>, acc: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if path == KernelPath::Avx2 {
-        // SAFETY: the path is AVX2 (the caller checked `is_supported`); every
-        // view holds the chunk's columns, as does every `xs[r]`; `accumulate`
-        // checks `acc` against the stride.
+    if matches!(path, KernelPath::Avx2 | KernelPath::Avx512) {
+        // SAFETY: both paths imply AVX2, FMA and F16C (the caller checked
+        // `is_supported`); every view holds the chunk's columns, as does
+        // every `xs[r]`; `accumulate` checks `acc` against the stride.
         return unsafe { quant_avx2::accumulate(views, ahead, xs, act, acc, path.acc_len()) };
     }
     let _ = (path, views, ahead, xs, act, acc);
@@ -256,7 +258,7 @@ fn fused_block(path: KernelPath, w: &WeightMatrix) -> Option<usize> {
         WeightFormat::Int4Group { group } => group,
         WeightFormat::Dense(_) => return None,
     };
-    (cfg!(target_arch = "x86_64") && path == KernelPath::Avx2 && block % 8 == 0).then_some(block)
+    (cfg!(target_arch = "x86_64") && matches!(path, KernelPath::Avx2 | KernelPath::Avx512) && block % 8 == 0).then_some(block)
 }
 
 /// Whether every scale of an fp8 weight can be folded into activations

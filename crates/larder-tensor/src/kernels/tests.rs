@@ -152,6 +152,21 @@ fn scalar_is_always_available_and_env_names_parse() {
     assert_eq!(KernelPath::from_name("bogus"), None);
 }
 
+/// `LARDER_REQUIRE_KERNELS=avx512,avx2` makes this run fail unless those
+/// paths are available, so a run meant to cover them (the emulated AVX-512
+/// run in `scripts/emulated_avx512.sh`) cannot pass by silently skipping them.
+#[test]
+fn required_kernel_paths_are_available() {
+    let Ok(names) = std::env::var("LARDER_REQUIRE_KERNELS") else {
+        return;
+    };
+    for name in names.split(',').filter(|n| !n.is_empty()) {
+        let path = KernelPath::from_name(name).unwrap_or_else(|| panic!("LARDER_REQUIRE_KERNELS: unknown path {name}"));
+        assert!(path.is_supported(), "LARDER_REQUIRE_KERNELS: {name} is not available on this CPU");
+        assert!(KernelPath::available().contains(&path));
+    }
+}
+
 #[test]
 fn simd_decoders_are_bit_identical_to_scalar() {
     let (n, k) = (5, 416); // 416 = 3 full fp8 blocks of 128 + a ragged 32
@@ -242,14 +257,14 @@ fn feature_blocking_does_not_change_results() {
 /// dot product (block scales applied to block sums) rather than as the
 /// products of the exactly decoded weights.
 fn fuses_quantized(path: KernelPath) -> bool {
-    path == KernelPath::Avx2
+    matches!(path, KernelPath::Avx2 | KernelPath::Avx512)
 }
 
 #[test]
 fn quantized_rows_compute_as_their_decoded_rows() {
     // Paths that decode first give the products of the exactly decoded
     // weights, bit for bit (the same arithmetic as an f32 matrix holding the
-    // decoded values); the fused AVX2 path applies each block's scale to its
+    // decoded values); the fused x86 paths apply each block's scale to its
     // block sum, a reassociation within the reference tolerance.
     let (n, k) = (37, 1024 + 256 + 32);
     let mut quantized: Vec<WeightMatrix> = weights(n, k).into_iter().filter(|w| w.dense_dtype().is_none()).collect();
