@@ -487,7 +487,7 @@ unsafe fn step32<const KIND: u8>(permuted: bool, p: *const u8, i: usize, lut: __
 unsafe fn step8<const KIND: u8>(p: *const u8, i: usize, lut: __m128i, nan: &mut __m256i) -> __m256 {
     if KIND == FP8 {
         let b = _mm_loadl_epi64(p.add(i) as *const __m128i);
-        *nan = _mm256_max_epu8(*nan, _mm256_castsi128_si256(_mm_add_epi8(b, b)));
+        *nan = _mm256_max_epu8(*nan, _mm256_zextsi128_si256(_mm_add_epi8(b, b)));
         return fp8_scaled(b);
     }
     nibbles8(p.add(i / 2), lut)
