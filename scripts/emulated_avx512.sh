@@ -29,7 +29,7 @@
 # compacted and modified-only variants.
 #
 # Correctness only: an emulator says nothing about speed.
-# Usage: scripts/emulated_avx512.sh            (about 6-8 minutes here)
+# Usage: scripts/emulated_avx512.sh   (10-15 minutes here from a clean build)
 # Needs root for apt-get when the Debian packages are missing. Exit status:
 # 0 passed, 1 failed, 2 could not run (packages or kernel not obtainable).
 set -euo pipefail
