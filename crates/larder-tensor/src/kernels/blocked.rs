@@ -166,9 +166,6 @@ unsafe fn block<S: Simd, const KIND: u8, const R: usize, const F: usize>(
 /// As [`accumulate`], with `w` holding `xs[r].len() < LANES` elements.
 #[inline(always)]
 pub(crate) unsafe fn finish<S: Simd>(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
-    if w.is_empty() {
-        return reduce::<S>(acc, out);
-    }
     let mut wbuf = [0u8; 64];
     wbuf[..w.len()].copy_from_slice(w);
     let rest = w.len() / dtype.size();

@@ -217,10 +217,17 @@ impl KernelPath {
         }
     }
 
+    /// The x86-64 SIMD paths (both imply AVX2, FMA and F16C): they decode
+    /// quantized rows with the AVX2 decoders and multiply them fused
+    /// (`quant_avx2`).
+    pub(crate) fn is_x86_simd(self) -> bool {
+        matches!(self, KernelPath::Avx2 | KernelPath::Avx512)
+    }
+
     /// Decodes a stored row exactly (SIMD where the path has a decoder).
     pub fn decode(self, view: RowView<'_>, out: &mut [f32]) {
         #[cfg(target_arch = "x86_64")]
-        if matches!(self, KernelPath::Avx2 | KernelPath::Avx512) && self.is_supported() {
+        if self.is_x86_simd() && self.is_supported() {
             // SAFETY: both paths imply AVX2 + F16C, checked by `is_supported`.
             if unsafe { avx2::decode(view, out) } {
                 return;
@@ -231,13 +238,13 @@ impl KernelPath {
 }
 
 /// Adds one chunk of quantized rows with the decoding fused into the dot
-/// product (AVX2: codes become f32 in registers, each block's scale applied
-/// to its block sum; see `quant_avx2`). Returns `false`, having done
+/// product (x86-64 paths: codes become f32 in registers, each block's scale
+/// applied to its block sum; see `quant_avx2`). Returns `false`, having done
 /// nothing, where the path or layout does not allow it (the caller then
 /// decodes into a buffer): other paths, blocks not a multiple of 8 columns.
 fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[&[f32]], act: Activations<'_>, acc: &mut [f32]) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if matches!(path, KernelPath::Avx2 | KernelPath::Avx512) {
+    if path.is_x86_simd() {
         // SAFETY: both paths imply AVX2, FMA and F16C (the caller checked
         // `is_supported`); every view holds the chunk's columns, as does
         // every `xs[r]`; `accumulate` checks `acc` against the stride.
@@ -258,7 +265,7 @@ fn fused_block(path: KernelPath, w: &WeightMatrix) -> Option<usize> {
         WeightFormat::Int4Group { group } => group,
         WeightFormat::Dense(_) => return None,
     };
-    (cfg!(target_arch = "x86_64") && matches!(path, KernelPath::Avx2 | KernelPath::Avx512) && block % 8 == 0).then_some(block)
+    (cfg!(target_arch = "x86_64") && path.is_x86_simd() && block % 8 == 0).then_some(block)
 }
 
 /// Whether every scale of an fp8 weight can be folded into activations

@@ -257,7 +257,7 @@ fn feature_blocking_does_not_change_results() {
 /// dot product (block scales applied to block sums) rather than as the
 /// products of the exactly decoded weights.
 fn fuses_quantized(path: KernelPath) -> bool {
-    matches!(path, KernelPath::Avx2 | KernelPath::Avx512)
+    path.is_x86_simd()
 }
 
 #[test]
