@@ -261,6 +261,13 @@ fn help_explains_commands() {
 fn bench_kernels_quick_json_has_the_documented_shape() {
     let v = ok_json(&["bench", "kernels", "--quick", "--no-candle", "--formats", "bf16,fp8", "--json"]);
     assert!(v["ram_gbps"].as_f64().unwrap() > 0.0);
+    // The compute roofs: measured on x86-64 with AVX2 and FMA, an empty list elsewhere.
+    let roofs = v["compute_roofs"].as_array().unwrap();
+    for r in roofs {
+        assert!(r["stream"].is_string() && r["ginstr_per_s"].as_f64().unwrap() > 0.0, "{r}");
+    }
+    let steps = roofs.iter().filter(|r| r["weight_gbps"].as_f64().is_some_and(|g| g > 0.0)).count();
+    assert!(steps == 3 || roofs.is_empty(), "{roofs:?}");
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 2 * 2 * 2); // formats x rows x cold/hot
     for r in results {

@@ -1,6 +1,8 @@
 //! `larder bench`: measured speed against the physical limit of the same run.
 //!
-//! `larder bench kernels` first measures one thread's RAM read bandwidth, then
+//! `larder bench kernels` first measures one thread's RAM read bandwidth and
+//! this core's compute roofs (the kernels' inner steps with everything in
+//! L1; a kernel streaming from RAM reaches at most the lower roof), then
 //! the weight bytes per second of every weight format at the shapes of real
 //! MoE layers, for 1, 8 and 64 activation rows, cold (weights streamed from
 //! RAM) and hot (the same weight again), and candle's own matmul on the same
@@ -11,7 +13,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Subcommand;
 use indicatif::{ProgressBar, ProgressStyle};
-use larder_tensor::bench::{bench_formats, ram_read_gbps, CandleSet, WeightSet, COLD_SET_BYTES};
+use larder_tensor::bench::{bench_formats, ram_read_gbps, roofs, CandleSet, WeightSet, COLD_SET_BYTES};
 use larder_tensor::kernels::{active_path, KernelPath};
 use larder_tensor::WeightFormat;
 use serde_json::json;
@@ -30,7 +32,8 @@ pub enum Bench {
 /// Arguments of `larder bench kernels`.
 #[derive(clap::Args)]
 pub struct KernelArgs {
-    /// Print one JSON document: {"ram_gbps", "path", "threads", "results": [...]}.
+    /// Print one JSON document: {"ram_gbps", "compute_roofs": [...], "path",
+    /// "threads", "results": [...]}.
     #[arg(long)]
     json: bool,
     /// Threads for the kernels (the RAM bandwidth is measured with one).
@@ -69,6 +72,41 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
     }
 }
 
+/// What a `larder bench kernels` run measures unless told otherwise, and how long.
+struct Plan {
+    shapes: &'static [(usize, usize)],
+    rows: &'static [usize],
+    /// Timing budget per case.
+    budget: Duration,
+    /// Bytes read to measure RAM bandwidth.
+    ram_bytes: usize,
+    /// Bytes of distinct weights a cold case cycles through.
+    cold_bytes: usize,
+    /// Seconds per compute-roof stream.
+    roof_secs: f64,
+}
+
+impl Plan {
+    /// A smoke test, not a measurement.
+    const QUICK: Plan = Plan {
+        shapes: &[(512, 256)],
+        rows: &[1, 8],
+        budget: Duration::from_millis(20),
+        ram_bytes: 64 << 20,
+        cold_bytes: 4 << 20,
+        roof_secs: 0.01,
+    };
+    /// The shapes of real MoE layers.
+    const FULL: Plan = Plan {
+        shapes: &[(7168, 2048), (2048, 1408), (4096, 1536)],
+        rows: &[1, 8, 64],
+        budget: Duration::from_millis(400),
+        ram_bytes: 1 << 30,
+        cold_bytes: COLD_SET_BYTES,
+        roof_secs: 0.5,
+    };
+}
+
 fn kernels(args: KernelArgs) -> anyhow::Result<()> {
     let path: KernelPath = match &args.path {
         None => active_path(),
@@ -82,17 +120,8 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         .num_threads(args.threads.max(1))
         .build()
         .context("cannot build the benchmark thread pool")?;
-    let (shapes, rows, budget, ram_bytes, cold_bytes): (&[(usize, usize)], &[usize], _, usize, usize) = if args.quick {
-        (&[(512, 256)], &[1, 8], Duration::from_millis(20), 64 << 20, 4 << 20)
-    } else {
-        (
-            &[(7168, 2048), (2048, 1408), (4096, 1536)],
-            &[1, 8, 64],
-            Duration::from_millis(400),
-            1 << 30,
-            COLD_SET_BYTES,
-        )
-    };
+    let plan = if args.quick { Plan::QUICK } else { Plan::FULL };
+    let (budget, ram_bytes, cold_bytes, roof_secs) = (plan.budget, plan.ram_bytes, plan.cold_bytes, plan.roof_secs);
     let parsed: Vec<(usize, usize)> = args
         .shapes
         .iter()
@@ -104,8 +133,8 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
             ))
         })
         .collect::<anyhow::Result<_>>()?;
-    let shapes: &[(usize, usize)] = if parsed.is_empty() { shapes } else { &parsed };
-    let rows: &[usize] = if args.rows.is_empty() { rows } else { &args.rows };
+    let shapes: &[(usize, usize)] = if parsed.is_empty() { plan.shapes } else { &parsed };
+    let rows: &[usize] = if args.rows.is_empty() { plan.rows } else { &args.rows };
     if shapes.iter().any(|&(k, n)| k == 0 || n == 0 || k % 32 != 0) || rows.contains(&0) {
         anyhow::bail!("shapes need K and N > 0 with K a multiple of 32, and rows > 0");
     }
@@ -120,6 +149,12 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
     eprintln!("measuring RAM read bandwidth (1 thread, {} MiB) ...", ram_bytes >> 20);
     let ram = ram_read_gbps(ram_bytes);
     eprintln!("RAM read: {ram:.2} GB/s; kernel path {}, {} thread(s)", path.name(), args.threads);
+    eprintln!("measuring compute roofs (1 thread) ...");
+    let roofs = roofs::measure(roof_secs);
+    let roofs_json: Vec<_> = roofs
+        .iter()
+        .map(|r| json!({ "stream": r.stream, "ginstr_per_s": r.ginstr_per_s, "weight_gbps": r.weight_gbps }))
+        .collect();
 
     let total = (shapes.len() * formats.len() * rows.len() * 2) as u64;
     let bar = ProgressBar::new(total).with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
@@ -155,7 +190,9 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         }
     }
     bar.finish_and_clear();
-    let doc = json!({ "ram_gbps": ram, "path": path.name(), "threads": args.threads, "results": results });
+    let doc = json!({
+        "ram_gbps": ram, "compute_roofs": roofs_json, "path": path.name(), "threads": args.threads, "results": results,
+    });
     super::save_json(args.out.as_deref(), &doc)?;
     if args.json {
         return super::print_json(&doc);
@@ -165,6 +202,7 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         path.name(),
         args.threads
     );
+    println!("compute roofs (1 thread, everything in L1): {}", roofs::summary(&roofs));
     println!(
         "{:<6} {:>5} {:>11} {:>5} {:>9} {:>7} {:>9} {:>9}",
         "dtype", "rows", "k x n", "cache", "GB/s", "of RAM", "candle", "vs 1-row"

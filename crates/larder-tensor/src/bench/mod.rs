@@ -3,6 +3,8 @@
 //! streams at a given shape, row count and cache state (DESIGN.md §5: figures
 //! are reported against the physical limit measured in the same run).
 
+pub mod roofs;
+
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
