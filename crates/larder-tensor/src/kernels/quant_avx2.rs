@@ -5,10 +5,10 @@
 //! Reduction order per (activation row, feature), fixed: the call's columns
 //! are cut at the scale boundaries into segments ([`formats::segments`]);
 //! within a segment the products of the activations and the *unscaled* code
-//! values (small exact numbers) accumulate, 8 lanes at a time, into two
-//! fresh partial sums (even and odd 8-column steps: more FMA chains in
-//! flight); at the segment's end `acc += (even + odd) * scale`, one FMA per
-//! lane. Segments depend only on the columns, never on which rows share the
+//! values (small exact numbers) accumulate, 8 lanes at a time, into a
+//! fresh block sum (whole 64-column mxfp4/int4 groups: two, even and odd
+//! 8-column steps, see [`groups64`]); at the segment's end
+//! `acc += sum * scale`, one FMA per lane. Segments depend only on the columns, never on which rows share the
 //! call, so results are batch-invariant and deterministic; they differ from
 //! decode-then-multiply (the scalar reference) by f32 reassociation of the
 //! scale only, inside the tolerance the kernel tests state. Scaling once per
@@ -203,9 +203,11 @@ pub(crate) unsafe fn accumulate(
 }
 
 /// One activation row: up to 4 features at once (independent chains for the
-/// FMA units); more rows: one feature x up to 4 rows (each decoded weight
-/// vector feeds 4 FMAs). Either way accumulators, block sums, decoded
-/// weights and an activation fit in the 16 vector registers.
+/// FMA units); more rows: pairs of features x up to 4 rows (each decoded
+/// weight vector feeds 4 FMAs, each activation load 2: many rows are bound
+/// by loads, one per FMA with single features). Either way accumulators,
+/// block sums, decoded weights and an activation fit, or nearly, in the 16
+/// vector registers.
 #[inline(always)]
 unsafe fn dispatch<const KIND: u8>(q: &Rows<'_>, xs: &[&[f32]], unscale: &[f32], acc: &mut [f32]) {
     let m = xs.len();
@@ -218,24 +220,32 @@ unsafe fn dispatch<const KIND: u8>(q: &Rows<'_>, xs: &[&[f32]], unscale: &[f32],
         }
         return;
     }
-    for f in 0..q.nf {
+    let mut f = 0;
+    while f < q.nf {
+        let pair = f + 1 < q.nf;
         let mut r = 0;
         while r < m {
-            match (m - r).min(4) {
-                1 => block::<KIND, 1, 1>(q, f, xs, unscale, r, acc),
-                2 => block::<KIND, 2, 1>(q, f, xs, unscale, r, acc),
-                3 => block::<KIND, 3, 1>(q, f, xs, unscale, r, acc),
-                _ => block::<KIND, 4, 1>(q, f, xs, unscale, r, acc),
+            match ((m - r).min(4), pair) {
+                (1, false) => block::<KIND, 1, 1>(q, f, xs, unscale, r, acc),
+                (2, false) => block::<KIND, 2, 1>(q, f, xs, unscale, r, acc),
+                (3, false) => block::<KIND, 3, 1>(q, f, xs, unscale, r, acc),
+                (_, false) => block::<KIND, 4, 1>(q, f, xs, unscale, r, acc),
+                (1, true) => block::<KIND, 1, 2>(q, f, xs, unscale, r, acc),
+                (2, true) => block::<KIND, 2, 2>(q, f, xs, unscale, r, acc),
+                (3, true) => block::<KIND, 3, 2>(q, f, xs, unscale, r, acc),
+                (_, true) => block::<KIND, 4, 2>(q, f, xs, unscale, r, acc),
             }
             r += 4;
         }
+        f += if pair { 2 } else { 1 };
     }
 }
 
-/// Rows `r0..r0 + R` against features `f0..f0 + F`. Each block sum is kept
-/// as two partial sums (even and odd 8-column steps) so that twice as many
-/// FMA chains are in flight; the accumulators stay in memory, touched once
-/// per segment.
+/// Rows `r0..r0 + R` against features `f0..f0 + F`: one block sum per
+/// (feature, row) and segment (R x F independent FMA chains, enough for the
+/// FMA units: two partial sums per chain measured no faster and would not
+/// fit the registers of 4 rows x 2 features); the accumulators stay in
+/// memory, touched once per segment.
 #[inline(always)]
 unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
     q: &Rows<'_>,
@@ -269,12 +279,13 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
         done = q.len / 64 * 64;
         let mut f = 0;
         while f < F {
-            if f + 1 < F {
+            if R == 1 && f + 1 < F {
                 groups64::<KIND, R, 2>(q, f0 + f, xs, unscale, r0, ahead, done, acc);
+                f += 2;
             } else {
                 groups64::<KIND, R, 1>(q, f0 + f, xs, unscale, r0, ahead, done, acc);
+                f += 1;
             }
-            f += 2;
         }
     }
     // The rest, segment by segment.
@@ -282,7 +293,7 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
     let rest = formats::segments(q.len - done, lead, q.block).map(|(start, seg, idx)| (start + done, seg, idx + first_idx));
     for (start, seg, idx) in rest {
         let end = start + seg;
-        let mut s = [[[_mm256_setzero_ps(); 2]; R]; F];
+        let mut s = [[_mm256_setzero_ps(); R]; F];
         let mut i = start;
         while i + 32 <= end {
             for f in 0..F {
@@ -291,7 +302,7 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
                 let w = step32::<KIND>(q.permuted, cp[f], i, lut, &mut nan);
                 for r in 0..R {
                     for j in 0..4 {
-                        s[f][r][j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[f][r][j % 2]);
+                        s[f][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i + 8 * j)), w[j], s[f][r]);
                     }
                 }
             }
@@ -303,7 +314,7 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
             for f in 0..F {
                 let w = step8::<KIND>(cp[f], i, lut, &mut nan);
                 for r in 0..R {
-                    s[f][r][0] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i)), w, s[f][r][0]);
+                    s[f][r] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[r].add(i)), w, s[f][r]);
                 }
             }
             i += 8;
@@ -311,7 +322,7 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
         for f in 0..F {
             let scale = _mm256_set1_ps(q.factor::<KIND>(f0 + f, idx));
             for r in 0..R {
-                let mut sum = _mm256_add_ps(s[f][r][0], s[f][r][1]);
+                let mut sum = s[f][r];
                 if KIND != INT4 {
                     sum = _mm256_mul_ps(sum, _mm256_set1_ps(unscale[r0 + r]));
                 }
@@ -338,9 +349,10 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
 /// the other 32, each inside one scale block (blocks are multiples of 32
 /// columns, starting on one), so both take their scales as one vector:
 /// `acc += ((even + odd) * unscale) * scales` once per group (int4: no
-/// unscale). Features run two at a time (what the registers hold with two
-/// partial sums each); the order per (feature, row) is the same whatever
-/// `G`, `R` or the call's other rows.
+/// unscale). One activation row runs features two at a time (what the
+/// registers hold with two partial sums each), more rows one at a time; the
+/// order per (feature, row) is the same whatever `G`, `R` or the call's
+/// other rows.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn groups64<const KIND: u8, const R: usize, const G: usize>(
