@@ -70,11 +70,9 @@ mod x86 {
             "vfmadd231ps ymm4, ymm14, ymm15", "vfmadd231ps ymm5, ymm14, ymm15",
             "vfmadd231ps ymm6, ymm14, ymm15", "vfmadd231ps ymm7, ymm14, ymm15",
             "vfmadd231ps ymm8, ymm14, ymm15", "vfmadd231ps ymm9, ymm14, ymm15",
-            "dec {n}", "jnz 2b",
-            n = inout(reg) n => _,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _,
-            out("ymm5") _, out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _,
-            out("ymm14") _, out("ymm15") _,
+            "dec rcx", "jnz 2b",
+            inout("rcx") n => _,
+            clobber_abi("C"),
             options(nostack),
         );
     }
@@ -88,11 +86,9 @@ mod x86 {
             "vfmadd231ps ymm4, ymm14, [{p} + 128]", "vfmadd231ps ymm5, ymm14, [{p} + 160]",
             "vfmadd231ps ymm6, ymm14, [{p} + 192]", "vfmadd231ps ymm7, ymm14, [{p} + 224]",
             "vfmadd231ps ymm8, ymm14, [{p} + 256]", "vfmadd231ps ymm9, ymm14, [{p} + 288]",
-            "dec {n}", "jnz 2b",
-            n = inout(reg) n => _, p = in(reg) p,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _,
-            out("ymm5") _, out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _,
-            out("ymm14") _,
+            "dec rcx", "jnz 2b",
+            inout("rcx") n => _, p = in(reg) p,
+            clobber_abi("C"),
             options(nostack, readonly),
         );
     }
@@ -105,11 +101,9 @@ mod x86 {
             "vpsraw ymm3, ymm15, 4", "vpsraw ymm4, ymm15, 4", "vpsraw ymm5, ymm15, 4",
             "vpsraw ymm6, ymm15, 4", "vpsraw ymm7, ymm15, 4", "vpsraw ymm8, ymm15, 4",
             "vpsraw ymm9, ymm15, 4",
-            "dec {n}", "jnz 2b",
-            n = inout(reg) n => _,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _,
-            out("ymm5") _, out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _,
-            out("ymm15") _,
+            "dec rcx", "jnz 2b",
+            inout("rcx") n => _,
+            clobber_abi("C"),
             options(nostack, nomem),
         );
     }
@@ -122,11 +116,9 @@ mod x86 {
             "vpand ymm3, ymm14, ymm15", "vpand ymm4, ymm14, ymm15", "vpand ymm5, ymm14, ymm15",
             "vpand ymm6, ymm14, ymm15", "vpand ymm7, ymm14, ymm15", "vpand ymm8, ymm14, ymm15",
             "vpand ymm9, ymm14, ymm15",
-            "dec {n}", "jnz 2b",
-            n = inout(reg) n => _,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _,
-            out("ymm5") _, out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _,
-            out("ymm14") _, out("ymm15") _,
+            "dec rcx", "jnz 2b",
+            inout("rcx") n => _,
+            clobber_abi("C"),
             options(nostack, nomem),
         );
     }
@@ -146,11 +138,9 @@ mod x86 {
             "vpand ymm7, ymm7, ymm15", "vpand ymm6, ymm6, ymm15",
             "vfmadd231ps ymm0, ymm8, [{p} + 64]", "vfmadd231ps ymm1, ymm9, [{p} + 96]",
             "vfmadd231ps ymm2, ymm7, [{p} + 128]", "vfmadd231ps ymm3, ymm6, [{p} + 160]",
-            "dec {n}", "jnz 2b",
-            n = inout(reg) n => _, p = in(reg) p,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _,
-            out("ymm5") _, out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _,
-            out("ymm13") _, out("ymm15") _,
+            "dec rcx", "jnz 2b",
+            inout("rcx") n => _, p = in(reg) p,
+            clobber_abi("C"),
             options(nostack, readonly),
         );
     }
@@ -176,11 +166,9 @@ mod x86 {
             "vfmadd231ps ymm2, ymm11, [{p} + 128]", "vfmadd231ps ymm3, ymm12, [{p} + 160]",
             "vfmadd231ps ymm0, ymm5, [{p} + 192]", "vfmadd231ps ymm1, ymm6, [{p} + 224]",
             "vfmadd231ps ymm2, ymm7, [{p} + 256]", "vfmadd231ps ymm3, ymm8, [{p} + 288]",
-            "dec {n}", "jnz 2b",
-            n = inout(reg) n => _, p = in(reg) p,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _,
-            out("ymm5") _, out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _,
-            out("ymm10") _, out("ymm11") _, out("ymm12") _, out("ymm15") _,
+            "dec rcx", "jnz 2b",
+            inout("rcx") n => _, p = in(reg) p,
+            clobber_abi("C"),
             options(nostack, readonly),
         );
     }
@@ -196,10 +184,9 @@ mod x86 {
             "vfmadd231ps ymm2, ymm8, [{p} + 96]", "vfmadd231ps ymm3, ymm8, [{p} + 128]",
             "vfmadd231ps ymm4, ymm8, [{p} + 160]", "vfmadd231ps ymm5, ymm8, [{p} + 192]",
             "vfmadd231ps ymm6, ymm8, [{p} + 224]", "vfmadd231ps ymm7, ymm8, [{p} + 256]",
-            "dec {n}", "jnz 2b",
-            n = inout(reg) n => _, p = in(reg) p,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _,
-            out("ymm5") _, out("ymm6") _, out("ymm7") _, out("ymm8") _,
+            "dec rcx", "jnz 2b",
+            inout("rcx") n => _, p = in(reg) p,
+            clobber_abi("C"),
             options(nostack, readonly),
         );
     }
