@@ -21,7 +21,7 @@ use serde_json::json;
 /// What to benchmark.
 #[derive(Subcommand)]
 pub enum Bench {
-    /// Weight-format GEMV/GEMM kernels vs. RAM bandwidth (and candle's matmul).
+    /// Weight-format GEMV/GEMM kernels vs. RAM bandwidth and this core's compute roofs (and candle's matmul).
     Kernels(KernelArgs),
     /// Expert-record reads through each I/O backend: the drive limit.
     Io(super::bench_store::IoArgs),
