@@ -8,10 +8,11 @@
 //! values (small exact numbers) accumulate, 8 lanes at a time, into a
 //! fresh block sum (whole 64-column mxfp4/int4 groups: two, even and odd
 //! 8-column steps, see [`groups64`]); at the segment's end
-//! `acc += sum * scale`, one FMA per lane. Segments depend only on the columns, never on which rows share the
-//! call, so results are batch-invariant and deterministic; they differ from
-//! decode-then-multiply (the scalar reference) by f32 reassociation of the
-//! scale only, inside the tolerance the kernel tests state. Scaling once per
+//! `acc += sum * scale`, one FMA per lane. Segments depend only on the
+//! columns, never on which rows share the call, so results are
+//! batch-invariant and deterministic; they differ from decode-then-multiply
+//! (the scalar reference) by f32 reassociation of the scale only, inside
+//! the tolerance the kernel tests state. Scaling once per
 //! block instead of once per weight removes a multiply per weight (a third
 //! of the decode's work).
 //!
