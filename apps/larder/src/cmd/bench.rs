@@ -121,7 +121,6 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         .build()
         .context("cannot build the benchmark thread pool")?;
     let plan = if args.quick { Plan::QUICK } else { Plan::FULL };
-    let (budget, ram_bytes, cold_bytes, roof_secs) = (plan.budget, plan.ram_bytes, plan.cold_bytes, plan.roof_secs);
     let parsed: Vec<(usize, usize)> = args
         .shapes
         .iter()
@@ -146,11 +145,11 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         anyhow::bail!("--formats matched none of f32, f16, bf16, fp8, mxfp4, int4");
     }
 
-    eprintln!("measuring RAM read bandwidth (1 thread, {} MiB) ...", ram_bytes >> 20);
-    let ram = ram_read_gbps(ram_bytes);
+    eprintln!("measuring RAM read bandwidth (1 thread, {} MiB) ...", plan.ram_bytes >> 20);
+    let ram = ram_read_gbps(plan.ram_bytes);
     eprintln!("RAM read: {ram:.2} GB/s; kernel path {}, {} thread(s)", path.name(), args.threads);
     eprintln!("measuring compute roofs (1 thread) ...");
-    let roofs = roofs::measure(roof_secs);
+    let roofs = roofs::measure(plan.roof_secs);
     let roofs_json: Vec<_> = roofs
         .iter()
         .map(|r| json!({ "stream": r.stream, "ginstr_per_s": r.ginstr_per_s, "weight_gbps": r.weight_gbps }))
@@ -165,7 +164,7 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
     for &(k, n) in shapes {
         for (name, format) in &formats {
             bar.set_message(format!("{name} {k}x{n}"));
-            let set = WeightSet::new(*format, n, k, cold_bytes);
+            let set = WeightSet::new(*format, n, k, plan.cold_bytes);
             // candle on the same weights, cold and hot, in the same pool.
             let candle_set = if args.no_candle {
                 None
@@ -175,10 +174,10 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
             for &m in rows {
                 for cold in [true, false] {
                     let candle = candle_set.as_ref().and_then(|cs| {
-                        let b = if m >= 64 { Duration::ZERO } else { budget };
+                        let b = if m >= 64 { Duration::ZERO } else { plan.budget };
                         pool.install(|| cs.measure(m, cold, b)).ok()
                     });
-                    let c = pool.install(|| set.measure(path, m, cold, budget));
+                    let c = pool.install(|| set.measure(path, m, cold, plan.budget));
                     results.push(json!({
                         "dtype": name, "format": format.to_string(), "rows": m, "k": k, "n": n,
                         "threads": args.threads, "cold": cold, "seconds": c.seconds, "gbps": c.gbps,

@@ -20,8 +20,7 @@ pub struct Roof {
 }
 
 /// Measures every stream for about `seconds` each (one thread), keeping its
-/// best 5 ms batch. Empty on
-/// CPUs without AVX2 and FMA, and off x86-64.
+/// best 5 ms batch. Empty on CPUs without AVX2 and FMA, and off x86-64.
 pub fn measure(seconds: f64) -> Vec<Roof> {
     #[cfg(target_arch = "x86_64")]
     if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
