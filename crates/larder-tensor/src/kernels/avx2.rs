@@ -10,7 +10,7 @@ use crate::dtype::WeightDType;
 use crate::formats;
 use crate::weight::RowView;
 
-/// Elements per main-loop step.
+/// Elements per main-loop step (bf16: two steps, see [`blocked::step`]).
 pub const STEP: usize = 8;
 /// f32 accumulator slots per (row, feature).
 pub const ACC: usize = 8;
@@ -47,6 +47,14 @@ impl Simd for Avx2 {
             )))),
         }
     }
+    #[inline(always)]
+    unsafe fn load_bf16_pairs(w: *const u8, i: usize) -> [__m256; 2] {
+        let pairs = _mm256_loadu_si256(w.add(i * 2) as *const __m256i);
+        [
+            _mm256_castsi256_ps(_mm256_slli_epi32::<16>(pairs)),
+            _mm256_castsi256_ps(_mm256_and_si256(pairs, _mm256_set1_epi32(0xffff_0000u32 as i32))),
+        ]
+    }
     /// Pairwise: 8 -> 4 -> 2 -> 1 lanes.
     #[inline(always)]
     unsafe fn sum(v: __m256) -> f32 {
@@ -59,7 +67,7 @@ impl Simd for Avx2 {
     }
 }
 
-/// See [`blocked::accumulate`] (`len` a multiple of [`STEP`], `ws.len() <= 4`).
+/// See [`blocked::accumulate`] (`len` a multiple of [`blocked::step`], `ws.len() <= 4`).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available; sizes as in [`blocked::accumulate`].
@@ -115,7 +123,7 @@ unsafe fn int4_8(p: *const u8, scale: __m256) -> __m256 {
 /// See [`blocked::finish`].
 ///
 /// # Safety
-/// As [`accumulate`], with `w` holding fewer than [`STEP`] elements.
+/// As [`accumulate`], with `w` holding fewer than [`blocked::step`] elements.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
     blocked::finish::<Avx2>(dtype, w, xs, acc, out)

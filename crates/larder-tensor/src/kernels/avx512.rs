@@ -7,7 +7,7 @@ use std::arch::x86_64::*;
 use super::blocked::{self, kind, Simd, BF16, F16, F32};
 use crate::dtype::WeightDType;
 
-/// Elements per main-loop step.
+/// Elements per main-loop step (bf16: two steps, see [`blocked::step`]).
 pub const STEP: usize = 16;
 /// f32 accumulator slots per (row, feature).
 pub const ACC: usize = 16;
@@ -45,12 +45,20 @@ impl Simd for Avx512 {
         }
     }
     #[inline(always)]
+    unsafe fn load_bf16_pairs(w: *const u8, i: usize) -> [__m512; 2] {
+        let pairs = _mm512_loadu_si512(w.add(i * 2) as *const _);
+        [
+            _mm512_castsi512_ps(_mm512_slli_epi32::<16>(pairs)),
+            _mm512_castsi512_ps(_mm512_and_si512(pairs, _mm512_set1_epi32(0xffff_0000u32 as i32))),
+        ]
+    }
+    #[inline(always)]
     unsafe fn sum(v: __m512) -> f32 {
         _mm512_reduce_add_ps(v)
     }
 }
 
-/// See [`blocked::accumulate`] (`len` a multiple of [`STEP`], `ws.len() <= 4`).
+/// See [`blocked::accumulate`] (`len` a multiple of [`blocked::step`], `ws.len() <= 4`).
 ///
 /// # Safety
 /// AVX-512F/BW, AVX2, FMA and F16C must be available; sizes as in [`blocked::accumulate`].
@@ -66,7 +74,7 @@ pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&
 /// See [`blocked::finish`].
 ///
 /// # Safety
-/// As [`accumulate`], with `w` holding fewer than [`STEP`] elements.
+/// As [`accumulate`], with `w` holding fewer than [`blocked::step`] elements.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
 pub unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
     blocked::finish::<Avx512>(dtype, w, xs, acc, out)

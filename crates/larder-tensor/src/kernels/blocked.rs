@@ -4,7 +4,12 @@
 //! Reduction order per (row, feature), fixed: one `LANES`-wide accumulator
 //! over `LANES`-element steps (kept in memory between column chunks, so
 //! chunking does not change the sequence); in [`finish`], a zero-padded tail
-//! (< `LANES`) is added to it, then the ISA's fixed horizontal sum. A register
+//! (< one step) is added to it, then the ISA's fixed horizontal sum. bf16
+//! steps are two vectors wide: one load of `2 x LANES` weights, whose 32-bit
+//! lanes each hold a pair, becomes the even elements (shifted up 16 bits) and
+//! the odd ones (low half masked off), two instructions for `2 x LANES`
+//! weights; the activations come in the same order ([`push_pair_order`]), so lane
+//! `d` adds column `2d` then column `2d + 1` of each step. A register
 //! block of R rows x F features shares every weight and activation load;
 //! independent (row, feature) chains keep the FMA units busy without splitting
 //! any accumulator, so a (row, feature) result is the same whichever block it
@@ -31,6 +36,39 @@ const fn elem_bytes<const KIND: u8>() -> usize {
     } else {
         2
     }
+}
+
+/// f32 vectors one main-loop step of kind `KIND` yields (bf16 widens pairs).
+#[inline(always)]
+const fn vectors<const KIND: u8>() -> usize {
+    if KIND == BF16 {
+        2
+    } else {
+        1
+    }
+}
+
+/// Elements per main-loop step for weights of `dtype` on `lanes`-wide vectors.
+pub(crate) fn step(dtype: WeightDType, lanes: usize) -> usize {
+    match kind(dtype) {
+        BF16 => lanes * vectors::<BF16>(),
+        F16 => lanes * vectors::<F16>(),
+        _ => lanes * vectors::<F32>(),
+    }
+}
+
+/// Appends `x` to `out` with each whole bf16 step of columns (`2 x lanes`)
+/// in the order [`Simd::load_bf16_pairs`] widens weights: position
+/// `lanes * h + d` holds column `2d + h`; columns past the last whole step
+/// keep their place.
+pub(crate) fn push_pair_order(x: &[f32], lanes: usize, out: &mut Vec<f32>) {
+    let steps = x.chunks_exact(2 * lanes);
+    let rest = steps.remainder();
+    for natural in steps {
+        out.extend(natural.iter().step_by(2));
+        out.extend(natural.iter().skip(1).step_by(2));
+    }
+    out.extend_from_slice(rest);
 }
 
 /// Asks for the cache line at `p` (any address: prefetches never fault).
@@ -61,6 +99,10 @@ pub(crate) trait Simd {
     unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// `LANES` weights of kind `KIND` starting at element `i`, widened to f32.
     unsafe fn load_w<const KIND: u8>(w: *const u8, i: usize) -> Self::V;
+    /// `2 x LANES` bf16 weights starting at element `i`, widened to f32 as
+    /// `[even, odd]`: lane `d` of `even` holds element `i + 2d`, of `odd`
+    /// element `i + 2d + 1`.
+    unsafe fn load_bf16_pairs(w: *const u8, i: usize) -> [Self::V; 2];
     /// Fixed-order horizontal sum.
     unsafe fn sum(v: Self::V) -> f32;
 }
@@ -68,13 +110,15 @@ pub(crate) trait Simd {
 /// Adds `xs[r][..len] . ws[f][..len]` into the accumulators of
 /// every (feature, row), laid out `acc[(f * xs.len() + r) * LANES..]`.
 ///
+/// bf16 activations come in [`push_pair_order`]'s order.
+///
 /// # Safety
-/// The CPU must support `S`; each `ws[f]` holds `len` (a multiple of `LANES`)
-/// elements of kind `KIND`, each `xs[r]` at least `len`, `acc`
+/// The CPU must support `S`; each `ws[f]` holds `len` (a multiple of
+/// [`step`]) elements of kind `KIND`, each `xs[r]` at least `len`, `acc`
 /// `ws.len() * xs.len() * LANES` values.
 #[inline(always)]
 pub(crate) unsafe fn accumulate<S: Simd, const KIND: u8>(ws: &[&[u8]], ahead: isize, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
-    debug_assert_eq!(len % S::LANES, 0);
+    debug_assert_eq!(len % (S::LANES * vectors::<KIND>()), 0);
     let m = xs.len();
     // Many rows: pairs of features x 4 rows (fewer weight conversions per FMA);
     // few rows: up to 4 features at once (independent chains for the FMA units).
@@ -137,20 +181,26 @@ unsafe fn block<S: Simd, const KIND: u8, const R: usize, const F: usize>(
     }
     let mut i = 0;
     while i < len {
-        let mut w = [S::zero(); F];
+        let mut w = [[S::zero(); 2]; F];
         for f in 0..F {
-            w[f] = S::load_w::<KIND>(wp[f], i);
+            w[f] = if KIND == BF16 {
+                S::load_bf16_pairs(wp[f], i)
+            } else {
+                [S::load_w::<KIND>(wp[f], i), S::zero()]
+            };
             if ahead != 0 {
                 prefetch(wp[f].wrapping_offset(ahead).wrapping_add(i * elem_bytes::<KIND>()));
             }
         }
         for r in 0..R {
-            let x = S::load(xp[r].add(i));
-            for f in 0..F {
-                a[f][r] = S::fma(x, w[f], a[f][r]);
+            for h in 0..vectors::<KIND>() {
+                let x = S::load(xp[r].add(i + h * S::LANES));
+                for f in 0..F {
+                    a[f][r] = S::fma(x, w[f][h], a[f][r]);
+                }
             }
         }
-        i += S::LANES;
+        i += S::LANES * vectors::<KIND>();
     }
     for f in 0..F {
         for r in 0..R {
@@ -159,28 +209,30 @@ unsafe fn block<S: Simd, const KIND: u8, const R: usize, const F: usize>(
     }
 }
 
-/// Adds the last `< LANES` elements of one feature (`w`) and reduces each
-/// row's accumulator (`acc[r * LANES..]`) to `out[r]`.
+/// Adds the last elements (less than one [`step`]) of one feature (`w`),
+/// `LANES` at a time in column order, and reduces each row's accumulator
+/// (`acc[r * LANES..]`) to `out[r]`.
 ///
 /// # Safety
-/// As [`accumulate`], with `w` holding `xs[r].len() < LANES` elements.
+/// As [`accumulate`], with `w` holding `xs[r].len() < step` elements
+/// (`LANES <= 16`).
 #[inline(always)]
 pub(crate) unsafe fn finish<S: Simd>(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
-    let mut wbuf = [0u8; 64];
+    // Zero-padded: the padding adds exact zeros.
+    let mut wbuf = [0u8; 128];
     wbuf[..w.len()].copy_from_slice(w);
     let rest = w.len() / dtype.size();
-    let wt = match kind(dtype) {
-        F32 => S::load_w::<F32>(wbuf.as_ptr(), 0),
-        F16 => S::load_w::<F16>(wbuf.as_ptr(), 0),
-        _ => S::load_w::<BF16>(wbuf.as_ptr(), 0),
+    let wide = |at: usize| match kind(dtype) {
+        F32 => S::load_w::<F32>(wbuf.as_ptr(), at),
+        F16 => S::load_w::<F16>(wbuf.as_ptr(), at),
+        _ => S::load_w::<BF16>(wbuf.as_ptr(), at),
     };
     for (r, o) in out.iter_mut().enumerate() {
         let mut a = S::load(acc.as_ptr().add(r * S::LANES));
-        if rest > 0 {
-            // Zero-padded: the padding adds exact zeros.
-            let mut xbuf = [0.0f32; 16];
-            xbuf[..rest].copy_from_slice(&xs[r][..rest]);
-            a = S::fma(S::load(xbuf.as_ptr()), wt, a);
+        let mut xbuf = [0.0f32; 32];
+        xbuf[..rest].copy_from_slice(&xs[r][..rest]);
+        for at in (0..rest).step_by(S::LANES) {
+            a = S::fma(S::load(xbuf.as_ptr().add(at)), wide(at), a);
         }
         *o = S::sum(a);
     }

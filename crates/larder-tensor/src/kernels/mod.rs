@@ -14,7 +14,9 @@
 //! (`scripts/emulated_avx512.sh`), but an emulator says nothing about speed,
 //! so it is not chosen automatically until measured on such hardware.
 //!
-//! Dense f32/f16/bf16 rows are widened in registers inside the dot product.
+//! Dense f32/f16/bf16 rows are widened in registers inside the dot product
+//! (bf16 on x86-64 a pair of columns per 32-bit lane, the activations
+//! permuted once per call to match; see `blocked`).
 //! Quantized rows (fp8, mxfp4, int4) are decoded in registers too on x86-64
 //! (`quant_avx2`, each block's scale applied to its block sum; the AVX-512
 //! path runs the same 8-lane kernel, every AVX-512 CPU having AVX2, into the
@@ -54,7 +56,7 @@ use rayon::prelude::*;
 
 use crate::dtype::WeightDType;
 use crate::mat::Mat;
-use crate::weight::{RowView, WeightMatrix};
+use crate::weight::{RowView, WeightFormat, WeightMatrix};
 
 /// Fewest output features handled by one parallel task.
 const FEATURES_PER_TASK: usize = 16; // a multiple of FEATURE_BLOCK
@@ -134,6 +136,23 @@ impl KernelPath {
             KernelPath::Neon => neon::STEP,
             _ => scalar::STEP,
         }
+    }
+
+    /// Elements per main-loop step for weights stored as `format` (column
+    /// chunks and the main part of a row are multiples of it; bf16 steps on
+    /// the x86 paths are two vectors wide).
+    fn step_for(self, format: WeightFormat) -> usize {
+        match format {
+            #[cfg(target_arch = "x86_64")]
+            WeightFormat::Dense(dtype) if self.is_x86_simd() => blocked::step(dtype, self.step()),
+            _ => self.step(),
+        }
+    }
+
+    /// Whether dense rows of `format` take their activations in
+    /// `blocked::push_pair_order` (bf16 on the x86 paths).
+    fn pairs_bf16(self, format: WeightFormat) -> bool {
+        cfg!(target_arch = "x86_64") && self.is_x86_simd() && format == WeightFormat::Dense(WeightDType::BF16)
     }
 
     /// f32 accumulator slots per (row, feature).
@@ -258,7 +277,6 @@ fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[
 /// (every chunk then goes through [`fused_quantized`], so chunks need not fit
 /// the decode buffer); `None` for dense weights and other paths.
 fn fused_block(path: KernelPath, w: &WeightMatrix) -> Option<usize> {
-    use crate::weight::WeightFormat;
     let block = match w.format() {
         WeightFormat::Fp8Block { block_cols, .. } => block_cols,
         WeightFormat::Mxfp4 => crate::formats::MXFP4_BLOCK,
@@ -361,22 +379,30 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
     // row, and for blocks of whole 32-column groups in its decoding order,
     // by groups of 32 or 64 columns (`quant_avx2::prescale`); everything
     // else reads them as they are.
-    let (step, acc_len) = (path.step(), path.acc_len());
+    let (step, acc_len) = (path.step_for(w.format()), path.acc_len());
     let k_main = k / step * step;
     let fused_block = fused_block(path, w);
     let permuted = fused_block.is_some_and(|b| b % 32 == 0);
     // Columns per permuted group: mxfp4 and int4 decode 64 per step, fp8 32.
     let perm_group = match w.format() {
-        crate::weight::WeightFormat::Fp8Block { .. } => 32,
+        WeightFormat::Fp8Block { .. } => 32,
         _ => 64,
     };
+    // Dense bf16 rows on the x86 paths widen weight pairs into even and odd
+    // lanes; their activations come in the same order.
+    let pairs_bf16 = path.pairs_bf16(w.format());
     #[cfg(target_arch = "x86_64")]
     let (xq, unscale) = match w.format() {
+        _ if pairs_bf16 => {
+            let mut xq = Vec::with_capacity(m * k);
+            (0..m).for_each(|r| blocked::push_pair_order(x.row(r), path.step(), &mut xq));
+            (xq, Vec::new())
+        }
         _ if fused_block.is_none() => (Vec::new(), Vec::new()),
         format => {
             let code_exp = match format {
-                crate::weight::WeightFormat::Fp8Block { .. } => Some(120),
-                crate::weight::WeightFormat::Mxfp4 => Some(126),
+                WeightFormat::Fp8Block { .. } => Some(120),
+                WeightFormat::Mxfp4 => Some(126),
                 _ => None,
             };
             quant_avx2::prescale(x, if permuted { k_main } else { 0 }, perm_group, code_exp)
@@ -389,7 +415,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
     // activations of each block-row are multiplied by its scales once, and
     // rows are summed in chunk-sized pieces (see `Activations`).
     let block_scaled = match w.format() {
-        crate::weight::WeightFormat::Fp8Block { block_rows, block_cols }
+        WeightFormat::Fp8Block { block_rows, block_cols }
             if permuted && block_rows % FEATURE_BLOCK == 0 && fp8_scales_fold(w, block_rows) =>
         {
             Some(K_CHUNK.div_ceil(block_cols) * block_cols)
@@ -522,7 +548,8 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             for (slot, v) in ws.iter_mut().zip(&views[..f1 - f0]) {
                 (dtype, *slot) = dense_columns(path, *v, bufs.next().unwrap_or(&mut []));
             }
-            path.accumulate(dtype, &ws[..f1 - f0], ahead, &ch.plain_xs, a, &mut buf);
+            let dense_xs = if pairs_bf16 { &ch.kernel_xs } else { &ch.plain_xs };
+            path.accumulate(dtype, &ws[..f1 - f0], ahead, dense_xs, a, &mut buf);
         };
         if x_cached {
             // The activations stay cached anyway: stream each block of weight
