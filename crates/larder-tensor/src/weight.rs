@@ -187,6 +187,12 @@ impl<'a> WeightRows<'a> {
     pub fn stride(&self) -> usize {
         self.stride
     }
+
+    /// Every row's stored bytes, row `r` at `r * stride` (dense values, fp8
+    /// codes, mxfp4 blocks or int4 words; scales are not included).
+    pub fn bytes(&self) -> &'a [u8] {
+        self.data
+    }
 }
 
 impl<'a> RowView<'a> {

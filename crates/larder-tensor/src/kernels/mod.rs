@@ -498,13 +498,6 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         let mut add = |(f0, f1): (usize, usize), ch: &Chunk<'_>| {
             let (c0, c1) = (&ch.c0, &ch.c1);
             let a = &mut acc[f0 * m * acc_len..f1 * m * acc_len];
-            let mut views = [RowView::Dense {
-                dtype: WeightDType::F32,
-                bytes: &[],
-            }; FEATURE_BLOCK];
-            for (v, f) in views.iter_mut().zip(f0..f1) {
-                *v = w_rows.row(first + f).slice(*c0, *c1);
-            }
             // Where the same columns of the next register block's rows start
             // (relative to these rows), to prefetch while this block computes.
             let ahead = if first + f1 < w.rows() {
@@ -512,6 +505,26 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             } else {
                 0
             };
+            // Dense rows go straight to the kernel (this runs once per 4 rows:
+            // short rows would feel any set-up here).
+            if let Some(dtype) = w.dense_dtype() {
+                let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
+                let size = dtype.size();
+                for (slot, f) in ws.iter_mut().zip(f0..f1) {
+                    let row = (first + f) * w_rows.stride();
+                    *slot = &w_rows.bytes()[row + c0 * size..row + c1 * size];
+                }
+                let dense_xs = if pairs_bf16 { &ch.kernel_xs } else { &ch.plain_xs };
+                path.accumulate(dtype, &ws[..f1 - f0], ahead, dense_xs, a, &mut buf);
+                return;
+            }
+            let mut views = [RowView::Dense {
+                dtype: WeightDType::F32,
+                bytes: &[],
+            }; FEATURE_BLOCK];
+            for (v, f) in views.iter_mut().zip(f0..f1) {
+                *v = w_rows.row(first + f).slice(*c0, *c1);
+            }
             #[cfg(target_arch = "x86_64")]
             if let (Some(_), RowView::Fp8 { scales, block_cols, .. }) = (act.block_scaled, views[0]) {
                 let key = (scales.as_ptr() as usize, *c0);
@@ -548,8 +561,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             for (slot, v) in ws.iter_mut().zip(&views[..f1 - f0]) {
                 (dtype, *slot) = dense_columns(path, *v, bufs.next().unwrap_or(&mut []));
             }
-            let dense_xs = if pairs_bf16 { &ch.kernel_xs } else { &ch.plain_xs };
-            path.accumulate(dtype, &ws[..f1 - f0], ahead, dense_xs, a, &mut buf);
+            path.accumulate(dtype, &ws[..f1 - f0], ahead, &ch.plain_xs, a, &mut buf);
         };
         if x_cached {
             // The activations stay cached anyway: stream each block of weight
