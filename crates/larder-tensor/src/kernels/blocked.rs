@@ -50,10 +50,10 @@ const fn vectors<const KIND: u8>() -> usize {
 
 /// Elements per main-loop step for weights of `dtype` on `lanes`-wide vectors.
 pub(crate) fn step(dtype: WeightDType, lanes: usize) -> usize {
-    match kind(dtype) {
-        BF16 => lanes * vectors::<BF16>(),
-        F16 => lanes * vectors::<F16>(),
-        _ => lanes * vectors::<F32>(),
+    if kind(dtype) == BF16 {
+        lanes * vectors::<BF16>()
+    } else {
+        lanes
     }
 }
 
