@@ -402,7 +402,12 @@ unsafe fn groups64<const KIND: u8, const R: usize, const G: usize>(
         }
         for g in 0..G {
             // `accumulate` checked a scale per block of the call's columns.
-            let (lo, hi) = ((q.lead + i) / q.block, (q.lead + i + 32) / q.block);
+            // mxfp4 blocks are 32 columns from column 0 (no division).
+            let (lo, hi) = if KIND == MXFP4 {
+                (i / formats::MXFP4_BLOCK, i / formats::MXFP4_BLOCK + 1)
+            } else {
+                ((q.lead + i) / q.block, (q.lead + i + 32) / q.block)
+            };
             let (a, b) = if KIND == MXFP4 {
                 let e = q.e8m0[f0 + g];
                 (E8M0[*e.get_unchecked(lo) as usize], E8M0[*e.get_unchecked(hi) as usize])
