@@ -158,7 +158,7 @@ impl<'a> WeightRows<'a> {
     /// If `r` is not a row of the weight.
     #[inline(always)]
     pub fn row(&self, r: usize) -> RowView<'a> {
-        let (bytes, per) = (&self.data[r * self.stride..(r + 1) * self.stride], self.scales_per_row);
+        let (bytes, per) = (self.row_bytes(r), self.scales_per_row);
         match self.format {
             WeightFormat::Dense(dtype) => RowView::Dense { dtype, bytes },
             WeightFormat::Fp8Block { block_rows, block_cols } => {
@@ -188,10 +188,15 @@ impl<'a> WeightRows<'a> {
         self.stride
     }
 
-    /// Every row's stored bytes, row `r` at `r * stride` (dense values, fp8
-    /// codes, mxfp4 blocks or int4 words; scales are not included).
-    pub fn bytes(&self) -> &'a [u8] {
-        self.data
+    /// The stored bytes of row `r` without its scales (dense values, fp8
+    /// codes, mxfp4 blocks or int4 words): what [`row`](Self::row) puts in
+    /// its view, for callers that need no view.
+    ///
+    /// # Panics
+    /// If `r` is not a row of the weight.
+    #[inline(always)]
+    pub fn row_bytes(&self, r: usize) -> &'a [u8] {
+        &self.data[r * self.stride..(r + 1) * self.stride]
     }
 }
 

@@ -511,8 +511,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                 let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
                 let size = dtype.size();
                 for (slot, f) in ws.iter_mut().zip(f0..f1) {
-                    let row = (first + f) * w_rows.stride();
-                    *slot = &w_rows.bytes()[row + c0 * size..row + c1 * size];
+                    *slot = &w_rows.row_bytes(first + f)[c0 * size..c1 * size];
                 }
                 let dense_xs = if pairs_bf16 { &ch.kernel_xs } else { &ch.plain_xs };
                 path.accumulate(dtype, &ws[..f1 - f0], ahead, dense_xs, a, &mut buf);
