@@ -273,6 +273,22 @@ fn fused_quantized(path: KernelPath, views: &[RowView<'_>], ahead: isize, xs: &[
     false
 }
 
+/// [`fused_quantized`] for block-scaled fp8 rows whose scales come folded
+/// into `xs` (`quant_avx2::accumulate_fp8_folded`), given as their codes.
+#[cfg(target_arch = "x86_64")]
+fn fused_fp8_folded(
+    path: KernelPath,
+    codes: &[&[u8]],
+    piece: usize,
+    ahead: isize,
+    xs: &[&[f32]],
+    unscale: &[f32],
+    acc: &mut [f32],
+) -> bool {
+    // SAFETY: as in `fused_quantized`.
+    path.is_x86_simd() && unsafe { quant_avx2::accumulate_fp8_folded(codes, piece, ahead, xs, unscale, acc, path.acc_len()) }
+}
+
 /// The scale block (columns) of a quantized `w` that `path` computes fused
 /// (every chunk then goes through [`fused_quantized`], so chunks need not fit
 /// the decode buffer); `None` for dense weights and other paths.
@@ -489,7 +505,7 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
         #[cfg(target_arch = "x86_64")]
         let mut scaled_x: Vec<f32> = Vec::new();
         #[cfg(target_arch = "x86_64")]
-        let mut scaled_for: Option<(usize, usize)> = None;
+        let mut scaled_for: Option<(usize, usize)> = None; // (block-row, first column)
         let blocks: Vec<(usize, usize)> = (0..features)
             .step_by(FEATURE_BLOCK)
             .map(|f0| (f0, (f0 + FEATURE_BLOCK).min(features)))
@@ -517,19 +533,20 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                 path.accumulate(dtype, &ws[..f1 - f0], ahead, dense_xs, a, &mut buf);
                 return;
             }
-            let mut views = [RowView::Dense {
-                dtype: WeightDType::F32,
-                bytes: &[],
-            }; FEATURE_BLOCK];
-            for (v, f) in views.iter_mut().zip(f0..f1) {
-                *v = w_rows.row(first + f).slice(*c0, *c1);
-            }
+            // Block-scaled fp8 (its scales folded into the activations): the
+            // codes straight to the kernel, as dense rows.
             #[cfg(target_arch = "x86_64")]
-            if let (Some(_), RowView::Fp8 { scales, block_cols, .. }) = (act.block_scaled, views[0]) {
-                let key = (scales.as_ptr() as usize, *c0);
-                if scaled_for != Some(key) {
-                    quant_avx2::scale_by_blocks(&ch.kernel_xs, scales, block_cols, &mut scaled_x);
-                    scaled_for = Some(key);
+            if let (Some(piece), WeightFormat::Fp8Block { block_rows, .. }) = (act.block_scaled, w.format()) {
+                let block_row = (first + f0) / block_rows;
+                if scaled_for != Some((block_row, *c0)) {
+                    if let RowView::Fp8 { scales, block_cols, .. } = w_rows.row(first + f0).slice(*c0, *c1) {
+                        quant_avx2::scale_by_blocks(&ch.kernel_xs, scales, block_cols, &mut scaled_x);
+                    }
+                    scaled_for = Some((block_row, *c0));
+                }
+                let mut codes: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
+                for (slot, f) in codes.iter_mut().zip(f0..f1) {
+                    *slot = &w_rows.row_bytes(first + f)[*c0..*c1];
                 }
                 // Row slices on the stack for the usual few rows.
                 let (mut few, many): ([&[f32]; 8], Vec<&[f32]>);
@@ -543,9 +560,16 @@ pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
                     many = scaled_x.chunks_exact(c1 - c0).collect();
                     &many
                 };
-                if fused_quantized(path, &views[..f1 - f0], ahead, sx, act, a) {
+                if fused_fp8_folded(path, &codes[..f1 - f0], piece, ahead, sx, act.unscale, a) {
                     return;
                 }
+            }
+            let mut views = [RowView::Dense {
+                dtype: WeightDType::F32,
+                bytes: &[],
+            }; FEATURE_BLOCK];
+            for (v, f) in views.iter_mut().zip(f0..f1) {
+                *v = w_rows.row(first + f).slice(*c0, *c1);
             }
             let unscaled = Activations { block_scaled: None, ..act };
             if fused_quantized(path, &views[..f1 - f0], ahead, &ch.kernel_xs, unscaled, a) {

@@ -160,11 +160,9 @@ pub(crate) unsafe fn accumulate(
         block,
     };
     let segments = (lead + len).div_ceil(block);
-    if let Some(piece) = act.block_scaled {
-        if kind != FP8 || lead != 0 || piece % 32 != 0 {
-            return false;
-        }
-        (rows.block, rows.unit_factor) = (piece, true);
+    if act.block_scaled.is_some() {
+        // Folded scales come through `accumulate_fp8_folded`.
+        return false;
     }
     for (f, v) in views.iter().enumerate() {
         // Every view must match the first (one format, one column range, a
@@ -200,6 +198,58 @@ pub(crate) unsafe fn accumulate(
         MXFP4 => dispatch::<MXFP4>(&rows, xs, unscale, acc),
         _ => dispatch::<INT4>(&rows, xs, unscale, acc),
     }
+    true
+}
+
+/// [`accumulate`] for block-scaled fp8 rows whose scales come folded into
+/// the activations ([`scale_by_blocks`], [`Activations::block_scaled`]),
+/// taken as their codes alone (no views to match: this runs once per
+/// register block, and short rows feel any set-up): the columns from a
+/// multiple of `piece` (a multiple of 32) on, summed in pieces of `piece`
+/// columns with factor 1, the activations permuted. Returns `false`, having
+/// done nothing, where the sizes do not allow it.
+///
+/// # Safety
+/// As [`accumulate`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn accumulate_fp8_folded(
+    codes: &[&[u8]],
+    piece: usize,
+    ahead: isize,
+    xs: &[&[f32]],
+    unscale: &[f32],
+    acc: &mut [f32],
+    acc_stride: usize,
+) -> bool {
+    let Some(first) = codes.first() else { return true };
+    let len = first.len();
+    if len % 8 != 0
+        || piece == 0
+        || !piece.is_multiple_of(32)
+        || codes.len() > FEATURE_BLOCK
+        || codes.iter().any(|c| c.len() != len)
+        || unscale.len() != xs.len()
+        || xs.iter().any(|x| x.len() < len)
+        || acc_stride < 8
+        || acc.len() < codes.len() * xs.len() * acc_stride
+    {
+        return false;
+    }
+    let mut rows = Rows {
+        codes: [&[]; FEATURE_BLOCK],
+        scales: [&[]; FEATURE_BLOCK],
+        e8m0: [&[]; FEATURE_BLOCK],
+        nf: codes.len(),
+        ahead,
+        permuted: true,
+        unit_factor: true,
+        len,
+        acc_stride,
+        lead: 0,
+        block: piece,
+    };
+    rows.codes[..codes.len()].copy_from_slice(codes);
+    dispatch::<FP8>(&rows, xs, unscale, acc);
     true
 }
 
