@@ -8,6 +8,7 @@
 //! computing the three projections separately: kernels compute every
 //! (row, feature) with the same arithmetic whatever matrix it belongs to.
 
+use crate::kernels::KernelError;
 use crate::linear::Linear;
 use crate::mat::Mat;
 use crate::ops::silu;
@@ -116,7 +117,19 @@ impl SwigluExpert {
         self.gate_up.is_some()
     }
 
-    /// `x [m, hidden] -> [m, hidden]`.
+    /// `x [m, hidden] -> [m, hidden]`; an error, computing nothing, where
+    /// `x` is not `hidden` wide.
+    pub fn try_forward(&self, x: &Mat) -> Result<Mat, KernelError> {
+        // The other products then fit by construction (`new`, `from_record`).
+        crate::kernels::check_width(x, &self.gate)?;
+        Ok(self.forward(x))
+    }
+
+    /// [`try_forward`](Self::try_forward) for callers whose shapes were
+    /// checked when the model loaded.
+    ///
+    /// # Panics
+    /// If `x` is not `hidden` wide.
     pub fn forward(&self, x: &Mat) -> Mat {
         let i = self.intermediate;
         let mut act = Mat::zeros(x.rows(), i);
@@ -239,6 +252,17 @@ mod tests {
             *a = silu(*g) * u;
         }
         assert_eq!(e.forward(&x), d.forward(&act));
+    }
+
+    #[test]
+    fn activations_of_the_wrong_width_are_errors() {
+        let (h, i) = (96, 40);
+        let (record, layout) = dense_record(h, i);
+        let e = SwigluExpert::from_record("e", &record, &layout).unwrap();
+        let err = e.try_forward(&Mat::zeros(2, h + 1)).unwrap_err();
+        assert!(err.to_string().contains("width 97"), "{err}");
+        let x = Mat::from_vec(2, h, values(2 * h, 5));
+        assert_eq!(e.try_forward(&x).unwrap(), e.forward(&x));
     }
 
     #[test]

@@ -366,23 +366,65 @@ pub fn active_path() -> KernelPath {
     })
 }
 
-/// `x [m, k] * W^T` where `W` is `[n, k]`: returns `[m, n]`, on the active path.
+/// Errors of the kernels' checked entry points ([`try_matmul_t`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelError {
+    #[error(
+        "activations of width {activation_cols} against a {weight_rows}x{weight_cols} {format} weight (it takes {weight_cols} inputs)"
+    )]
+    Shape {
+        activation_cols: usize,
+        weight_rows: usize,
+        weight_cols: usize,
+        format: WeightFormat,
+    },
+}
+
+/// `x [m, k] * W^T` where `W` is `[n, k]`: returns `[m, n]`, on the active
+/// path; an error, computing nothing, where `x`'s width is not `W`'s input width.
+pub fn try_matmul_t(x: &Mat, w: &WeightMatrix) -> Result<Mat, KernelError> {
+    try_matmul_t_with(active_path(), x, w)
+}
+
+/// [`try_matmul_t`] on a given path (tests and benchmarks compare paths).
+pub fn try_matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Result<Mat, KernelError> {
+    check_width(x, w)?;
+    Ok(matmul_t_checked(path, x, w))
+}
+
+/// Whether `x` is as wide as `w` takes inputs.
+pub(crate) fn check_width(x: &Mat, w: &WeightMatrix) -> Result<(), KernelError> {
+    if x.cols() == w.cols() {
+        return Ok(());
+    }
+    Err(KernelError::Shape {
+        activation_cols: x.cols(),
+        weight_rows: w.rows(),
+        weight_cols: w.cols(),
+        format: w.format(),
+    })
+}
+
+/// [`try_matmul_t`] for callers whose shapes were checked when the model
+/// loaded.
 ///
 /// # Panics
-/// If `x.cols() != w.cols()`; model code checks shapes at load time.
+/// If `x.cols() != w.cols()`.
 pub fn matmul_t(x: &Mat, w: &WeightMatrix) -> Mat {
     matmul_t_with(active_path(), x, w)
 }
 
-/// [`matmul_t`] on a given path (tests and benchmarks compare paths).
+/// [`matmul_t`] on a given path.
+///
+/// # Panics
+/// If `x.cols() != w.cols()`.
 pub fn matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
-    assert_eq!(
-        x.cols(),
-        w.cols(),
-        "matmul_t: activation width {} vs weight input {}",
-        x.cols(),
-        w.cols()
-    );
+    try_matmul_t_with(path, x, w).unwrap_or_else(|e| panic!("matmul_t: {e}"))
+}
+
+/// The product, shapes already checked (`x.cols() == w.cols()`).
+fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
+    debug_assert_eq!(x.cols(), w.cols());
     let path = if path.is_supported() { path } else { KernelPath::Scalar };
     let (m, n, k) = (x.rows(), w.rows(), w.cols());
     let mut out = Mat::zeros(m, n);

@@ -458,3 +458,27 @@ fn int4_groups_that_are_odd_multiples_of_32_match_alone_and_in_chunked_batches()
         check_reference_and_alone_vs_batch(&x, &w, &[0, 17, 63], &format!("int4 group {group}"));
     }
 }
+
+#[test]
+fn activations_of_the_wrong_width_are_errors_on_every_path_and_format() {
+    let (n, k) = (24, 256);
+    for w in weights(n, k) {
+        for path in KernelPath::available() {
+            for cols in [0, k - 32, k + 1] {
+                let err = try_matmul_t_with(path, &Mat::zeros(2, cols), &w).unwrap_err();
+                assert_eq!(
+                    err,
+                    KernelError::Shape {
+                        activation_cols: cols,
+                        weight_rows: n,
+                        weight_cols: k,
+                        format: w.format(),
+                    }
+                );
+                assert!(err.to_string().contains(&format!("{n}x{k} {}", w.format())), "{err}");
+            }
+            let x = Mat::from_vec(3, k, random(3 * k, 12));
+            assert_eq!(try_matmul_t_with(path, &x, &w).unwrap(), matmul_t_with(path, &x, &w));
+        }
+    }
+}
