@@ -482,3 +482,56 @@ fn activations_of_the_wrong_width_are_errors_on_every_path_and_format() {
         }
     }
 }
+
+/// `data` as shared bytes starting `offset` bytes into a larger buffer, so
+/// at any alignment.
+fn at_offset(data: &[u8], offset: usize) -> SharedBytes {
+    let mut v = vec![0xa5u8; offset];
+    v.extend_from_slice(data);
+    v.extend_from_slice(&[0xa5; 7]);
+    SharedBytes::new(std::sync::Arc::new(v), offset, data.len())
+}
+
+#[test]
+fn weights_at_any_byte_offset_compute_bit_identically() {
+    let (n, k) = (20, 256);
+    let dense = random(n * k, 21);
+    let codes: Vec<u8> = random_bytes(n * k, 22)
+        .into_iter()
+        .map(|b| if b & 0x7f == 0x7f { 0x3f } else { b })
+        .collect();
+    let fp8_scales: Vec<f32> = random(n.div_ceil(128) * k.div_ceil(128), 23)
+        .iter()
+        .map(|s| s.abs() + 0.01)
+        .collect();
+    let blocks = random_bytes(n * k / 2, 24);
+    let e8m0: Vec<u8> = random_bytes(n * k / 32, 25).into_iter().map(|b| 118 + b % 16).collect();
+    let packed = random_bytes(n * k / 2, 26);
+    let int4_scales: Vec<f32> = random(n * k / 32, 27).iter().map(|s| s.abs() / 8.0 + 1e-3).collect();
+    let build = |offset: usize| -> Vec<WeightMatrix> {
+        let mut out: Vec<WeightMatrix> = [WeightDType::F32, WeightDType::F16, WeightDType::BF16]
+            .into_iter()
+            .map(|d| WeightMatrix::new("dense", d, n, k, at_offset(&crate::dtype::encode(d, &dense), offset)).unwrap())
+            .collect();
+        out.push(WeightMatrix::fp8_block("fp8", n, k, at_offset(&codes, offset), fp8_scales.clone(), 128, 128).unwrap());
+        out.push(WeightMatrix::mxfp4("mxfp4", n, k, at_offset(&blocks, offset), at_offset(&e8m0, offset)).unwrap());
+        out.push(WeightMatrix::int4_group("int4", n, k, at_offset(&packed, offset), int4_scales.clone(), 32).unwrap());
+        out
+    };
+    let aligned = build(0);
+    for offset in [1, 2, 3, 5] {
+        for (a, w) in aligned.iter().zip(build(offset)) {
+            for path in KernelPath::available() {
+                for rows in [1, 3, 9] {
+                    let x = Mat::from_vec(rows, k, random(rows * k, 28 + rows as u64));
+                    assert_eq!(
+                        matmul_t_with(path, &x, &w),
+                        matmul_t_with(path, &x, a),
+                        "{} at byte offset {offset} on {path:?} with {rows} rows",
+                        w.format()
+                    );
+                }
+            }
+        }
+    }
+}
