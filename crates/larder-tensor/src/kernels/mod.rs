@@ -305,20 +305,13 @@ fn fused_block(path: KernelPath, w: &WeightMatrix) -> Option<usize> {
 
 /// Whether every scale of an fp8 weight can be folded into activations
 /// (`quant_avx2::scales_fold_into_activations`), checked per block-row.
+#[cfg(target_arch = "x86_64")]
 fn fp8_scales_fold(w: &WeightMatrix, block_rows: usize) -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let rows = w.rows_source();
-        (0..w.rows()).step_by(block_rows).all(|r| match rows.row(r) {
-            RowView::Fp8 { scales, .. } => quant_avx2::scales_fold_into_activations(scales),
-            _ => false,
-        })
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = (w, block_rows);
-        false
-    }
+    let rows = w.rows_source();
+    (0..w.rows()).step_by(block_rows).all(|r| match rows.row(r) {
+        RowView::Fp8 { scales, .. } => quant_avx2::scales_fold_into_activations(scales),
+        _ => false,
+    })
 }
 
 /// Some columns of a weight row as dense elements: the stored bytes of a
@@ -471,8 +464,11 @@ fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
     let (xq, unscale): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
     let xk: Vec<&[f32]> = if xq.is_empty() { xs.clone() } else { xq.chunks_exact(k).collect() };
     // fp8 with 2-D blocks whose scales fold safely into the activations: the
-    // activations of each block-row are multiplied by its scales once, and
-    // rows are summed in chunk-sized pieces (see `Activations`).
+    // activations of each block-row are multiplied by its column blocks'
+    // scales once (`quant_avx2::scale_by_blocks`), and rows are summed in
+    // pieces of this many columns with factor 1 instead of one piece per
+    // scale block (`quant_avx2::accumulate_fp8_folded`).
+    #[cfg(target_arch = "x86_64")]
     let block_scaled = match w.format() {
         WeightFormat::Fp8Block { block_rows, block_cols }
             if permuted && block_rows % FEATURE_BLOCK == 0 && fp8_scales_fold(w, block_rows) =>
@@ -484,7 +480,6 @@ fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
     let act = Activations {
         unscale: &unscale,
         permuted,
-        block_scaled,
     };
     // Rows whose activations stay cached need no chunking at all (fewer
     // calls) unless they are decoded into a buffer, one L1-sized chunk at a
@@ -579,7 +574,7 @@ fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             // Block-scaled fp8 (its scales folded into the activations): the
             // codes straight to the kernel, as dense rows.
             #[cfg(target_arch = "x86_64")]
-            if let (Some(piece), WeightFormat::Fp8Block { block_rows, .. }) = (act.block_scaled, w.format()) {
+            if let (Some(piece), WeightFormat::Fp8Block { block_rows, .. }) = (block_scaled, w.format()) {
                 let block_row = (first + f0) / block_rows;
                 if scaled_for != Some((block_row, *c0)) {
                     if let RowView::Fp8 { scales, block_cols, .. } = w_rows.row(first + f0).slice(*c0, *c1) {
@@ -614,8 +609,7 @@ fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {
             for (v, f) in views.iter_mut().zip(f0..f1) {
                 *v = w_rows.row(first + f).slice(*c0, *c1);
             }
-            let unscaled = Activations { block_scaled: None, ..act };
-            if fused_quantized(path, &views[..f1 - f0], ahead, &ch.kernel_xs, unscaled, a) {
+            if fused_quantized(path, &views[..f1 - f0], ahead, &ch.kernel_xs, act, a) {
                 return;
             }
             let mut ws: [&[u8]; FEATURE_BLOCK] = [&[]; FEATURE_BLOCK];
@@ -676,11 +670,6 @@ pub(crate) struct Activations<'a> {
     pub unscale: &'a [f32],
     /// Whole 32- or 64-column groups permuted as `quant_avx2::prescale` does.
     pub permuted: bool,
-    /// fp8 only: the activations also come multiplied by each column
-    /// block's scale for these rows (`quant_avx2::scale_by_blocks`), so the rows are
-    /// summed in pieces of this many columns with factor 1 instead of one
-    /// piece per scale block.
-    pub block_scaled: Option<usize>,
 }
 
 /// One column range of a call and its activation rows.

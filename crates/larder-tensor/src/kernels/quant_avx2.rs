@@ -160,10 +160,6 @@ pub(crate) unsafe fn accumulate(
         block,
     };
     let segments = (lead + len).div_ceil(block);
-    if act.block_scaled.is_some() {
-        // Folded scales come through `accumulate_fp8_folded`.
-        return false;
-    }
     for (f, v) in views.iter().enumerate() {
         // Every view must match the first (one format, one column range, a
         // scale per segment); anything else goes the decoding way.
@@ -202,7 +198,7 @@ pub(crate) unsafe fn accumulate(
 }
 
 /// [`accumulate`] for block-scaled fp8 rows whose scales come folded into
-/// the activations ([`scale_by_blocks`], [`Activations::block_scaled`]),
+/// the activations ([`scale_by_blocks`]),
 /// taken as their codes alone (no views to match: this runs once per
 /// register block, and short rows feel any set-up): the columns from a
 /// multiple of `piece` (a multiple of 32) on, summed in pieces of `piece`
