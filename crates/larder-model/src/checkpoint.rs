@@ -48,12 +48,18 @@ pub struct TensorInfo {
     pub len: u64,
 }
 
+/// A check run on every tensor's bytes as the model takes them (a packed
+/// store's spine digests): `Err(message)` refuses the tensor.
+pub type TensorCheck = dyn Fn(&str, &TensorInfo, &[u8]) -> Result<(), String> + Send + Sync;
+
 /// All tensors of a checkpoint folder, by name.
 pub struct Checkpoint {
     files: Vec<MappedFile>,
     tensors: HashMap<String, TensorEntry>,
     /// Block size of fp8 weights' `*_scale_inv` scales (from the config).
     fp8_block: std::sync::OnceLock<(usize, usize)>,
+    /// Run on every tensor handed out (see [`Checkpoint::set_tensor_check`]).
+    check: Option<Arc<TensorCheck>>,
 }
 
 impl Checkpoint {
@@ -64,6 +70,7 @@ impl Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
             fp8_block: std::sync::OnceLock::new(),
+            check: None,
         };
         for path in paths {
             ckpt.add_file(path)?;
@@ -124,6 +131,34 @@ impl Checkpoint {
             header_len,
         });
         Ok(())
+    }
+
+    /// Runs `check` on the bytes of every tensor [`matrix`](Self::matrix),
+    /// [`vector`](Self::vector) or [`tensor_bytes`](Self::tensor_bytes) hands
+    /// out from now on (fp8 scales included); a failed check is an error
+    /// naming the tensor and its file.
+    pub fn set_tensor_check(&mut self, check: Arc<TensorCheck>) {
+        self.check = Some(check);
+    }
+
+    /// The bytes of tensor `name` as stored, after the tensor check.
+    pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], ModelError> {
+        let e = self.entry(name)?;
+        self.checked_bytes(name, e)
+    }
+
+    /// A tensor's stored bytes, after the tensor check (if any).
+    fn checked_bytes(&self, name: &str, e: &TensorEntry) -> Result<&[u8], ModelError> {
+        let f = &self.files[e.file];
+        let bytes = &f.map[e.start..e.start + e.len];
+        if let Some(check) = &self.check {
+            let info = self.tensor_info(name)?;
+            check(name, &info, bytes).map_err(|message| ModelError::Safetensors {
+                path: f.path.clone(),
+                message: format!("tensor `{name}`: {message}"),
+            })?;
+        }
+        Ok(bytes)
     }
 
     /// Whether a tensor of this name exists.
@@ -272,9 +307,10 @@ impl Checkpoint {
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
         if self.entry(name)?.dtype == Dtype::F8_E4M3 {
             let (e, s, (br, bc)) = self.fp8_parts(name, rows, cols)?;
+            self.checked_bytes(name, e)?;
+            let sb = self.checked_bytes(&Self::scale_name(name), s)?;
             let map: Arc<dyn AsRef<[u8]> + Send + Sync> = self.files[e.file].map.clone();
             let codes = SharedBytes::new(map, e.start, e.len);
-            let sb = &self.files[s.file].map[s.start..s.start + s.len];
             let scales = sb.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             return WeightMatrix::fp8_block(name, rows, cols, codes, scales, br, bc).map_err(|err| ModelError::Safetensors {
                 path: self.files[e.file].path.clone(),
@@ -282,6 +318,7 @@ impl Checkpoint {
             });
         }
         let (e, dtype) = self.check(name, &[rows, cols])?;
+        self.checked_bytes(name, e)?;
         let map: Arc<dyn AsRef<[u8]> + Send + Sync> = self.files[e.file].map.clone();
         let bytes = SharedBytes::new(map, e.start, e.len);
         WeightMatrix::new(name, dtype, rows, cols, bytes).map_err(|err| ModelError::Safetensors {
@@ -294,7 +331,7 @@ impl Checkpoint {
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         let (e, dtype) = self.check(name, &[len])?;
         let mut out = vec![0.0f32; len];
-        dtype.decode_into(&self.files[e.file].map[e.start..e.start + e.len], &mut out);
+        dtype.decode_into(self.checked_bytes(name, e)?, &mut out);
         Ok(out)
     }
 
