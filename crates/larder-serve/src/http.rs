@@ -203,7 +203,7 @@ fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
 
 /// Turns engine events into SSE chunks; stops (dropping `rx`, which cancels
 /// generation) when the client goes away.
-async fn stream_events(
+pub(crate) async fn stream_events(
     request: GenerationRequest,
     id: String,
     model: String,
