@@ -2,18 +2,30 @@
 //!
 //! A checkpoint folder holds either `model.safetensors`, or shards listed by
 //! `model.safetensors.index.json`, or (older exports) any number of
-//! `*.safetensors` files. Each file is memory-mapped and its header validated
-//! (offsets inside the file, so a truncated download is caught at open time);
-//! weights are handed out as views over the mapping, in their stored dtype.
+//! `*.safetensors` files. Each file's header is read and validated at open
+//! (offsets inside the file, so a truncated download is caught at open time).
+//!
+//! Weights are never memory-mapped: each tensor the model asks for is read
+//! (`pread`, in large chunks) into memory the process owns, so a weight file
+//! truncated or overwritten while larder runs cannot kill it with SIGBUS (a
+//! read of a changed file is an error naming it; weights already loaded
+//! keep working). Only the tensors asked for are read: in streaming mode the
+//! same shards hold experts that must stay on disk.
+//!
+//! [`Checkpoint::open_unread`] opens a checkpoint without reading weight
+//! bytes at all: every accessor checks names, shapes and dtypes as usual but
+//! hands out zeros (matrices over an anonymous mapping, which costs no RAM
+//! until touched), so loading a model over it validates a whole checkpoint
+//! (`pack` does this before writing anything).
 
 use std::collections::{BTreeSet, HashMap};
 use std::fs::File;
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use larder_tensor::weight::SharedBytes;
 use larder_tensor::{WeightDType, WeightMatrix};
-use memmap2::Mmap;
 use safetensors::tensor::Dtype;
 
 use crate::error::ModelError;
@@ -29,11 +41,16 @@ struct TensorEntry {
     len: usize,
 }
 
-struct MappedFile {
+struct SourceFile {
     path: PathBuf,
-    map: Arc<Mmap>,
-    header_len: usize,
+    /// `None` for a checkpoint opened with [`Checkpoint::open_unread`].
+    file: Option<File>,
+    /// The JSON header as read at open.
+    header: Vec<u8>,
 }
+
+/// Bytes per `pread` call when reading a tensor.
+const READ_CHUNK: usize = 64 << 20;
 
 /// Where a tensor's bytes are (for streaming and packing experts).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -54,7 +71,7 @@ pub type TensorCheck = dyn Fn(&str, &TensorInfo, &[u8]) -> Result<(), String> + 
 
 /// All tensors of a checkpoint folder, by name.
 pub struct Checkpoint {
-    files: Vec<MappedFile>,
+    files: Vec<SourceFile>,
     tensors: HashMap<String, TensorEntry>,
     /// Block size of fp8 weights' `*_scale_inv` scales (from the config).
     fp8_block: std::sync::OnceLock<(usize, usize)>,
@@ -63,8 +80,24 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens every safetensors file of `dir`.
+    /// Opens every safetensors file of `dir`; weights are read as asked for.
     pub fn open(dir: &Path) -> Result<Self, ModelError> {
+        Self::open_with(dir, true)
+    }
+
+    /// Opens `dir` like [`open`](Self::open) (headers read and validated),
+    /// but never reads weight bytes: [`matrix`](Self::matrix) hands out
+    /// zero-filled weights over anonymous memory (no RAM until touched),
+    /// [`vector`](Self::vector) zeros, after the same name, shape and dtype
+    /// checks. Loading a model over it validates the whole checkpoint. The
+    /// tensor check (see [`set_tensor_check`](Self::set_tensor_check)) is not
+    /// run (there are no bytes to check), and [`tensor_bytes`](Self::tensor_bytes)
+    /// is an error.
+    pub fn open_unread(dir: &Path) -> Result<Self, ModelError> {
+        Self::open_with(dir, false)
+    }
+
+    fn open_with(dir: &Path, read: bool) -> Result<Self, ModelError> {
         let paths = shard_paths(dir)?;
         let mut ckpt = Checkpoint {
             files: Vec::new(),
@@ -73,33 +106,41 @@ impl Checkpoint {
             check: None,
         };
         for path in paths {
-            ckpt.add_file(path)?;
+            ckpt.add_file(path, read)?;
         }
         Ok(ckpt)
     }
 
-    fn add_file(&mut self, path: PathBuf) -> Result<(), ModelError> {
-        let file = File::open(&path).map_err(|source| ModelError::Io {
+    /// Whether weights are read from the files (false: [`open_unread`](Self::open_unread)).
+    pub fn reads_weights(&self) -> bool {
+        self.files.iter().all(|f| f.file.is_some())
+    }
+
+    fn add_file(&mut self, path: PathBuf, read: bool) -> Result<(), ModelError> {
+        let io = |source| ModelError::Io {
             path: path.clone(),
             source,
-        })?;
-        // SAFETY: the mapping is read-only; larder never writes checkpoint files,
-        // and a concurrent external truncation is outside what any reader can defend against.
-        let map = unsafe { Mmap::map(&file) }.map_err(|source| ModelError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        };
+        let file = File::open(&path).map_err(io)?;
+        let size = file.metadata().map_err(io)?.len();
         let bad = |message: String| ModelError::Safetensors {
             path: path.clone(),
             message,
         };
-        let (header_len, meta) = safetensors::SafeTensors::read_metadata(&map[..]).map_err(|e| {
+        let (header_len, header) = read_header(&file, size).map_err(&bad)?;
+        let meta: safetensors::tensor::Metadata = serde_json::from_slice(&header).map_err(|e| {
             bad(format!(
                 "invalid safetensors header ({e}); the file may be truncated or not a safetensors file"
             ))
         })?;
         let data_start = 8 + header_len;
-        let data_len = map.len() - data_start;
+        let data_len = (size as usize).saturating_sub(data_start);
+        if meta.data_len() < data_len {
+            return Err(bad(format!(
+                "the header describes {} data bytes but the file holds {data_len}; not a complete safetensors file",
+                meta.data_len()
+            )));
+        }
         let index = self.files.len();
         for (name, info) in meta.tensors() {
             let (s, e) = info.data_offsets;
@@ -125,10 +166,10 @@ impl Checkpoint {
                 },
             );
         }
-        self.files.push(MappedFile {
+        self.files.push(SourceFile {
             path,
-            map: Arc::new(map),
-            header_len,
+            file: read.then_some(file),
+            header,
         });
         Ok(())
     }
@@ -141,24 +182,62 @@ impl Checkpoint {
         self.check = Some(check);
     }
 
-    /// The bytes of tensor `name` as stored, after the tensor check.
-    pub fn tensor_bytes(&self, name: &str) -> Result<&[u8], ModelError> {
+    /// The bytes of tensor `name` as stored (read now, into memory this call
+    /// owns), after the tensor check.
+    pub fn tensor_bytes(&self, name: &str) -> Result<Vec<u8>, ModelError> {
         let e = self.entry(name)?;
+        if !self.reads_weights() {
+            return Err(ModelError::Safetensors {
+                path: self.files[e.file].path.clone(),
+                message: format!("tensor `{name}`: the checkpoint was opened without reading weights (open_unread)"),
+            });
+        }
         self.checked_bytes(name, e)
     }
 
-    /// A tensor's stored bytes, after the tensor check (if any).
-    fn checked_bytes(&self, name: &str, e: &TensorEntry) -> Result<&[u8], ModelError> {
+    /// A tensor's stored bytes, read into owned memory, after the tensor
+    /// check (if any); zeros (and no check) when the checkpoint is unread.
+    fn checked_bytes(&self, name: &str, e: &TensorEntry) -> Result<Vec<u8>, ModelError> {
         let f = &self.files[e.file];
-        let bytes = &f.map[e.start..e.start + e.len];
+        let Some(file) = &f.file else {
+            return Ok(vec![0; e.len]);
+        };
+        let mut bytes = vec![0u8; e.len];
+        read_range(file, &mut bytes, e.start as u64).map_err(|source| ModelError::Io {
+            path: f.path.clone(),
+            source: std::io::Error::new(
+                source.kind(),
+                format!(
+                    "reading tensor `{name}` (bytes {}..{}): {source}; was the file changed or truncated after larder opened it?",
+                    e.start,
+                    e.start + e.len
+                ),
+            ),
+        })?;
         if let Some(check) = &self.check {
             let info = self.tensor_info(name)?;
-            check(name, &info, bytes).map_err(|message| ModelError::Safetensors {
+            check(name, &info, &bytes).map_err(|message| ModelError::Safetensors {
                 path: f.path.clone(),
                 message: format!("tensor `{name}`: {message}"),
             })?;
         }
         Ok(bytes)
+    }
+
+    /// A weight's bytes as shared memory: read and checked, or (unread) a
+    /// zero-filled anonymous mapping that costs no RAM until touched.
+    fn weight_bytes(&self, name: &str, e: &TensorEntry) -> Result<SharedBytes, ModelError> {
+        if self.files[e.file].file.is_some() || e.len == 0 {
+            return Ok(SharedBytes::from_vec(self.checked_bytes(name, e)?));
+        }
+        let map = memmap2::MmapMut::map_anon(e.len)
+            .and_then(|m| m.make_read_only())
+            .map_err(|source| ModelError::Io {
+                path: self.files[e.file].path.clone(),
+                source,
+            })?;
+        let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(map);
+        Ok(SharedBytes::new(owner, 0, e.len))
     }
 
     /// Whether a tensor of this name exists.
@@ -180,8 +259,7 @@ impl Checkpoint {
 
     /// The JSON header of file `file` (its identity: names, dtypes, shapes, offsets).
     pub fn file_header(&self, file: usize) -> &[u8] {
-        let f = &self.files[file];
-        &f.map[8..8 + f.header_len]
+        &self.files[file].header
     }
 
     /// Where a tensor's bytes are.
@@ -307,10 +385,8 @@ impl Checkpoint {
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
         if self.entry(name)?.dtype == Dtype::F8_E4M3 {
             let (e, s, (br, bc)) = self.fp8_parts(name, rows, cols)?;
-            self.checked_bytes(name, e)?;
+            let codes = self.weight_bytes(name, e)?;
             let sb = self.checked_bytes(&Self::scale_name(name), s)?;
-            let map: Arc<dyn AsRef<[u8]> + Send + Sync> = self.files[e.file].map.clone();
-            let codes = SharedBytes::new(map, e.start, e.len);
             let scales = sb.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
             return WeightMatrix::fp8_block(name, rows, cols, codes, scales, br, bc).map_err(|err| ModelError::Safetensors {
                 path: self.files[e.file].path.clone(),
@@ -318,9 +394,7 @@ impl Checkpoint {
             });
         }
         let (e, dtype) = self.check(name, &[rows, cols])?;
-        self.checked_bytes(name, e)?;
-        let map: Arc<dyn AsRef<[u8]> + Send + Sync> = self.files[e.file].map.clone();
-        let bytes = SharedBytes::new(map, e.start, e.len);
+        let bytes = self.weight_bytes(name, e)?;
         WeightMatrix::new(name, dtype, rows, cols, bytes).map_err(|err| ModelError::Safetensors {
             path: self.files[e.file].path.clone(),
             message: err.to_string(),
@@ -331,7 +405,7 @@ impl Checkpoint {
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
         let (e, dtype) = self.check(name, &[len])?;
         let mut out = vec![0.0f32; len];
-        dtype.decode_into(self.checked_bytes(name, e)?, &mut out);
+        dtype.decode_into(&self.checked_bytes(name, e)?, &mut out);
         Ok(out)
     }
 
@@ -343,6 +417,33 @@ impl Checkpoint {
             Ok(None)
         }
     }
+}
+
+/// Reads a safetensors file's header: its length and JSON bytes.
+fn read_header(file: &File, size: u64) -> Result<(usize, Vec<u8>), String> {
+    let truncated = |what: &str| format!("{what}; the file may be truncated or not a safetensors file");
+    let mut len = [0u8; 8];
+    if size < 8 {
+        return Err(truncated(&format!("only {size} bytes, less than the 8-byte header length")));
+    }
+    file.read_exact_at(&mut len, 0)
+        .map_err(|e| truncated(&format!("reading the header length: {e}")))?;
+    let n = u64::from_le_bytes(len);
+    if n > size - 8 || n > 100 << 20 {
+        return Err(truncated(&format!("header length {n} does not fit in a {size}-byte file")));
+    }
+    let mut header = vec![0u8; n as usize];
+    file.read_exact_at(&mut header, 8)
+        .map_err(|e| truncated(&format!("reading the header: {e}")))?;
+    Ok((n as usize, header))
+}
+
+/// Fills `buf` from `file` at `offset`, [`READ_CHUNK`] bytes per `pread`.
+fn read_range(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
+    for (i, chunk) in buf.chunks_mut(READ_CHUNK).enumerate() {
+        file.read_exact_at(chunk, offset + (i * READ_CHUNK) as u64)?;
+    }
+    Ok(())
 }
 
 /// The safetensors files of a checkpoint folder, in a stable order.
