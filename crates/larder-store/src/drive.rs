@@ -46,7 +46,7 @@ fn probe(path: &Path) -> Result<f64, StoreError> {
         Ok(f) => f,
         Err(_) => FileTable::open(&[path.to_path_buf()], false)?,
     };
-    let pool = PreadPool::new(files, 4);
+    let pool = PreadPool::new(files, 4)?;
     let extents: Vec<Extent> = (0..PROBE_BYTES / PROBE_READ)
         .map(|i| Extent {
             file: 0,

@@ -32,6 +32,20 @@ pub enum StoreError {
     Manifest { path: PathBuf, message: String },
     #[error("layer {layer} expert {expert}: not in the store")]
     MissingExpert { layer: usize, expert: usize },
+    #[error("{what} = {value} is out of range: use {min} to {max}")]
+    OutOfRange {
+        what: &'static str,
+        value: usize,
+        min: usize,
+        max: usize,
+    },
+    #[error("cannot start a {what} thread ({source}); use fewer threads or raise the process's thread limit")]
+    Spawn { what: &'static str, source: std::io::Error },
+    #[error(
+        "a RAM budget (--ram-budget) of {budget} bytes cannot hold one expert record: the smallest usable budget is \
+         {smallest} bytes ({}, the largest record), or 0 for no cache", crate::size::format_size(*smallest)
+    )]
+    BudgetTooSmall { budget: u64, smallest: u64 },
     #[error("{0}")]
     Invalid(String),
 }

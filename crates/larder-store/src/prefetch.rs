@@ -13,8 +13,10 @@ use std::thread::JoinHandle;
 
 use crate::cache::Key;
 use crate::io::FileTable;
+use crate::io::{check_range, spawn};
 use crate::queue::WorkQueue;
-use crate::store::{lock, ExpertRecord, Shared};
+use crate::store::{lock, ExpertRecord, Shared, MAX_PREFETCH_THREADS};
+use crate::StoreError;
 
 pub(crate) enum PendingState {
     Queued,
@@ -48,19 +50,23 @@ pub(crate) struct Prefetcher {
 }
 
 impl Prefetcher {
-    pub(crate) fn start(shared: Arc<Shared>, files: FileTable, threads: usize) -> Prefetcher {
-        let queue = Arc::new(WorkQueue::new());
+    /// Starts `threads` workers (at most [`MAX_PREFETCH_THREADS`]); an
+    /// error, with none left running, when out of range or a spawn fails.
+    pub(crate) fn start(shared: Arc<Shared>, files: FileTable, threads: usize) -> Result<Prefetcher, StoreError> {
+        check_range("prefetch threads (--prefetch)", threads, 0, MAX_PREFETCH_THREADS)?;
         let files = Arc::new(files);
-        let threads = (0..threads)
-            .map(|i| {
-                let (s, q, f) = (shared.clone(), queue.clone(), files.clone());
-                std::thread::Builder::new()
-                    .name(format!("larder-prefetch-{i}"))
-                    .spawn(move || worker(&s, &q, &f))
-                    .expect("spawn prefetch thread")
-            })
-            .collect();
-        Prefetcher { shared, queue, threads }
+        // On an error, dropping the prefetcher shuts down and joins the threads started.
+        let mut p = Prefetcher {
+            shared,
+            queue: Arc::new(WorkQueue::new()),
+            threads: Vec::with_capacity(threads),
+        };
+        for i in 0..threads {
+            let (s, q, f) = (p.shared.clone(), p.queue.clone(), files.clone());
+            p.threads
+                .push(spawn("prefetch", format!("larder-prefetch-{i}"), move || worker(&s, &q, &f))?);
+        }
+        Ok(p)
     }
 
     /// Queues the ids that are neither cached nor pending.

@@ -29,12 +29,52 @@ pub struct ExpertRecord {
 #[derive(Debug, Clone, Copy)]
 pub struct StoreOptions {
     pub io: IoOptions,
-    /// Bytes the expert cache may hold.
+    /// Bytes the expert cache may hold (0: no cache; see [`smallest_budget`]).
     pub ram_budget: u64,
     /// Check each record's digest when it is read (where the index has one).
     pub verify: bool,
-    /// Background threads reading predicted experts (0: no prefetch; mmap never prefetches).
+    /// Background threads reading predicted experts, at most
+    /// [`MAX_PREFETCH_THREADS`] (0: no prefetch; mmap never prefetches).
     pub prefetch_threads: usize,
+}
+
+/// Most prefetch threads a store starts: prefetch reads one layer ahead
+/// (top-k records), so more threads than that only add contention.
+pub const MAX_PREFETCH_THREADS: usize = 64;
+
+impl StoreOptions {
+    /// Refuses option values the store cannot honour (library users bypass
+    /// the command line's checks): I/O depth and prefetch threads out of range.
+    pub fn check(&self) -> Result<(), StoreError> {
+        crate::io::check_depth(self.io.depth)?;
+        crate::io::check_range("prefetch threads (--prefetch)", self.prefetch_threads, 0, MAX_PREFETCH_THREADS)
+    }
+
+    /// Refuses a RAM budget that is above 0 but smaller than the largest
+    /// record of `index` (such a cache could never hold anything, so every
+    /// read would be paid again); 0 means "no cache" and is accepted.
+    pub fn check_budget(&self, index: &ExpertIndex) -> Result<(), StoreError> {
+        let smallest = smallest_budget(index, self.io.direct && self.io.kind != IoKind::Mmap);
+        if self.ram_budget == 0 || self.ram_budget >= smallest {
+            return Ok(());
+        }
+        Err(StoreError::BudgetTooSmall {
+            budget: self.ram_budget,
+            smallest,
+        })
+    }
+}
+
+/// The smallest RAM budget that holds one record of `index`: its largest
+/// record as read (whole 4 KiB blocks, more with O_DIRECT padding).
+pub fn smallest_budget(index: &ExpertIndex, direct: bool) -> u64 {
+    index
+        .layers
+        .iter()
+        .flatten()
+        .map(|loc| crate::buf::align_up(crate::io::plan(&loc.extents, direct).1).max(crate::buf::ALIGN as u64))
+        .max()
+        .unwrap_or(0)
 }
 
 impl Default for StoreOptions {
@@ -67,8 +107,10 @@ pub struct ExpertStore {
 }
 
 impl ExpertStore {
-    /// Opens the index's files with the chosen backend.
+    /// Opens the index's files with the chosen backend; an error for
+    /// options out of range ([`StoreOptions::check`]) or threads that cannot start.
     pub fn open(index: ExpertIndex, opts: StoreOptions) -> Result<ExpertStore, StoreError> {
+        opts.check()?;
         let backend = open_backend(&index.files, opts.io)?;
         let prefetch_files = if opts.prefetch_threads > 0 && opts.io.kind != IoKind::Mmap {
             Some(FileTable::open(&index.files, opts.io.direct)?)
@@ -77,7 +119,7 @@ impl ExpertStore {
         };
         let mut store = Self::with_backend(index, backend, opts.ram_budget, opts.verify);
         if let Some(files) = prefetch_files {
-            store.prefetcher = Some(Prefetcher::start(store.shared.clone(), files, opts.prefetch_threads));
+            store.prefetcher = Some(Prefetcher::start(store.shared.clone(), files, opts.prefetch_threads)?);
         }
         Ok(store)
     }
@@ -272,7 +314,7 @@ impl Shared {
             .collect();
         if let (true, Some(want)) = (self.verify, loc.digest) {
             let t = Instant::now();
-            let got = Digest::of_parts(parts.iter().map(|p| p.as_slice()));
+            let got = Digest::of_parts_seeded(loc.digest_seed, parts.iter().map(|p| p.as_slice()));
             *verify_s += t.elapsed().as_secs_f64();
             if got != want {
                 let x = loc.extents[0];

@@ -27,7 +27,7 @@ pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyR
     let manifest = Manifest::read(dir)?;
     let index = manifest.index(dir)?;
     let files = FileTable::open(&index.files, true).or_else(|_| FileTable::open(&index.files, false))?;
-    let pool = PreadPool::new(files, 4);
+    let pool = PreadPool::new(files, 4)?;
     let t = Instant::now();
     let mut report = VerifyReport {
         records: 0,

@@ -20,8 +20,8 @@ mod uring;
 
 pub use files::FileTable;
 pub use mmap::MmapBackend;
-pub(crate) use pread::read_job;
-pub use pread::PreadPool;
+pub(crate) use pread::{check_depth, check_range, read_job, spawn};
+pub use pread::{PreadPool, MAX_IO_DEPTH};
 #[cfg(target_os = "linux")]
 pub use uring::UringBackend;
 
@@ -111,7 +111,7 @@ impl Default for IoOptions {
 pub fn open_backend(paths: &[PathBuf], opts: IoOptions) -> Result<Arc<dyn IoBackend>, StoreError> {
     Ok(match opts.kind {
         IoKind::Mmap => Arc::new(MmapBackend::open(paths)?),
-        IoKind::Pread => Arc::new(PreadPool::new(FileTable::open(paths, opts.direct)?, opts.depth)),
+        IoKind::Pread => Arc::new(PreadPool::new(FileTable::open(paths, opts.direct)?, opts.depth)?),
         #[cfg(target_os = "linux")]
         IoKind::Uring => Arc::new(UringBackend::new(FileTable::open(paths, opts.direct)?, opts.depth)?),
         #[cfg(not(target_os = "linux"))]

@@ -1,5 +1,6 @@
 //! The portable backend: a persistent pool of threads, each reading whole
-//! jobs with `pread` (several jobs in flight, one per thread).
+//! jobs with `pread` (several jobs in flight, one per thread). Also the range
+//! checks every backend applies to its depth ([`MAX_IO_DEPTH`]).
 
 use std::os::unix::fs::FileExt;
 use std::sync::mpsc;
@@ -10,6 +11,33 @@ use super::{plan, views, FileTable, IoBackend, ReadResult};
 use crate::buf::AlignedBuf;
 use crate::location::Extent;
 use crate::queue::WorkQueue;
+use crate::StoreError;
+
+/// Most reads in flight a backend accepts (`--io-depth`): pread threads, or
+/// units of 4 io_uring reads (a 1024-entry ring, far below the kernel's
+/// 32768-entry limit and above what NVMe drives need to reach their limit).
+pub const MAX_IO_DEPTH: usize = 256;
+
+/// `Ok` when `min <= value <= max`; else an error naming `what` and the range.
+pub(crate) fn check_range(what: &'static str, value: usize, min: usize, max: usize) -> Result<(), StoreError> {
+    if (min..=max).contains(&value) {
+        return Ok(());
+    }
+    Err(StoreError::OutOfRange { what, value, min, max })
+}
+
+/// Checks an I/O depth against `1..=MAX_IO_DEPTH`.
+pub(crate) fn check_depth(depth: usize) -> Result<(), StoreError> {
+    check_range("I/O depth (--io-depth)", depth, 1, MAX_IO_DEPTH)
+}
+
+/// Spawns a named worker thread, or an error saying which pool could not grow.
+pub(crate) fn spawn(what: &'static str, name: String, f: impl FnOnce() + Send + 'static) -> Result<JoinHandle<()>, StoreError> {
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(f)
+        .map_err(|source| StoreError::Spawn { what, source })
+}
 
 struct Task {
     job: usize,
@@ -29,21 +57,24 @@ pub struct PreadPool {
 }
 
 impl PreadPool {
-    pub fn new(files: FileTable, threads: usize) -> PreadPool {
+    /// `threads` readers (1 to [`MAX_IO_DEPTH`]); an error, starting none,
+    /// when out of range or when a thread cannot be spawned.
+    pub fn new(files: FileTable, threads: usize) -> Result<PreadPool, StoreError> {
+        check_depth(threads)?;
         let shared = Arc::new(Shared {
             files,
             queue: WorkQueue::new(),
         });
-        let threads = (0..threads.max(1))
-            .map(|i| {
-                let s = shared.clone();
-                std::thread::Builder::new()
-                    .name(format!("larder-pread-{i}"))
-                    .spawn(move || worker(&s))
-                    .expect("spawn pread thread")
-            })
-            .collect();
-        PreadPool { shared, threads }
+        // On an error, dropping the pool shuts down and joins the threads started.
+        let mut pool = PreadPool {
+            shared,
+            threads: Vec::with_capacity(threads),
+        };
+        for i in 0..threads {
+            let s = pool.shared.clone();
+            pool.threads.push(spawn("pread", format!("larder-pread-{i}"), move || worker(&s))?);
+        }
+        Ok(pool)
     }
 }
 

@@ -34,8 +34,12 @@ pub struct UringBackend {
 }
 
 impl UringBackend {
+    /// A ring for `depth` x 4 reads in flight (`depth` from 1 to
+    /// [`MAX_IO_DEPTH`](super::MAX_IO_DEPTH)); an error when out of range or
+    /// when the kernel refuses the ring.
     pub fn new(files: FileTable, depth: usize) -> Result<UringBackend, StoreError> {
-        let in_flight = depth.max(1) * READS_PER_DEPTH;
+        super::pread::check_depth(depth)?;
+        let in_flight = depth * READS_PER_DEPTH;
         let ring = IoUring::new((in_flight as u32).next_power_of_two())
             .map_err(|e| StoreError::Invalid(format!("cannot create an io_uring ({e}); use --io pread")))?;
         Ok(UringBackend {
