@@ -6,7 +6,10 @@
 //! reference, always available), `avx2` (AVX2+FMA+F16C), `avx512`
 //! (AVX-512F/BW) on x86-64, `neon` on aarch64. Detection runs once at first
 //! use; `LARDER_KERNEL=scalar|avx2|avx512|neon` forces a path (tests use it to
-//! compare paths; an unavailable path falls back to scalar with a warning).
+//! compare paths). A path this CPU lacks, or an unknown name, is an error of
+//! [`kernel_from_env`] (the `larder` binary refuses to start); library users
+//! that never call it get the best available path with a warning, never a
+//! silent scalar fallback.
 //!
 //! The AVX-512 path is **opt-in** (`LARDER_KERNEL=avx512`): the machines this
 //! project is developed on have no AVX-512. The same tests cover it wherever
@@ -340,24 +343,64 @@ fn widen<'a>(dtype: WeightDType, w: &[u8], buf: &'a mut Vec<f32>) -> &'a [f32] {
 }
 
 /// The path this process uses (detected once; `LARDER_KERNEL` overrides).
+/// A `LARDER_KERNEL` that [`kernel_from_env`] refuses gives the best
+/// available path, with a warning on stderr.
 pub fn active_path() -> KernelPath {
     static PATH: OnceLock<KernelPath> = OnceLock::new();
     *PATH.get_or_init(|| {
-        let best = KernelPath::available()
-            .into_iter()
-            .rfind(|p| *p != KernelPath::Avx512)
-            .unwrap_or(KernelPath::Scalar);
-        match std::env::var("LARDER_KERNEL") {
-            Ok(name) => match KernelPath::from_name(&name) {
-                Some(p) if p.is_supported() => p,
-                _ => {
-                    eprintln!("larder: LARDER_KERNEL={name} is not available on this CPU; using scalar");
-                    KernelPath::Scalar
-                }
-            },
-            Err(_) => best,
-        }
+        kernel_from_env().unwrap_or_else(|e| {
+            let best = default_path();
+            eprintln!("larder: warning: {e}; using the {} path", best.name());
+            best
+        })
     })
+}
+
+/// The best verified path of this CPU: what runs without `LARDER_KERNEL`
+/// (AVX-512 is opt-in, see the module notes).
+pub fn default_path() -> KernelPath {
+    KernelPath::available()
+        .into_iter()
+        .rfind(|p| *p != KernelPath::Avx512)
+        .unwrap_or(KernelPath::Scalar)
+}
+
+/// The path `LARDER_KERNEL` asks for ([`default_path`] when unset or empty),
+/// or an error naming the variable, the value and the paths this CPU has.
+pub fn kernel_from_env() -> Result<KernelPath, KernelEnvError> {
+    match std::env::var("LARDER_KERNEL") {
+        Ok(v) => kernel_from_value(&v),
+        Err(std::env::VarError::NotPresent) => Ok(default_path()),
+        Err(std::env::VarError::NotUnicode(v)) => kernel_from_value(&v.to_string_lossy()),
+    }
+}
+
+/// [`kernel_from_env`] for a given `LARDER_KERNEL` value.
+pub fn kernel_from_value(value: &str) -> Result<KernelPath, KernelEnvError> {
+    if value.is_empty() {
+        return Ok(default_path());
+    }
+    let available = KernelPath::available().iter().map(|p| p.name()).collect::<Vec<_>>().join(", ");
+    match KernelPath::from_name(value) {
+        Some(p) if p.is_supported() => Ok(p),
+        Some(_) => Err(KernelEnvError::Unsupported {
+            requested: value.to_string(),
+            available,
+        }),
+        None => Err(KernelEnvError::Unknown {
+            requested: value.to_string(),
+            available,
+        }),
+    }
+}
+
+/// Why `LARDER_KERNEL` cannot be honoured.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KernelEnvError {
+    #[error("LARDER_KERNEL={requested}: this CPU cannot run the {requested} kernel path (it has: {available}); unset LARDER_KERNEL or set one of those")]
+    Unsupported { requested: String, available: String },
+    #[error("LARDER_KERNEL={requested:?} is not a kernel path (valid values: scalar, avx2, avx512, neon; this CPU has: {available})")]
+    Unknown { requested: String, available: String },
 }
 
 /// Errors of the kernels' checked entry points ([`try_matmul_t`]).
