@@ -6,8 +6,9 @@
 //! arrivals while later reads are still in flight. Three implementations:
 //! - [`PreadPool`]: a persistent pool of threads doing `pread` (portable);
 //! - [`UringBackend`]: io_uring on Linux, many reads in flight from one thread;
-//! - [`MmapBackend`]: views into memory-mapped files (the baseline: no copy,
-//!   the kernel's page cache is the cache and page faults are the reads).
+//! - [`MmapBackend`]: views into memory-mapped files (opt-in: no copy, page
+//!   faults are the reads, evicted records' pages are dropped with
+//!   `MADV_DONTNEED`; unsafe against files truncated underneath: SIGBUS).
 //!
 //! With `direct` (O_DIRECT), reads bypass the page cache: every read covers
 //! whole 4 KiB blocks into 4 KiB-aligned buffers, and views skip the padding.
@@ -42,8 +43,9 @@ pub trait IoBackend: Send + Sync {
     /// Reads every job, calling `done(job, result)` on this thread as each
     /// completes (any order; every job exactly once).
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult));
-    /// Whether views point into file mappings rather than owned buffers (the
-    /// RAM cache is pointless then: the page cache already is one).
+    /// Whether views are not RAM the process holds (then the RAM cache does
+    /// not count them). No backend here says so: even mmap views own the
+    /// pages they touched until evicted.
     fn is_mapped(&self) -> bool {
         false
     }
