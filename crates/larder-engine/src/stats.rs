@@ -19,6 +19,9 @@ pub struct Stats {
     pub decode_tok_per_s: f64,
     /// From the start of the request to the first new token.
     pub time_to_first_token_s: f64,
+    /// The process's peak resident memory so far (`VmHWM`, Linux; 0 where
+    /// unknown): model, RAM cache, buffers, everything.
+    pub peak_rss_bytes: u64,
     /// Expert streaming counters (absent when every expert is in RAM).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub experts: Option<ExpertStats>,
@@ -130,7 +133,21 @@ impl Stats {
     pub fn finish(&mut self, decode_steps: usize) {
         self.prefill_tok_per_s = rate(self.prompt_tokens - self.cached_tokens, self.prefill_s);
         self.decode_tok_per_s = rate(decode_steps, self.decode_s);
+        self.peak_rss_bytes = peak_rss_bytes();
     }
+}
+
+/// The process's peak resident set size (`VmHWM` in /proc/self/status), or
+/// 0 where the system does not say.
+pub fn peak_rss_bytes() -> u64 {
+    let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
+        return 0;
+    };
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
 }
 
 fn rate(n: usize, s: f64) -> f64 {
