@@ -126,11 +126,14 @@ impl Engine {
             (ExpertMode::Stream(o), _) => o,
         };
         let spec = read_spec(dir)?;
-        let ckpt = Checkpoint::open(dir)?;
-        let index = if packed {
-            packed_index(dir)?.1
+        let (ckpt, index) = if packed {
+            // Carried files, spine header and every spine tensor are checked against the manifest.
+            let (manifest, index) = packed_index(dir)?;
+            (crate::integrity::open_spine(dir, &manifest)?, index)
         } else {
-            direct_index(&spec, &ckpt)?
+            let ckpt = Checkpoint::open(dir)?;
+            let index = direct_index(&spec, &ckpt)?;
+            (ckpt, index)
         };
         let store = Arc::new(ExpertStore::open(index, stream).map_err(store_err)?);
         let provider = Arc::new(StoreExperts::new(store.clone(), &spec)?);

@@ -224,6 +224,7 @@ pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, 
                 extents: Vec::new(),
                 parts: Vec::new(),
                 digest: None,
+                digest_seed: 0,
             };
             let mut descs = Vec::new();
             for t in tensors.iter() {
@@ -289,7 +290,7 @@ pub fn source_identity(dir: &Path, ckpt: &Checkpoint) -> Result<SourceIdentity, 
 }
 
 /// The index of a packed store at `dir`, after checking its config.json is
-/// the one it was packed from.
+/// the one it was packed from and its carried files are the ones packed.
 pub fn packed_index(dir: &Path) -> Result<(Manifest, ExpertIndex), EngineError> {
     let manifest = Manifest::read(dir).map_err(store_err)?;
     let cfg = dir.join("config.json");
@@ -300,6 +301,7 @@ pub fn packed_index(dir: &Path) -> Result<(Manifest, ExpertIndex), EngineError> 
             message: "differs from the config.json the store's manifest was packed from; the manifest belongs to another model".into(),
         });
     }
+    crate::integrity::check_carried_files(dir, &manifest)?;
     let index = manifest.index(dir).map_err(store_err)?;
     Ok((manifest, index))
 }

@@ -8,6 +8,8 @@
 //! - [`generation`] reads `generation_config.json` (EOS ids);
 //! - [`experts`] streams routed experts from larder-store (direct from
 //!   safetensors or from a packed store);
+//! - [`integrity`] checks a packed store's carried files and spine at load,
+//!   and proves for `larder verify` that a store loads;
 //! - [`stats`] is the timing/throughput record every run reports.
 
 pub mod chat;
@@ -15,6 +17,7 @@ pub mod engine;
 pub mod error;
 pub mod experts;
 pub mod generation;
+pub mod integrity;
 pub mod pack;
 pub mod sampling;
 pub mod stats;

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use larder_model::arch::read_spec;
 use larder_model::checkpoint::Checkpoint;
+use larder_model::DecoderModel;
 use larder_store::pack::{PackLayer, PackSource, SpineTensor};
 use larder_store::Extent;
 
@@ -24,9 +25,12 @@ pub const CARRIED_FILES: &[&str] = &[
     "chat_template.json",
 ];
 
-/// Describes the checkpoint at `dir` for packing.
+/// Describes the checkpoint at `dir` for packing, after checking it loads
+/// as `larder run` would load it (config, every tensor the architecture
+/// needs, shapes, dtypes), so a pack never writes a store that cannot load.
 pub fn pack_source(dir: &Path) -> Result<PackSource, EngineError> {
     let spec = read_spec(dir)?;
+    validate(dir, &spec)?;
     let ckpt = Checkpoint::open(dir)?;
     let index = direct_index(&spec, &ckpt)?;
     let mut expert_names = HashSet::new();
@@ -70,4 +74,12 @@ pub fn pack_source(dir: &Path) -> Result<PackSource, EngineError> {
         layers,
         copy,
     })
+}
+
+/// Builds the whole model from the checkpoint's headers, reading no weight
+/// bytes: the same errors `run` would give, before anything is written.
+fn validate(dir: &Path, spec: &larder_model::ModelSpec) -> Result<(), EngineError> {
+    let ckpt = Checkpoint::open_unread(dir)?;
+    DecoderModel::load(spec.clone(), &ckpt, None)?;
+    Ok(())
 }

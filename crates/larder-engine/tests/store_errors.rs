@@ -118,7 +118,7 @@ fn manifest_of_another_model_or_version_is_refused() {
 
     // A future format version.
     let text = std::fs::read_to_string(b.join("manifest.json")).unwrap();
-    std::fs::write(b.join("manifest.json"), text.replace("\"version\": 1", "\"version\": 99")).unwrap();
+    std::fs::write(b.join("manifest.json"), text.replace("\"version\": 2", "\"version\": 99")).unwrap();
     let msg = error_of(Engine::load_with(&b, &opts(true)));
     assert!(msg.contains("version 99"), "{msg}");
 }
@@ -136,14 +136,11 @@ fn an_unfinished_pack_is_not_a_store() {
 #[test]
 fn pack_resumes_finished_layers() {
     let store = packed("resume", "qwen3_moe_tiny", 1);
-    // Remove the manifest and one layer file as if the pack had stopped there.
+    // Remove the manifest and one layer file as if the pack had stopped there (the plan stays).
     let m = Manifest::read(&store).unwrap();
     let e = &m.layers[2].experts[0];
     std::fs::remove_file(m.drive_dir(&store, 0).join(&e.file)).unwrap();
     std::fs::remove_file(store.join("manifest.json")).unwrap();
-    let plan = serde_json::json!({"identity": m.source, "drives": m.drives,
-        "placement": m.layers.iter().map(|l| (l.layer, vec![0usize; l.experts.len()])).collect::<Vec<_>>()});
-    std::fs::write(store.join(larder_store::pack::PLAN), serde_json::to_vec(&plan).unwrap()).unwrap();
     let src = larder_engine::pack::pack_source(&fixture("qwen3_moe_tiny")).unwrap();
     let same = [DriveSpec {
         dir: store.parent().unwrap().join("ssd0"),
@@ -151,6 +148,7 @@ fn pack_resumes_finished_layers() {
     }];
     let report = pack(&src, &store, &same, &mut |_| {}).unwrap();
     assert_eq!(report.resumed_layers, m.layers.len() - 1);
+    assert_eq!(report.rewritten_records, 0);
     assert_eq!(Manifest::read(&store).unwrap(), m, "the resumed store equals the original");
     let report = larder_store::verify::verify_store(&store, &mut |_| {}).unwrap();
     assert!(report.bad.is_empty());

@@ -1,5 +1,10 @@
 //! Record digests: XXH3-128 (fast enough to check every record read at disk
 //! speed on one core), written `xxh3-128:<32 hex digits>`.
+//!
+//! A record's digest is *bound* to its place: it is seeded with a 64-bit
+//! hash of what the record is (store, layer, expert, components' dtypes,
+//! shapes and layout; see [`crate::record`]), so the same bytes under another
+//! expert id, dtype or store give another digest and a swapped record fails.
 
 use std::fmt;
 
@@ -15,6 +20,21 @@ impl Digest {
             h.update(p);
         }
         Digest(h.digest128())
+    }
+
+    /// Digest of the concatenation of `parts`, seeded with `seed` (0 is the
+    /// unseeded digest of [`of_parts`](Self::of_parts)).
+    pub fn of_parts_seeded<'a>(seed: u64, parts: impl IntoIterator<Item = &'a [u8]>) -> Digest {
+        let mut h = xxhash_rust::xxh3::Xxh3::with_seed(seed);
+        for p in parts {
+            h.update(p);
+        }
+        Digest(h.digest128())
+    }
+
+    /// The 64-bit seed that binds a digest to `what` (a description of the bytes' place).
+    pub fn seed_of(what: &[u8]) -> u64 {
+        xxhash_rust::xxh3::xxh3_64(what)
     }
 
     pub fn of(bytes: &[u8]) -> Digest {
@@ -47,5 +67,12 @@ mod tests {
         assert_eq!(Digest::parse(&d.to_string()), Some(d));
         assert_eq!(Digest::of_parts([&b"hello "[..], &b"world"[..]]), d);
         assert_eq!(Digest::parse("md5:00"), None);
+        assert_eq!(Digest::of_parts_seeded(0, [&b"hello world"[..]]), d);
+        let seeded = Digest::of_parts_seeded(Digest::seed_of(b"layer 1 expert 2"), [&b"hello world"[..]]);
+        assert_ne!(seeded, d);
+        assert_ne!(
+            seeded,
+            Digest::of_parts_seeded(Digest::seed_of(b"layer 1 expert 3"), [&b"hello world"[..]])
+        );
     }
 }

@@ -18,7 +18,8 @@ pub enum StoreError {
     Truncated { path: PathBuf, needed: u64, size: u64 },
     #[error(
         "layer {layer} expert {expert}: digest mismatch in {path} at offset {offset} (expected {expected}, got {got}); \
-         the store is corrupt: re-run `larder pack`, or check the drive"
+         the store is corrupt: `larder verify STORE` lists every bad record and `larder pack --model CHECKPOINT --out STORE --repair` \
+         rewrites exactly those; or check the drive"
     )]
     Digest {
         layer: usize,
@@ -32,6 +33,8 @@ pub enum StoreError {
     Manifest { path: PathBuf, message: String },
     #[error("layer {layer} expert {expert}: not in the store")]
     MissingExpert { layer: usize, expert: usize },
+    #[error("{path}: {message}")]
+    Locked { path: PathBuf, message: String },
     #[error("{what} = {value} is out of range: use {min} to {max}")]
     OutOfRange {
         what: &'static str,

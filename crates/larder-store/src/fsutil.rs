@@ -34,3 +34,35 @@ pub fn commit(tmp: &Path, path: &Path) -> Result<(), StoreError> {
     }
     Ok(())
 }
+
+/// An advisory exclusive lock (`flock`) on a file, held until dropped.
+#[derive(Debug)]
+pub struct FileLock {
+    _file: std::fs::File,
+}
+
+/// Takes the exclusive lock `path` (created if missing) without waiting;
+/// `holder` says who holds it when it is taken (e.g. "another `larder pack`
+/// into this --out").
+pub fn lock_exclusive(path: &Path, holder: &str) -> Result<FileLock, StoreError> {
+    use std::os::fd::AsRawFd;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(|e| StoreError::io(path, e))?;
+    // SAFETY: flock on a descriptor this function owns; no memory is shared.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    if rc != 0 {
+        let err = std::io::Error::last_os_error();
+        if err.raw_os_error() == Some(libc::EWOULDBLOCK) {
+            return Err(StoreError::Locked {
+                path: path.to_path_buf(),
+                message: format!("{holder} is running (it holds this lock); wait for it to finish"),
+            });
+        }
+        return Err(StoreError::io(path, err));
+    }
+    Ok(FileLock { _file: file })
+}

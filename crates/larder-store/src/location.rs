@@ -32,6 +32,8 @@ pub struct ExpertLocation {
     pub parts: Vec<Part>,
     /// Digest of the components' bytes concatenated in order (packed stores).
     pub digest: Option<Digest>,
+    /// The seed binding `digest` to this record's place (see [`crate::record`]).
+    pub digest_seed: u64,
 }
 
 impl ExpertLocation {

@@ -1,7 +1,10 @@
-//! `manifest.json` of a packed store (DESIGN.md §4): format version, the
-//! identity of the source checkpoint, the spine files, the drives, and for
-//! every (layer, expert) its drive, file, offset, length and digest, with the
-//! components' dtype, shape and place inside the record.
+//! `manifest.json` of a packed store (docs/design.md, store format): format
+//! version, the store's id, the identity of the source checkpoint, the
+//! digests of the carried files (config, tokenizer, templates) and of every
+//! spine tensor, the drives, and for every (layer, expert) its drive, file,
+//! offset, length and bound digest, with the components' dtype, shape and
+//! place inside the record. A digest over all of it closes the manifest:
+//! an edited field is refused at read.
 //!
 //! The manifest is written last, atomically; a folder without one is not a
 //! store, and a manifest from another format version or another model is
@@ -13,11 +16,12 @@ use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
 use crate::location::{ExpertIndex, ExpertLocation, Extent, Part, PartDesc};
+use crate::record::{record_seed, source_digest, LayerHeader};
 use crate::StoreError;
 
 pub const MANIFEST: &str = "manifest.json";
 pub const FORMAT: &str = "larder-store";
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 
 /// The checkpoint a store was packed from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -33,6 +37,61 @@ pub struct SourceFile {
     pub size: u64,
     /// Digest of the safetensors header (names, dtypes, shapes, offsets).
     pub header_digest: String,
+}
+
+/// A file copied from the checkpoint (config.json, tokenizer.json, templates).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CarriedFile {
+    pub name: String,
+    pub size: u64,
+    pub digest: String,
+}
+
+/// One tensor of a spine file: where it is and the digest of its bytes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpineTensorEntry {
+    pub name: String,
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    /// Absolute byte range in the spine file.
+    pub offset: u64,
+    pub len: u64,
+    pub digest: String,
+}
+
+/// A spine safetensors file of the store.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SpineFile {
+    /// Relative to the store root.
+    pub file: String,
+    pub size: u64,
+    /// Digest of the safetensors header (bytes 8 .. 8 + header length).
+    pub header_digest: String,
+    pub tensors: Vec<SpineTensorEntry>,
+}
+
+impl SpineTensorEntry {
+    /// Checks a tensor the model takes from the spine is this entry, bytes included.
+    pub fn check(&self, dtype: &str, shape: &[usize], offset: u64, bytes: &[u8]) -> Result<(), String> {
+        if self.dtype != dtype || self.shape != shape || self.offset != offset || self.len != bytes.len() as u64 {
+            return Err(format!(
+                "is {dtype} {shape:?} at offset {offset} ({} bytes), the manifest says {} {:?} at {} ({} bytes)",
+                bytes.len(),
+                self.dtype,
+                self.shape,
+                self.offset,
+                self.len
+            ));
+        }
+        let got = Digest::of(bytes).to_string();
+        if got != self.digest {
+            return Err(format!(
+                "digest mismatch (expected {}, got {got}): the spine is corrupt; `larder pack --repair` rewrites it",
+                self.digest
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// A drive directory holding layer files.
@@ -71,7 +130,8 @@ pub struct ExpertEntry {
     /// 4 KiB-aligned record start and padded length.
     pub offset: u64,
     pub len: u64,
-    /// Digest of the record's components, concatenated.
+    /// Digest of the record's components, concatenated, seeded with the
+    /// record's binding ([`crate::record::record_seed`]).
     pub digest: String,
 }
 
@@ -79,12 +139,18 @@ pub struct ExpertEntry {
 pub struct Manifest {
     pub format: String,
     pub version: u32,
+    /// Random id of this store; layer files live under `larder-<id>/` on
+    /// each drive and carry it in their header.
+    pub store_id: String,
     pub model_type: String,
     pub source: SourceIdentity,
-    /// Spine safetensors files, relative to the store root.
-    pub spine: Vec<String>,
+    /// Files copied from the checkpoint, in the store root.
+    pub files: Vec<CarriedFile>,
+    pub spine: Vec<SpineFile>,
     pub drives: Vec<DriveEntry>,
     pub layers: Vec<LayerEntry>,
+    /// Digest of this manifest with this field empty (see [`Manifest::seal`]).
+    pub digest: String,
 }
 
 impl Manifest {
@@ -114,13 +180,48 @@ impl Manifest {
             ));
         }
         let m: Manifest = serde_json::from_value(value).map_err(|e| StoreError::manifest(&path, format!("malformed: {e}")))?;
+        let want = m.sealed_digest();
+        if m.digest != want {
+            return Err(StoreError::manifest(
+                &path,
+                format!(
+                    "the manifest was changed after packing (its digest is {:?}, its content gives {want}); \
+                     `larder pack --model CHECKPOINT --out STORE --repair` rebuilds it",
+                    m.digest
+                ),
+            ));
+        }
         Ok(m)
     }
 
-    /// Writes `dir/manifest.json` atomically (temp file, fsync, rename).
+    /// The digest of this manifest's content, `digest` field left empty.
+    fn sealed_digest(&self) -> String {
+        let mut bare = self.clone();
+        bare.digest.clear();
+        Digest::of(&serde_json::to_vec(&bare).unwrap_or_default()).to_string()
+    }
+
+    /// Sets `digest` from the content: call after the last change.
+    pub fn seal(&mut self) {
+        self.digest = self.sealed_digest();
+    }
+
+    /// Writes `dir/manifest.json` atomically (temp file, fsync, rename), sealed.
     pub fn write(&self, dir: &Path) -> Result<(), StoreError> {
-        let text = serde_json::to_vec_pretty(self).map_err(|e| StoreError::Invalid(format!("manifest: {e}")))?;
+        let mut sealed = self.clone();
+        sealed.seal();
+        let text = serde_json::to_vec_pretty(&sealed).map_err(|e| StoreError::Invalid(format!("manifest: {e}")))?;
         crate::fsutil::write_atomic(&dir.join(MANIFEST), &text)
+    }
+
+    /// The header every layer file of drive `drive` for `layer` carries.
+    pub fn layer_header(&self, layer: usize, drive: usize) -> LayerHeader {
+        LayerHeader {
+            store_id: self.store_id.clone(),
+            source: source_digest(&self.source),
+            layer,
+            drive,
+        }
     }
 
     /// The absolute directory of drive `d`.
@@ -170,6 +271,7 @@ impl Manifest {
                 let next = file_ids.len();
                 let file = *file_ids.entry(path.clone()).or_insert(next);
                 if file == index.files.len() {
+                    self.layer_header(le.layer, ee.drive).check(&path)?;
                     index.files.push(path);
                 }
                 let digest = Digest::parse(&ee.digest).ok_or_else(|| {
@@ -197,6 +299,7 @@ impl Manifest {
                         })
                         .collect(),
                     digest: Some(digest),
+                    digest_seed: record_seed(&self.store_id, le.layer, ee.expert, &le.parts),
                 });
             }
             index.layers[le.layer] = experts

@@ -2,47 +2,45 @@
 //!
 //! Each expert becomes **one contiguous record** (its components, bytes as
 //! shipped, back to back) starting on a 4 KiB boundary, so one O_DIRECT read
-//! fetches it whole. Records are grouped per layer per drive
-//! (`<drive>/drive-K/layer-LLL.experts`) and each layer's experts are spread
-//! over drives in proportion to their read bandwidth.
+//! fetches it whole. Records are grouped per layer per drive, under a folder
+//! named after the store's random id (`<drive>/larder-<id>/layer-LLL.experts`,
+//! see [`crate::layer_file`]), so several stores share a drive folder without
+//! ambiguity; each layer's experts are spread over drives in proportion to
+//! their read bandwidth.
 //!
-//! Atomic and resumable: the plan (drives, bandwidths, placement) is saved
-//! first; each layer file is written under a `.partial` name, read back and
-//! digest-checked, then renamed, and a sidecar listing its records is saved
-//! next to it; the spine, the copied config files and finally
-//! `manifest.json` come last. An interrupted pack leaves no manifest (so
-//! nothing mistakes it for a store) and a re-run skips finished layer files.
+//! Atomic, resumable and locked: the output folder and each drive folder are
+//! locked (`flock`) while a pack runs; the plan (store id, drives,
+//! bandwidths, placement) is saved first and kept; a resumed pack keeps a
+//! finished layer file only as far as it proves every record equal to the
+//! source bytes; the spine, the copied config files and finally
+//! `manifest.json` come last. An interrupted pack leaves no manifest, so
+//! nothing mistakes it for a store. `repair` re-proves a complete store the
+//! same way and rewrites exactly the records that differ.
 
-use std::fs::File;
-use std::io::Write;
-use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::buf::{align_up, AlignedBuf};
+use crate::buf::align_up;
 use crate::digest::Digest;
 use crate::drive::{measure_read_gbps, place};
-use crate::fsutil::{commit, temp_path, write_atomic};
+use crate::fsutil::{lock_exclusive, write_atomic, FileLock};
 use crate::io::FileTable;
+use crate::layer_file::LayerFile;
 use crate::location::{Extent, PartDesc};
-use crate::manifest::{DriveEntry, ExpertEntry, LayerEntry, Manifest, PartEntry, SourceIdentity, FORMAT, MANIFEST, VERSION};
+use crate::manifest::{CarriedFile, DriveEntry, LayerEntry, Manifest, PartEntry, SourceIdentity, FORMAT, MANIFEST, VERSION};
+use crate::record::{record_seed, source_digest, LayerHeader};
+use crate::spine::write_spine;
+pub use crate::spine::SpineTensor;
 use crate::StoreError;
 
-/// The saved plan of a pack in progress.
+/// The saved plan of a pack (kept after it finishes, for `--repair`).
 pub const PLAN: &str = "pack-plan.json";
 /// The spine's file in the store root.
 pub const SPINE: &str = "spine.safetensors";
-
-/// A non-expert tensor copied into the spine file.
-#[derive(Debug, Clone)]
-pub struct SpineTensor {
-    pub name: String,
-    pub dtype: String,
-    pub shape: Vec<usize>,
-    pub extent: Extent,
-}
+/// The lock a running pack holds in the output folder and each drive folder.
+pub const LOCK: &str = "pack.lock";
 
 /// One layer's routed experts in the source.
 #[derive(Debug, Clone)]
@@ -94,6 +92,14 @@ impl DriveSpec {
     }
 }
 
+/// How to pack.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct PackOptions {
+    /// Re-prove a complete store (or one whose manifest is damaged) against
+    /// the source and rewrite what differs, instead of refusing it.
+    pub repair: bool,
+}
+
 /// What pack reports as it goes.
 #[derive(Debug, Clone)]
 pub enum PackEvent {
@@ -104,13 +110,18 @@ pub enum PackEvent {
         dir: PathBuf,
         gbps: f64,
     },
-    /// Expert bytes to write in total (resumed layers included).
+    /// Expert bytes to write or prove in total.
     Started {
         total_bytes: u64,
     },
-    /// More expert bytes are done (written and verified, or found done).
+    /// More expert bytes are done (written and verified, or proven).
     Advanced {
         bytes: u64,
+    },
+    /// A record found from an earlier pack differed and was rewritten.
+    RecordRewritten {
+        layer: usize,
+        expert: usize,
     },
     LayerDone {
         layer: usize,
@@ -122,16 +133,21 @@ pub enum PackEvent {
 #[derive(Debug, Clone, Serialize)]
 pub struct PackReport {
     pub out: PathBuf,
+    pub store_id: String,
     pub layers: usize,
     pub experts: usize,
     pub expert_bytes: u64,
+    /// Layer files found from an earlier pack and proven (records rewritten or not).
     pub resumed_layers: usize,
+    /// Records of resumed layer files rewritten because they differed from the source.
+    pub rewritten_records: usize,
     pub drives: Vec<DriveEntry>,
     pub seconds: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Plan {
+    store_id: String,
     identity: SourceIdentity,
     drives: Vec<DriveEntry>,
     /// Per packed layer: drive of each expert.
@@ -140,26 +156,33 @@ struct Plan {
 
 /// Packs `src` into `out`, layer files on `drives` (the store root when empty).
 pub fn pack(src: &PackSource, out: &Path, drives: &[DriveSpec], progress: &mut dyn FnMut(PackEvent)) -> Result<PackReport, StoreError> {
+    pack_with(src, out, drives, PackOptions::default(), progress)
+}
+
+/// [`pack`] with options (`repair`).
+pub fn pack_with(
+    src: &PackSource,
+    out: &Path,
+    drives: &[DriveSpec],
+    opts: PackOptions,
+    progress: &mut dyn FnMut(PackEvent),
+) -> Result<PackReport, StoreError> {
     let started = Instant::now();
     std::fs::create_dir_all(out).map_err(|e| StoreError::io(out, e))?;
-    if Manifest::is_store(out) {
-        let m = Manifest::read(out)?;
-        if m.source == src.identity {
-            return Err(StoreError::Invalid(format!(
-                "{} already holds a complete store of this model (`larder verify` checks it)",
-                out.display()
-            )));
-        }
-        return Err(StoreError::Invalid(format!(
-            "{} already holds a store of another model; choose another --out",
-            out.display()
-        )));
-    }
+    let _out_lock = lock_exclusive(&out.join(LOCK), "another `larder pack` into this --out")?;
+    check_existing_store(src, out, opts)?;
     let plan = load_or_make_plan(src, out, drives, progress)?;
     let drive_dirs: Vec<PathBuf> = plan.drives.iter().map(|d| resolve(out, &d.path)).collect();
-    for (k, dir) in drive_dirs.iter().enumerate() {
-        let sub = dir.join(format!("drive-{k}"));
+    let mut _drive_locks: Vec<FileLock> = Vec::new();
+    for dir in &drive_dirs {
+        let sub = dir.join(store_folder(&plan.store_id));
         std::fs::create_dir_all(&sub).map_err(|e| StoreError::io(&sub, e))?;
+        _drive_locks.push(lock_exclusive(&sub.join(LOCK), "another `larder pack` of this store")?);
+    }
+    // From here until the new manifest is written the folder is an unfinished pack.
+    let manifest_path = out.join(MANIFEST);
+    if manifest_path.exists() {
+        std::fs::remove_file(&manifest_path).map_err(|e| StoreError::io(&manifest_path, e))?;
     }
     let sources = FileTable::open(&src.files, false)?;
     let total: u64 = src
@@ -169,31 +192,43 @@ pub fn pack(src: &PackSource, out: &Path, drives: &[DriveSpec], progress: &mut d
         .sum();
     progress(PackEvent::Started { total_bytes: total });
 
+    let source = source_digest(&src.identity);
+    let (mut resumed, mut rewritten) = (0, 0);
     let mut layers = Vec::with_capacity(src.layers.len());
-    let mut resumed = 0;
     for (layer, (_, placement)) in src.layers.iter().zip(&plan.placement) {
         let (parts, record_len) = record_layout(&layer.parts, &layer.experts);
-        let mut entries: Vec<Option<ExpertEntry>> = vec![None; layer.experts.len()];
+        let seeds: Vec<u64> = (0..layer.experts.len())
+            .map(|e| record_seed(&plan.store_id, layer.layer, e, &parts))
+            .collect();
+        let mut entries = vec![None; layer.experts.len()];
         let mut layer_resumed = true;
         for (k, drive_dir) in drive_dirs.iter().enumerate() {
             let mine: Vec<usize> = (0..layer.experts.len()).filter(|&e| placement[e] == k).collect();
             if mine.is_empty() {
                 continue;
             }
-            let name = format!("drive-{k}/layer-{:03}.experts", layer.layer);
-            let path = drive_dir.join(&name);
-            let done = match read_sidecar(&path, &mine, record_len) {
-                Some(list) => {
-                    progress(PackEvent::Advanced {
-                        bytes: mine.iter().map(|&e| layer.experts[e].iter().map(|x| x.len).sum::<u64>()).sum(),
-                    });
-                    list
-                }
-                None => {
-                    layer_resumed = false;
-                    write_layer_file(&sources, layer, &mine, &parts, record_len, k, &name, &path, progress)?
-                }
+            let name = format!("{}/layer-{:03}.experts", store_folder(&plan.store_id), layer.layer);
+            let file = LayerFile {
+                sources: &sources,
+                layer,
+                mine: &mine,
+                parts: &parts,
+                record_len,
+                seeds: &seeds,
+                header: LayerHeader {
+                    store_id: plan.store_id.clone(),
+                    source: source.clone(),
+                    layer: layer.layer,
+                    drive: k,
+                },
+                path: drive_dir.join(&name),
+                name,
             };
+            let (done, proven) = file.pack(progress)?;
+            match proven {
+                Some(n) => rewritten += n,
+                None => layer_resumed = false,
+            }
             for entry in done {
                 let slot = entry.expert;
                 entries[slot] = Some(entry);
@@ -214,34 +249,70 @@ pub fn pack(src: &PackSource, out: &Path, drives: &[DriveSpec], progress: &mut d
         });
     }
 
-    write_spine(&sources, &src.spine, &out.join(SPINE))?;
-    for f in &src.copy {
-        let name = f
-            .file_name()
-            .ok_or_else(|| StoreError::Invalid(format!("{}: not a file", f.display())))?;
-        let bytes = std::fs::read(f).map_err(|e| StoreError::io(f, e))?;
-        write_atomic(&out.join(name), &bytes)?;
-    }
+    let spine = write_spine(&sources, &src.spine, out, SPINE)?;
+    let files = copy_files(&src.copy, out)?;
     let manifest = Manifest {
         format: FORMAT.into(),
         version: VERSION,
+        store_id: plan.store_id.clone(),
         model_type: src.model_type.clone(),
         source: src.identity.clone(),
-        spine: vec![SPINE.into()],
+        files,
+        spine: vec![spine],
         drives: plan.drives.clone(),
         layers,
+        digest: String::new(),
     };
     manifest.write(out)?;
-    let _ = std::fs::remove_file(out.join(PLAN));
     Ok(PackReport {
         out: out.to_path_buf(),
+        store_id: plan.store_id,
         layers: manifest.layers.len(),
         experts: manifest.layers.iter().map(|l| l.experts.len()).sum(),
         expert_bytes: total,
         resumed_layers: resumed,
+        rewritten_records: rewritten,
         drives: plan.drives,
         seconds: started.elapsed().as_secs_f64(),
     })
+}
+
+/// The folder of store `id` on every drive.
+pub fn store_folder(id: &str) -> String {
+    format!("larder-{id}")
+}
+
+/// Refuses a complete store unless repairing it; refuses another model's store.
+fn check_existing_store(src: &PackSource, out: &Path, opts: PackOptions) -> Result<(), StoreError> {
+    if !Manifest::is_store(out) {
+        return Ok(());
+    }
+    let m = match Manifest::read(out) {
+        Ok(m) => m,
+        // A damaged manifest: --repair rebuilds it from the plan (checked next).
+        Err(_) if opts.repair && out.join(PLAN).exists() => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if m.source != src.identity {
+        return Err(StoreError::Invalid(format!(
+            "{} already holds a store of another model; choose another --out",
+            out.display()
+        )));
+    }
+    if !opts.repair {
+        return Err(StoreError::Invalid(format!(
+            "{} already holds a complete store of this model: `larder verify` checks it; \
+             `larder pack --repair` re-checks it against this checkpoint and rewrites what differs",
+            out.display()
+        )));
+    }
+    if !out.join(PLAN).exists() {
+        return Err(StoreError::Invalid(format!(
+            "{}: no {PLAN} (packed by an older larder), so it cannot be repaired; pack into a new --out",
+            out.display()
+        )));
+    }
+    Ok(())
 }
 
 fn resolve(root: &Path, p: &str) -> PathBuf {
@@ -253,6 +324,40 @@ fn resolve(root: &Path, p: &str) -> PathBuf {
     }
 }
 
+/// Copies the small files into the store root, with their digests.
+fn copy_files(copy: &[PathBuf], out: &Path) -> Result<Vec<CarriedFile>, StoreError> {
+    copy.iter()
+        .map(|f| {
+            let name = f
+                .file_name()
+                .ok_or_else(|| StoreError::Invalid(format!("{}: not a file", f.display())))?
+                .to_string_lossy()
+                .into_owned();
+            let bytes = std::fs::read(f).map_err(|e| StoreError::io(f, e))?;
+            write_atomic(&out.join(&name), &bytes)?;
+            Ok(CarriedFile {
+                name,
+                size: bytes.len() as u64,
+                digest: Digest::of(&bytes).to_string(),
+            })
+        })
+        .collect()
+}
+
+/// A new store id: 16 hex digits from the clock, the process and the source.
+fn new_store_id(src: &PackSource, out: &Path) -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let what = format!(
+        "{nanos}\0{}\0{}\0{}",
+        std::process::id(),
+        out.display(),
+        source_digest(&src.identity)
+    );
+    format!("{:016x}", Digest::seed_of(what.as_bytes()))
+}
+
 fn load_or_make_plan(src: &PackSource, out: &Path, drives: &[DriveSpec], progress: &mut dyn FnMut(PackEvent)) -> Result<Plan, StoreError> {
     let path = out.join(PLAN);
     let wanted: Vec<String> = if drives.is_empty() {
@@ -260,6 +365,13 @@ fn load_or_make_plan(src: &PackSource, out: &Path, drives: &[DriveSpec], progres
     } else {
         drives.iter().map(|d| drive_path_string(out, &d.dir)).collect::<Result<_, _>>()?
     };
+    for (i, w) in wanted.iter().enumerate() {
+        if wanted[..i].contains(w) {
+            return Err(StoreError::Invalid(format!(
+                "--drive {w} is given twice; name each drive folder once"
+            )));
+        }
+    }
     if path.exists() {
         let text = std::fs::read_to_string(&path).map_err(|e| StoreError::io(&path, e))?;
         let plan: Plan = serde_json::from_str(&text).map_err(|e| StoreError::manifest(&path, format!("unreadable pack plan: {e}")))?;
@@ -270,10 +382,10 @@ fn load_or_make_plan(src: &PackSource, out: &Path, drives: &[DriveSpec], progres
             ));
         }
         let have: Vec<&str> = plan.drives.iter().map(|d| d.path.as_str()).collect();
-        if have != wanted.iter().map(|s| s.as_str()).collect::<Vec<_>>() {
+        if !drives.is_empty() && have != wanted.iter().map(|s| s.as_str()).collect::<Vec<_>>() {
             return Err(StoreError::manifest(
                 &path,
-                format!("an unfinished pack with drives {have:?} is in this folder; resume it with the same --drive list"),
+                format!("this store's pack uses drives {have:?}; resume or repair it with the same --drive list"),
             ));
         }
         return Ok(plan);
@@ -312,6 +424,7 @@ fn load_or_make_plan(src: &PackSource, out: &Path, drives: &[DriveSpec], progres
     }
     let weights: Vec<f64> = entries.iter().map(|d| d.gbps).collect();
     let plan = Plan {
+        store_id: new_store_id(src, out),
         identity: src.identity.clone(),
         drives: entries,
         placement: src.layers.iter().map(|l| (l.layer, place(l.experts.len(), &weights))).collect(),
@@ -350,167 +463,6 @@ fn record_layout(parts: &[PartDesc], experts: &[Vec<Extent>]) -> (Vec<PartEntry>
         })
         .collect();
     (entries, align_up(at))
-}
-
-/// The sidecar of a finished layer file, if it matches what we would write.
-fn read_sidecar(path: &Path, mine: &[usize], record_len: u64) -> Option<Vec<ExpertEntry>> {
-    let side = sidecar(path);
-    let list: Vec<ExpertEntry> = serde_json::from_slice(&std::fs::read(side).ok()?).ok()?;
-    let size = std::fs::metadata(path).ok()?.len();
-    let ok = list.len() == mine.len()
-        && list.iter().zip(mine).all(|(e, &m)| e.expert == m && e.len == record_len)
-        && size == record_len * mine.len() as u64;
-    ok.then_some(list)
-}
-
-fn sidecar(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(".json");
-    path.with_file_name(name)
-}
-
-/// Writes one layer file (temp name), reads it back to verify, commits it.
-#[allow(clippy::too_many_arguments)]
-fn write_layer_file(
-    sources: &FileTable,
-    layer: &PackLayer,
-    mine: &[usize],
-    parts: &[PartEntry],
-    record_len: u64,
-    drive: usize,
-    name: &str,
-    path: &Path,
-    progress: &mut dyn FnMut(PackEvent),
-) -> Result<Vec<ExpertEntry>, StoreError> {
-    let tmp = temp_path(path);
-    let result = (|| {
-        let mut f = File::create(&tmp).map_err(|e| StoreError::io(&tmp, e))?;
-        let mut buf = AlignedBuf::new(record_len as usize);
-        let mut entries = Vec::with_capacity(mine.len());
-        for (i, &e) in mine.iter().enumerate() {
-            let extents = &layer.experts[e];
-            if extents.len() != parts.len() || extents.iter().zip(parts).any(|(x, p)| x.len != p.len) {
-                return Err(StoreError::Invalid(format!(
-                    "layer {} expert {e}: components differ in size from expert 0's",
-                    layer.layer
-                )));
-            }
-            let b = buf.as_mut_slice();
-            b.fill(0);
-            for (x, p) in extents.iter().zip(parts) {
-                let dst = &mut b[p.offset as usize..(p.offset + p.len) as usize];
-                sources.files[x.file]
-                    .read_exact_at(dst, x.offset)
-                    .map_err(|err| sources.read_error(x.file, x.offset, x.len, err))?;
-            }
-            let payload: u64 = parts.iter().map(|p| p.len).sum();
-            let digest = Digest::of(&buf.as_ref()[..payload as usize]);
-            f.write_all(&buf.as_ref()[..record_len as usize])
-                .map_err(|err| StoreError::io(&tmp, err))?;
-            entries.push(ExpertEntry {
-                expert: e,
-                drive,
-                file: name.to_string(),
-                offset: i as u64 * record_len,
-                len: record_len,
-                digest: digest.to_string(),
-            });
-            progress(PackEvent::Advanced { bytes: payload });
-        }
-        f.sync_all().map_err(|e| StoreError::io(&tmp, e))?;
-        drop(f);
-        verify_file(&tmp, &entries, parts, layer.layer)?;
-        Ok(entries)
-    })();
-    match result {
-        Ok(entries) => {
-            commit(&tmp, path)?;
-            let text = serde_json::to_vec(&entries).map_err(|e| StoreError::Invalid(e.to_string()))?;
-            write_atomic(&sidecar(path), &text)?;
-            Ok(entries)
-        }
-        Err(e) => {
-            // Do not leave a half-written file (it also frees the space of a full disk).
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
-}
-
-/// Reads a layer file back (O_DIRECT where the file system allows) and
-/// checks every record's digest.
-fn verify_file(path: &Path, entries: &[ExpertEntry], parts: &[PartEntry], layer: usize) -> Result<(), StoreError> {
-    let files = FileTable::open(&[path.to_path_buf()], true).or_else(|_| FileTable::open(&[path.to_path_buf()], false))?;
-    let payload: u64 = parts.iter().map(|p| p.len).sum();
-    let mut buf = AlignedBuf::new(entries.first().map_or(0, |e| e.len) as usize);
-    for e in entries {
-        let dst = &mut buf.as_mut_slice()[..e.len as usize];
-        files.files[0]
-            .read_exact_at(dst, e.offset)
-            .map_err(|err| files.read_error(0, e.offset, e.len, err))?;
-        let got = Digest::of(&buf.as_ref()[..payload as usize]);
-        if got.to_string() != e.digest {
-            return Err(StoreError::Digest {
-                layer,
-                expert: e.expert,
-                path: path.to_path_buf(),
-                offset: e.offset,
-                expected: e.digest.clone(),
-                got: got.to_string(),
-            });
-        }
-    }
-    Ok(())
-}
-
-/// Writes the spine tensors as one safetensors file (atomically).
-fn write_spine(sources: &FileTable, tensors: &[SpineTensor], path: &Path) -> Result<(), StoreError> {
-    let mut header = serde_json::Map::new();
-    let mut at = 0u64;
-    for t in tensors {
-        header.insert(
-            t.name.clone(),
-            serde_json::json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [at, at + t.extent.len]}),
-        );
-        at += t.extent.len;
-    }
-    header.insert(
-        "__metadata__".into(),
-        serde_json::json!({"format": "pt", "written_by": "larder pack"}),
-    );
-    let mut text = serde_json::to_vec(&serde_json::Value::Object(header)).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    while text.len() % 8 != 0 {
-        text.push(b' ');
-    }
-    let tmp = temp_path(path);
-    let result = (|| {
-        let mut f = std::io::BufWriter::with_capacity(8 << 20, File::create(&tmp).map_err(|e| StoreError::io(&tmp, e))?);
-        f.write_all(&(text.len() as u64).to_le_bytes())
-            .map_err(|e| StoreError::io(&tmp, e))?;
-        f.write_all(&text).map_err(|e| StoreError::io(&tmp, e))?;
-        let mut buf = vec![0u8; 8 << 20];
-        for t in tensors {
-            let mut off = 0;
-            while off < t.extent.len {
-                let n = (t.extent.len - off).min(buf.len() as u64) as usize;
-                sources.files[t.extent.file]
-                    .read_exact_at(&mut buf[..n], t.extent.offset + off)
-                    .map_err(|e| sources.read_error(t.extent.file, t.extent.offset + off, n as u64, e))?;
-                f.write_all(&buf[..n]).map_err(|e| StoreError::io(&tmp, e))?;
-                off += n as u64;
-            }
-        }
-        let f = f.into_inner().map_err(|e| StoreError::io(&tmp, e.into_error()))?;
-        f.sync_all().map_err(|e| StoreError::io(&tmp, e))?;
-        Ok(())
-    })();
-    match result {
-        Ok(()) => commit(&tmp, path),
-        Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
-            Err(e)
-        }
-    }
 }
 
 /// Whether `dir` holds an unfinished pack (a plan but no manifest).

@@ -47,6 +47,7 @@ fn index(name: &str, layers: usize, experts: usize) -> (ExpertIndex, Vec<u8>) {
                     },
                 ],
                 digest: Some(Digest::of(rec)),
+                digest_seed: 0,
             });
         }
         idx.layers.push(v);

@@ -5,16 +5,25 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use larder_store::pack::{pack, DriveSpec, PackEvent};
+use larder_store::pack::{pack_with, DriveSpec, PackEvent, PackOptions};
 use serde_json::json;
 
 /// Arguments of `larder pack`.
 #[derive(clap::Args)]
-#[command(after_help = "The store is resumable (re-run the same command after an interruption) and atomic: \
-layer files appear only complete and verified, and manifest.json is written last, so a folder without it \
-is never mistaken for a store. Drives are measured during pack (a 256 MiB probe each) unless given as DIR:GBps.\n\n\
+#[command(
+    after_help = "The checkpoint is first opened as `larder run` would open it (config, every tensor the \
+architecture needs, shapes, dtypes); nothing is written if it cannot load.\n\n\
+The store is resumable (re-run the same command after an interruption) and atomic: layer files appear only \
+complete and verified, and manifest.json is written last, so a folder without it is never mistaken for a store. \
+A resumed pack keeps a finished layer file only after re-reading every record from the checkpoint and the file \
+and finding them equal; records that differ are rewritten. `--repair` does the same on a complete store (after \
+`larder verify` reported bad records, or a damaged manifest). One pack at a time per --out (a lock file).\n\n\
+Layer files go to <drive>/larder-<store id>/, so several stores can share a drive folder. Drives are measured \
+during pack (a 256 MiB probe each) unless given as DIR:GBps.\n\n\
 Examples:\n  larder pack --model ./k3mini --out ./k3mini.store\n  \
-larder pack --model ~/models/Kimi-K2 --out /fast/k2 --drive /mnt/ssd0 --drive /mnt/ssd1:3.5")]
+larder pack --model ~/models/Kimi-K2 --out /fast/k2 --drive /mnt/ssd0 --drive /mnt/ssd1:3.5\n  \
+larder pack --model ~/models/Kimi-K2 --out /fast/k2 --repair"
+)]
 pub struct Args {
     /// Checkpoint folder to pack.
     #[arg(long, value_name = "DIR")]
@@ -25,6 +34,10 @@ pub struct Args {
     /// A drive directory for layer files, optionally with its read bandwidth (DIR:GBps). Repeat for several drives.
     #[arg(long = "drive", value_name = "DIR[:GBps]", value_parser = DriveSpec::parse)]
     drives: Vec<DriveSpec>,
+    /// Re-check a complete store (or one whose manifest is damaged) against the checkpoint and rewrite
+    /// exactly the records, spine and files that differ.
+    #[arg(long)]
+    repair: bool,
     /// Print one JSON report on stdout.
     #[arg(long)]
     json: bool,
@@ -34,7 +47,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let src = larder_engine::pack::pack_source(&args.model).with_context(|| format!("cannot read {}", args.model.display()))?;
     let bar = super::progress_bar(0, "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}");
     bar.set_message("packing");
-    let report = pack(&src, &args.out, &args.drives, &mut |ev| match ev {
+    let opts = PackOptions { repair: args.repair };
+    let report = pack_with(&src, &args.out, &args.drives, opts, &mut |ev| match ev {
         PackEvent::MeasuringDrive { dir } => bar.set_message(format!("measuring {}", dir.display())),
         PackEvent::DriveMeasured { dir, gbps } => {
             bar.println(format!("{}: {gbps:.2} GB/s read", dir.display()));
@@ -42,6 +56,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         PackEvent::Started { total_bytes } => bar.set_length(total_bytes),
         PackEvent::Advanced { bytes } => bar.inc(bytes),
+        PackEvent::RecordRewritten { layer, expert } => {
+            bar.println(format!("layer {layer} expert {expert}: differed from the checkpoint; rewritten"))
+        }
         PackEvent::LayerDone { .. } => {}
     })
     .with_context(|| format!("pack into {} failed", args.out.display()))?;
@@ -50,13 +67,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return super::print_json(&json!(report));
     }
     eprintln!(
-        "[larder] packed {} experts of {} layers ({}) into {} in {:.1}s ({} layers resumed)",
+        "[larder] packed {} experts of {} layers ({}) into {} in {:.1}s ({} layers resumed, {} records rewritten)",
         report.experts,
         report.layers,
         larder_store::format_size(report.expert_bytes),
         report.out.display(),
         report.seconds,
-        report.resumed_layers
+        report.resumed_layers,
+        report.rewritten_records
     );
     Ok(())
 }

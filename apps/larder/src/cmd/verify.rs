@@ -1,4 +1,6 @@
-//! `larder verify`: re-read every record of a packed store and check its digest.
+//! `larder verify`: prove a packed store is exactly the checkpoint it was
+//! packed from: manifest, carried files, spine, layer files, every record,
+//! and that it loads as a model.
 
 use std::path::PathBuf;
 
@@ -8,14 +10,19 @@ use serde_json::json;
 /// Arguments of `larder verify`.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Reads with O_DIRECT where the file system allows, so the drive is checked, not the page cache.\n\n\
+    after_help = "Checks the manifest's own digest, every carried file (config, tokenizer, templates), the spine's \
+header and every spine tensor, every layer file's header and every expert record's digest (bound to its store, \
+layer, expert, dtype and shape), then that the store loads as a model. Reads with O_DIRECT where the file system \
+allows, so the drive is checked, not the page cache. Exit 0 only if all of it holds; otherwise every problem is \
+listed, and `larder pack --model CHECKPOINT --out STORE --repair` rewrites what is bad.\n\n\
 Example:\n  larder verify ./k3mini.store --json"
 )]
 pub struct Args {
     /// Packed store folder (made by `larder pack`).
     #[arg(value_name = "STORE")]
     store: PathBuf,
-    /// Print one JSON report on stdout: {"records", "bytes", "seconds", "bad": [...]}.
+    /// Print one JSON report on stdout: {"ok", "store_id", "model_type", "source", "files", "spine_tensors",
+    /// "spine_bytes", "records", "bytes", "seconds", "gbps", "bad": [...]}.
     #[arg(long)]
     json: bool,
 }
@@ -29,24 +36,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .map(|l| l.experts.len() as u64 * l.parts.iter().map(|p| p.len).sum::<u64>())
         .sum();
     let bar = super::progress_bar(total, "verifying [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}");
-    let report = larder_store::verify::verify_store(&args.store, &mut |b| bar.inc(b))?;
+    let report = larder_engine::integrity::verify(&args.store, &mut |b| bar.inc(b))?;
     bar.finish_and_clear();
+    let gbps = report.bytes as f64 / report.seconds.max(1e-9) / 1e9;
     if args.json {
-        super::print_json(&json!(report))?;
+        let mut doc = json!(report);
+        doc["ok"] = json!(report.bad.is_empty());
+        doc["gbps"] = json!(gbps);
+        super::print_json(&doc)?;
     } else {
         eprintln!(
-            "[larder] {} records, {} checked in {:.1}s ({:.2} GB/s)",
+            "[larder] {} files, {} spine tensors ({}), {} records ({}) checked in {:.1}s ({gbps:.2} GB/s)",
+            report.files,
+            report.spine_tensors,
+            larder_store::format_size(report.spine_bytes),
             report.records,
             larder_store::format_size(report.bytes),
             report.seconds,
-            report.bytes as f64 / report.seconds.max(1e-9) / 1e9
         );
         for b in &report.bad {
             eprintln!("[larder] BAD {b}");
         }
+        if report.bad.is_empty() {
+            let files: Vec<String> = report.source.iter().map(|f| format!("{} ({} bytes)", f.name, f.size)).collect();
+            eprintln!(
+                "[larder] OK: store {} loads and is exactly the {} checkpoint it was packed from: {}",
+                report.store_id,
+                report.model_type,
+                files.join(", ")
+            );
+        }
     }
     if !report.bad.is_empty() {
-        bail!("{} of {} records are corrupt", report.bad.len(), report.records);
+        bail!(
+            "{} problems found in {}; `larder pack --model CHECKPOINT --out {} --repair` rewrites them",
+            report.bad.len(),
+            args.store.display(),
+            args.store.display()
+        );
     }
     Ok(())
 }

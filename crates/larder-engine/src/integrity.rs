@@ -1,0 +1,136 @@
+//! Fail-closed loading and checking of a packed store: before a store's
+//! model is built, its carried files (config, tokenizer, templates) must be
+//! the ones packed and no unlisted file that changes the output may sit
+//! beside them; while it is built, every spine tensor the model takes is
+//! checked against the manifest (place, dtype, shape, digest). [`verify`]
+//! adds to larder-store's byte checks the proof that the store loads.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use larder_model::arch::read_spec;
+use larder_model::checkpoint::{Checkpoint, TensorCheck, TensorInfo};
+use larder_model::DecoderModel;
+use larder_store::manifest::SpineTensorEntry;
+use larder_store::verify::VerifyReport;
+use larder_store::{Digest, ExpertStore, Manifest, StoreOptions};
+
+use crate::error::EngineError;
+use crate::experts::StoreExperts;
+use crate::pack::CARRIED_FILES;
+
+/// Checks the store's carried files against its manifest: each listed file
+/// has its packed digest, and no file larder reads (config, tokenizer,
+/// templates) is present without being listed.
+pub fn check_carried_files(dir: &Path, manifest: &Manifest) -> Result<(), EngineError> {
+    for f in &manifest.files {
+        let path = dir.join(&f.name);
+        let bytes = std::fs::read(&path).map_err(|source| EngineError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        if bytes.len() as u64 != f.size || Digest::of(&bytes).to_string() != f.digest {
+            return Err(EngineError::File {
+                path,
+                message: "differs from the file this store was packed with; restore it, or re-pack with `larder pack --repair`".into(),
+            });
+        }
+    }
+    for name in CARRIED_FILES {
+        let path = dir.join(name);
+        if path.exists() && !manifest.files.iter().any(|f| f.name == *name) {
+            return Err(EngineError::File {
+                path,
+                message: "is not part of this store (the manifest does not list it) but would change the output; remove it".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The check every spine tensor must pass as the model takes it.
+pub fn spine_check(manifest: &Manifest) -> Arc<TensorCheck> {
+    let entries: HashMap<String, SpineTensorEntry> = manifest
+        .spine
+        .iter()
+        .flat_map(|s| s.tensors.iter())
+        .map(|t| (t.name.clone(), t.clone()))
+        .collect();
+    Arc::new(move |name: &str, info: &TensorInfo, bytes: &[u8]| match entries.get(name) {
+        Some(e) => e.check(&info.dtype, &info.shape, info.offset, bytes),
+        None => Err("is not in the store's manifest; the spine file was changed after packing".into()),
+    })
+}
+
+/// Opens a store's spine as a checkpoint whose every tensor is checked
+/// against the manifest, after checking the spine files' names, sizes and headers.
+pub fn open_spine(dir: &Path, manifest: &Manifest) -> Result<Checkpoint, EngineError> {
+    let mut ckpt = Checkpoint::open(dir)?;
+    check_spine_files(dir, manifest, &ckpt)?;
+    ckpt.set_tensor_check(spine_check(manifest));
+    Ok(ckpt)
+}
+
+/// The checkpoint's safetensors files are exactly the manifest's spine
+/// files, with their packed sizes and headers.
+fn check_spine_files(dir: &Path, manifest: &Manifest, ckpt: &Checkpoint) -> Result<(), EngineError> {
+    let files = ckpt.file_paths();
+    let spine_names: Vec<_> = manifest.spine.iter().map(|s| dir.join(&s.file)).collect();
+    if files != spine_names {
+        return Err(EngineError::File {
+            path: dir.to_path_buf(),
+            message: format!(
+                "the store's safetensors files are {files:?}, its manifest lists {spine_names:?}; remove extra files or re-pack"
+            ),
+        });
+    }
+    for (i, s) in manifest.spine.iter().enumerate() {
+        let path = &files[i];
+        let size = std::fs::metadata(path)
+            .map_err(|source| EngineError::Io {
+                path: path.clone(),
+                source,
+            })?
+            .len();
+        if size != s.size || Digest::of(ckpt.file_header(i)).to_string() != s.header_digest {
+            return Err(EngineError::File {
+                path: path.clone(),
+                message: "differs from the spine this store was packed with (size or header); `larder pack --repair` rewrites it".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// `larder verify`: larder-store's checks of every byte, then whether the
+/// store loads as a model (config, every tensor the architecture needs,
+/// expert records matching the config). Problems are added to `bad`.
+pub fn verify(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport, EngineError> {
+    let mut report = larder_store::verify::verify_store(dir, progress).map_err(crate::experts::store_err)?;
+    if let Err(e) = check_loads(dir) {
+        report.bad.push(format!("the store does not load: {e}"));
+    }
+    Ok(report)
+}
+
+fn check_loads(dir: &Path) -> Result<(), EngineError> {
+    // Spine bytes were checked above; here only whether they load (headers, no bytes read).
+    let (manifest, index) = crate::experts::packed_index(dir)?;
+    let spec = read_spec(dir)?;
+    let ckpt = Checkpoint::open_unread(dir)?;
+    check_spine_files(dir, &manifest, &ckpt)?;
+    let store = Arc::new(
+        ExpertStore::open(
+            index,
+            StoreOptions {
+                prefetch_threads: 0,
+                ..StoreOptions::default()
+            },
+        )
+        .map_err(crate::experts::store_err)?,
+    );
+    let provider = Arc::new(StoreExperts::new(store, &spec)?);
+    DecoderModel::load(spec, &ckpt, Some(provider))?;
+    Ok(())
+}

@@ -1,0 +1,234 @@
+//! One layer's records on one drive: `<drive>/larder-<store id>/layer-LLL.experts`,
+//! a [`LayerHeader`] block then one 4 KiB-aligned record per expert, with a
+//! sidecar (`.json`) listing the records and their bound digests.
+//!
+//! A new file is written under a temporary name, read back and checked,
+//! then renamed. A file found from an earlier pack is kept only as far as it
+//! is proven: every record is read again from the source and from the file,
+//! and a record whose source bytes changed, or whose stored bytes differ,
+//! is rewritten in place (this is also how `pack --repair` mends exactly the
+//! records `verify` finds bad).
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::buf::AlignedBuf;
+use crate::digest::Digest;
+use crate::fsutil::{commit, temp_path, write_atomic};
+use crate::io::FileTable;
+use crate::location::Extent;
+use crate::manifest::{ExpertEntry, PartEntry};
+use crate::pack::{PackEvent, PackLayer};
+use crate::record::{LayerHeader, LAYER_HEADER_LEN};
+use crate::StoreError;
+
+/// What one layer file holds: its header, record size and records.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Sidecar {
+    header: LayerHeader,
+    record_len: u64,
+    entries: Vec<ExpertEntry>,
+}
+
+/// One layer file to write or prove.
+pub(crate) struct LayerFile<'a> {
+    pub sources: &'a FileTable,
+    pub layer: &'a PackLayer,
+    /// Experts placed on this drive, in file order.
+    pub mine: &'a [usize],
+    pub parts: &'a [PartEntry],
+    pub record_len: u64,
+    /// Digest seed of each expert of the layer (by expert id).
+    pub seeds: &'a [u64],
+    pub header: LayerHeader,
+    /// Name relative to the drive directory, and full path.
+    pub name: String,
+    pub path: PathBuf,
+}
+
+impl LayerFile<'_> {
+    /// Writes the file, or proves and mends one left by an earlier pack.
+    /// Returns its entries and how many records were rewritten in place
+    /// (`None` when the whole file was written anew).
+    pub fn pack(&self, progress: &mut dyn FnMut(PackEvent)) -> Result<(Vec<ExpertEntry>, Option<usize>), StoreError> {
+        match self.read_sidecar() {
+            Some(entries) if self.header.check(&self.path).is_ok() => {
+                let (entries, rewritten) = self.prove(entries, progress)?;
+                Ok((entries, Some(rewritten)))
+            }
+            _ => Ok((self.write(progress)?, None)),
+        }
+    }
+
+    fn payload_len(&self) -> u64 {
+        self.parts.iter().map(|p| p.len).sum()
+    }
+
+    /// The sidecar of an existing file, if it describes what we would write.
+    fn read_sidecar(&self) -> Option<Vec<ExpertEntry>> {
+        let side: Sidecar = serde_json::from_slice(&std::fs::read(sidecar(&self.path)).ok()?).ok()?;
+        let size = std::fs::metadata(&self.path).ok()?.len();
+        let ok = side.header == self.header
+            && side.record_len == self.record_len
+            && side.entries.len() == self.mine.len()
+            && side
+                .entries
+                .iter()
+                .zip(self.mine)
+                .enumerate()
+                .all(|(i, (e, &m))| e.expert == m && e.len == self.record_len && e.offset == self.offset(i) && e.file == self.name)
+            && size == LAYER_HEADER_LEN + self.record_len * self.mine.len() as u64;
+        ok.then_some(side.entries)
+    }
+
+    fn offset(&self, i: usize) -> u64 {
+        LAYER_HEADER_LEN + i as u64 * self.record_len
+    }
+
+    /// Reads expert `e`'s components from the source into `buf` (zero
+    /// padded to the record) and returns their bound digest.
+    fn read_source(&self, e: usize, buf: &mut AlignedBuf) -> Result<Digest, StoreError> {
+        let extents: &[Extent] = &self.layer.experts[e];
+        if extents.len() != self.parts.len() || extents.iter().zip(self.parts).any(|(x, p)| x.len != p.len) {
+            return Err(StoreError::Invalid(format!(
+                "layer {} expert {e}: components differ in size from expert 0's",
+                self.layer.layer
+            )));
+        }
+        let b = buf.as_mut_slice();
+        b.fill(0);
+        for (x, p) in extents.iter().zip(self.parts) {
+            let dst = &mut b[p.offset as usize..(p.offset + p.len) as usize];
+            self.sources.files[x.file]
+                .read_exact_at(dst, x.offset)
+                .map_err(|err| self.sources.read_error(x.file, x.offset, x.len, err))?;
+        }
+        Ok(Digest::of_parts_seeded(
+            self.seeds[e],
+            [&buf.as_ref()[..self.payload_len() as usize]],
+        ))
+    }
+
+    /// Writes the whole file under a temporary name, checks it, commits it.
+    fn write(&self, progress: &mut dyn FnMut(PackEvent)) -> Result<Vec<ExpertEntry>, StoreError> {
+        let tmp = temp_path(&self.path);
+        let result = (|| {
+            let mut f = File::create(&tmp).map_err(|e| StoreError::io(&tmp, e))?;
+            f.write_all(&self.header.to_block()).map_err(|e| StoreError::io(&tmp, e))?;
+            let mut buf = AlignedBuf::new(self.record_len as usize);
+            let mut entries = Vec::with_capacity(self.mine.len());
+            for (i, &e) in self.mine.iter().enumerate() {
+                let digest = self.read_source(e, &mut buf)?;
+                f.write_all(&buf.as_ref()[..self.record_len as usize])
+                    .map_err(|err| StoreError::io(&tmp, err))?;
+                entries.push(ExpertEntry {
+                    expert: e,
+                    drive: self.header.drive,
+                    file: self.name.clone(),
+                    offset: self.offset(i),
+                    len: self.record_len,
+                    digest: digest.to_string(),
+                });
+                progress(PackEvent::Advanced { bytes: self.payload_len() });
+            }
+            f.sync_all().map_err(|e| StoreError::io(&tmp, e))?;
+            drop(f);
+            self.check_file(&tmp, &entries)?;
+            Ok(entries)
+        })();
+        match result {
+            Ok(entries) => {
+                commit(&tmp, &self.path)?;
+                self.write_sidecar(&entries)?;
+                Ok(entries)
+            }
+            Err(e) => {
+                // Do not leave a half-written file (it also frees the space of a full disk).
+                let _ = std::fs::remove_file(&tmp);
+                Err(e)
+            }
+        }
+    }
+
+    /// Re-reads every record from the source and from the file; rewrites in
+    /// place each one that differs. Returns the entries and the rewrite count.
+    fn prove(&self, mut entries: Vec<ExpertEntry>, progress: &mut dyn FnMut(PackEvent)) -> Result<(Vec<ExpertEntry>, usize), StoreError> {
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+            .map_err(|e| StoreError::io(&self.path, e))?;
+        let mut src = AlignedBuf::new(self.record_len as usize);
+        let mut have = AlignedBuf::new(self.record_len as usize);
+        let mut bad = Vec::new();
+        for (i, entry) in entries.iter_mut().enumerate() {
+            let want = self.read_source(entry.expert, &mut src)?;
+            let stored = file
+                .read_exact_at(have.as_mut_slice(), entry.offset)
+                .ok()
+                .map(|_| Digest::of_parts_seeded(self.seeds[entry.expert], [&have.as_ref()[..self.payload_len() as usize]]));
+            if want.to_string() != entry.digest || stored != Some(want) {
+                file.write_all_at(&src.as_ref()[..self.record_len as usize], entry.offset)
+                    .map_err(|e| StoreError::io(&self.path, e))?;
+                entry.digest = want.to_string();
+                bad.push(i);
+                progress(PackEvent::RecordRewritten {
+                    layer: self.layer.layer,
+                    expert: entry.expert,
+                });
+            }
+            progress(PackEvent::Advanced { bytes: self.payload_len() });
+        }
+        if !bad.is_empty() {
+            file.sync_all().map_err(|e| StoreError::io(&self.path, e))?;
+            self.check_file(&self.path, &entries)?;
+            self.write_sidecar(&entries)?;
+        }
+        Ok((entries, bad.len()))
+    }
+
+    fn write_sidecar(&self, entries: &[ExpertEntry]) -> Result<(), StoreError> {
+        let side = Sidecar {
+            header: self.header.clone(),
+            record_len: self.record_len,
+            entries: entries.to_vec(),
+        };
+        let text = serde_json::to_vec(&side).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        write_atomic(&sidecar(&self.path), &text)
+    }
+
+    /// Reads a layer file back (O_DIRECT where the file system allows) and
+    /// checks its header and every record's digest.
+    fn check_file(&self, path: &Path, entries: &[ExpertEntry]) -> Result<(), StoreError> {
+        self.header.check(path)?;
+        let files = FileTable::open(&[path.to_path_buf()], true).or_else(|_| FileTable::open(&[path.to_path_buf()], false))?;
+        let mut buf = AlignedBuf::new(self.record_len as usize);
+        for e in entries {
+            files.files[0]
+                .read_exact_at(buf.as_mut_slice(), e.offset)
+                .map_err(|err| files.read_error(0, e.offset, e.len, err))?;
+            let got = Digest::of_parts_seeded(self.seeds[e.expert], [&buf.as_ref()[..self.payload_len() as usize]]);
+            if got.to_string() != e.digest {
+                return Err(StoreError::Digest {
+                    layer: self.layer.layer,
+                    expert: e.expert,
+                    path: path.to_path_buf(),
+                    offset: e.offset,
+                    expected: e.digest.clone(),
+                    got: got.to_string(),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+fn sidecar(path: &Path) -> PathBuf {
+    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
+    name.push(".json");
+    path.with_file_name(name)
+}
