@@ -1,4 +1,4 @@
-//! `manifest.json` of a packed store (docs/design.md, store format): format
+//! `manifest.json` of a packed store (docs/store.md): format
 //! version, the store's id, the identity of the source checkpoint, the
 //! digests of the carried files (config, tokenizer, templates) and of every
 //! spine tensor, the drives, and for every (layer, expert) its drive, file,
