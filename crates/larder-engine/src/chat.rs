@@ -4,6 +4,11 @@
 //! `raise_exception`, `strftime_now`, and the special tokens (`bos_token`,
 //! `eos_token`, ...) in the context next to `messages` and
 //! `add_generation_prompt`.
+//!
+//! A template is code from the model folder: rendering is bounded (at most
+//! [`TEMPLATE_FUEL`] template instructions and [`MAX_RENDERED_BYTES`] of
+//! output), so a looping or exploding template is an error, not a hang or an
+//! out-of-memory abort (found by `fuzz/`'s `chat_template` target).
 
 use std::path::Path;
 
@@ -35,6 +40,14 @@ pub struct ChatTemplate {
     /// `bos_token`, `eos_token`, ... as strings.
     special_tokens: serde_json::Map<String, Json>,
 }
+
+/// Template instructions one render may run: far above what real templates
+/// need for any conversation a 1 MiB request body can hold (a few hundred
+/// per message), and under a second of work.
+pub const TEMPLATE_FUEL: u64 = 10_000_000;
+
+/// The longest prompt a template may render (64 MiB).
+pub const MAX_RENDERED_BYTES: usize = 64 << 20;
 
 const SPECIAL_TOKEN_KEYS: &[&str] = &[
     "bos_token",
@@ -94,6 +107,7 @@ impl ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         minijinja_contrib::add_to_environment(&mut env);
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
@@ -120,8 +134,40 @@ impl ChatTemplate {
         );
         ctx.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
         let tmpl = self.env.get_template("chat").map_err(|e| EngineError::Template(e.to_string()))?;
-        tmpl.render(Value::from_serialize(&ctx))
-            .map_err(|e| EngineError::Template(format!("cannot render: {e:#}")))
+        let mut out = CappedWriter(Vec::new());
+        match tmpl.render_captured_to(Value::from_serialize(&ctx), &mut out) {
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => {
+                return Err(EngineError::Template(format!(
+                    "cannot render: the chat template ran more than {TEMPLATE_FUEL} instructions (a loop that does not end?)"
+                )))
+            }
+            Err(e) if e.kind() == ErrorKind::WriteFailure && out.0.len() >= MAX_RENDERED_BYTES => {
+                return Err(EngineError::Template(format!(
+                    "cannot render: the chat template produced more than {MAX_RENDERED_BYTES} bytes"
+                )))
+            }
+            Err(e) => return Err(EngineError::Template(format!("cannot render: {e:#}"))),
+        }
+        String::from_utf8(out.0).map_err(|e| EngineError::Template(format!("cannot render: output is not UTF-8: {e}")))
+    }
+}
+
+/// Collects rendered output, failing past [`MAX_RENDERED_BYTES`].
+struct CappedWriter(Vec<u8>);
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + buf.len() > MAX_RENDERED_BYTES {
+            self.0.resize(MAX_RENDERED_BYTES, 0);
+            return Err(std::io::Error::other("rendered prompt too large"));
+        }
+        self.0.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 
@@ -227,6 +273,19 @@ mod tests {
         .unwrap();
         let out = t.render(&[ChatMessage::new("user", " hi ")], true).unwrap();
         assert_eq!(out, "<s>[user]hi\n[assistant]");
+    }
+
+    #[test]
+    fn looping_or_exploding_templates_are_errors() {
+        let msgs = [ChatMessage::new("user", "hi")];
+        let looping = "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(looping.into(), Default::default()).unwrap();
+        let e = t.render(&msgs, false).unwrap_err().to_string();
+        assert!(e.contains("instructions"), "{e}");
+        let exploding = "{% for i in range(100) %}{{ 'x' * 10000000 }}{% endfor %}";
+        let t = ChatTemplate::new(exploding.into(), Default::default()).unwrap();
+        let e = t.render(&msgs, false).unwrap_err().to_string();
+        assert!(e.contains("bytes"), "{e}");
     }
 
     #[test]
