@@ -147,6 +147,14 @@ impl MoeNames {
     };
 }
 
+/// The largest integer any config.json field may hold: far above every real
+/// size, count or id, and small enough that products of a few never overflow
+/// (found by `fuzz/`'s `config` target: `num_hidden_layers: 2^62` aborted).
+pub const MAX_CONFIG_INT: u64 = 1 << 31;
+
+/// The most decoder layers a model may have.
+pub const MAX_LAYERS: usize = 4096;
+
 /// A parsed config.json with the path kept for error messages.
 pub struct ConfigJson {
     pub path: PathBuf,
@@ -195,11 +203,26 @@ impl ConfigJson {
     pub fn opt_usize(&self, field: &str) -> Result<Option<usize>, ModelError> {
         match self.get(field) {
             None => Ok(None),
-            Some(v) => v
-                .as_u64()
-                .map(|u| Some(u as usize))
-                .ok_or_else(|| self.err(field, format!("expected a non-negative integer, found {v}"))),
+            Some(v) => self.bounded(field, v).map(Some),
         }
+    }
+
+    /// `v` as an integer in `0..=MAX_CONFIG_INT`.
+    fn bounded(&self, field: &str, v: &Value) -> Result<usize, ModelError> {
+        match v.as_u64() {
+            Some(u) if u <= MAX_CONFIG_INT => Ok(u as usize),
+            Some(u) => Err(self.err(field, format!("{u} is too large (at most {MAX_CONFIG_INT})"))),
+            None => Err(self.err(field, format!("expected a non-negative integer, found {v}"))),
+        }
+    }
+
+    /// `num_hidden_layers`, in `1..=MAX_LAYERS`.
+    pub fn num_layers(&self) -> Result<usize, ModelError> {
+        let n = self.usize("num_hidden_layers")?;
+        if n > MAX_LAYERS {
+            return Err(self.err("num_hidden_layers", format!("{n} is too large (at most {MAX_LAYERS})")));
+        }
+        Ok(n)
     }
 
     /// An optional number.
@@ -239,14 +262,7 @@ impl ConfigJson {
     pub fn opt_usize_list(&self, field: &str) -> Result<Vec<usize>, ModelError> {
         match self.get(field) {
             None => Ok(Vec::new()),
-            Some(Value::Array(items)) => items
-                .iter()
-                .map(|v| {
-                    v.as_u64()
-                        .map(|u| u as usize)
-                        .ok_or_else(|| self.err(field, format!("expected integers, found {v}")))
-                })
-                .collect(),
+            Some(Value::Array(items)) => items.iter().map(|v| self.bounded(field, v)).collect(),
             Some(v) => Err(self.err(field, format!("expected a list, found {v}"))),
         }
     }
@@ -314,4 +330,41 @@ pub fn check_top_k(cfg: &ConfigJson, num_experts: usize, top_k: usize) -> Result
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use serde_json::Value;
+
+    /// The tiny Qwen3-MoE fixture's config with `field` set to `value`, in a fresh folder.
+    fn patched(name: &str, field: &str, value: Value) -> PathBuf {
+        let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tiny/config.json");
+        let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(fixture).unwrap()).unwrap();
+        cfg[field] = value;
+        let dir = std::env::temp_dir().join(format!("larder-config-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn absurd_sizes_are_errors_not_aborts() {
+        // Found by fuzz/ (config target): 2^62 layers was a capacity-overflow panic.
+        for (field, value) in [
+            ("num_hidden_layers", 1u64 << 62),
+            ("num_hidden_layers", 5000),
+            ("hidden_size", 1 << 40),
+            ("num_experts", u64::MAX),
+        ] {
+            let dir = patched(field, field, value.into());
+            let err = crate::arch::read_spec(&dir).unwrap_err().to_string();
+            assert!(err.contains(field) && err.contains("too large"), "{field}={value}: {err}");
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+        let dir = patched("ok", "num_hidden_layers", 3.into());
+        assert_eq!(crate::arch::read_spec(&dir).unwrap().layers.len(), 3);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }

@@ -85,7 +85,7 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
 
 /// Dense or MoE per layer, as DeepSeek's reference code decides.
 fn layer_plan(cfg: &ConfigJson) -> Result<Vec<LayerSpec>, ModelError> {
-    let n = cfg.usize("num_hidden_layers")?;
+    let n = cfg.num_layers()?;
     let dense = FfnSpec::Dense {
         intermediate: cfg.usize("intermediate_size")?,
     };

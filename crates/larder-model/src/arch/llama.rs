@@ -17,7 +17,7 @@ pub fn spec_mistral(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
 
 fn dense(cfg: &ConfigJson, window: Option<usize>) -> Result<ModelSpec, ModelError> {
     let spec = super::base_spec(cfg, 10000.0, 2048, MoeNames::QWEN)?;
-    let n = cfg.usize("num_hidden_layers")?;
+    let n = cfg.num_layers()?;
     let intermediate = cfg.usize("intermediate_size")?;
     let layers = (0..n)
         .map(|_| LayerSpec {

@@ -16,7 +16,7 @@ const NAMES: MoeNames = MoeNames {
 /// `model_type: mixtral`.
 pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     let spec = super::base_spec(cfg, 1e6, 4096 * 32, NAMES)?;
-    let n = cfg.usize("num_hidden_layers")?;
+    let n = cfg.num_layers()?;
     let num_experts = cfg.usize("num_local_experts")?;
     let top_k = cfg.usize("num_experts_per_tok")?;
     check_top_k(cfg, num_experts, top_k)?;

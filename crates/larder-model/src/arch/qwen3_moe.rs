@@ -15,7 +15,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
 
 /// The layer plan shared by Qwen2-MoE and Qwen3-MoE.
 pub(crate) fn qwen_moe_layers(cfg: &ConfigJson, shared: Option<crate::config::SharedExpertSpec>) -> Result<Vec<LayerSpec>, ModelError> {
-    let n = cfg.usize("num_hidden_layers")?;
+    let n = cfg.num_layers()?;
     // Hub configs say `num_experts`; transformers 5 writes `num_local_experts`.
     let num_experts = match cfg.opt_usize("num_experts")? {
         Some(n) => n,
