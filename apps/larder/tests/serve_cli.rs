@@ -1,36 +1,70 @@
-//! `larder serve` as a process: it prints its address, answers HTTP, and a
-//! bad model folder is a clean error.
+//! `larder serve` as a process: it prints its address (before the model has
+//! loaded), answers HTTP, a bad model folder is a clean error, every flag
+//! is range-checked, and SIGTERM drains running requests and exits 0.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
 
 mod common;
+
+/// Starts `larder serve` on a free port; returns the child, its address,
+/// and its stderr lines as they come.
+fn spawn_serve(extra: &[&str]) -> (Child, String, mpsc::Receiver<String>) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .args(["serve", "--port", "0"])
+        .args(extra)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let addr = wait_line(&lines, "http://")
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or("")
+        .to_string();
+    (child, addr, lines)
+}
+
+/// The first stderr line containing `what` (panics after 60 s).
+fn wait_line(lines: &mpsc::Receiver<String>, what: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match lines.recv_timeout(left) {
+            Ok(l) if l.contains(what) => return l,
+            Ok(_) => {}
+            Err(e) => panic!("no stderr line with {what:?}: {e}"),
+        }
+    }
+}
+
+fn get(addr: &str, path: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n").unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply
+}
 
 #[test]
 fn serve_binary_answers_and_uses_the_folder_name_as_model_id() {
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tok");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_larder"))
-        .args(["serve", "--model", model.to_str().unwrap(), "--port", "0"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = lines
-        .by_ref()
-        .map_while(Result::ok)
-        .find_map(|l| {
-            l.split("http://")
-                .nth(1)
-                .map(|rest| rest.split_whitespace().next().unwrap_or("").to_string())
-        })
-        .expect("serve prints its address");
-    let mut s = TcpStream::connect(&addr).unwrap();
-    s.write_all(b"GET /v1/models HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")
-        .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
+    let (mut child, addr, lines) = spawn_serve(&["--model", model.to_str().unwrap()]);
+    wait_line(&lines, "ready");
+    let reply = get(&addr, "/v1/models");
     let _ = child.kill();
     let _ = child.wait();
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
@@ -41,9 +75,89 @@ fn serve_binary_answers_and_uses_the_folder_name_as_model_id() {
 fn serve_refuses_a_missing_model_and_a_busy_port() {
     let err = common::fails(&["serve", "--model", "/nonexistent/model", "--port", "0"]);
     assert!(err.contains("/nonexistent/model"), "{err}");
+    assert!(err.contains("serving on"), "the port is bound before the model loads: {err}");
     let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = taken.local_addr().unwrap().port().to_string();
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tiny");
     let err = common::fails(&["serve", "--model", model.to_str().unwrap(), "--port", &port]);
     assert!(err.contains("cannot listen"), "{err}");
+}
+
+#[test]
+fn serve_flags_are_range_checked() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tiny");
+    let m = model.to_str().unwrap();
+    for (flag, value) in [
+        ("--queue-depth", "0"),
+        ("--queue-depth", "5000"),
+        ("--shutdown-grace", "3601"),
+        ("--shutdown-grace", "-1"),
+        ("--max-request-bytes", "10"),
+        ("--max-request-bytes", "2GiB"),
+        ("--port", "70000"),
+        ("--cors-origin", "localhost:3000/"),
+    ] {
+        let err = common::fails(&["serve", "--model", m, flag, value]);
+        assert!(err.contains(flag), "{flag} {value}: {err}");
+    }
+    let help = common::larder(&["serve", "--help"]);
+    let help = String::from_utf8_lossy(&help.stdout);
+    for range in ["1..=4096", "0..=3600", "1KiB..=1GiB", "0..=65535"] {
+        assert!(help.contains(range), "--help does not document {range}: {help}");
+    }
+}
+
+#[test]
+fn sigterm_drains_running_streams_and_exits_zero() {
+    let dir = std::env::temp_dir().join(format!("larder-serve-cli-sigterm-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = larder_model::synth::SynthSpec::preset("qwen3_moe", "tiny", None).unwrap();
+    larder_model::synth::write(&spec, &dir, &mut |_| {}).unwrap();
+    let (mut child, addr, lines) = spawn_serve(&["--model", dir.to_str().unwrap(), "--served-name", "m", "--shutdown-grace", "1"]);
+    wait_line(&lines, "ready");
+    let body = r#"{"model": "m", "prompt": [5, 6, 7], "max_tokens": 8000, "ignore_eos": true, "stream": true}"#;
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 64];
+    s.read_exact(&mut first).unwrap(); // generation is running
+    let kill = Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    let text = String::from_utf8_lossy(&rest).into_owned();
+    let t = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if t.elapsed() > Duration::from_secs(20) {
+            let _ = child.kill();
+            panic!("larder serve did not exit after SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(status.success(), "exit status after SIGTERM: {status:?}");
+    assert!(
+        text.contains("data: [DONE]") && (text.contains("server_shutdown") || text.contains("finish_reason\":\"length")),
+        "the stream neither finished nor got the shutdown error event: {}",
+        &text[text.len().saturating_sub(600)..]
+    );
+    // Idle: SIGTERM exits 0 at once.
+    let (mut child, _addr, lines) = spawn_serve(&[
+        "--model",
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../../fixtures/qwen3_moe_tiny")
+            .to_str()
+            .unwrap(),
+    ]);
+    wait_line(&lines, "ready");
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(child.wait().unwrap().success());
 }

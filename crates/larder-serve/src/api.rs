@@ -17,6 +17,8 @@ pub struct ApiError {
     pub kind: &'static str,
     pub param: Option<String>,
     pub code: Option<&'static str>,
+    /// The full error, for the server log only (it may name server paths).
+    pub detail: Option<String>,
 }
 
 impl ApiError {
@@ -27,6 +29,38 @@ impl ApiError {
             kind: "invalid_request_error",
             param: Some(param.to_string()),
             code: None,
+            detail: None,
+        }
+    }
+
+    /// A 500 for a server-side failure while `doing` something: the client
+    /// gets no paths or internals; [`log`](Self::log) records `error` in full.
+    pub fn internal(doing: &str, error: &dyn std::error::Error) -> Self {
+        let mut detail = error.to_string();
+        let mut source = error.source();
+        while let Some(s) = source {
+            let text = s.to_string();
+            if !detail.contains(&text) {
+                detail.push_str(&format!(": {text}"));
+            }
+            source = s.source();
+        }
+        ApiError {
+            detail: Some(format!("{doing}: {detail}")),
+            ..ApiError::plain(
+                500,
+                "server_error",
+                None,
+                format!("internal error while {doing}; the server log has the details"),
+            )
+        }
+    }
+
+    /// Logs a server-side (5xx) error with its full detail.
+    pub fn log(&self) {
+        if self.status >= 500 {
+            let detail = self.detail.as_deref().unwrap_or(&self.message);
+            tracing::error!(status = self.status, "{detail}");
         }
     }
 
@@ -37,6 +71,7 @@ impl ApiError {
             kind,
             param: None,
             code,
+            detail: None,
         }
     }
 
@@ -67,10 +102,12 @@ pub struct GenerationRequest {
     pub prompt: Prompt,
     /// `None`: up to the context length.
     pub max_tokens: Option<usize>,
-    pub temperature: f32,
-    pub top_p: f32,
-    pub top_k: usize,
-    pub seed: u64,
+    /// `None`: the model's default (generation_config.json; greedy if none).
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    /// `None`: a fresh random seed per request.
+    pub seed: Option<u64>,
     pub stop: Vec<String>,
     pub stream: bool,
     pub include_usage: bool,
@@ -133,6 +170,7 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
             kind: "invalid_request_error",
             param: Some("model".into()),
             code: Some("model_not_found"),
+            detail: None,
         });
     }
     refuse_unsupported(obj)?;
@@ -145,23 +183,24 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
         (_, Some(v)) if !v.is_null() => Some(positive(v, "max_tokens")?),
         _ => None,
     };
-    let temperature = number(obj, "temperature", 1.0, 0.0, 2.0)?;
-    let top_p = number(obj, "top_p", 1.0, 0.0, 1.0)?;
-    if top_p <= 0.0 {
+    let temperature = number(obj, "temperature", 0.0, 2.0)?;
+    let top_p = number(obj, "top_p", 0.0, 1.0)?;
+    if top_p.is_some_and(|p| p <= 0.0) {
         return Err(ApiError::invalid("top_p", "top_p must be greater than 0"));
     }
     let top_k = match obj.get("top_k") {
-        None | Some(Value::Null) => 0,
-        Some(v) => v
-            .as_u64()
-            .filter(|&k| k <= u32::MAX as u64)
-            .ok_or_else(|| ApiError::invalid("top_k", "top_k must be a non-negative integer"))? as usize,
+        None | Some(Value::Null) => None,
+        Some(v) => Some(
+            v.as_u64()
+                .filter(|&k| k <= u32::MAX as u64)
+                .ok_or_else(|| ApiError::invalid("top_k", "top_k must be a non-negative integer"))? as usize,
+        ),
     };
     let seed = match obj.get("seed") {
-        None | Some(Value::Null) => 0,
+        None | Some(Value::Null) => None,
         Some(v) => match (v.as_u64(), v.as_i64()) {
-            (Some(s), _) => s,
-            (None, Some(s)) => s as u64,
+            (Some(s), _) => Some(s),
+            (None, Some(s)) => Some(s as u64),
             _ => return Err(ApiError::invalid("seed", "seed must be an integer")),
         },
     };
@@ -319,13 +358,13 @@ fn positive(v: &Value, param: &str) -> Result<usize, ApiError> {
         .ok_or_else(|| ApiError::invalid(param, format!("{param} must be a positive integer")))
 }
 
-fn number(obj: &Map<String, Value>, k: &str, default: f32, lo: f32, hi: f32) -> Result<f32, ApiError> {
+fn number(obj: &Map<String, Value>, k: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
     match obj.get(k) {
-        None | Some(Value::Null) => Ok(default),
+        None | Some(Value::Null) => Ok(None),
         Some(v) => v
             .as_f64()
             .filter(|x| x.is_finite() && (lo as f64..=hi as f64).contains(x))
-            .map(|x| x as f32)
+            .map(|x| Some(x as f32))
             .ok_or_else(|| ApiError::invalid(k, format!("{k} must be a number between {lo} and {hi}"))),
     }
 }
@@ -356,7 +395,10 @@ mod tests {
             r.prompt,
             Prompt::Chat(vec![("system".into(), "s".into()), ("user".into(), "hi".into())])
         );
-        assert_eq!((r.max_tokens, r.temperature, r.stream, r.include_usage), (Some(5), 0.0, true, true));
+        assert_eq!(
+            (r.max_tokens, r.temperature, r.stream, r.include_usage),
+            (Some(5), Some(0.0), true, true)
+        );
         assert_eq!(r.stop, vec!["x".to_string()]);
         let c = parse_request(Endpoint::Completion, br#"{"model":"m","prompt":[1,2,3]}"#, "m").unwrap();
         assert_eq!(c.prompt, Prompt::Ids(vec![1, 2, 3]));

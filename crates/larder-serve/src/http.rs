@@ -1,19 +1,23 @@
-//! HTTP: routing, limits, auth, and the OpenAI response shapes (JSON and
-//! server-sent events) over hyper 1 on tokio.
+//! HTTP: routing (HEAD and OPTIONS on every route), limits (413 before a
+//! body is read), auth, the "loading" state, and the OpenAI response shapes
+//! (JSON and server-sent events) over hyper 1 on tokio. Streams still
+//! running when the shutdown grace period ends get an error event and
+//! `[DONE]`.
 
 use std::convert::Infallible;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming};
+use hyper::header::HeaderValue;
 use hyper::{Method, Request, Response, StatusCode};
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 
 use crate::api::{parse_request, ApiError, Endpoint, GenerationRequest};
 use crate::worker::{Event, Worker};
@@ -40,8 +44,30 @@ impl Body for ReplyBody {
 /// What every connection shares.
 pub struct State {
     pub config: ServerConfig,
-    pub worker: Worker,
+    /// The engine thread, once the model has loaded.
+    pub worker: OnceLock<Worker>,
     pub ids: std::sync::atomic::AtomicU64,
+    /// Turns true when the shutdown grace period ends: running requests
+    /// stop (streams get an error event and `[DONE]`).
+    pub abort: watch::Receiver<bool>,
+    /// Connections open now.
+    pub connections: AtomicUsize,
+}
+
+/// Counts one open connection in [`State::connections`] while alive.
+pub struct ConnectionGuard(Arc<State>);
+
+impl ConnectionGuard {
+    pub fn new(state: Arc<State>) -> Self {
+        state.connections.fetch_add(1, Ordering::SeqCst);
+        ConnectionGuard(state)
+    }
+}
+
+impl Drop for ConnectionGuard {
+    fn drop(&mut self) {
+        self.0.connections.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 fn json_reply(status: u16, v: &Value) -> Response<ReplyBody> {
@@ -52,41 +78,131 @@ fn json_reply(status: u16, v: &Value) -> Response<ReplyBody> {
         .unwrap_or_else(|_| Response::new(ReplyBody::Full(Full::new(Bytes::new()))))
 }
 
+/// The client's view of an error; 5xx are logged in full server-side.
 fn error_reply(e: &ApiError) -> Response<ReplyBody> {
+    e.log();
     let mut r = json_reply(e.status, &e.body());
-    if e.status == 429 {
-        r.headers_mut().insert("retry-after", hyper::header::HeaderValue::from_static("1"));
+    if e.status == 429 || e.status == 503 {
+        r.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
     }
     r
 }
 
-/// Answers one request.
+const GET_ROUTE: &str = "GET, HEAD, OPTIONS";
+const POST_ROUTE: &str = "POST, OPTIONS";
+
+/// The methods a path answers (its `Allow` header), or None: no such route.
+fn route_methods(path: &str) -> Option<&'static str> {
+    match path {
+        "/health" | "/metrics" | "/v1/models" => Some(GET_ROUTE),
+        "/v1/chat/completions" | "/v1/completions" => Some(POST_ROUTE),
+        p if p.strip_prefix("/v1/models/").is_some_and(|id| !id.is_empty()) => Some(GET_ROUTE),
+        _ => None,
+    }
+}
+
+/// Answers one request (CORS headers added when configured).
 pub async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<ReplyBody>, Infallible> {
+    let request_headers = req.headers().clone();
+    let methods = route_methods(req.uri().path());
+    let mut reply = route(&state, methods, req).await;
+    crate::cors::decorate(&state.config.cors_origins, &request_headers, methods, reply.headers_mut());
+    Ok(reply)
+}
+
+fn with_allow(mut r: Response<ReplyBody>, methods: &'static str) -> Response<ReplyBody> {
+    r.headers_mut().insert("allow", HeaderValue::from_static(methods));
+    r
+}
+
+async fn route(state: &Arc<State>, methods: Option<&'static str>, req: Request<Incoming>) -> Response<ReplyBody> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
+    let Some(methods) = methods else {
+        return error_reply(&ApiError::plain(404, "invalid_request_error", None, format!("no route for {path}")));
+    };
+    if method == Method::OPTIONS {
+        let r = Response::builder().status(204).body(ReplyBody::Full(Full::new(Bytes::new())));
+        return with_allow(
+            r.unwrap_or_else(|_| Response::new(ReplyBody::Full(Full::new(Bytes::new())))),
+            methods,
+        );
+    }
+    if !methods.split(", ").any(|m| m == method.as_str()) {
+        let e = ApiError::plain(
+            405,
+            "invalid_request_error",
+            None,
+            format!("method {method} not allowed on {path} (allowed: {methods})"),
+        );
+        return with_allow(error_reply(&e), methods);
+    }
     if path.starts_with("/v1/") && !authorized(&state.config, &req) {
-        return Ok(error_reply(&ApiError::plain(
+        return error_reply(&ApiError::plain(
             401,
             "invalid_request_error",
             Some("invalid_api_key"),
             "missing or wrong API key: send `Authorization: Bearer <key>`",
-        )));
+        ));
     }
-    let reply = match (method, path.as_str()) {
-        (Method::GET, "/health") => json_reply(200, &json!({"status": "ok"})),
-        (Method::GET, "/metrics") => metrics(&state),
-        (Method::GET, "/v1/models") => json_reply(
-            200,
-            &json!({"object": "list", "data": [{"id": state.config.served_name, "object": "model", "created": now(), "owned_by": "larder"}]}),
-        ),
-        (Method::POST, "/v1/chat/completions") => generate(&state, Endpoint::Chat, req).await,
-        (Method::POST, "/v1/completions") => generate(&state, Endpoint::Completion, req).await,
-        (_, "/health" | "/metrics" | "/v1/models" | "/v1/chat/completions" | "/v1/completions") => {
-            error_reply(&ApiError::plain(405, "invalid_request_error", None, "method not allowed"))
+    let worker = state.worker.get();
+    match (path.as_str(), worker) {
+        ("/health", Some(_)) => json_reply(200, &json!({"status": "ok"})),
+        ("/health", None) => json_reply(503, &json!({"status": "loading"})),
+        ("/metrics", _) => metrics(worker),
+        (_, None) => error_reply(&ApiError::plain(
+            503,
+            "server_error",
+            Some("model_loading"),
+            "the model is still loading; retry when GET /health answers 200",
+        )),
+        ("/v1/models", Some(_)) => json_reply(200, &json!({"object": "list", "data": [model_card(state)]})),
+        ("/v1/chat/completions", Some(w)) => generate(state, w, Endpoint::Chat, req).await,
+        ("/v1/completions", Some(w)) => generate(state, w, Endpoint::Completion, req).await,
+        (p, Some(_)) => model_by_id(state, p.strip_prefix("/v1/models/").unwrap_or_default()),
+    }
+}
+
+fn model_card(state: &State) -> Value {
+    json!({"id": state.config.served_name, "object": "model", "created": now(), "owned_by": "larder"})
+}
+
+/// `GET /v1/models/{id}`: the model, or an OpenAI-shaped 404.
+fn model_by_id(state: &State, raw_id: &str) -> Response<ReplyBody> {
+    let id = percent_decode(raw_id);
+    if id == state.config.served_name {
+        return json_reply(200, &model_card(state));
+    }
+    error_reply(&ApiError {
+        status: 404,
+        message: format!("The model `{id}` does not exist; this server serves `{}`", state.config.served_name),
+        kind: "invalid_request_error",
+        param: Some("model".into()),
+        code: Some("model_not_found"),
+        detail: None,
+    })
+}
+
+/// Decodes `%XX` escapes (a model id like `org/name` arrives as `org%2Fname`
+/// or unescaped); invalid escapes stay as they are.
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = |c: u8| (c as char).to_digit(16);
+        match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (c, _, _) => {
+                out.push(c);
+                i += 1;
+            }
         }
-        _ => error_reply(&ApiError::plain(404, "invalid_request_error", None, format!("no route for {path}"))),
-    };
-    Ok(reply)
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 fn authorized(config: &ServerConfig, req: &Request<Incoming>) -> bool {
@@ -102,7 +218,30 @@ fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
+fn too_large(limit: usize) -> ApiError {
+    ApiError {
+        param: Some("body".into()),
+        code: Some("request_too_large"),
+        ..ApiError::plain(
+            413,
+            "invalid_request_error",
+            None,
+            format!("the request body is larger than {limit} bytes (the server's --max-request-bytes)"),
+        )
+    }
+}
+
+/// Reads the body, refusing with 413 before reading when `Content-Length`
+/// is over the limit, and while reading when a chunked body grows past it.
 async fn read_body(config: &ServerConfig, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+    let declared = req
+        .headers()
+        .get(hyper::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|n| n > config.max_request_bytes as u64) {
+        return Err(too_large(config.max_request_bytes));
+    }
     let limited = Limited::new(req.into_body(), config.max_request_bytes);
     match tokio::time::timeout(config.body_timeout, limited.collect()).await {
         Err(_) => Err(ApiError::plain(
@@ -111,41 +250,67 @@ async fn read_body(config: &ServerConfig, req: Request<Incoming>) -> Result<Byte
             None,
             "the request body took too long to arrive",
         )),
-        Ok(Err(e)) if e.to_string().contains("length limit") => Err(ApiError::invalid(
-            "body",
-            format!("the request body is larger than {} bytes", config.max_request_bytes),
-        )),
+        Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large(config.max_request_bytes)),
         Ok(Err(e)) => Err(ApiError::invalid("body", format!("cannot read the request body: {e}"))),
         Ok(Ok(c)) => Ok(c.to_bytes()),
     }
 }
 
-async fn generate(state: &Arc<State>, endpoint: Endpoint, req: Request<Incoming>) -> Response<ReplyBody> {
+/// A refused body: the connection closes after the reply, so the client
+/// sees it without the server reading what it still sends.
+fn body_error(e: &ApiError) -> Response<ReplyBody> {
+    let mut r = error_reply(e);
+    if e.status == 413 || e.status == 408 {
+        r.headers_mut().insert("connection", HeaderValue::from_static("close"));
+    }
+    r
+}
+
+/// The next engine event, or `Err` once the shutdown grace period is over.
+async fn next_event(rx: &mut mpsc::UnboundedReceiver<Event>, abort: &mut watch::Receiver<bool>) -> Result<Option<Event>, ()> {
+    tokio::select! {
+        ev = rx.recv() => Ok(ev),
+        Ok(_) = abort.wait_for(|a| *a) => Err(()),
+    }
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::plain(
+        503,
+        "server_error",
+        Some("server_shutdown"),
+        "the server is shutting down and stopped this generation; retry on another server or later",
+    )
+}
+
+async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: Request<Incoming>) -> Response<ReplyBody> {
     let body = match read_body(&state.config, req).await {
         Ok(b) => b,
-        Err(e) => return error_reply(&e),
+        Err(e) => return body_error(&e),
     };
     let request = match parse_request(endpoint, &body, &state.config.served_name) {
         Ok(r) => r,
         Err(e) => return error_reply(&e),
     };
     if let Some(n) = request.max_tokens {
-        if n >= state.worker.context_len {
+        if n >= worker.context_len {
             return error_reply(&ApiError::invalid(
                 "max_tokens",
-                format!("max_tokens {n} exceeds the model's context of {} tokens", state.worker.context_len),
+                format!("max_tokens {n} exceeds the model's context of {} tokens", worker.context_len),
             ));
         }
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
-    if let Err(e) = state.worker.submit(request.clone(), tx) {
+    if let Err(e) = worker.submit(request.clone(), tx) {
         return error_reply(&e);
     }
+    let mut abort = state.abort.clone();
     // Validation that needs the tokenizer happens on the engine thread; wait for it.
-    let prompt_tokens = match rx.recv().await {
-        Some(Event::Started { prompt_tokens }) => prompt_tokens,
-        Some(Event::Failed(e)) => return error_reply(&e),
-        _ => return error_reply(&ApiError::plain(500, "server_error", None, "the engine stopped")),
+    let prompt_tokens = match next_event(&mut rx, &mut abort).await {
+        Ok(Some(Event::Started { prompt_tokens })) => prompt_tokens,
+        Ok(Some(Event::Failed(e))) => return error_reply(&e),
+        Err(()) => return error_reply(&shutting_down()),
+        _ => return error_reply(&ApiError::plain(500, "server_error", None, "the engine thread stopped")),
     };
     let id = format!(
         "{}-{}",
@@ -155,7 +320,7 @@ async fn generate(state: &Arc<State>, endpoint: Endpoint, req: Request<Incoming>
     let model = state.config.served_name.clone();
     if request.stream {
         let (out, body) = mpsc::unbounded_channel::<Bytes>();
-        tokio::spawn(stream_events(request, id, model, prompt_tokens, rx, out));
+        tokio::spawn(stream_events(request, id, model, prompt_tokens, rx, out, abort));
         return Response::builder()
             .status(200)
             .header("content-type", "text/event-stream")
@@ -165,7 +330,11 @@ async fn generate(state: &Arc<State>, endpoint: Endpoint, req: Request<Incoming>
     }
     let mut text = String::new();
     loop {
-        match rx.recv().await {
+        let ev = match next_event(&mut rx, &mut abort).await {
+            Ok(ev) => ev,
+            Err(()) => return error_reply(&shutting_down()),
+        };
+        match ev {
             Some(Event::Text(t)) => text.push_str(&t),
             Some(Event::Done {
                 finish_reason,
@@ -191,7 +360,7 @@ async fn generate(state: &Arc<State>, endpoint: Endpoint, req: Request<Incoming>
             }
             Some(Event::Failed(e)) => return error_reply(&e),
             Some(Event::Started { .. }) => {}
-            None => return error_reply(&ApiError::plain(500, "server_error", None, "the engine stopped")),
+            None => return error_reply(&ApiError::plain(500, "server_error", None, "the engine thread stopped")),
         }
     }
 }
@@ -210,6 +379,7 @@ pub(crate) async fn stream_events(
     prompt_tokens: usize,
     mut rx: mpsc::UnboundedReceiver<Event>,
     out: mpsc::UnboundedSender<Bytes>,
+    mut abort: watch::Receiver<bool>,
 ) {
     let chat = request.endpoint == Endpoint::Chat;
     let created = now();
@@ -228,6 +398,14 @@ pub(crate) async fn stream_events(
             ev = rx.recv() => ev,
             // The client went away: dropping `rx` cancels the job.
             _ = out.closed() => return,
+            // The shutdown grace period is over: end the stream cleanly.
+            Ok(_) = abort.wait_for(|a| *a) => {
+                let e = shutting_down();
+                e.log();
+                send(&e.body());
+                let _ = out.send(Bytes::from_static(b"data: [DONE]\n\n"));
+                return;
+            }
         };
         let Some(ev) = ev else { return };
         let ok = match ev {
@@ -260,6 +438,7 @@ pub(crate) async fn stream_events(
                 return;
             }
             Event::Failed(e) => {
+                e.log();
                 send(&e.body());
                 return;
             }
@@ -271,9 +450,37 @@ pub(crate) async fn stream_events(
     }
 }
 
-fn metrics(state: &State) -> Response<ReplyBody> {
-    let m = &state.worker.metrics;
+fn metrics(worker: Option<&Worker>) -> Response<ReplyBody> {
+    let Some(worker) = worker else {
+        let text = "# TYPE larder_model_loaded gauge\nlarder_model_loaded 0\n";
+        return plain_text(text.to_string());
+    };
     let mut text = format!(
+        "# TYPE larder_model_loaded gauge\nlarder_model_loaded 1\n{}",
+        worker_metrics(worker)
+    );
+    if let Some(s) = worker.store_stats() {
+        text.push_str(&format!(
+            "# TYPE larder_expert_cache_hits_total counter\nlarder_expert_cache_hits_total {}\n\
+             # TYPE larder_expert_cache_misses_total counter\nlarder_expert_cache_misses_total {}\n\
+             # TYPE larder_expert_bytes_read_total counter\nlarder_expert_bytes_read_total {}\n",
+            s.hits, s.misses, s.bytes_read
+        ));
+    }
+    plain_text(text)
+}
+
+fn plain_text(text: String) -> Response<ReplyBody> {
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/plain; version=0.0.4")
+        .body(ReplyBody::Full(Full::new(Bytes::from(text))))
+        .unwrap_or_else(|_| error_reply(&ApiError::plain(500, "server_error", None, "metrics")))
+}
+
+fn worker_metrics(worker: &Worker) -> String {
+    let m = &worker.metrics;
+    format!(
         "# TYPE larder_requests_total counter\nlarder_requests_total {}\n\
          # TYPE larder_requests_rejected_total counter\nlarder_requests_rejected_total {}\n\
          # TYPE larder_prompt_tokens_total counter\nlarder_prompt_tokens_total {}\n\
@@ -284,20 +491,7 @@ fn metrics(state: &State) -> Response<ReplyBody> {
         m.rejected_full.load(Ordering::Relaxed),
         m.prompt_tokens.load(Ordering::Relaxed),
         m.completion_tokens.load(Ordering::Relaxed),
-        state.worker.queue_depth(),
+        worker.queue_depth(),
         f64::from_bits(m.last_decode_tok_per_s.load(Ordering::Relaxed)),
-    );
-    if let Some(s) = state.worker.store_stats() {
-        text.push_str(&format!(
-            "# TYPE larder_expert_cache_hits_total counter\nlarder_expert_cache_hits_total {}\n\
-             # TYPE larder_expert_cache_misses_total counter\nlarder_expert_cache_misses_total {}\n\
-             # TYPE larder_expert_bytes_read_total counter\nlarder_expert_bytes_read_total {}\n",
-            s.hits, s.misses, s.bytes_read
-        ));
-    }
-    Response::builder()
-        .status(200)
-        .header("content-type", "text/plain; version=0.0.4")
-        .body(ReplyBody::Full(Full::new(Bytes::from(text))))
-        .unwrap_or_else(|_| error_reply(&ApiError::plain(500, "server_error", None, "metrics")))
+    )
 }

@@ -1,25 +1,34 @@
 //! larder-serve: an OpenAI-compatible HTTP server over the engine
-//! (`GET /v1/models`, `POST /v1/chat/completions`, `POST /v1/completions`,
-//! `GET /health`, `GET /metrics`).
+//! (`GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions`,
+//! `POST /v1/completions`, `GET /health`, `GET /metrics`).
 //!
 //! - [`api`] validates requests into generation jobs and shapes errors;
 //! - [`worker`] runs generation on one dedicated engine thread with a FIFO
 //!   queue of bounded depth (429 beyond it), cancelling when clients leave;
 //! - [`http`] is the hyper 1 service: routing, API key, body limits and
-//!   timeouts, JSON and server-sent-event responses.
+//!   timeouts, JSON and server-sent-event responses; [`cors`] its opt-in
+//!   CORS headers.
+//!
+//! This file owns the server's life: it binds (and `/health` answers
+//! "loading") before the engine is attached, and it shuts down gracefully:
+//! stop accepting, let running requests finish within a grace period, then
+//! end the streams still running with an error event and `[DONE]`.
 
 pub mod api;
+pub mod cors;
 pub mod http;
 pub mod worker;
 
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use larder_engine::Engine;
+use tokio::sync::watch;
 
 /// Server settings.
 #[derive(Debug, Clone)]
@@ -37,6 +46,11 @@ pub struct ServerConfig {
     pub body_timeout: Duration,
     /// Time allowed for a request's headers to arrive (slow clients are closed).
     pub header_timeout: Duration,
+    /// On shutdown, how long running requests may take to finish before
+    /// their streams are ended with an error event.
+    pub shutdown_grace: Duration,
+    /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
+    pub cors_origins: Vec<String>,
 }
 
 impl Default for ServerConfig {
@@ -50,6 +64,8 @@ impl Default for ServerConfig {
             max_request_bytes: 1 << 20,
             body_timeout: Duration::from_secs(30),
             header_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(30),
+            cors_origins: Vec::new(),
         }
     }
 }
@@ -60,28 +76,62 @@ pub enum ServeError {
     Bind { addr: String, source: std::io::Error },
     #[error("cannot start the async runtime: {0}")]
     Runtime(std::io::Error),
+    #[error("cannot install the SIGINT/SIGTERM handlers: {0}")]
+    Signal(std::io::Error),
+    /// The model failed to load (the loader's message, in full).
+    #[error("{0}")]
+    Load(String),
 }
+
+/// How long streams ended at the close of the grace period get to flush.
+const FLUSH: Duration = Duration::from_secs(3);
 
 /// A running server (for embedding and tests): its address, and a way to stop it.
 pub struct RunningServer {
     pub addr: SocketAddr,
-    shutdown: Option<tokio::sync::oneshot::Sender<()>>,
+    state: Arc<http::State>,
+    handle: tokio::runtime::Handle,
+    /// Sends the grace period: stop accepting and drain.
+    stop: watch::Sender<Option<Duration>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Drop for RunningServer {
-    fn drop(&mut self) {
-        if let Some(s) = self.shutdown.take() {
-            let _ = s.send(());
-        }
+impl RunningServer {
+    /// Hands the loaded engine to the server: `/health` turns 200 and the
+    /// API answers. A second engine is ignored.
+    pub fn attach(&self, engine: Engine) {
+        let _ = self.state.worker.set(worker::Worker::start(engine, self.state.config.queue_depth));
+    }
+
+    /// Whether an engine is attached.
+    pub fn is_loaded(&self) -> bool {
+        self.state.worker.get().is_some()
+    }
+
+    /// Stops accepting, waits up to `grace` for running requests, ends the
+    /// streams still running with an error event and `[DONE]`, and returns.
+    pub fn shutdown(mut self, grace: Duration) {
+        self.stop_and_join(grace);
+    }
+
+    fn stop_and_join(&mut self, grace: Duration) {
+        let _ = self.stop.send(Some(grace));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
     }
 }
 
-/// Binds and serves in background threads; returns once listening.
-pub fn start(engine: Engine, config: ServerConfig) -> Result<RunningServer, ServeError> {
+impl Drop for RunningServer {
+    fn drop(&mut self) {
+        self.stop_and_join(Duration::ZERO);
+    }
+}
+
+/// Binds and serves in background threads without a model: `/health`
+/// answers 503 `{"status": "loading"}` and the API 503 until
+/// [`RunningServer::attach`].
+pub fn bind(config: ServerConfig) -> Result<RunningServer, ServeError> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -96,42 +146,106 @@ pub fn start(engine: Engine, config: ServerConfig) -> Result<RunningServer, Serv
             source,
         })?;
     let local = listener.local_addr().map_err(|source| ServeError::Bind { addr, source })?;
-    let worker = worker::Worker::start(engine, config.queue_depth);
+    let (abort_tx, abort) = watch::channel(false);
     let state = Arc::new(http::State {
         config,
-        worker,
+        worker: Default::default(),
         ids: Default::default(),
+        abort,
+        connections: Default::default(),
     });
-    let (tx, rx) = tokio::sync::oneshot::channel();
+    let (stop, stop_rx) = watch::channel(None);
+    let handle = runtime.handle().clone();
+    let serving = state.clone();
     let thread = std::thread::Builder::new()
         .name("larder-serve".into())
-        .spawn(move || runtime.block_on(accept_loop(listener, state, rx)))
+        .spawn(move || runtime.block_on(serve(listener, serving, stop_rx, abort_tx)))
         .map_err(ServeError::Runtime)?;
     Ok(RunningServer {
         addr: local,
-        shutdown: Some(tx),
+        state,
+        handle,
+        stop,
         thread: Some(thread),
     })
 }
 
-/// Serves until the process ends.
-pub fn run(engine: Engine, config: ServerConfig) -> Result<(), ServeError> {
-    let server = start(engine, config)?;
-    tracing::info!("listening on http://{}", server.addr);
-    eprintln!(
-        "[larder] serving on http://{} (OpenAI-compatible: /v1/models, /v1/chat/completions, /v1/completions)",
-        server.addr
-    );
-    loop {
-        std::thread::park();
-    }
+/// Binds, attaches `engine`, and serves in background threads; returns once listening.
+pub fn start(engine: Engine, config: ServerConfig) -> Result<RunningServer, ServeError> {
+    let server = bind(config)?;
+    server.attach(engine);
+    Ok(server)
 }
 
-async fn accept_loop(listener: tokio::net::TcpListener, state: Arc<http::State>, mut stop: tokio::sync::oneshot::Receiver<()>) {
-    loop {
+/// Serves until SIGINT or SIGTERM: binds first (printing the address), runs
+/// `load` on its own thread meanwhile, then drains gracefully and returns
+/// `Ok` on a signal. A failed load is `Err(ServeError::Load)`.
+pub fn run<F>(config: ServerConfig, load: F) -> Result<(), ServeError>
+where
+    F: FnOnce() -> Result<Engine, String> + Send + 'static,
+{
+    let grace = config.shutdown_grace;
+    let server = bind(config)?;
+    let handle = server.handle.clone();
+    let loaded = handle.block_on(async {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).map_err(ServeError::Signal)?;
+        let mut int = signal(SignalKind::interrupt()).map_err(ServeError::Signal)?;
+        let mut stopped = Box::pin(async move {
+            tokio::select! {
+                _ = term.recv() => "SIGTERM",
+                _ = int.recv() => "SIGINT",
+            }
+        });
+        tracing::info!("listening on http://{}", server.addr);
+        eprintln!(
+            "[larder] serving on http://{} (OpenAI-compatible: /v1/models, /v1/chat/completions, /v1/completions); loading the model",
+            server.addr
+        );
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new()
+            .name("larder-load".into())
+            .spawn(move || {
+                let _ = tx.send(load());
+            })
+            .map_err(ServeError::Runtime)?;
+        let started = Instant::now();
+        tokio::select! {
+            r = rx => match r {
+                Ok(Ok(engine)) => server.attach(engine),
+                Ok(Err(e)) => return Err(ServeError::Load(e)),
+                Err(_) => return Err(ServeError::Load("the model-loading thread stopped without a result".into())),
+            },
+            s = &mut stopped => {
+                eprintln!("[larder] {s} while loading the model: exiting");
+                return Ok(false);
+            }
+        }
+        eprintln!("[larder] model loaded in {:.1}s; ready", started.elapsed().as_secs_f64());
+        let s = stopped.await;
+        eprintln!(
+            "[larder] {s}: no new connections; running requests have {}s to finish",
+            grace.as_secs_f64()
+        );
+        Ok(true)
+    })?;
+    server.shutdown(if loaded { grace } else { Duration::ZERO });
+    eprintln!("[larder] stopped");
+    Ok(())
+}
+
+/// Accepts until told to stop, then drains (see [`RunningServer::shutdown`]).
+async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<http::State>,
+    mut stop: watch::Receiver<Option<Duration>>,
+    abort: watch::Sender<bool>,
+) {
+    let (closing_tx, closing) = watch::channel(false);
+    let grace = loop {
         let conn = tokio::select! {
             c = listener.accept() => c,
-            _ = &mut stop => return,
+            r = stop.changed() => break if r.is_ok() { (*stop.borrow()).unwrap_or_default() } else { Duration::ZERO },
         };
         let stream = match conn {
             Ok((stream, _)) => stream,
@@ -139,19 +253,50 @@ async fn accept_loop(listener: tokio::net::TcpListener, state: Arc<http::State>,
                 // Out of file descriptors or similar: back off instead of
                 // spinning; connections already open keep being served.
                 tracing::warn!("accept failed: {e}");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
             }
         };
-        let state = state.clone();
-        tokio::spawn(async move {
-            let header_timeout = state.config.header_timeout;
-            let service = service_fn(move |req| http::handle(state.clone(), req));
-            let _ = http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(header_timeout)
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
+        tokio::spawn(connection(stream, state.clone(), closing.clone()));
+    };
+    drop(listener);
+    let _ = closing_tx.send(true);
+    if !until_idle(&state, grace).await {
+        let open = state.connections.load(Ordering::SeqCst);
+        tracing::warn!("shutdown: {open} connection(s) still busy after the grace period; ending their streams");
+        let _ = abort.send(true);
+        until_idle(&state, FLUSH).await;
     }
+}
+
+/// Waits until no connection is open, or `limit` passes (false).
+async fn until_idle(state: &http::State, limit: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if state.connections.load(Ordering::SeqCst) == 0 {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One client connection; counted while open, closed gracefully (after
+/// the request in progress) once the server is closing.
+async fn connection(stream: tokio::net::TcpStream, state: Arc<http::State>, mut closing: watch::Receiver<bool>) {
+    let _open = http::ConnectionGuard::new(state.clone());
+    let header_timeout = state.config.header_timeout;
+    let service = service_fn(move |req| http::handle(state.clone(), req));
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(header_timeout)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = closing.wait_for(|c| *c) => conn.as_mut().graceful_shutdown(),
+    }
+    let _ = conn.await;
 }

@@ -3,11 +3,16 @@
 //! endpoint that does not generate) stays responsive while it works. Each job
 //! streams [`Event`]s back; a client that goes away (its receiver dropped) or
 //! a matched stop string cancels generation at the next token.
+//!
+//! Sampling a request omits comes from the model's `generation_config.json`
+//! ([`larder_engine::GenerationConfig::sampling_defaults`]); an unseeded
+//! request draws a fresh seed. Engine errors are logged in full here and
+//! reach the client without server file paths.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
-use larder_engine::{Engine, FinishReason, GenerateOptions, SamplingParams, StreamDecoder};
+use larder_engine::{Engine, EngineError, FinishReason, GenerateOptions, SamplingParams, StreamDecoder};
 use larder_model::KvCache;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -55,6 +60,8 @@ pub struct Worker {
     depth: usize,
     pub metrics: Arc<Metrics>,
     pub context_len: usize,
+    /// Sampling for the fields a request omits (from generation_config.json).
+    pub defaults: SamplingParams,
     engine_stats: Arc<dyn Fn() -> Option<larder_store::StoreStats> + Send + Sync>,
 }
 
@@ -66,6 +73,7 @@ impl Worker {
         let in_system = Arc::new(AtomicUsize::new(0));
         let metrics = Arc::new(Metrics::default());
         let context_len = engine.model().spec().max_position_embeddings;
+        let defaults = engine.generation_config().sampling_defaults();
         let engine = Arc::new(engine);
         let stats_engine = engine.clone();
         let engine_stats = Arc::new(move || stats_engine.store().map(|s| s.stats()));
@@ -75,7 +83,7 @@ impl Worker {
             .spawn(move || {
                 let mut session = None;
                 for job in rx {
-                    run_job(&engine, job, &m, &mut session);
+                    run_job(&engine, job, &m, &defaults, &mut session);
                     count.fetch_sub(1, Ordering::SeqCst);
                 }
             })
@@ -86,6 +94,7 @@ impl Worker {
             depth,
             metrics,
             context_len,
+            defaults,
             engine_stats,
         }
     }
@@ -128,7 +137,46 @@ struct Session {
     cache: KvCache,
 }
 
-fn run_job(engine: &Engine, job: Job, metrics: &Metrics, session: &mut Option<Session>) {
+/// The sampling a request runs with: its own fields, else the model's
+/// defaults; an unseeded request gets a fresh random seed.
+pub fn resolve_sampling(request: &GenerationRequest, defaults: &SamplingParams) -> SamplingParams {
+    SamplingParams {
+        temperature: request.temperature.unwrap_or(defaults.temperature),
+        top_p: request.top_p.unwrap_or(defaults.top_p),
+        top_k: request.top_k.unwrap_or(defaults.top_k),
+        seed: request.seed.unwrap_or_else(fresh_seed),
+    }
+}
+
+/// A seed no earlier request used (std's per-instance random hasher keys).
+fn fresh_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// An engine error while preparing the prompt, as the client sees it:
+/// the request's own faults are 400s; anything about the server's files is
+/// a logged 500 whose message names no path.
+fn prompt_error(e: &EngineError) -> ApiError {
+    match e {
+        EngineError::NoTokenizer { .. } => {
+            tracing::warn!("refused a text request: {e}");
+            ApiError::invalid(
+                "prompt",
+                "this model has no tokenizer.json, so text prompts and chats cannot be served; \
+                 send token ids as `prompt` to /v1/completions",
+            )
+        }
+        EngineError::NoChatTemplate { .. } => {
+            tracing::warn!("refused a chat request: {e}");
+            ApiError::invalid("messages", "this model has no chat template; use /v1/completions with a prompt")
+        }
+        EngineError::Tokenizer(_) | EngineError::Template(_) | EngineError::Invalid { .. } => ApiError::invalid("messages", e.to_string()),
+        _ => ApiError::internal("preparing the prompt", e),
+    }
+}
+
+fn run_job(engine: &Engine, job: Job, metrics: &Metrics, defaults: &SamplingParams, session: &mut Option<Session>) {
     let Job { request, events } = job;
     let fail = |e: ApiError| {
         let _ = events.send(Event::Failed(e));
@@ -143,7 +191,7 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics, session: &mut Option<Se
     };
     let prompt = match prompt {
         Ok(p) => p,
-        Err(e) => return fail(ApiError::invalid("messages", e.to_string())),
+        Err(e) => return fail(prompt_error(&e)),
     };
     if let Err(e) = engine.model().check_ids(&prompt, 0) {
         return fail(ApiError::invalid("prompt", e.to_string()));
@@ -169,12 +217,7 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics, session: &mut Option<Se
     metrics.prompt_tokens.fetch_add(prompt.len() as u64, Ordering::Relaxed);
     let opts = GenerateOptions {
         max_new,
-        sampling: SamplingParams {
-            temperature: request.temperature,
-            top_p: request.top_p,
-            top_k: request.top_k,
-            seed: request.seed,
-        },
+        sampling: resolve_sampling(&request, defaults),
         stop_at_eos: !request.ignore_eos,
         ..GenerateOptions::default()
     };
@@ -228,7 +271,7 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics, session: &mut Option<Se
                 cached_tokens: g.stats.cached_tokens,
             });
         }
-        Err(e) => fail(ApiError::plain(500, "server_error", None, e.to_string())),
+        Err(e) => fail(ApiError::internal("generating", &e)),
     }
 }
 

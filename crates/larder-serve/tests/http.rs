@@ -221,7 +221,7 @@ fn refusals_are_openai_shaped_and_before_generation() {
     check(with("wat", json!(1)), 400, Some("wat"));
     check(with("model", json!("gpt-4")), 404, Some("model"));
     let big = "x".repeat(5000);
-    check(with("user", json!(big)), 400, Some("body"));
+    check(with("user", json!(big)), 413, Some("body"));
     check(send(a, "GET", "/nope", &[], ""), 404, None);
     check(send(a, "DELETE", "/v1/models", &[], ""), 405, None);
     // Harmless defaults are accepted.

@@ -1,20 +1,32 @@
-//! `larder serve`: the OpenAI-compatible HTTP server.
+//! `larder serve`: the OpenAI-compatible HTTP server. Binds first (so
+//! `/health` answers "loading" at once), loads the model on a thread, and
+//! drains gracefully on SIGINT/SIGTERM (exit 0). Every flag is range-checked.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use anyhow::Context;
 use larder_serve::{run, ServerConfig};
+
+/// `--max-request-bytes` range: 1 KiB ..= 1 GiB.
+const BODY_MIN: u64 = 1 << 10;
+const BODY_MAX: u64 = 1 << 30;
 
 /// Arguments of `larder serve`.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Endpoints: GET /v1/models, POST /v1/chat/completions, POST /v1/completions (both with \
-\"stream\": true for server-sent events), GET /health, GET /metrics (Prometheus text).\n\n\
+    after_help = "Endpoints: GET /v1/models, GET /v1/models/{id}, POST /v1/chat/completions, POST /v1/completions \
+(both with \"stream\": true for server-sent events), GET /health (503 {\"status\": \"loading\"} until the model has \
+loaded), GET /metrics (Prometheus text). HEAD and OPTIONS work on every route.\n\n\
+Sampling fields a request omits (temperature, top_p, top_k) follow the model's generation_config.json (greedy \
+unless it says do_sample: true with a temperature); a request without a seed gets a fresh random one.\n\n\
 Requests the server cannot honour exactly (n > 1, logit_bias, tools, images, non-zero penalties, unknown \
-fields) get an OpenAI-shaped 400 error before generation starts. Generation runs on one engine thread; \
-requests wait FIFO up to --queue-depth, then get 429.\n\n\
+fields) get an OpenAI-shaped 400 error before generation starts; bodies over --max-request-bytes get 413. \
+Generation runs on one engine thread; requests wait FIFO up to --queue-depth, then get 429.\n\n\
+SIGINT/SIGTERM: stop accepting, let running requests finish within --shutdown-grace, end streams still running \
+with an error event and [DONE], exit 0.\n\n\
 Examples:\n  larder serve --model ./fixtures/qwen3_moe_tok\n  \
 larder serve --model /fast/k2 --ram-budget 96GiB --host 0.0.0.0 --port 8000 --api-key $KEY\n  \
+larder serve --model ./fixtures/qwen3_moe_tok --cors-origin http://localhost:3000\n  \
 curl http://127.0.0.1:8000/v1/chat/completions -H 'content-type: application/json' \\\n    \
 -d '{\"model\": \"qwen3_moe_tok\", \"messages\": [{\"role\": \"user\", \"content\": \"Hi\"}]}'"
 )]
@@ -27,7 +39,7 @@ pub struct Args {
     /// Address to bind (loopback by default; 0.0.0.0 exposes the server to the network).
     #[arg(long, default_value = "127.0.0.1")]
     host: String,
-    /// Port to listen on (0 picks a free one).
+    /// Port to listen on, 0..=65535 (0 picks a free one).
     #[arg(long, default_value_t = 8000)]
     port: u16,
     /// Model id clients must send (default: the model folder's name).
@@ -36,16 +48,30 @@ pub struct Args {
     /// Require `Authorization: Bearer KEY` on /v1 endpoints.
     #[arg(long, env = "LARDER_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// Requests queued or running before the server answers 429.
-    #[arg(long, default_value_t = 16)]
-    queue_depth: usize,
-    /// Largest request body accepted, in bytes (e.g. 1MiB).
-    #[arg(long, default_value = "1MiB", value_parser = larder_store::parse_size)]
+    /// Requests queued or running before the server answers 429 (1..=4096).
+    #[arg(long, default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
+    queue_depth: u16,
+    /// Largest request body accepted, 1KiB..=1GiB (e.g. 1MiB); larger bodies get 413.
+    #[arg(long, default_value = "1MiB", value_name = "SIZE", value_parser = body_size)]
     max_request_bytes: u64,
+    /// Seconds running requests get to finish after SIGINT/SIGTERM (0..=3600).
+    #[arg(long, default_value_t = 30, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=3600))]
+    shutdown_grace: u64,
+    /// Allow browser requests from ORIGIN (scheme://host[:port], or `*` for any); repeatable. Default: no CORS.
+    #[arg(long, value_name = "ORIGIN", value_parser = larder_serve::cors::parse_origin)]
+    cors_origin: Vec<String>,
+}
+
+/// A `--max-request-bytes` value: a size in BODY_MIN..=BODY_MAX.
+fn body_size(s: &str) -> Result<u64, String> {
+    let n = larder_store::parse_size(s)?;
+    if !(BODY_MIN..=BODY_MAX).contains(&n) {
+        return Err(format!("{n} bytes is not in 1KiB..=1GiB"));
+    }
+    Ok(n)
 }
 
 pub fn run_cmd(args: Args) -> anyhow::Result<()> {
-    let engine = super::load_engine(&args.model, &args.experts)?;
     let name = args.served_name.clone().unwrap_or_else(|| {
         std::fs::canonicalize(&args.model)
             .ok()
@@ -57,9 +83,13 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
         port: args.port,
         served_name: name,
         api_key: args.api_key,
-        queue_depth: args.queue_depth,
-        max_request_bytes: args.max_request_bytes as usize,
+        queue_depth: usize::from(args.queue_depth),
+        max_request_bytes: usize::try_from(args.max_request_bytes)?,
+        shutdown_grace: Duration::from_secs(args.shutdown_grace),
+        cors_origins: args.cors_origin,
         ..ServerConfig::default()
     };
-    run(engine, config).context("the server stopped")
+    let (model, experts) = (args.model, args.experts);
+    run(config, move || super::load_engine(&model, &experts).map_err(|e| format!("{e:#}")))?;
+    Ok(())
 }

@@ -1,0 +1,119 @@
+//! Helpers shared by the black-box server tests: fixtures, a raw HTTP/1.1
+//! client (whole replies, chunked bodies decoded) and SSE parsing.
+
+#![allow(dead_code)]
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde_json::Value;
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+}
+
+/// A fresh copy of a fixture's model files (not its reference outputs) in a temp folder.
+pub fn fixture_copy(name: &str, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("larder-serve-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for entry in std::fs::read_dir(fixture(name)).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().into_owned();
+        if !file.starts_with("reference") {
+            std::fs::copy(&path, dir.join(&file)).unwrap();
+        }
+    }
+    dir
+}
+
+pub struct Reply {
+    pub status: u16,
+    pub headers: String,
+    pub body: String,
+}
+
+impl Reply {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
+    }
+
+    /// A header's value (names compared case-insensitively).
+    pub fn header(&self, name: &str) -> Option<String> {
+        self.headers.lines().find_map(|l| {
+            let (k, v) = l.split_once(':')?;
+            k.eq_ignore_ascii_case(name).then(|| v.trim().to_string())
+        })
+    }
+}
+
+/// Decodes a chunked transfer-encoded body.
+pub fn dechunk(mut raw: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = raw.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        raw = rest.get(n + 2..).unwrap_or("");
+    }
+    out
+}
+
+/// Parses a whole raw HTTP/1.1 reply.
+pub fn parse_reply(raw: &str) -> Reply {
+    let (head, body) = raw.split_once("\r\n\r\n").unwrap_or((raw, ""));
+    let status = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
+    Reply {
+        status,
+        headers: head.to_string(),
+        body,
+    }
+}
+
+pub fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n",
+        body.len()
+    );
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(body);
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    parse_reply(&raw)
+}
+
+pub fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
+    send(addr, "POST", path, &[("content-type", "application/json")], &body.to_string())
+}
+
+/// The `data:` payloads of an SSE body.
+pub fn events(body: &str) -> Vec<String> {
+    body.split("\n\n")
+        .filter_map(|e| e.strip_prefix("data: "))
+        .map(str::to_string)
+        .collect()
+}
+
+/// A synthetic model with a long context (room for long generations).
+pub fn long_model(tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("larder-serve-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let spec = larder_model::synth::SynthSpec::preset("qwen3_moe", "tiny", None).unwrap();
+    larder_model::synth::write(&spec, &dir, &mut |_| {}).unwrap();
+    dir
+}

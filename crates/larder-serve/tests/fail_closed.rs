@@ -1,0 +1,326 @@
+//! Black-box tests of the server's fail-closed behaviour (issue 17), each on
+//! the real server on a random loopback port: sampling defaults from
+//! generation_config.json and fresh seeds, 413 before the body is read,
+//! HEAD/OPTIONS/CORS, `GET /v1/models/{id}`, "loading" before the engine is
+//! attached, errors without server paths (5xx logged in full), and the
+//! graceful shutdown that ends running streams with an error event.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use larder_engine::Engine;
+use larder_model::mlp::Mlp;
+use larder_model::{ExpertProvider, ModelError};
+use larder_serve::{bind, start, RunningServer, ServerConfig};
+use serde_json::{json, Value};
+
+mod common;
+use common::*;
+
+fn serve(model: &Path, config: ServerConfig) -> RunningServer {
+    start(
+        Engine::load(model).unwrap(),
+        ServerConfig {
+            port: 0,
+            served_name: "tiny".into(),
+            ..config
+        },
+    )
+    .unwrap()
+}
+
+/// The text of a 16-token completion with `extra` request fields.
+fn ids_of(a: std::net::SocketAddr, extra: Value) -> String {
+    let mut body = json!({"model": "tiny", "prompt": "Once upon a time", "max_tokens": 16, "ignore_eos": true});
+    for (k, v) in extra.as_object().unwrap() {
+        body[k] = v.clone();
+    }
+    let r = post(a, "/v1/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.json()["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn sampling_defaults_follow_generation_config_and_unseeded_requests_vary() {
+    // A copy of the tokenizer fixture whose generation_config.json asks for hot sampling.
+    let hot = fixture_copy("qwen3_moe_tok", "hot");
+    let path = hot.join("generation_config.json");
+    let mut g: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    g["do_sample"] = json!(true);
+    g["temperature"] = json!(1.8);
+    g["top_p"] = json!(1.0);
+    std::fs::write(&path, g.to_string()).unwrap();
+    let hot_srv = serve(&hot, ServerConfig::default());
+    let plain_srv = serve(&fixture("qwen3_moe_tok"), ServerConfig::default());
+    let (h, p) = (hot_srv.addr, plain_srv.addr);
+
+    // No sampling in generation_config.json: an omitted temperature is greedy.
+    let greedy = ids_of(p, json!({"temperature": 0}));
+    assert_eq!(ids_of(p, json!({})), greedy, "omitted temperature is not greedy");
+    // With do_sample + temperature: an omitted temperature is the file's.
+    let by_default = ids_of(h, json!({"seed": 7}));
+    assert_eq!(by_default, ids_of(h, json!({"seed": 7, "temperature": 1.8})));
+    assert_ne!(by_default, greedy, "the file's temperature was not applied");
+    // The request's own fields still override.
+    assert_eq!(ids_of(h, json!({"temperature": 0})), greedy);
+    // Seeded requests stay reproducible; unseeded ones draw fresh seeds.
+    assert_eq!(ids_of(h, json!({"seed": 7})), by_default);
+    let unseeded: Vec<String> = (0..4).map(|_| ids_of(h, json!({}))).collect();
+    assert!(
+        unseeded.iter().any(|t| t != &unseeded[0]),
+        "every unseeded request sampled the same text: {unseeded:?}"
+    );
+    let _ = std::fs::remove_dir_all(&hot);
+}
+
+#[test]
+fn over_size_bodies_get_413_before_the_body_is_read() {
+    let srv = serve(
+        &fixture("qwen3_moe_tiny"),
+        ServerConfig {
+            max_request_bytes: 4096,
+            ..ServerConfig::default()
+        },
+    );
+    // A huge Content-Length and only a few bytes: the reply comes at once.
+    let mut s = TcpStream::connect(srv.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    s.write_all(b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: 100000000\r\n\r\n{\"mo")
+        .unwrap();
+    let mut raw = Vec::new();
+    let t = Instant::now();
+    let _ = s.read_to_end(&mut raw);
+    let reply = parse_reply(&String::from_utf8_lossy(&raw));
+    assert_eq!(reply.status, 413, "{:?} after {:?}", String::from_utf8_lossy(&raw), t.elapsed());
+    assert_eq!(reply.json()["error"]["code"], "request_too_large");
+    assert!(t.elapsed() < Duration::from_secs(3), "413 waited for the body");
+    // A chunked body is capped while it is read.
+    let mut s = TcpStream::connect(srv.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let chunk = "x".repeat(3000);
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{chunk}\r\n{:x}\r\n{chunk}\r\n",
+        chunk.len(),
+        chunk.len()
+    );
+    s.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    assert_eq!(parse_reply(&String::from_utf8_lossy(&raw)).status, 413);
+}
+
+#[test]
+fn head_options_and_opt_in_cors() {
+    let plain = serve(&fixture("qwen3_moe_tiny"), ServerConfig::default());
+    let a = plain.addr;
+    for path in ["/health", "/metrics", "/v1/models", "/v1/models/tiny"] {
+        let r = send(a, "HEAD", path, &[], "");
+        assert_eq!(r.status, 200, "HEAD {path}: {}", r.headers);
+        assert!(r.body.is_empty(), "HEAD {path} sent a body");
+        let r = send(a, "OPTIONS", path, &[], "");
+        assert_eq!(r.status, 204, "OPTIONS {path}");
+        assert_eq!(r.header("allow").as_deref(), Some("GET, HEAD, OPTIONS"));
+    }
+    let r = send(a, "OPTIONS", "/v1/chat/completions", &[("origin", "http://app.example")], "");
+    assert_eq!((r.status, r.header("allow").as_deref()), (204, Some("POST, OPTIONS")));
+    assert_eq!(r.header("access-control-allow-origin"), None, "CORS is off by default");
+    let r = send(a, "HEAD", "/v1/completions", &[], "");
+    assert_eq!((r.status, r.header("allow").as_deref()), (405, Some("POST, OPTIONS")));
+
+    let cors = serve(
+        &fixture("qwen3_moe_tiny"),
+        ServerConfig {
+            cors_origins: vec!["http://app.example".into()],
+            api_key: Some("k".into()),
+            ..ServerConfig::default()
+        },
+    );
+    let a = cors.addr;
+    let preflight = [
+        ("origin", "http://app.example"),
+        ("access-control-request-method", "POST"),
+        ("access-control-request-headers", "authorization, content-type"),
+    ];
+    // The preflight carries no API key and still succeeds.
+    let r = send(a, "OPTIONS", "/v1/chat/completions", &preflight, "");
+    assert_eq!(r.status, 204, "{}", r.headers);
+    assert_eq!(r.header("access-control-allow-origin").as_deref(), Some("http://app.example"));
+    assert_eq!(r.header("access-control-allow-methods").as_deref(), Some("POST, OPTIONS"));
+    assert!(r.header("access-control-allow-headers").unwrap().contains("authorization"));
+    let auth = [("origin", "http://app.example"), ("authorization", "Bearer k")];
+    let r = send(a, "GET", "/v1/models", &auth, "");
+    assert_eq!(r.status, 200);
+    assert_eq!(r.header("access-control-allow-origin").as_deref(), Some("http://app.example"));
+    let r = send(
+        a,
+        "GET",
+        "/v1/models",
+        &[("origin", "http://evil.example"), ("authorization", "Bearer k")],
+        "",
+    );
+    assert_eq!(r.header("access-control-allow-origin"), None, "an unlisted origin got CORS");
+}
+
+#[test]
+fn models_by_id() {
+    let srv = serve(&fixture("qwen3_moe_tiny"), ServerConfig::default());
+    let r = send(srv.addr, "GET", "/v1/models/tiny", &[], "");
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    assert_eq!((v["id"].as_str(), v["object"].as_str()), (Some("tiny"), Some("model")));
+    let r = send(srv.addr, "GET", "/v1/models/gpt-4", &[], "");
+    assert_eq!(r.status, 404);
+    let e = &r.json()["error"];
+    assert_eq!(
+        (e["code"].as_str(), e["param"].as_str()),
+        (Some("model_not_found"), Some("model")),
+        "{e}"
+    );
+    assert!(e["message"].as_str().unwrap().contains("gpt-4"));
+}
+
+#[test]
+fn health_says_loading_until_the_engine_is_attached() {
+    let srv = bind(ServerConfig {
+        port: 0,
+        served_name: "tiny".into(),
+        ..ServerConfig::default()
+    })
+    .unwrap();
+    let a = srv.addr;
+    let r = send(a, "GET", "/health", &[], "");
+    assert_eq!((r.status, r.json()), (503, json!({"status": "loading"})));
+    let r = post(a, "/v1/completions", &json!({"model": "tiny", "prompt": [1], "max_tokens": 1}));
+    assert_eq!(r.status, 503);
+    assert!(r.json()["error"]["message"].as_str().unwrap().contains("loading"), "{}", r.body);
+    assert_eq!(send(a, "GET", "/v1/models", &[], "").status, 503);
+    assert!(!srv.is_loaded());
+    srv.attach(Engine::load(&fixture("qwen3_moe_tiny")).unwrap());
+    assert_eq!(send(a, "GET", "/health", &[], "").json(), json!({"status": "ok"}));
+    let r = post(a, "/v1/completions", &json!({"model": "tiny", "prompt": [1], "max_tokens": 1}));
+    assert_eq!(r.status, 200, "{}", r.body);
+}
+
+/// Everything the server logs, for the tests that check what it logged.
+static LOG: Mutex<Vec<u8>> = Mutex::new(Vec::new());
+
+struct Capture;
+
+impl Write for Capture {
+    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+        LOG.lock().unwrap().extend_from_slice(b);
+        Ok(b.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An expert provider whose storage has failed, naming a server path.
+struct BrokenExperts;
+
+const SECRET: &str = "/srv/secret-larder-store/drive-0/layer-000.experts";
+
+impl ExpertProvider for BrokenExperts {
+    fn with_experts(
+        &self,
+        _layer: usize,
+        _ids: &[usize],
+        _run: &mut dyn FnMut(usize, &Mlp) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        Err(ModelError::Io {
+            path: SECRET.into(),
+            source: std::io::Error::other("input/output error"),
+        })
+    }
+}
+
+#[test]
+fn errors_name_no_server_paths_and_5xx_are_logged_in_full() {
+    let _ = tracing_subscriber::fmt()
+        .with_writer(|| Capture)
+        .with_ansi(false)
+        .with_max_level(tracing::Level::WARN)
+        .try_init();
+    let dir = fixture("qwen3_moe_tiny");
+    // No tokenizer: a text prompt is refused without the model's path.
+    let srv = serve(&dir, ServerConfig::default());
+    let r = post(
+        srv.addr,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": "hi", "max_tokens": 1}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+    let dir_text = std::fs::canonicalize(&dir).unwrap().display().to_string();
+    assert!(!r.body.contains("fixtures") && !r.body.contains(&dir_text), "{}", r.body);
+    // A store error while generating: 500 with no path, logged in full.
+    let engine = Engine::load_with_experts(&dir, Some(Arc::new(BrokenExperts))).unwrap();
+    let broken = start(
+        engine,
+        ServerConfig {
+            port: 0,
+            served_name: "tiny".into(),
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    for stream in [false, true] {
+        let r = post(
+            broken.addr,
+            "/v1/completions",
+            &json!({"model": "tiny", "prompt": [5, 6], "max_tokens": 2, "stream": stream}),
+        );
+        assert!(
+            !r.body.contains("secret-larder-store"),
+            "a server path reached the client: {}",
+            r.body
+        );
+        assert!(r.body.contains("server log"), "{}", r.body);
+        if !stream {
+            assert_eq!(r.status, 500);
+        }
+    }
+    let log = String::from_utf8_lossy(&LOG.lock().unwrap()).into_owned();
+    assert!(
+        log.contains("ERROR") && log.contains(SECRET),
+        "the 5xx was not logged in full: {log}"
+    );
+}
+
+#[test]
+fn shutdown_lets_requests_finish_then_ends_streams_with_an_error_event() {
+    let model = long_model("shutdown");
+    let srv = serve(&model, ServerConfig::default());
+    let a = srv.addr;
+    let body = json!({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 8000, "ignore_eos": true, "stream": true}).to_string();
+    let mut s = TcpStream::connect(a).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut first = [0u8; 64];
+    s.read_exact(&mut first).unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        let _ = s.read_to_end(&mut rest);
+        let mut all = first.to_vec();
+        all.extend(rest);
+        String::from_utf8_lossy(&all).into_owned()
+    });
+    let t = Instant::now();
+    srv.shutdown(Duration::from_millis(500));
+    assert!(t.elapsed() < Duration::from_secs(10), "shutdown took {:?}", t.elapsed());
+    let reply = parse_reply(&reader.join().unwrap());
+    let ev = events(&reply.body);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{}", reply.body);
+    let err: Value = serde_json::from_str(&ev[ev.len() - 2]).unwrap();
+    assert_eq!(err["error"]["code"], "server_shutdown", "{err}");
+    assert!(TcpStream::connect(a).is_err(), "still accepting after shutdown");
+    let _ = std::fs::remove_dir_all(&model);
+}
