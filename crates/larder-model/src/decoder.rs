@@ -4,6 +4,10 @@
 //!
 //! Architectures differ only in their [`ModelSpec`] (and tensor names); this
 //! file builds and runs all of them.
+//!
+//! Every pass checks the residual stream after the embeddings and after each
+//! layer, and the logits, for NaN and infinities: the first place they appear
+//! is an error ([`ModelError::NonFinite`]) instead of a silently wrong token.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,7 +19,7 @@ use larder_tensor::{Linear, Mat, WeightMatrix};
 use crate::attention::{Attention, GqaAttention};
 use crate::checkpoint::Checkpoint;
 use crate::config::{AttentionSpec, FfnSpec, MlaSpec, ModelSpec, Scoring};
-use crate::error::ModelError;
+use crate::error::{ModelError, Stage};
 use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
 use crate::kv_cache::KvCache;
 use crate::mla::{MlaAttention, QueryProj};
@@ -237,15 +241,25 @@ impl DecoderModel {
     /// Runs `ids` as the positions after those already in `cache`, appending
     /// to it, and returns the logits of every row `[ids.len(), vocab]`.
     pub fn forward(&self, ids: &[u32], cache: &mut KvCache, trace: Option<&mut RouteTrace>) -> Result<Mat, ModelError> {
+        let start = cache.len();
         let hidden = self.forward_hidden(ids, cache, trace)?;
-        Ok(self.lm_head.forward(&hidden))
+        let logits = self.lm_head.forward(&hidden);
+        check_finite(&logits, start, Stage::LmHead)?;
+        Ok(logits)
     }
 
     /// Like [`forward`](Self::forward) but returns only the last row's logits.
     pub fn forward_last(&self, ids: &[u32], cache: &mut KvCache, trace: Option<&mut RouteTrace>) -> Result<Vec<f32>, ModelError> {
         let hidden = self.forward_hidden(ids, cache, trace)?;
+        self.last_logits(&hidden, cache.len())
+    }
+
+    /// The logits of `hidden`'s last row, the position before `end`.
+    fn last_logits(&self, hidden: &Mat, end: usize) -> Result<Vec<f32>, ModelError> {
         let last = hidden.gather_rows(&[hidden.rows() - 1]);
-        Ok(self.lm_head.forward(&last).into_vec())
+        let logits = self.lm_head.forward(&last);
+        check_finite(&logits, end.saturating_sub(1), Stage::LmHead)?;
+        Ok(logits.into_vec())
     }
 
     /// Last-row logits of a cheap approximate pass in which every MoE layer
@@ -253,8 +267,7 @@ impl DecoderModel {
     /// what a cache-resident self-draft guesses with. Never the model's answer.
     pub fn forward_last_resident(&self, ids: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, ModelError> {
         let hidden = self.forward_inner(ids, cache, None, true)?;
-        let last = hidden.gather_rows(&[hidden.rows() - 1]);
-        Ok(self.lm_head.forward(&last).into_vec())
+        self.last_logits(&hidden, cache.len())
     }
 
     fn forward_hidden(&self, ids: &[u32], cache: &mut KvCache, trace: Option<&mut RouteTrace>) -> Result<Mat, ModelError> {
@@ -275,6 +288,7 @@ impl DecoderModel {
         for (r, &id) in ids.iter().enumerate() {
             self.embed.decode_row(id as usize, x.row_mut(r));
         }
+        check_finite(&x, start, Stage::Embeddings)?;
         for (l, layer) in self.layers.iter().enumerate() {
             let normed = rms_norm(&x, &layer.input_norm, self.spec.rms_norm_eps);
             let attn = layer.attention.forward(&normed, start, &self.rope, cache.layer_mut(l));
@@ -294,8 +308,24 @@ impl DecoderModel {
                 }
             };
             x.add_assign(&y);
+            check_finite(&x, start, Stage::Layer(l))?;
         }
-        Ok(rms_norm(&x, &self.norm, self.spec.rms_norm_eps))
+        let out = rms_norm(&x, &self.norm, self.spec.rms_norm_eps);
+        check_finite(&out, start, Stage::FinalNorm)?;
+        Ok(out)
+    }
+}
+
+/// An error naming `stage` and the position of `m`'s first row holding a NaN
+/// or an infinity (row `r` is position `first_position + r`). One pass over
+/// the values: negligible next to the matrix products that made them.
+fn check_finite(m: &Mat, first_position: usize, stage: Stage) -> Result<(), ModelError> {
+    match (0..m.rows()).find(|&r| !m.row(r).iter().all(|v| v.is_finite())) {
+        None => Ok(()),
+        Some(r) => Err(ModelError::NonFinite {
+            stage,
+            position: first_position + r,
+        }),
     }
 }
 

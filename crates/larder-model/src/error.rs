@@ -47,6 +47,33 @@ pub enum ModelError {
     /// A streaming provider's own error (I/O, digest, ...), kept whole.
     #[error(transparent)]
     Provider(Box<dyn std::error::Error + Send + Sync>),
+    #[error(
+        "non-finite values (NaN or infinity) first appear in the output of {stage}, at position {position}: \
+         its weights or its input are at fault (a corrupt or wrongly converted checkpoint, or values overflowing f32); \
+         generation stopped. Check the checkpoint's tensors (`larder verify` for a packed store)"
+    )]
+    NonFinite { stage: Stage, position: usize },
+}
+
+/// A step of the forward pass, as [`ModelError::NonFinite`] names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Embeddings,
+    /// Decoder layer `n` (its attention, feed-forward or experts).
+    Layer(usize),
+    FinalNorm,
+    LmHead,
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Stage::Embeddings => f.write_str("the embeddings (model.embed_tokens)"),
+            Stage::Layer(l) => write!(f, "layer {l} (model.layers.{l})"),
+            Stage::FinalNorm => f.write_str("the final norm (model.norm)"),
+            Stage::LmHead => f.write_str("the LM head (lm_head)"),
+        }
+    }
 }
 
 impl ModelError {
