@@ -20,7 +20,11 @@ use clap::{Parser, Subcommand};
 ///
 /// Logs go to stderr (set LARDER_LOG=debug for more); with --json, stdout
 /// holds exactly one JSON document. LARDER_KERNEL=scalar|avx2|avx512|neon
-/// forces a CPU kernel path (default: the best verified one this CPU has).
+/// forces a CPU kernel path (default: the best verified one this CPU has); a
+/// path this CPU lacks, or any other value, is an error.
+///
+/// Every count, size and thread flag has a range (shown in each command's
+/// --help); a value outside it is refused with an error naming the flag.
 #[derive(Parser)]
 #[command(name = "larder", version, propagate_version = true)]
 struct Cli {
@@ -53,7 +57,19 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let result = match cli.command {
+    match run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
+    // A LARDER_KERNEL this CPU cannot honour stops here, before any work.
+    larder_tensor::kernels::kernel_from_env()?;
+    match cli.command {
         Command::Forward(a) => cmd::forward::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Serve(a) => cmd::serve::run_cmd(a),
@@ -61,12 +77,5 @@ fn main() -> ExitCode {
         Command::Verify(a) => cmd::verify::run(a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Bench(b) => cmd::bench::run(b),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
     }
 }

@@ -73,9 +73,9 @@ fn synth_pack_verify_and_streamed_runs_agree() {
     );
     let arms: Vec<Vec<&str>> = vec![
         vec!["--model", s(&store)],
-        vec!["--model", s(&store), "--ram-budget", "1", "--io", "pread"],
+        vec!["--model", s(&store), "--ram-budget", "0", "--io", "pread"],
         vec!["--model", s(&store), "--ram-budget", "64KiB", "--io", "uring", "--no-direct"],
-        vec!["--model", s(&model), "--ram-budget", "1", "--io", "mmap"],
+        vec!["--model", s(&model), "--ram-budget", "0", "--io", "mmap"],
         vec!["--model", s(&model), "--ram-budget", "100KiB"],
     ];
     for arm in &arms {
@@ -240,7 +240,7 @@ fn deepseek_v3_synthetic_checkpoints_load_pack_and_stream() {
     assert_eq!(packed["layers"], 2, "the dense first layer has no routed experts");
     let ids = "5,17,42";
     let in_ram = ok_json(&["forward", "--model", s(&model), "--ids", ids, "--json"]);
-    let streamed = ok_json(&["forward", "--model", s(&store), "--ids", ids, "--ram-budget", "1", "--json"]);
+    let streamed = ok_json(&["forward", "--model", s(&store), "--ids", ids, "--ram-budget", "0", "--json"]);
     assert_eq!(in_ram, streamed);
     assert!(fails(&["synth", "--arch", "gpt_oss", "--out", s(&tmp.path().join("x"))]).contains("deepseek_v3"));
 }

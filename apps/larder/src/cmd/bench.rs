@@ -36,8 +36,8 @@ pub struct KernelArgs {
     /// "threads", "results": [...]}.
     #[arg(long)]
     json: bool,
-    /// Threads for the kernels (the RAM bandwidth is measured with one).
-    #[arg(long, default_value_t = 1)]
+    /// Threads for the kernels, 1 to 1024 (the RAM bandwidth is measured with one).
+    #[arg(long, default_value_t = 1, value_parser = super::range(1, super::MAX_THREADS))]
     threads: usize,
     /// Small shapes, a small "cold" set and short timings (a smoke test, not a measurement).
     #[arg(long)]
@@ -48,11 +48,12 @@ pub struct KernelArgs {
     /// Only these formats (f32, f16, bf16, fp8, mxfp4, int4), comma-separated.
     #[arg(long, value_delimiter = ',')]
     formats: Vec<String>,
-    /// Only these shapes, as KxN (e.g. 7168x2048), comma-separated.
+    /// Only these shapes, as KxN (e.g. 7168x2048), comma-separated: K a
+    /// multiple of 32, K and N from 1 to 65536.
     #[arg(long, value_delimiter = ',')]
     shapes: Vec<String>,
-    /// Only these activation row counts, comma-separated.
-    #[arg(long, value_delimiter = ',')]
+    /// Only these activation row counts (1 to 1024 each), comma-separated.
+    #[arg(long, value_delimiter = ',', value_parser = super::range(1, super::MAX_BATCH))]
     rows: Vec<usize>,
     /// Also write the JSON document to this file.
     #[arg(long, value_name = "FILE")]
@@ -107,6 +108,9 @@ impl Plan {
     };
 }
 
+/// Largest K or N of a `--shapes` entry (real MoE layers stay under 20000).
+const MAX_DIM: usize = 1 << 16;
+
 fn kernels(args: KernelArgs) -> anyhow::Result<()> {
     let path: KernelPath = match &args.path {
         None => active_path(),
@@ -117,7 +121,7 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         }
     };
     let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads.max(1))
+        .num_threads(args.threads)
         .build()
         .context("cannot build the benchmark thread pool")?;
     let plan = if args.quick { Plan::QUICK } else { Plan::FULL };
@@ -134,8 +138,11 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
     let shapes: &[(usize, usize)] = if parsed.is_empty() { plan.shapes } else { &parsed };
     let rows: &[usize] = if args.rows.is_empty() { plan.rows } else { &args.rows };
-    if shapes.iter().any(|&(k, n)| k == 0 || n == 0 || k % 32 != 0) || rows.contains(&0) {
-        anyhow::bail!("shapes need K and N > 0 with K a multiple of 32, and rows > 0");
+    if shapes
+        .iter()
+        .any(|&(k, n)| k == 0 || n == 0 || k % 32 != 0 || k > MAX_DIM || n > MAX_DIM)
+    {
+        anyhow::bail!("--shapes: K and N must be 1 to {MAX_DIM}, with K a multiple of 32");
     }
     let formats: Vec<(&str, WeightFormat)> = bench_formats()
         .into_iter()

@@ -24,14 +24,14 @@ pub struct IoArgs {
     /// Backends to measure, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "uring,pread,mmap")]
     io: Vec<String>,
-    /// Records per arm.
-    #[arg(long, default_value_t = 96)]
+    /// Records per arm, 1 to 1048576 (at most every record of the store is read).
+    #[arg(long, default_value_t = 96, value_parser = super::range(1, super::MAX_COUNT))]
     records: usize,
-    /// Records requested together (one layer step: top-k).
-    #[arg(long, default_value_t = 8)]
+    /// Records requested together (one layer step: top-k), 1 to 1024.
+    #[arg(long, default_value_t = 8, value_parser = super::range(1, super::MAX_BATCH))]
     batch: usize,
-    /// Reads in flight (pread threads; io_uring uses 4 reads per unit).
-    #[arg(long, default_value_t = 8)]
+    /// Reads in flight, 1 to 256 (pread threads; io_uring uses 4 reads per unit).
+    #[arg(long, default_value_t = 8, value_parser = super::range(1, larder_store::io::MAX_IO_DEPTH))]
     depth: usize,
     /// Read through the page cache instead of O_DIRECT.
     #[arg(long)]
@@ -45,7 +45,7 @@ pub struct IoArgs {
 }
 
 /// The expert index of a store or checkpoint folder.
-fn index_of(dir: &Path) -> anyhow::Result<ExpertIndex> {
+pub fn index_of(dir: &Path) -> anyhow::Result<ExpertIndex> {
     if Manifest::is_store(dir) {
         Ok(larder_engine::experts::packed_index(dir)?.1)
     } else {
@@ -119,17 +119,17 @@ pub struct DecodeArgs {
     model: PathBuf,
     #[command(flatten)]
     experts: super::ExpertArgs,
-    /// Prompt length (seeded random ids).
-    #[arg(long, default_value_t = 16)]
+    /// Prompt length (seeded random ids), 1 to 1048576 (and within the model's context).
+    #[arg(long, default_value_t = 16, value_parser = super::range(1, super::MAX_COUNT))]
     prompt_tokens: usize,
-    /// New tokens to decode (greedy, EOS ignored).
-    #[arg(long, default_value_t = 32)]
+    /// New tokens to decode (greedy, EOS ignored), 2 to 1048576.
+    #[arg(long, default_value_t = 32, value_parser = super::range(2, super::MAX_COUNT))]
     new: usize,
     /// Seed of the prompt.
     #[arg(long, default_value_t = 7)]
     seed: u64,
-    /// Records read to measure the drive limit.
-    #[arg(long, default_value_t = 96)]
+    /// Records read to measure the drive limit, 1 to 1048576.
+    #[arg(long, default_value_t = 96, value_parser = super::range(1, super::MAX_COUNT))]
     limit_records: usize,
     /// Print one JSON document on stdout.
     #[arg(long)]
@@ -149,6 +149,7 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     let ExpertMode::Stream(store_opts) = opts.experts else {
         anyhow::bail!("bench decode streams experts; give --ram-budget");
     };
+    super::check_budget(&args.model, &opts)?;
     let index = index_of(&args.model)?;
     let spec = larder_model::arch::read_spec(&args.model)?;
     let top_k = spec
@@ -179,14 +180,14 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     let store = engine.store().context("experts are not streamed")?.clone();
     let vocab = engine.model().spec().vocab_size as u64;
     let mut s = args.seed;
-    let prompt: Vec<u32> = (0..args.prompt_tokens.max(1))
+    let prompt: Vec<u32> = (0..args.prompt_tokens)
         .map(|_| {
             s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
             ((s >> 33) % vocab) as u32
         })
         .collect();
     let gen_opts = GenerateOptions {
-        max_new: args.new.max(2),
+        max_new: args.new,
         stop_at_eos: false,
         ..GenerateOptions::default()
     };

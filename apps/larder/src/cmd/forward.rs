@@ -19,8 +19,8 @@ pub struct Args {
     /// Print {"logits": [[f32; vocab] per position]} on stdout.
     #[arg(long)]
     json: bool,
-    /// Without --json: how many top tokens to show per position.
-    #[arg(long, default_value_t = 5)]
+    /// Without --json: how many top tokens to show per position, 1 to 1048576.
+    #[arg(long, default_value_t = 5, value_parser = super::range(1, super::MAX_COUNT))]
     top: usize,
 }
 

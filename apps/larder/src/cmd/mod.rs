@@ -1,5 +1,6 @@
-//! Subcommands of the `larder` binary, one file each, and the options they
-//! share (where routed experts come from).
+//! Subcommands of the `larder` binary, one file each, the options they
+//! share (where routed experts come from) and the ranges every count, size
+//! and thread flag is checked against when parsed ([`range`]).
 
 pub mod bench;
 pub mod bench_store;
@@ -14,7 +15,35 @@ use std::path::Path;
 
 use anyhow::Context;
 use larder_engine::{Engine, ExpertMode, LoadOptions};
+use larder_store::io::MAX_IO_DEPTH;
+use larder_store::store::MAX_PREFETCH_THREADS;
 use larder_store::{format_size, parse_size, IoKind, IoOptions, Manifest, StoreOptions};
+
+/// Most threads a thread-count flag accepts (`bench kernels --threads`).
+pub const MAX_THREADS: usize = 1024;
+/// Most records or tokens a count flag accepts (`--records`, `--new`, ...).
+pub const MAX_COUNT: usize = 1 << 20;
+/// Most records read together (`bench io --batch`): a layer step's top-k.
+pub const MAX_BATCH: usize = 1024;
+/// Most tokens drafted per verification (`--draft-max`): a verification
+/// pass is one batch, bit-identical to single rows up to 64 rows.
+pub const MAX_DRAFT: usize = 64;
+
+/// A clap value parser for an integer in `min..=max`; clap's error names the
+/// flag, this message the range.
+pub fn range(min: usize, max: usize) -> impl Fn(&str) -> Result<usize, String> + Clone + Send + Sync + 'static {
+    move |s: &str| {
+        let v: usize = s
+            .trim()
+            .parse()
+            .map_err(|_| format!("{s:?} is not a whole number (use {min} to {max})"))?;
+        if (min..=max).contains(&v) {
+            Ok(v)
+        } else {
+            Err(format!("{v} is out of range: use {min} to {max}"))
+        }
+    }
+}
 
 /// Where routed experts live: options shared by every command that loads a model.
 #[derive(clap::Args, Debug, Clone, Default)]
@@ -22,6 +51,8 @@ pub struct ExpertArgs {
     /// Stream routed experts through a RAM cache of at most SIZE (e.g. 512MiB,
     /// 8GiB) instead of keeping them all in RAM. Default for a packed store:
     /// half of the RAM available at start; for a checkpoint folder: all in RAM.
+    /// At least one expert record (the error says how much), or 0 for no
+    /// cache (every use of an expert reads it again).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub ram_budget: Option<u64>,
     /// I/O backend for streamed experts: uring (io_uring; default on Linux),
@@ -34,16 +65,16 @@ pub struct ExpertArgs {
     /// Read experts through the page cache.
     #[arg(long)]
     pub no_direct: bool,
-    /// Reads in flight (pread threads; io_uring uses 4 reads per unit).
-    #[arg(long, value_name = "N", default_value_t = 8)]
+    /// Reads in flight, 1 to 256 (pread threads; io_uring uses 4 reads per unit).
+    #[arg(long, value_name = "N", default_value_t = 8, value_parser = range(1, MAX_IO_DEPTH))]
     pub io_depth: usize,
     /// Check each expert record's digest when it is read (packed stores).
     /// `off` is unsafe: a corrupt drive then silently changes the output.
     #[arg(long, value_name = "on|off", default_value = "on", value_parser = ["on", "off"])]
     pub verify: String,
-    /// Threads reading the next layer's predicted experts in the background
-    /// (0: no prefetch). Predictions change when bytes arrive, never results.
-    #[arg(long, value_name = "N", default_value_t = 2)]
+    /// Threads reading the next layer's predicted experts in the background,
+    /// 0 to 64 (0: no prefetch). Predictions change when bytes arrive, never results.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = range(0, MAX_PREFETCH_THREADS))]
     pub prefetch: usize,
 }
 
@@ -64,7 +95,7 @@ impl ExpertArgs {
                 io: IoOptions {
                     kind: self.io.unwrap_or_else(IoKind::best),
                     direct: !self.no_direct,
-                    depth: self.io_depth.max(1),
+                    depth: self.io_depth,
                 },
                 ram_budget,
                 verify: self.verify == "on",
@@ -89,6 +120,7 @@ fn default_budget() -> u64 {
 pub fn load_engine(model: &Path, experts: &ExpertArgs) -> anyhow::Result<Engine> {
     let started = std::time::Instant::now();
     let opts = experts.load_options(model);
+    check_budget(model, &opts)?;
     let engine = Engine::load_with(model, &opts).with_context(|| format!("cannot load model {}", model.display()))?;
     match &opts.experts {
         ExpertMode::Stream(o) => tracing::info!(
@@ -102,6 +134,19 @@ pub fn load_engine(model: &Path, experts: &ExpertArgs) -> anyhow::Result<Engine>
         ExpertMode::InRam => tracing::info!("loaded {} in {:.2}s", model.display(), started.elapsed().as_secs_f64()),
     }
     Ok(engine)
+}
+
+/// Refuses a streaming RAM budget that cannot hold one expert record of
+/// `model` (0, no cache, is accepted), before anything heavy is loaded.
+pub fn check_budget(model: &Path, opts: &LoadOptions) -> anyhow::Result<()> {
+    let ExpertMode::Stream(o) = &opts.experts else {
+        return Ok(());
+    };
+    // An index that cannot be read fails the load itself, with its own error.
+    let Ok(index) = bench_store::index_of(model) else {
+        return Ok(());
+    };
+    o.check_budget(&index).with_context(|| format!("model {}", model.display()))
 }
 
 /// The drafter `--draft` / `--draft-model` ask for (None: plain decoding).

@@ -31,8 +31,8 @@ pub struct Args {
     /// With --chat: a system message placed before the user message.
     #[arg(long, requires = "chat")]
     system: Option<String>,
-    /// Maximum number of new tokens.
-    #[arg(long, default_value_t = 128)]
+    /// Maximum number of new tokens, 1 to 16777216 (generation also stops at the model's context length).
+    #[arg(long, default_value_t = 128, value_parser = super::range(1, 1 << 24))]
     max_new: usize,
     /// Sampling temperature; 0 is greedy.
     #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
@@ -63,8 +63,8 @@ pub struct Args {
     /// A small checkpoint sharing the model's vocabulary, used as draft model (implies --draft model).
     #[arg(long, value_name = "DIR")]
     draft_model: Option<PathBuf>,
-    /// Most tokens drafted per verification pass (the length adapts below it).
-    #[arg(long, default_value_t = 8)]
+    /// Most tokens drafted per verification pass, 1 to 64 (the length adapts below it).
+    #[arg(long, default_value_t = 8, value_parser = super::range(1, super::MAX_DRAFT))]
     draft_max: usize,
 }
 
@@ -92,7 +92,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             seed: args.seed,
         },
         stop_at_eos: !args.ignore_eos,
-        draft_max: args.draft_max.max(1),
+        draft_max: args.draft_max,
     };
     let mut drafter = super::drafter(&args.draft, args.draft_model.as_deref(), &engine)?;
     let tok = engine.tokenizer().ok();

@@ -25,20 +25,20 @@ pub struct Args {
     /// Shape preset: tiny or k3-mini.
     #[arg(long, default_value = "tiny")]
     preset: String,
-    /// Total size of routed experts, in GiB (sets the layer count).
-    #[arg(long, value_name = "GIB")]
+    /// Total size of routed experts, in GiB (sets the layer count): above 0, at most 65536.
+    #[arg(long, value_name = "GIB", value_parser = parse_gib)]
     experts_gib: Option<f64>,
-    /// Override the number of layers.
-    #[arg(long)]
+    /// Override the number of layers, 1 to 4096.
+    #[arg(long, value_parser = super::range(1, MAX_LAYERS))]
     layers: Option<usize>,
-    /// Override the number of routed experts per layer.
-    #[arg(long)]
+    /// Override the number of routed experts per layer, 1 to 65536.
+    #[arg(long, value_parser = super::range(1, MAX_EXPERTS))]
     experts: Option<usize>,
-    /// Override the experts chosen per token.
-    #[arg(long)]
+    /// Override the experts chosen per token, 1 to the number of experts.
+    #[arg(long, value_parser = super::range(1, MAX_EXPERTS))]
     top_k: Option<usize>,
-    /// Override the vocabulary size (e.g. to make a draft model for another synthetic checkpoint).
-    #[arg(long)]
+    /// Override the vocabulary size, 2 to 16777216 (e.g. to make a draft model for another synthetic checkpoint).
+    #[arg(long, value_parser = super::range(2, 1 << 24))]
     vocab: Option<usize>,
     /// Seed of the random weights.
     #[arg(long, default_value_t = 0)]
@@ -46,8 +46,8 @@ pub struct Args {
     /// uniform: independent uniform routing per token; skewed: Zipf-like popularity plus temporal locality.
     #[arg(long, default_value = "uniform", value_parser = ["uniform", "skewed"])]
     routing: String,
-    /// Tokens of greedy decoding used to measure routing overlap (0: skip).
-    #[arg(long, default_value_t = 16)]
+    /// Tokens of greedy decoding used to measure routing overlap, 0 to 65536 (0: skip).
+    #[arg(long, default_value_t = 16, value_parser = super::range(0, 1 << 16))]
     measure_tokens: usize,
     /// Output folder.
     #[arg(long, value_name = "DIR")]
@@ -57,19 +57,33 @@ pub struct Args {
     json: bool,
 }
 
+/// Most layers `--layers` accepts (the largest real models have under 100).
+const MAX_LAYERS: usize = 4096;
+/// Most routed experts per layer `--experts` accepts.
+const MAX_EXPERTS: usize = 1 << 16;
+
+/// `--experts-gib`: a finite size above 0 and at most 64 TiB.
+fn parse_gib(s: &str) -> Result<f64, String> {
+    let v: f64 = s.trim().parse().map_err(|_| format!("{s:?} is not a number of GiB"))?;
+    if v.is_finite() && v > 0.0 && v <= 65536.0 {
+        Ok(v)
+    } else {
+        Err(format!("{s} is out of range: use a size above 0 and at most 65536 GiB"))
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<()> {
     let mut spec = SynthSpec::preset(&args.arch, &args.preset, args.experts_gib).map_err(anyhow::Error::msg)?;
     if let Some(l) = args.layers {
-        spec.layers = l.max(1);
+        spec.layers = l;
     }
     if let Some(e) = args.experts {
-        spec.experts = e.max(1);
+        spec.experts = e;
     }
     if let Some(k) = args.top_k {
         spec.top_k = k;
     }
     if let Some(v) = args.vocab {
-        anyhow::ensure!(v >= 2, "--vocab must be at least 2");
         spec.vocab = v;
     }
     anyhow::ensure!(
