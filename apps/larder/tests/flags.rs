@@ -44,7 +44,12 @@ fn model_flags_out_of_range_are_refused_naming_the_flag() {
             refused(&[cmd, "--model", m, "--ids", "1,2", "--ram-budget", "0", flag, value], flag);
         }
     }
-    for (flag, value) in [("--max-new", "0"), ("--draft-max", "0"), ("--draft-max", "65")] {
+    for (flag, value) in [
+        ("--max-new", "0"),
+        ("--draft-max", "0"),
+        ("--draft-max", "65"),
+        ("--top-k", "99999999"),
+    ] {
         refused(&["run", "--model", m, "--ids", "1,2", flag, value], flag);
     }
     refused(&["forward", "--model", m, "--ids", "1,2", "--top", "0"], "--top");

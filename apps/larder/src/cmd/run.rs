@@ -40,8 +40,8 @@ pub struct Args {
     /// Nucleus sampling: keep the most likely tokens up to this probability mass (1 = off).
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     top_p: f32,
-    /// Keep only the K most likely tokens (0 = off).
-    #[arg(long, default_value_t = 0)]
+    /// Keep only the K most likely tokens, 0 to 16777216 (0 = off; K at or above the vocabulary keeps all).
+    #[arg(long, default_value_t = 0, value_parser = super::range(0, 1 << 24))]
     top_k: usize,
     /// Seed of the sampler (sampling is reproducible for a given seed).
     #[arg(long, default_value_t = 0)]
