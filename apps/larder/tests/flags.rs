@@ -178,6 +178,8 @@ fn larder_kernel_naming_a_missing_or_unknown_path_is_an_error() {
         assert!(!out.status.success());
         assert!(String::from_utf8_lossy(&out.stderr).contains("LARDER_KERNEL=avx512"));
     }
+    let err = fails(&["bench", "kernels", "--quick", "--path", missing]);
+    assert!(err.contains("--path") && err.contains(available[0]), "{err}");
     let out = larder_with_kernel("fastest-please", &args);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "an unknown LARDER_KERNEL should fail: {err}");

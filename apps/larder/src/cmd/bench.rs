@@ -116,7 +116,12 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         None => active_path(),
         Some(name) => {
             let path = KernelPath::from_name(name).with_context(|| format!("unknown kernel path {name:?} (scalar, avx2, avx512, neon)"))?;
-            anyhow::ensure!(path.is_supported(), "kernel path {name} is not available on this CPU");
+            let have: Vec<&str> = KernelPath::available().iter().map(|p| p.name()).collect();
+            anyhow::ensure!(
+                path.is_supported(),
+                "--path {name}: this CPU cannot run that kernel path (it has: {})",
+                have.join(", ")
+            );
             path
         }
     };
