@@ -97,8 +97,10 @@ fn serve_flags_are_range_checked() {
         ("--port", "70000"),
         ("--cors-origin", "localhost:3000/"),
     ] {
-        let err = common::fails(&["serve", "--model", m, flag, value]);
-        assert!(err.contains(flag), "{flag} {value}: {err}");
+        // `--flag=VALUE` so that a negative value is not taken for a flag.
+        let arg = format!("{}={value}", flag.trim_end_matches('='));
+        let err = common::fails(&["serve", "--model", m, &arg]);
+        assert!(err.contains(flag.trim_end_matches('=')), "{arg}: {err}");
     }
     let help = common::larder(&["serve", "--help"]);
     let help = String::from_utf8_lossy(&help.stdout);

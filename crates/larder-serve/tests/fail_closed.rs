@@ -290,14 +290,12 @@ fn errors_name_no_server_paths_and_5xx_are_logged_in_full() {
     );
 }
 
-#[test]
-fn shutdown_lets_requests_finish_then_ends_streams_with_an_error_event() {
-    let model = long_model("shutdown");
-    let srv = serve(&model, ServerConfig::default());
-    let a = srv.addr;
-    let body = json!({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 8000, "ignore_eos": true, "stream": true}).to_string();
+/// Starts a streaming completion of `max_tokens` and waits for its first
+/// bytes; the thread returns the whole reply.
+fn streaming(a: std::net::SocketAddr, max_tokens: usize) -> std::thread::JoinHandle<Reply> {
+    let body = json!({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": max_tokens, "ignore_eos": true, "stream": true}).to_string();
     let mut s = TcpStream::connect(a).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     write!(
         s,
         "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
@@ -305,18 +303,33 @@ fn shutdown_lets_requests_finish_then_ends_streams_with_an_error_event() {
     )
     .unwrap();
     let mut first = [0u8; 64];
-    s.read_exact(&mut first).unwrap();
-    let reader = std::thread::spawn(move || {
-        let mut rest = Vec::new();
-        let _ = s.read_to_end(&mut rest);
+    s.read_exact(&mut first).unwrap(); // generation is running
+    std::thread::spawn(move || {
         let mut all = first.to_vec();
-        all.extend(rest);
-        String::from_utf8_lossy(&all).into_owned()
-    });
+        let _ = s.read_to_end(&mut all);
+        parse_reply(&String::from_utf8_lossy(&all))
+    })
+}
+
+#[test]
+fn shutdown_lets_requests_finish_then_ends_streams_with_an_error_event() {
+    let model = long_model("shutdown");
+    // Within the grace period a running stream finishes normally.
+    let srv = serve(&model, ServerConfig::default());
+    let reader = streaming(srv.addr, 40);
+    srv.shutdown(Duration::from_secs(20));
+    let ev = events(&reader.join().unwrap().body);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    let last: Value = serde_json::from_str(&ev[ev.len() - 2]).unwrap();
+    assert_eq!(last["choices"][0]["finish_reason"], "length", "{last}");
+    // Past it, the stream ends with an error event and [DONE].
+    let srv = serve(&model, ServerConfig::default());
+    let a = srv.addr;
+    let reader = streaming(a, 8000);
     let t = Instant::now();
     srv.shutdown(Duration::from_millis(500));
     assert!(t.elapsed() < Duration::from_secs(10), "shutdown took {:?}", t.elapsed());
-    let reply = parse_reply(&reader.join().unwrap());
+    let reply = reader.join().unwrap();
     let ev = events(&reply.body);
     assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{}", reply.body);
     let err: Value = serde_json::from_str(&ev[ev.len() - 2]).unwrap();
