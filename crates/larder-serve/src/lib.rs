@@ -16,6 +16,8 @@
 
 pub mod api;
 pub mod cors;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod http;
 pub mod worker;
 
