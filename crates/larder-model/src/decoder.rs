@@ -420,3 +420,32 @@ fn load_mla(spec: &ModelSpec, m: &MlaSpec, ckpt: &Checkpoint, prefix: &str) -> R
         rms_norm_eps: spec.rms_norm_eps,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn check_finite_names_the_stage_and_the_first_bad_position() {
+        let mut m = Mat::zeros(4, 8);
+        assert!(check_finite(&m, 10, Stage::Layer(3)).is_ok());
+        m.row_mut(3)[0] = f32::NAN;
+        m.row_mut(2)[7] = f32::INFINITY;
+        let e = check_finite(&m, 10, Stage::Layer(3)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                ModelError::NonFinite {
+                    stage: Stage::Layer(3),
+                    position: 12
+                }
+            ),
+            "{e:?}"
+        );
+        let msg = e.to_string();
+        assert!(msg.contains("layer 3 (model.layers.3)") && msg.contains("position 12"), "{msg}");
+        m.row_mut(2)[7] = f32::NEG_INFINITY;
+        let msg = check_finite(&m, 0, Stage::LmHead).unwrap_err().to_string();
+        assert!(msg.contains("lm_head") && msg.contains("position 2"), "{msg}");
+    }
+}
