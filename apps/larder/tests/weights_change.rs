@@ -199,6 +199,10 @@ fn streamed_store_answers_5xx_not_a_crash_when_its_files_change() {
     let model = tmp.path().join("ckpt");
     copy_dir(&fixture("qwen3_moe_tok"), &model);
     for io in ["pread", "uring"] {
+        if io == "uring" && larder_store::io::IoKind::best() != larder_store::io::IoKind::Uring {
+            eprintln!("io_uring unavailable here: uring arm skipped");
+            continue;
+        }
         let store = tmp.path().join(format!("store-{io}"));
         pack(&model, &store);
         // No cache: every use of an expert reads its record again.
