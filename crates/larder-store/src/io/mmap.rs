@@ -6,7 +6,9 @@
 //! covers, the RAM cache counts that span against the budget like a read
 //! buffer, and when the last user of an evicted record lets go its pages are
 //! dropped from the process with `madvise(MADV_DONTNEED)` (the page cache may
-//! keep them; the process's RSS does not).
+//! keep them; the process's RSS does not). A job over several files (an
+//! expert split across checkpoint shards) is copied into one read buffer so
+//! the cache counts it whole.
 //!
 //! **Unsafe against files changing underneath**: a mapped file truncated
 //! while larder runs kills the process with SIGBUS on the next access of a
@@ -118,6 +120,9 @@ impl MmapBackend {
             };
             spans.push((x.file, Arc::new(span), start));
         }
+        if spans.len() > 1 {
+            return Ok(copy_job(&spans, extents));
+        }
         Ok(extents
             .iter()
             .filter_map(|x| {
@@ -126,6 +131,21 @@ impl MmapBackend {
             })
             .collect())
     }
+}
+
+/// A job over several files (an expert split across checkpoint shards): its
+/// bytes copied into one buffer, as the store's RAM cache counts one buffer
+/// per job. The spans (already faulted in) are let go at once.
+fn copy_job(spans: &[(usize, ByteOwner, usize)], extents: &[Extent]) -> Vec<ByteView> {
+    let (plan, total) = super::plan(extents, false);
+    let mut buf = crate::buf::AlignedBuf::for_read(total as usize);
+    for (p, x) in plan.iter().zip(extents) {
+        if let Some((_, owner, start)) = spans.iter().find(|s| s.0 == x.file) {
+            let src = &(**owner).as_ref()[x.offset as usize - start..][..x.len as usize];
+            buf.as_mut_slice()[p.buf_offset as usize..][..x.len as usize].copy_from_slice(src);
+        }
+    }
+    super::views(buf, &plan, extents)
 }
 
 impl IoBackend for MmapBackend {
@@ -189,6 +209,35 @@ mod tests {
             "{err}"
         );
         assert!(err.to_string().contains("layer.experts"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_job_over_two_files_is_one_buffer() {
+        let dir = std::env::temp_dir().join(format!("larder-mmap2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let paths = [dir.join("a"), dir.join("b")];
+        let a: Vec<u8> = (0..3 * ALIGN).map(|i| (i * 3) as u8).collect();
+        let b: Vec<u8> = (0..2 * ALIGN).map(|i| (i * 5 + 1) as u8).collect();
+        std::fs::write(&paths[0], &a).unwrap();
+        std::fs::write(&paths[1], &b).unwrap();
+        let backend = MmapBackend::open(&paths).unwrap();
+        let job = [
+            Extent {
+                file: 1,
+                offset: 10,
+                len: 5000,
+            },
+            Extent {
+                file: 0,
+                offset: 4000,
+                len: 300,
+            },
+        ];
+        let views = backend.read_job(&job).unwrap();
+        assert_eq!(views[0].as_slice(), &b[10..5010]);
+        assert_eq!(views[1].as_slice(), &a[4000..4300]);
+        assert!(Arc::ptr_eq(&views[0].owner, &views[1].owner));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
