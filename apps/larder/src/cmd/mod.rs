@@ -56,7 +56,8 @@ pub struct ExpertArgs {
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub ram_budget: Option<u64>,
     /// I/O backend for streamed experts: uring (io_uring; default on Linux),
-    /// pread (thread pool), or mmap (page cache; for comparison). Implies streaming.
+    /// pread (thread pool), or mmap (opt-in, for comparison: honours --ram-budget, but a
+    /// layer file changed or truncated while larder runs can kill it with SIGBUS). Implies streaming.
     #[arg(long, value_name = "pread|uring|mmap", value_parser = parse_io)]
     pub io: Option<IoKind>,
     /// Read experts with O_DIRECT (bypass the page cache; default).
