@@ -53,17 +53,13 @@ impl GenerationConfig {
         Ok(out)
     }
 
-    /// The sampling a request gets for the fields it omits, with
-    /// transformers' semantics: greedy unless the file says
-    /// `do_sample: true` and gives a `temperature`; `top_p` / `top_k` apply
-    /// when given (1.0 / 0 = off otherwise). The seed is left at 0.
+    /// The sampling a request gets for the fields it omits, as vLLM
+    /// serves it: each of temperature, top_p, top_k the file gives, else
+    /// OpenAI's defaults (temperature 1, top_p 1, top_k off); `do_sample` is
+    /// read but not consulted. The seed is left at 0.
     pub fn sampling_defaults(&self) -> SamplingParams {
-        let temperature = match (self.do_sample, self.temperature) {
-            (Some(true), Some(t)) => t,
-            _ => 0.0,
-        };
         SamplingParams {
-            temperature,
+            temperature: self.temperature.unwrap_or(1.0),
             top_p: self.top_p.unwrap_or(1.0),
             top_k: self.top_k.unwrap_or(0),
             seed: 0,
@@ -132,20 +128,21 @@ mod tests {
     }
 
     #[test]
-    fn sampling_defaults_follow_transformers() {
+    fn sampling_defaults_follow_vllm() {
         let g = read(r#"{"eos_token_id": 2, "do_sample": true, "temperature": 0.6, "top_p": 0.95, "top_k": 20}"#).unwrap();
         assert_eq!(g.eos_token_ids, vec![2]);
         let s = g.sampling_defaults();
         assert_eq!((s.temperature, s.top_p, s.top_k), (0.6, 0.95, 20));
-        // do_sample false, or absent, or no temperature: greedy.
-        for j in [
-            r#"{"do_sample": false, "temperature": 0.7}"#,
-            r#"{"temperature": 0.7}"#,
-            r#"{"do_sample": true}"#,
+        // As vLLM: the file's temperature whatever do_sample says; OpenAI's 1.0 when it gives none.
+        for (j, t) in [
+            (r#"{"do_sample": false, "temperature": 0.7}"#, 0.7),
+            (r#"{"temperature": 0.0}"#, 0.0),
+            (r#"{"do_sample": true}"#, 1.0),
         ] {
-            assert_eq!(read(j).unwrap().sampling_defaults().temperature, 0.0, "{j}");
+            assert_eq!(read(j).unwrap().sampling_defaults().temperature, t, "{j}");
         }
-        assert_eq!(read("{}").unwrap().sampling_defaults(), SamplingParams::default());
+        let openai = read("{}").unwrap().sampling_defaults();
+        assert_eq!((openai.temperature, openai.top_p, openai.top_k), (1.0, 1.0, 0));
         for j in [
             r#"{"top_p": 0}"#,
             r#"{"temperature": -1}"#,

@@ -102,7 +102,7 @@ pub struct GenerationRequest {
     pub prompt: Prompt,
     /// `None`: up to the context length.
     pub max_tokens: Option<usize>,
-    /// `None`: the model's default (generation_config.json; greedy if none).
+    /// `None`: the model's default (generation_config.json; OpenAI's 1.0 if none).
     pub temperature: Option<f32>,
     pub top_p: Option<f32>,
     pub top_k: Option<usize>,

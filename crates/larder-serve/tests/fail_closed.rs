@@ -49,7 +49,7 @@ fn sampling_defaults_follow_generation_config_and_unseeded_requests_vary() {
     let hot = fixture_copy("qwen3_moe_tok", "hot");
     let path = hot.join("generation_config.json");
     let mut g: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    g["do_sample"] = json!(true);
+    g["do_sample"] = json!(false); // vLLM does not consult do_sample
     g["temperature"] = json!(1.8);
     g["top_p"] = json!(1.0);
     std::fs::write(&path, g.to_string()).unwrap();
@@ -57,10 +57,10 @@ fn sampling_defaults_follow_generation_config_and_unseeded_requests_vary() {
     let plain_srv = serve(&fixture("qwen3_moe_tok"), ServerConfig::default());
     let (h, p) = (hot_srv.addr, plain_srv.addr);
 
-    // No sampling in generation_config.json: an omitted temperature is greedy.
+    // No sampling in generation_config.json: an omitted temperature is OpenAI's 1.0.
     let greedy = ids_of(p, json!({"temperature": 0}));
-    assert_eq!(ids_of(p, json!({})), greedy, "omitted temperature is not greedy");
-    // With do_sample + temperature: an omitted temperature is the file's.
+    assert_eq!(ids_of(p, json!({"seed": 3})), ids_of(p, json!({"seed": 3, "temperature": 1.0})));
+    // The file's temperature: an omitted temperature is the file's.
     let by_default = ids_of(h, json!({"seed": 7}));
     assert_eq!(by_default, ids_of(h, json!({"seed": 7, "temperature": 1.8})));
     assert_ne!(by_default, greedy, "the file's temperature was not applied");

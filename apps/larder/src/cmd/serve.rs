@@ -17,8 +17,8 @@ const BODY_MAX: u64 = 1 << 30;
     after_help = "Endpoints: GET /v1/models, GET /v1/models/{id}, POST /v1/chat/completions, POST /v1/completions \
 (both with \"stream\": true for server-sent events), GET /health (503 {\"status\": \"loading\"} until the model has \
 loaded), GET /metrics (Prometheus text). HEAD and OPTIONS work on every route.\n\n\
-Sampling fields a request omits (temperature, top_p, top_k) follow the model's generation_config.json (greedy \
-unless it says do_sample: true with a temperature); a request without a seed gets a fresh random one.\n\n\
+Sampling fields a request omits (temperature, top_p, top_k) follow the model's generation_config.json, as vLLM \
+does (OpenAI's defaults where it gives none: temperature 1, top_p 1); a request without a seed gets a fresh random one.\n\n\
 Requests the server cannot honour exactly (n > 1, logit_bias, tools, images, non-zero penalties, unknown \
 fields) get an OpenAI-shaped 400 error before generation starts; bodies over --max-request-bytes get 413. \
 Generation runs on one engine thread; requests wait FIFO up to --queue-depth, then get 429.\n\n\
