@@ -37,7 +37,7 @@ fn opts(verify: bool) -> LoadOptions {
                 direct: false,
                 depth: 2,
             },
-            ram_budget: 1,
+            ram_budget: 0,
             verify,
             prefetch_threads: 0,
         }),
@@ -63,7 +63,7 @@ fn flipped_byte_is_a_digest_error_naming_layer_expert_and_file() {
     bytes[e.offset as usize + 10] ^= 0x40;
     std::fs::write(&path, bytes).unwrap();
 
-    // Every expert is read (budget 1 byte, all ids): the bad one is hit.
+    // Every expert is read (no cache, all ids): the bad one is hit.
     let engine = Engine::load_with(&store, &opts(true)).unwrap();
     let msg = error_of(engine.forward(IDS));
     assert!(msg.contains("digest mismatch"), "{msg}");

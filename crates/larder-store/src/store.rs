@@ -108,9 +108,12 @@ pub struct ExpertStore {
 
 impl ExpertStore {
     /// Opens the index's files with the chosen backend; an error for
-    /// options out of range ([`StoreOptions::check`]) or threads that cannot start.
+    /// options out of range ([`StoreOptions::check`]), a RAM budget that
+    /// cannot hold one record ([`StoreOptions::check_budget`]) or threads
+    /// that cannot start.
     pub fn open(index: ExpertIndex, opts: StoreOptions) -> Result<ExpertStore, StoreError> {
         opts.check()?;
+        opts.check_budget(&index)?;
         let backend = open_backend(&index.files, opts.io)?;
         let prefetch_files = if opts.prefetch_threads > 0 && opts.io.kind != IoKind::Mmap {
             Some(FileTable::open(&index.files, opts.io.direct)?)
