@@ -2,14 +2,14 @@
 # Bounded fuzzing run for CI (.ci/run) and by hand: installs cargo-fuzz if
 # missing, builds every target in fuzz/ on the stable toolchain (no
 # sanitizer: `-Zsanitizer` needs nightly), then runs each target for
-# LARDER_FUZZ_SECONDS (default 40) from its committed seed corpus
+# LARDER_FUZZ_SECONDS (default 30) from its committed seed corpus
 # (fuzz/corpus/<target>, read-only here: new inputs go to a scratch corpus).
 # Exit 0: no crash; 1: a target crashed, timed out or ran out of memory
 # (the input is under fuzz/artifacts/<target>/); 2: cargo-fuzz could not be
 # installed (CI prints SKIPPED). See docs/fuzzing.md.
 set -euo pipefail
 cd "$(dirname "$0")"
-secs="${LARDER_FUZZ_SECONDS:-40}"
+secs="${LARDER_FUZZ_SECONDS:-30}"
 targets=(checkpoint manifest config request chat_template sse)
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
