@@ -20,6 +20,8 @@ cargo fuzz --version
 # 16 codegen units and no debug info: the build is most of this step's time.
 export CARGO_PROFILE_RELEASE_DEBUG=0
 build=(--sanitizer none --codegen-units 16)
+# LARDER_FUZZ_TARGET_DIR: build elsewhere than fuzz/target (e.g. a cache).
+[[ -n "${LARDER_FUZZ_TARGET_DIR:-}" ]] && build+=(--target-dir "$LARDER_FUZZ_TARGET_DIR")
 start=$SECONDS
 cargo fuzz build "${build[@]}"
 echo "built ${#targets[@]} targets in $((SECONDS - start)) s"
