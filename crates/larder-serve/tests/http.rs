@@ -4,16 +4,15 @@
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use larder_engine::{ChatMessage, Engine, GenerateOptions};
 use larder_serve::{start, RunningServer, ServerConfig};
 use serde_json::{json, Value};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
+mod common;
+use common::*;
 
 fn server(config: ServerConfig) -> RunningServer {
     server_for(&fixture("qwen3_moe_tok"), config)
@@ -30,73 +29,6 @@ fn server_for(model: &Path, config: ServerConfig) -> RunningServer {
         },
     )
     .unwrap()
-}
-
-struct Reply {
-    status: u16,
-    headers: String,
-    body: String,
-}
-
-impl Reply {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.body))
-    }
-}
-
-/// Decodes a chunked transfer-encoded body.
-fn dechunk(mut raw: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = raw.split_once("\r\n") {
-        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
-        if n == 0 {
-            break;
-        }
-        out.push_str(&rest[..n]);
-        raw = &rest[n + 2..];
-    }
-    out
-}
-
-fn send(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut req = format!(
-        "{method} {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    req.push_str(body);
-    s.write_all(req.as_bytes()).unwrap();
-    let mut raw = String::new();
-    s.read_to_string(&mut raw).unwrap();
-    let (head, body) = raw.split_once("\r\n\r\n").unwrap();
-    let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-    let body = if head.to_ascii_lowercase().contains("transfer-encoding: chunked") {
-        dechunk(body)
-    } else {
-        body.to_string()
-    };
-    Reply {
-        status,
-        headers: head.to_string(),
-        body,
-    }
-}
-
-fn post(addr: SocketAddr, path: &str, body: &Value) -> Reply {
-    send(addr, "POST", path, &[("content-type", "application/json")], &body.to_string())
-}
-
-/// The `data:` payloads of an SSE body.
-fn events(body: &str) -> Vec<String> {
-    body.split("\n\n")
-        .filter_map(|e| e.strip_prefix("data: "))
-        .map(str::to_string)
-        .collect()
 }
 
 #[test]
@@ -324,11 +256,7 @@ fn a_continued_chat_reuses_the_kept_prefix_exactly() {
 
 /// A server on a synthetic model with a long context (room for long generations).
 fn long_server(name: &str, config: ServerConfig) -> RunningServer {
-    let dir = std::env::temp_dir().join(format!("larder-serve-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    let spec = larder_model::synth::SynthSpec::preset("qwen3_moe", "tiny", None).unwrap();
-    larder_model::synth::write(&spec, &dir, &mut |_| {}).unwrap();
-    server_for(&dir, config)
+    server_for(&long_model(name), config)
 }
 
 fn queue_depth(a: SocketAddr) -> u64 {
