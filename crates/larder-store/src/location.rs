@@ -97,7 +97,10 @@ impl ExpertIndex {
                     }
                 }
                 for p in &loc.parts {
-                    let ok = loc.extents.get(p.extent).is_some_and(|x| p.offset + p.len <= x.len);
+                    let ok = loc
+                        .extents
+                        .get(p.extent)
+                        .is_some_and(|x| p.offset.checked_add(p.len).is_some_and(|end| end <= x.len));
                     if !ok {
                         return Err(crate::StoreError::Invalid(format!(
                             "layer {l} expert {e}: component range outside its extent"

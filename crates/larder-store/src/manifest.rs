@@ -22,6 +22,8 @@ use crate::StoreError;
 pub const MANIFEST: &str = "manifest.json";
 pub const FORMAT: &str = "larder-store";
 pub const VERSION: u32 = 2;
+/// Most layers a store may have (no model comes near; config.json has the same bound).
+pub const MAX_LAYERS: usize = 4096;
 
 /// The checkpoint a store was packed from.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -249,6 +251,15 @@ impl Manifest {
         }
         let mut index = ExpertIndex::default();
         let mut file_ids: std::collections::HashMap<PathBuf, usize> = Default::default();
+        let mut seen = std::collections::HashSet::new();
+        for le in &self.layers {
+            if le.layer >= MAX_LAYERS || !seen.insert(le.layer) {
+                return Err(StoreError::manifest(
+                    &mpath,
+                    format!("layer {}: repeated or beyond the {MAX_LAYERS} layers a store may have", le.layer),
+                ));
+            }
+        }
         let max_layer = self.layers.iter().map(|l| l.layer + 1).max().unwrap_or(0);
         index.layers = vec![Vec::new(); max_layer];
         index.parts = vec![Vec::new(); max_layer];
@@ -316,5 +327,47 @@ impl Manifest {
         }
         index.check_bounds(&sizes)?;
         Ok(index)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn manifest_with_layers(layers: &[usize]) -> Manifest {
+        Manifest {
+            format: FORMAT.into(),
+            version: VERSION,
+            store_id: "0123456789abcdef".into(),
+            model_type: "qwen3_moe".into(),
+            source: SourceIdentity {
+                config_digest: String::new(),
+                files: Vec::new(),
+            },
+            files: Vec::new(),
+            spine: Vec::new(),
+            drives: Vec::new(),
+            layers: layers
+                .iter()
+                .map(|&layer| LayerEntry {
+                    layer,
+                    parts: Vec::new(),
+                    experts: Vec::new(),
+                })
+                .collect(),
+            digest: String::new(),
+        }
+    }
+
+    /// Found by the manifest fuzz target: a huge layer number overflowed
+    /// `layer + 1` and the index allocation.
+    #[test]
+    fn huge_or_repeated_layer_numbers_are_errors_not_panics() {
+        let root = std::env::temp_dir();
+        for layers in [vec![usize::MAX], vec![usize::MAX - 1], vec![MAX_LAYERS], vec![3, 3]] {
+            let e = manifest_with_layers(&layers).index(&root).unwrap_err().to_string();
+            assert!(e.contains("repeated or beyond"), "{layers:?}: {e}");
+        }
+        assert!(manifest_with_layers(&[0, 2]).index(&root).is_ok());
     }
 }
