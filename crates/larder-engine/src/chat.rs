@@ -108,6 +108,10 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_fuel(Some(TEMPLATE_FUEL));
+        // Errors say what and where (kind, line), without minijinja's source
+        // dump, whose span arithmetic overflows on some render errors (a
+        // panic in builds with debug assertions, found by fuzzing).
+        env.set_debug(false);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         minijinja_contrib::add_to_environment(&mut env);
         env.add_function("raise_exception", |msg: String| -> Result<Value, Error> {
@@ -286,6 +290,16 @@ mod tests {
         let t = ChatTemplate::new(exploding.into(), Default::default()).unwrap();
         let e = t.render(&msgs, false).unwrap_err().to_string();
         assert!(e.contains("bytes"), "{e}");
+    }
+
+    #[test]
+    fn render_errors_with_odd_spans_are_errors() {
+        // Found by fuzz/ (chat_template): formatting this render error
+        // overflowed in minijinja's debug source dump.
+        let src = "messa{% for  in range(1,thi0) %}{% for in range(1000040) %}x{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(src.into(), Default::default()).unwrap();
+        let e = t.render(&[ChatMessage::new("user", "hi")], false).unwrap_err().to_string();
+        assert!(e.contains("cannot render"), "{e}");
     }
 
     #[test]
