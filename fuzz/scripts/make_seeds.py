@@ -102,16 +102,12 @@ def manifest():
         "digest": digest,
     }
     put("manifest", "plausible", json.dumps(m, indent=1))
-    # Open crashes (Manifest::index allocates a Vec per layer up to the
-    # largest layer number): kept out of the corpus until fixed, so CI stays
-    # green; move them into corpus/manifest/ once Manifest::index refuses them.
+    # Regression seeds: a huge layer number crashed Manifest::index (fixed in 951a2c8).
     for name, patch in {
         "huge_layer": {"layers": [{**m["layers"][0], "layer": 1 << 63}]},
         "max_layer": {"layers": [{**m["layers"][0], "layer": 18446744073709551615}]},
     }.items():
-        d = ROOT / "fuzz" / "known-crashes" / "manifest"
-        d.mkdir(parents=True, exist_ok=True)
-        (d / name).write_text(json.dumps({**m, **patch}))
+        put("manifest", "regress_" + name, json.dumps({**m, **patch}))
     for name, patch in {
         "expert_out_of_range": {"layers": [{**m["layers"][0], "experts": [{**m["layers"][0]["experts"][0], "expert": 7}]}]},
         "overflowing_extent": {"layers": [{**m["layers"][0], "experts": [{**m["layers"][0]["experts"][0], "offset": 18446744073709551615}]}]},
