@@ -27,7 +27,8 @@ cargo fuzz build "${build[@]}"
 echo "built ${#targets[@]} targets in $((SECONDS - start)) s"
 
 scratch="$(mktemp -d)"
-trap 'rm -rf "$scratch"' EXIT
+# The targets' scratch folders (one per fuzzing process) go too.
+trap 'rm -rf "$scratch" /dev/shm/larder-fuzz-*' EXIT
 failed=()
 for t in "${targets[@]}"; do
   mkdir -p "$scratch/$t"
