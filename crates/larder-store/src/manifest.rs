@@ -178,7 +178,10 @@ impl Manifest {
         if version != VERSION as u64 {
             return Err(StoreError::manifest(
                 &path,
-                format!("store format version {version}, this larder reads version {VERSION}; re-run `larder pack`"),
+                format!(
+                    "store format version {version}, this larder reads version {VERSION}; \
+                     pack the checkpoint again into a new folder (`larder pack --model CHECKPOINT --out NEW_STORE`)"
+                ),
             ));
         }
         let m: Manifest = serde_json::from_value(value).map_err(|e| StoreError::manifest(&path, format!("malformed: {e}")))?;
