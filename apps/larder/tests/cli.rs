@@ -1,5 +1,5 @@
 //! Black-box tests of the `larder` binary: the JSON interfaces external checks
-//! rely on (DESIGN.md §1), and clear errors (non-zero exit, no panic) on bad input.
+//! rely on (docs/design.md §1), and clear errors (non-zero exit, no panic) on bad input.
 
 use std::path::{Path, PathBuf};
 

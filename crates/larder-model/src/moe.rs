@@ -1,4 +1,4 @@
-//! The MoE step (DESIGN.md §3): route every row, fetch the union of chosen
+//! The MoE step (docs/design.md §3): route every row, fetch the union of chosen
 //! experts once, run each expert on exactly the rows that chose it, and sum
 //! each row's expert outputs in its canonical router order. Optional shared
 //! expert (with Qwen2-MoE's sigmoid gate) is added after.

@@ -1,4 +1,4 @@
-//! Background reads of experts the model predicts it will need (DESIGN.md
+//! Background reads of experts the model predicts it will need (docs/design.md
 //! §3.5): while layer L computes, its caller hints layer L+1's likely
 //! experts; a few threads read them (pread, O_DIRECT per the store's
 //! options), check digests and put them in the cache.

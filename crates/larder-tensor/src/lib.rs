@@ -8,7 +8,7 @@
 //! Exactness contract: every output element is one dot product computed by one
 //! function with one fixed reduction order, whatever the batch size or thread
 //! count. A row's result therefore never depends on the rows beside it
-//! (batch invariance, DESIGN.md §3).
+//! (batch invariance, docs/design.md §3).
 
 pub mod bench;
 pub mod device;

@@ -1,6 +1,6 @@
 //! Measurements behind `larder bench kernels` and the criterion benches: the
 //! machine's RAM read bandwidth, and the weight bytes per second each kernel
-//! streams at a given shape, row count and cache state (DESIGN.md §5: figures
+//! streams at a given shape, row count and cache state (docs/design.md §5: figures
 //! are reported against the physical limit measured in the same run).
 
 pub mod roofs;
