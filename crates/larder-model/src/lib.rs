@@ -23,6 +23,7 @@ pub mod mlp;
 pub mod moe;
 pub mod rope;
 pub mod synth;
+pub mod upcycle;
 
 pub use arch::load_model;
 pub use config::{FfnSpec, ModelSpec, MoeSpec};

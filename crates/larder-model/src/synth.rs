@@ -446,7 +446,7 @@ fn splitmix(x: &mut u64) -> u64 {
 }
 
 /// Uniform in [-sqrt(3), sqrt(3)) (unit variance).
-fn unit(x: &mut u64) -> f32 {
+pub(crate) fn unit(x: &mut u64) -> f32 {
     let u = (splitmix(x) >> 40) as f32 / (1u64 << 24) as f32;
     (u * 2.0 - 1.0) * 1.732_050_8
 }
