@@ -10,7 +10,8 @@
 //!   safetensors or from a packed store);
 //! - [`integrity`] checks a packed store's carried files and spine at load,
 //!   and proves for `larder verify` that a store loads;
-//! - [`stats`] is the timing/throughput record every run reports.
+//! - [`stats`] is the timing/throughput record every run reports;
+//! - [`plan`] is the first decode planner (fit, RAM budget, expected tok/s).
 
 pub mod chat;
 pub mod engine;
@@ -19,6 +20,7 @@ pub mod experts;
 pub mod generation;
 pub mod integrity;
 pub mod pack;
+pub mod plan;
 pub mod sampling;
 pub mod stats;
 pub mod tokenizer;
