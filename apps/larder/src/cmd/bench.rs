@@ -12,11 +12,12 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
-use indicatif::{ProgressBar, ProgressStyle};
 use larder_tensor::bench::{bench_formats, ram_read_gbps, roofs, CandleSet, WeightSet, COLD_SET_BYTES};
 use larder_tensor::kernels::{active_path, KernelPath};
 use larder_tensor::WeightFormat;
 use serde_json::json;
+
+use super::progress::{Progress, Unit};
 
 /// What to benchmark.
 #[derive(Subcommand)]
@@ -168,14 +169,11 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
         .collect();
 
     let total = (shapes.len() * formats.len() * rows.len() * 2) as u64;
-    let bar = ProgressBar::new(total).with_style(ProgressStyle::with_template("{bar:40} {pos}/{len} {msg}").expect("valid template"));
-    if args.json {
-        bar.set_draw_target(indicatif::ProgressDrawTarget::hidden());
-    }
+    let bar = Progress::new("bench kernels", total, Unit::Count, args.json);
     let mut results = Vec::new();
     for &(k, n) in shapes {
         for (name, format) in &formats {
-            bar.set_message(format!("{name} {k}x{n}"));
+            bar.set_message(&format!("{name} {k}x{n}"));
             let set = WeightSet::new(*format, n, k, plan.cold_bytes);
             // candle on the same weights, cold and hot, in the same pool.
             let candle_set = if args.no_candle {
@@ -200,7 +198,7 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
             }
         }
     }
-    bar.finish_and_clear();
+    bar.finish();
     let doc = json!({
         "ram_gbps": ram, "compute_roofs": roofs_json, "path": path.name(), "threads": args.threads, "results": results,
     });

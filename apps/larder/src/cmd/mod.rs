@@ -6,6 +6,7 @@ pub mod bench;
 pub mod bench_store;
 pub mod forward;
 pub mod pack;
+pub mod progress;
 pub mod run;
 pub mod serve;
 pub mod synth;

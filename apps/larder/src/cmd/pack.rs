@@ -8,6 +8,8 @@ use anyhow::Context;
 use larder_store::pack::{pack_with, DriveSpec, PackEvent, PackOptions};
 use serde_json::json;
 
+use super::progress::{Progress, Unit};
+
 /// Arguments of `larder pack`.
 #[derive(clap::Args)]
 #[command(
@@ -45,24 +47,33 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let src = larder_engine::pack::pack_source(&args.model).with_context(|| format!("cannot read {}", args.model.display()))?;
-    let bar = super::progress_bar(0, "{msg} [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}");
-    bar.set_message("packing");
+    let progress = Progress::new("pack", 0, Unit::Bytes, args.json);
+    let layers = src.layers.len();
+    let mut layers_done = 0;
     let opts = PackOptions { repair: args.repair };
     let report = pack_with(&src, &args.out, &args.drives, opts, &mut |ev| match ev {
-        PackEvent::MeasuringDrive { dir } => bar.set_message(format!("measuring {}", dir.display())),
+        PackEvent::MeasuringDrive { dir } => progress.set_message(&format!("measuring {}", dir.display())),
         PackEvent::DriveMeasured { dir, gbps } => {
-            bar.println(format!("{}: {gbps:.2} GB/s read", dir.display()));
-            bar.set_message("packing");
+            progress.note(&format!("{}: {gbps:.2} GB/s read", dir.display()));
+            progress.set_message("experts");
         }
-        PackEvent::Started { total_bytes } => bar.set_length(total_bytes),
-        PackEvent::Advanced { bytes } => bar.inc(bytes),
+        PackEvent::Started { total_bytes } => progress.set_total(total_bytes),
+        PackEvent::Advanced { bytes } => progress.inc(bytes),
         PackEvent::RecordRewritten { layer, expert } => {
-            bar.println(format!("layer {layer} expert {expert}: differed from the checkpoint; rewritten"))
+            progress.note(&format!("layer {layer} expert {expert}: differed from the checkpoint; rewritten"))
         }
-        PackEvent::LayerDone { .. } => {}
+        PackEvent::LayerDone { layer, .. } => {
+            layers_done += 1;
+            let next = if layers_done < layers {
+                format!("{layers_done} of {layers} layers done (layer {layer})")
+            } else {
+                "spine and files".into()
+            };
+            progress.set_message(&next);
+        }
     })
     .with_context(|| format!("pack into {} failed", args.out.display()))?;
-    bar.finish_and_clear();
+    progress.finish();
     if args.json {
         return super::print_json(&json!(report));
     }

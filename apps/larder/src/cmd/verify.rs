@@ -7,6 +7,8 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 use serde_json::json;
 
+use super::progress::{Progress, Unit};
+
 /// Arguments of `larder verify`.
 #[derive(clap::Args)]
 #[command(
@@ -35,9 +37,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .iter()
         .map(|l| l.experts.len() as u64 * l.parts.iter().map(|p| p.len).sum::<u64>())
         .sum();
-    let bar = super::progress_bar(total, "verifying [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}");
-    let report = larder_engine::integrity::verify(&args.store, &mut |b| bar.inc(b))?;
-    bar.finish_and_clear();
+    let progress = Progress::new("verify", total, Unit::Bytes, args.json);
+    progress.set_message("expert records");
+    let report = larder_engine::integrity::verify(&args.store, &mut |b| progress.inc(b))?;
+    progress.finish();
     let gbps = report.bytes as f64 / report.seconds.max(1e-9) / 1e9;
     if args.json {
         let mut doc = json!(report);
