@@ -69,6 +69,44 @@ fn probe(path: &Path) -> Result<f64, StoreError> {
     Ok(PROBE_BYTES as f64 / secs / 1e9)
 }
 
+/// Size and type of the file system holding a directory (`statfs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FsSpace {
+    /// Bytes an unprivileged user may still write.
+    pub free: u64,
+    pub total: u64,
+    /// `f_type`: the file system's magic number (e.g. 0xEF53 for ext4).
+    pub magic: u64,
+}
+
+/// [`FsSpace`] of the file system holding `dir`.
+#[cfg(target_os = "linux")]
+pub fn fs_space(dir: &Path) -> Result<FsSpace, StoreError> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(dir.as_os_str().as_bytes())
+        .map_err(|_| StoreError::Invalid(format!("{}: path holds a NUL byte", dir.display())))?;
+    // SAFETY: a valid NUL-terminated path and a zeroed out-struct the call fills.
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(path.as_ptr(), &mut st) } != 0 {
+        return Err(StoreError::io(dir, std::io::Error::last_os_error()));
+    }
+    let block = st.f_bsize as u64;
+    Ok(FsSpace {
+        free: (st.f_bavail as u64).saturating_mul(block),
+        total: (st.f_blocks as u64).saturating_mul(block),
+        magic: st.f_type as u64,
+    })
+}
+
+/// [`FsSpace`] of the file system holding `dir` (Linux only).
+#[cfg(not(target_os = "linux"))]
+pub fn fs_space(dir: &Path) -> Result<FsSpace, StoreError> {
+    Err(StoreError::Invalid(format!(
+        "{}: file system figures are read on Linux only",
+        dir.display()
+    )))
+}
+
 /// Assigns `count` experts to drives with weights `gbps`: smooth weighted
 /// round-robin, so every prefix of experts is spread in proportion too
 /// (deterministic for the same inputs).
@@ -92,6 +130,14 @@ pub fn place(count: usize, gbps: &[f64]) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn fs_space_of_the_temp_dir() {
+        let s = fs_space(&std::env::temp_dir()).unwrap();
+        assert!(s.total > 0 && s.free <= s.total && s.magic != 0, "{s:?}");
+        assert!(fs_space(Path::new("/no/such/folder")).unwrap_err().to_string().contains("/no/such/folder"));
+    }
 
     #[test]
     fn placement_follows_weights() {
