@@ -93,13 +93,21 @@ impl ChatTemplate {
             _ => None,
         };
         let Some(source) = source else { return Ok(None) };
+        let from = if config.get("chat_template").is_some() { path } else { jinja };
         let mut special_tokens = serde_json::Map::new();
         for key in SPECIAL_TOKEN_KEYS {
             if let Some(tok) = config.get(*key).and_then(token_text) {
                 special_tokens.insert((*key).to_string(), Json::String(tok));
             }
         }
-        Self::new(source, special_tokens).map(Some)
+        match Self::new(source, special_tokens) {
+            Ok(t) => Ok(Some(t)),
+            Err(EngineError::Template(message)) => Err(EngineError::File {
+                path: from,
+                message: format!("chat template: {message}"),
+            }),
+            Err(e) => Err(e),
+        }
     }
 
     /// Compiles `source` with the given special tokens.
@@ -119,7 +127,7 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", strftime_now);
         env.add_template_owned("chat", source)
-            .map_err(|e| EngineError::Template(format!("cannot compile: {e:#}")))?;
+            .map_err(|e| EngineError::Template(format!("cannot compile: {e}")))?;
         Ok(ChatTemplate { env, special_tokens })
     }
 

@@ -97,7 +97,9 @@ pub struct Engine {
     /// The expert store, when experts are streamed.
     store: Option<Arc<ExpertStore>>,
     tokenizer: Option<TextTokenizer>,
-    chat: Option<ChatTemplate>,
+    /// The chat template, or why it cannot be used: a broken template is
+    /// reported when a chat is rendered, not at load (plain prompts need none).
+    chat: Result<Option<ChatTemplate>, String>,
     generation: GenerationConfig,
 }
 
@@ -155,7 +157,7 @@ impl Engine {
         } else {
             None
         };
-        let chat = ChatTemplate::from_dir(dir)?;
+        let chat = ChatTemplate::from_dir(dir).map_err(|e| e.to_string());
         let generation = GenerationConfig::from_dir(dir)?;
         Ok(Engine {
             dir: dir.to_path_buf(),
@@ -203,10 +205,18 @@ impl Engine {
         self.tokenizer()?.encode(text, true)
     }
 
+    /// Why the checkpoint's chat template cannot be used (unreadable or not
+    /// compiling), if so: loading succeeds without it, chats fail with this.
+    pub fn chat_template_error(&self) -> Option<&str> {
+        self.chat.as_ref().err().map(String::as_str)
+    }
+
     /// Renders a chat with the checkpoint's template (generation prompt added).
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
         let chat = self
             .chat
+            .as_ref()
+            .map_err(|e| EngineError::ChatTemplate(e.clone()))?
             .as_ref()
             .ok_or_else(|| EngineError::NoChatTemplate { dir: self.dir.clone() })?;
         chat.render(messages, true)
@@ -383,9 +393,9 @@ fn check_dir(dir: &Path) -> Result<(), EngineError> {
     if dir.is_dir() {
         Ok(())
     } else {
-        Err(EngineError::Io {
+        Err(EngineError::File {
             path: dir.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "model folder not found"),
+            message: "model folder not found (give a Hugging Face checkpoint folder or a store made by `larder pack`)".into(),
         })
     }
 }

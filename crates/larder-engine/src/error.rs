@@ -24,6 +24,10 @@ pub enum EngineError {
     NoChatTemplate { dir: PathBuf },
     #[error("chat template: {0}")]
     Template(String),
+    /// The checkpoint's chat template could not be read or compiled at load
+    /// (the message names the file); only chats need it.
+    #[error("{0}")]
+    ChatTemplate(String),
     #[error("invalid {field}: {message}")]
     Invalid { field: &'static str, message: String },
 }

@@ -66,6 +66,17 @@ pub fn spine_check(manifest: &Manifest) -> Arc<TensorCheck> {
 /// Opens a store's spine as a checkpoint whose every tensor is checked
 /// against the manifest, after checking the spine files' names, sizes and headers.
 pub fn open_spine(dir: &Path, manifest: &Manifest) -> Result<Checkpoint, EngineError> {
+    for s in &manifest.spine {
+        let path = dir.join(&s.file);
+        if !path.is_file() {
+            return Err(EngineError::File {
+                path,
+                message: "missing: the store's manifest.json lists it as a spine file; \
+                          `larder pack --model CHECKPOINT --out STORE --repair` writes it again"
+                    .into(),
+            });
+        }
+    }
     let mut ckpt = Checkpoint::open(dir)?;
     check_spine_files(dir, manifest, &ckpt)?;
     ckpt.set_tensor_check(spine_check(manifest));

@@ -123,7 +123,16 @@ pub fn load_engine(model: &Path, experts: &ExpertArgs) -> anyhow::Result<Engine>
     let started = std::time::Instant::now();
     let opts = experts.load_options(model);
     check_budget(model, &opts)?;
-    let engine = Engine::load_with(model, &opts).with_context(|| format!("cannot load model {}", model.display()))?;
+    let engine = Engine::load_with(model, &opts).map_err(|e| {
+        // The path is said once: most load errors name the file at fault already.
+        let named = e.to_string().contains(&model.display().to_string());
+        let what = if named {
+            "cannot load the model".to_string()
+        } else {
+            format!("cannot load model {}", model.display())
+        };
+        anyhow::Error::from(e).context(what)
+    })?;
     match &opts.experts {
         ExpertMode::Stream(o) => tracing::info!(
             "loaded {} in {:.2}s; experts streamed via {} (direct={}) through a {} cache",

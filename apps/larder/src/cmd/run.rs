@@ -145,46 +145,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }));
     }
     writeln!(stdout)?;
-    eprintln!(
-        "[larder] {} prompt + {} new tokens | prefill {:.1} tok/s | decode {:.2} tok/s | first token {:.3}s | finish: {:?}",
-        s.prompt_tokens, s.new_tokens, s.prefill_tok_per_s, s.decode_tok_per_s, s.time_to_first_token_s, generation.finish_reason
-    );
-    if let Some(x) = &s.experts {
+    eprintln!("{}", summary(s, generation.finish_reason));
+    if let (true, Some(x)) = (args.stats, &s.experts) {
         eprintln!(
-            "[larder] experts via {}: {} read in {} reads | hits {} misses {} ({:.1}% hit) | io wait {:.3}s ({:.2} GB/s) | verify {:.3}s",
-            x.io_backend,
-            larder_store::format_size(x.expert_bytes_read),
-            x.expert_reads,
-            x.cache_hits,
-            x.cache_misses,
-            100.0 * x.hit_rate,
-            x.io_wait_s,
-            x.effective_gbps,
-            x.verify_s
+            "[larder] experts: {} hits, {} misses, {} prefetch reads ({} used) | verify {:.3}s",
+            x.cache_hits, x.cache_misses, x.prefetch_reads, x.prefetch_hits, x.verify_s
         );
-        if args.stats {
-            for l in &x.layers {
-                eprintln!(
-                    "[larder]   layer {:>3}: {:>6} hits {:>6} misses ({:.1}% hit)",
-                    l.layer,
-                    l.hits,
-                    l.misses,
-                    100.0 * l.hit_rate
-                );
-            }
+        for l in &x.layers {
+            eprintln!(
+                "[larder]   layer {:>3}: {:>6} hits {:>6} misses ({:.1}% hit)",
+                l.layer,
+                l.hits,
+                l.misses,
+                100.0 * l.hit_rate
+            );
         }
-    }
-    if let Some(sp) = &s.speculative {
-        eprintln!(
-            "[larder] drafter {}: {} drafted, {} accepted ({:.1}%), {:.2} per verification, {} target passes{}",
-            sp.drafter,
-            sp.drafted,
-            sp.accepted,
-            100.0 * sp.acceptance_rate,
-            sp.mean_accepted,
-            sp.target_steps,
-            if sp.disabled { ", switched off (not paying)" } else { "" }
-        );
     }
     if args.stats {
         eprintln!(
@@ -193,4 +168,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// The one-line summary of a run on stderr: tokens, speeds, and (when
+/// experts stream) what streaming cost; the drafter's share when drafting.
+fn summary(s: &larder_engine::Stats, finish: larder_engine::FinishReason) -> String {
+    let mut line = format!(
+        "[larder] {} prompt + {} new tokens | prefill {:.1} tok/s | decode {:.2} tok/s (first token {:.3} s)",
+        s.prompt_tokens, s.new_tokens, s.prefill_tok_per_s, s.decode_tok_per_s, s.time_to_first_token_s
+    );
+    match &s.experts {
+        Some(x) => {
+            let busy = s.prefill_s + s.decode_s;
+            let wait = if busy > 0.0 { 100.0 * x.io_wait_s / busy } else { 0.0 };
+            line.push_str(&format!(
+                " | experts streamed via {}: {} reads, {}, {:.1}% hit, disk {:.2} GB/s, io wait {wait:.0}%",
+                x.io_backend,
+                x.expert_reads,
+                larder_store::format_size(x.expert_bytes_read),
+                100.0 * x.hit_rate,
+                x.effective_gbps,
+            ));
+        }
+        None => line.push_str(" | experts in RAM"),
+    }
+    if let Some(sp) = &s.speculative {
+        line.push_str(&format!(
+            " | drafter {}: {:.0}% of {} accepted{}",
+            sp.drafter,
+            100.0 * sp.acceptance_rate,
+            sp.drafted,
+            if sp.disabled { ", switched off (not paying)" } else { "" }
+        ));
+    }
+    let why = match finish {
+        larder_engine::FinishReason::Stop => "EOS",
+        larder_engine::FinishReason::Length => "the length limit",
+        larder_engine::FinishReason::Cancelled => "cancelled",
+    };
+    line.push_str(&format!(" | stopped at {why}"));
+    line
 }

@@ -1,0 +1,142 @@
+//! Black-box tests of the first five minutes: errors that say each thing
+//! once and name the path or flag at fault, a broken chat template that only
+//! stops chats, and the one-line run summary.
+
+use std::path::{Path, PathBuf};
+
+mod common;
+
+use common::{fails, larder, ok_json};
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tok")
+}
+
+/// A copy of the tiny fixture checkpoint in `dir`.
+fn copy_fixture(dir: &Path) -> PathBuf {
+    let model = dir.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    for entry in std::fs::read_dir(fixture()).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), model.join(entry.file_name())).unwrap();
+    }
+    model
+}
+
+/// The first phrase of at least 12 characters that appears twice in `text`,
+/// both times starting a word (so "unexpected end" does not repeat "expected end").
+fn repeated_phrase(text: &str) -> Option<&str> {
+    const LEN: usize = 12;
+    let word_start = |i: usize| i == 0 || text[..i].ends_with(|c: char| c.is_whitespace() || ":(\"'`".contains(c));
+    let starts: Vec<usize> = text.char_indices().map(|(i, _)| i).filter(|&i| word_start(i)).collect();
+    for (k, &i) in starts.iter().enumerate() {
+        let Some(end) = text[i..].char_indices().nth(LEN).map(|(j, _)| i + j) else {
+            break;
+        };
+        let phrase = &text[i..end];
+        if starts[k + 1..].iter().any(|&j| text[j..].starts_with(phrase)) {
+            return Some(phrase);
+        }
+    }
+    None
+}
+
+fn says_once(err: &str) {
+    let line = err.trim_end();
+    assert!(!line.is_empty(), "no error message");
+    if let Some(p) = repeated_phrase(line) {
+        panic!("the error repeats {p:?}: {line}");
+    }
+}
+
+#[test]
+fn repeated_phrase_finds_repeats() {
+    assert!(repeated_phrase("x: model folder not found: model folder not found").is_some());
+    assert_eq!(repeated_phrase("a: unexpected end of input, expected end of block"), None);
+    assert_eq!(repeated_phrase("cannot load model /a/b: not found"), None);
+}
+
+#[test]
+fn missing_model_folder_is_said_once_with_its_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let missing = tmp.path().join("no-such-model");
+    let err = fails(&["run", "--model", s(&missing), "--prompt", "hi"]);
+    says_once(&err);
+    assert!(err.contains(s(&missing)), "{err}");
+    assert!(err.contains("not found"), "{err}");
+}
+
+#[test]
+fn missing_file_inside_a_store_is_said_once_with_its_path() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    ok_json(&["pack", "--model", s(&fixture()), "--out", s(&store), "--json"]);
+    let spine = store.join("spine.safetensors");
+    assert!(spine.exists(), "the store has no {}", spine.display());
+    std::fs::remove_file(&spine).unwrap();
+    let err = fails(&["run", "--model", s(&store), "--ids", "1,2", "--max-new", "1"]);
+    says_once(&err);
+    assert!(err.contains("spine.safetensors"), "{err}");
+}
+
+#[test]
+fn a_bad_flag_is_said_once_with_the_flag() {
+    let err = fails(&["run", "--model", s(&fixture()), "--io-depth", "0", "--prompt", "hi"]);
+    says_once(err.lines().next().unwrap_or(""));
+    assert!(err.contains("--io-depth"), "{err}");
+}
+
+/// Replaces the fixture copy's chat template with one that cannot compile.
+fn break_template(model: &Path) -> PathBuf {
+    let path = model.join("tokenizer_config.json");
+    let mut config: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    config["chat_template"] = serde_json::json!("{% for m in messages %}{{ m.content ");
+    std::fs::write(&path, serde_json::to_vec(&config).unwrap()).unwrap();
+    path
+}
+
+#[test]
+fn a_broken_chat_template_only_stops_chats() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = copy_fixture(tmp.path());
+    let config = break_template(&model);
+
+    let doc = ok_json(&["run", "--model", s(&model), "--prompt", "Hello", "--max-new", "2", "--json"]);
+    assert_eq!(doc["stats"]["new_tokens"], 2);
+
+    let err = fails(&["run", "--model", s(&model), "--chat", "--prompt", "Hello", "--max-new", "2"]);
+    says_once(&err);
+    assert!(err.contains(s(&config)), "the error names the template's file: {err}");
+    assert!(err.contains("chat template"), "{err}");
+}
+
+#[test]
+fn a_chat_template_edited_inside_a_store_is_refused_at_load() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    ok_json(&["pack", "--model", s(&fixture()), "--out", s(&store), "--json"]);
+    break_template(&store);
+    let err = fails(&["run", "--model", s(&store), "--prompt", "Hello", "--max-new", "1"]);
+    assert!(err.contains("tokenizer_config.json"), "{err}");
+}
+
+#[test]
+fn run_summary_is_one_line() {
+    let model = fixture();
+    for extra in [&[][..], &["--ram-budget", "1MiB"][..]] {
+        let mut args = vec!["run", "--model", s(&model), "--prompt", "Hello", "--max-new", "3"];
+        args.extend_from_slice(extra);
+        let out = larder(&args);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("[larder]")).collect();
+        assert_eq!(lines.len(), 1, "one summary line: {err}");
+        assert!(lines[0].contains("3 new tokens") && lines[0].contains("tok/s"), "{err}");
+        let streamed = !extra.is_empty();
+        assert_eq!(lines[0].contains("experts streamed via"), streamed, "{err}");
+    }
+}
