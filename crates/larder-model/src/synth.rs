@@ -163,6 +163,16 @@ impl SynthSpec {
         (self.moe_layers() * self.experts * self.expert_bytes()) as u64
     }
 
+    /// Bytes of every tensor [`write`] writes (the total its progress counts):
+    /// embeddings, final norm, LM head and every layer, experts included.
+    pub fn total_bytes(&self) -> u64 {
+        let top = (2 * self.vocab * self.hidden + self.hidden) as u64 * 2;
+        top + (0..self.layers)
+            .flat_map(|l| layer_tensors(self, l))
+            .map(|t| t.bytes())
+            .sum::<u64>()
+    }
+
     fn config(&self) -> serde_json::Value {
         if let Some(d) = &self.deepseek {
             return serde_json::json!({

@@ -170,7 +170,7 @@ pub fn upcycle(spec: &UpcycleSpec, progress: &mut dyn FnMut(u64, u64)) -> Result
         return Err(ModelError::config(
             &spec.out.join("config.json"),
             "out",
-            "the output folder already holds a checkpoint; choose another output folder",
+            "the output folder already holds a checkpoint; choose another output folder (--out)",
         ));
     }
     let plan = plan_tensors(&ckpt, spec, &mlp)?;

@@ -1,11 +1,14 @@
 //! `larder synth`: write a synthetic checkpoint (real layout, random
-//! weights, any size) and measure how its routing behaves.
+//! weights, any size) and measure how its routing behaves; or, with
+//! `--from-dense`, upcycle a real dense checkpoint into an MoE whose experts
+//! are copies of its MLP (real text from a streamed MoE).
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
 use larder_model::synth::{write, Routing, SynthSpec};
+use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleSpec};
 use larder_model::RouteTrace;
 use serde_json::json;
 
@@ -16,8 +19,15 @@ intermediate 1408 in bf16 = 17.3 MB per expert like the Kimi-class target, top-8
 --experts-gib the layer count is chosen to reach that size of routed experts.\n\n\
 After writing, a short greedy decode measures the mean share of experts a token shares with the previous \
 token (uniform routing: about top_k/experts); skip it with --measure-tokens 0.\n\n\
+With --from-dense DIR, a real dense checkpoint (llama or mistral -> mixtral layout, qwen3 -> qwen3_moe) \
+is upcycled instead: every routed expert is a byte-for-byte copy of the layer's dense MLP, the router is \
+random (seeded by --seed) so routing varies token to token, and the top-k routing weights are renormalised \
+to sum to one, so the text equals the dense model's up to f32 rounding. It is a demo and test model for \
+streaming real text, not a trained MoE. Every other tensor is copied byte-for-byte in its dtype; the \
+tokenizer, chat template and generation config are copied.\n\n\
 Examples:\n  larder synth --arch qwen3_moe --preset k3-mini --experts-gib 8 --out ./k3mini\n  \
-larder synth --arch deepseek_v3 --preset k3-mini --experts-gib 8 --out ./k3mini-ds")]
+larder synth --arch deepseek_v3 --preset k3-mini --experts-gib 8 --out ./k3mini-ds\n  \
+larder synth --from-dense ~/.cache/larder/smollm2/checkpoint --experts 8 --top-k 2 --out ./smollm2-moe")]
 pub struct Args {
     /// Architecture: qwen3_moe or deepseek_v3 (MLA, dense first layer, shared expert, grouped sigmoid routing).
     #[arg(long, default_value = "qwen3_moe", value_parser = ["qwen3_moe", "deepseek_v3"])]
@@ -26,29 +36,38 @@ pub struct Args {
     #[arg(long, default_value = "tiny")]
     preset: String,
     /// Total size of routed experts, in GiB (sets the layer count): above 0, at most 65536.
-    #[arg(long, value_name = "GIB", value_parser = parse_gib)]
+    #[arg(long, value_name = "GIB", value_parser = parse_gib, conflicts_with = "from_dense")]
     experts_gib: Option<f64>,
     /// Override the number of layers, 1 to 4096.
-    #[arg(long, value_parser = super::range(1, MAX_LAYERS))]
+    #[arg(long, value_parser = super::range(1, MAX_LAYERS), conflicts_with = "from_dense")]
     layers: Option<usize>,
-    /// Override the number of routed experts per layer, 1 to 65536.
+    /// Routed experts per layer, 1 to 65536 (default: the preset's; 8 with --from-dense).
     #[arg(long, value_parser = super::range(1, MAX_EXPERTS))]
     experts: Option<usize>,
-    /// Override the experts chosen per token, 1 to the number of experts.
+    /// Experts chosen per token, 1 to the number of experts (default: the preset's; 2 with --from-dense).
     #[arg(long, value_parser = super::range(1, MAX_EXPERTS))]
     top_k: Option<usize>,
     /// Override the vocabulary size, 2 to 16777216 (e.g. to make a draft model for another synthetic checkpoint).
-    #[arg(long, value_parser = super::range(2, 1 << 24))]
+    #[arg(long, value_parser = super::range(2, 1 << 24), conflicts_with = "from_dense")]
     vocab: Option<usize>,
-    /// Seed of the random weights.
+    /// Seed of the random weights (with --from-dense: of the random routers).
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// uniform: independent uniform routing per token; skewed: Zipf-like popularity plus temporal locality.
-    #[arg(long, default_value = "uniform", value_parser = ["uniform", "skewed"])]
+    #[arg(long, default_value = "uniform", value_parser = ["uniform", "skewed"], conflicts_with = "from_dense")]
     routing: String,
-    /// Tokens of greedy decoding used to measure routing overlap, 0 to 65536 (0: skip).
-    #[arg(long, default_value_t = 16, value_parser = super::range(0, 1 << 16))]
+    /// Tokens of greedy decoding used to measure routing overlap, 0 to 65536 (0: skip; not with --from-dense).
+    #[arg(long, default_value_t = 16, value_parser = super::range(0, 1 << 16), conflicts_with = "from_dense")]
     measure_tokens: usize,
+    /// Upcycle this dense Hugging Face checkpoint (llama, mistral or qwen3) into an MoE instead: every expert
+    /// is a copy of the dense MLP and the top-k routing weights are renormalised to sum to one, so the text
+    /// equals the dense model's up to rounding (a demo/test model, not a trained MoE).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["arch", "preset"])]
+    from_dense: Option<PathBuf>,
+    /// Layout of the upcycled MoE: mixtral (from llama or mistral) or qwen3_moe (from qwen3). Default: from
+    /// the source's model_type.
+    #[arg(long, value_parser = ["mixtral", "qwen3_moe"], requires = "from_dense")]
+    layout: Option<String>,
     /// Output folder.
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
@@ -73,6 +92,9 @@ fn parse_gib(s: &str) -> Result<f64, String> {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(source) = &args.from_dense {
+        return run_upcycle(&args, source);
+    }
     let mut spec = SynthSpec::preset(&args.arch, &args.preset, args.experts_gib).map_err(anyhow::Error::msg)?;
     if let Some(l) = args.layers {
         spec.layers = l;
@@ -105,7 +127,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let total = spec.total_expert_bytes();
-    let bar = super::progress_bar(total, "writing [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}");
+    let bar = bar(spec.total_bytes(), args.json);
     let files = write(&spec, &args.out, &mut |b| bar.inc(b)).with_context(|| format!("cannot write {}", args.out.display()))?;
     bar.finish_and_clear();
     let written: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
@@ -147,6 +169,76 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         eprintln!("[larder] consecutive-token expert overlap {mean:.3} (uniform routing expects {expected:.3})");
     }
     Ok(())
+}
+
+/// A progress bar over `total` bytes on stderr (hidden with `--json`; indicatif hides it when stderr is not a terminal).
+fn bar(total: u64, json: bool) -> indicatif::ProgressBar {
+    if json {
+        return indicatif::ProgressBar::hidden();
+    }
+    super::progress_bar(total, "writing [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+}
+
+/// `--from-dense`: upcycle a dense checkpoint into an MoE of copied experts.
+fn run_upcycle(args: &Args, source: &std::path::Path) -> anyhow::Result<()> {
+    let layout = match &args.layout {
+        Some(l) => UpcycleLayout::parse(l).context("--layout: use mixtral or qwen3_moe")?,
+        None => default_layout(source)?,
+    };
+    let spec = UpcycleSpec {
+        source: source.to_path_buf(),
+        out: args.out.clone(),
+        experts: args.experts.unwrap_or(8),
+        top_k: args.top_k.unwrap_or(2),
+        layout,
+        seed: args.seed,
+    };
+    anyhow::ensure!(
+        spec.top_k <= spec.experts,
+        "--top-k {} must be between 1 and the number of experts ({}, --experts)",
+        spec.top_k,
+        spec.experts
+    );
+    let started = Instant::now();
+    let bar = bar(0, args.json);
+    let report = upcycle(&spec, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    })?;
+    bar.finish_and_clear();
+    let seconds = started.elapsed().as_secs_f64();
+    if args.json {
+        let mut doc = serde_json::to_value(&report)?;
+        doc["out"] = json!(args.out);
+        doc["spec"] = serde_json::to_value(&spec)?;
+        doc["seconds"] = json!(seconds);
+        return super::print_json(&doc);
+    }
+    eprintln!(
+        "[larder] upcycled {} ({}) into {} ({}: {} layers x {} experts of {}, top-{}; {} of experts, {} in all) in {:.1}s",
+        source.display(),
+        report.source_model_type,
+        args.out.display(),
+        report.layout,
+        report.layers,
+        report.experts,
+        larder_store::format_size(report.expert_bytes),
+        report.top_k,
+        larder_store::format_size(report.bank_bytes),
+        larder_store::format_size(report.total_bytes),
+        seconds
+    );
+    Ok(())
+}
+
+/// The layout a source's `model_type` upcycles to (mixtral when unknown: the upcycle names the problem).
+fn default_layout(source: &std::path::Path) -> anyhow::Result<UpcycleLayout> {
+    let path = source.join("config.json");
+    let text = std::fs::read_to_string(&path).with_context(|| format!("--from-dense: cannot read {}", path.display()))?;
+    let cfg: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("--from-dense: {} is not valid JSON", path.display()))?;
+    let model_type = cfg["model_type"].as_str().unwrap_or_default();
+    Ok(UpcycleLayout::for_source(model_type).unwrap_or(UpcycleLayout::Mixtral))
 }
 
 /// Greedy decoding from a seeded first token, recording routes.
