@@ -46,6 +46,8 @@ enum Command {
     Verify(cmd::verify::Args),
     /// Write a synthetic checkpoint (real layout, random weights, any size).
     Synth(cmd::synth::Args),
+    /// What this machine is and what it can run: CPU, RAM, drives, and a plan for --model.
+    Doctor(cmd::doctor::Args),
     /// Measure speed against this machine's physical limits.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
@@ -99,6 +101,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pack(a) => cmd::pack::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Synth(a) => cmd::synth::run(a),
+        Command::Doctor(a) => cmd::doctor::run(a),
         Command::Bench(b) => cmd::bench::run(b),
     }
 }

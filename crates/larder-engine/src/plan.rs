@@ -273,6 +273,8 @@ pub struct Plan {
     pub headroom_bytes: u64,
     /// The `--ram-budget` to use: RAM available minus spine minus headroom,
     /// capped at the bank (0 when the model does not fit).
+    pub recommended_ram_budget: u64,
+    /// The budget the estimate is for: the one asked for, else the recommended one.
     pub ram_budget: u64,
     /// Share of expert reads that miss the cache under uniform routing.
     pub miss_rate: f64,
@@ -299,8 +301,9 @@ pub fn headroom(available: u64) -> u64 {
     HEADROOM_MIN_BYTES.max((available as f64 * HEADROOM_FRACTION) as u64)
 }
 
-/// Plans `sizes` on `machine` (see the module doc for the model).
-pub fn plan(sizes: &ModelSizes, machine: &MachineFigures) -> Result<Plan, PlanError> {
+/// Plans `sizes` on `machine` (see the module doc for the model), for an
+/// expert cache of `budget` bytes when given, else the recommended one.
+pub fn plan(sizes: &ModelSizes, machine: &MachineFigures, budget: Option<u64>) -> Result<Plan, PlanError> {
     let ram_gbps = positive("ram_gbps", machine.ram_gbps)?;
     let drive_gbps = machine.drive_gbps.map(|g| positive("drive_gbps", g)).transpose()?;
     let headroom_bytes = headroom(machine.ram_available);
@@ -317,10 +320,11 @@ pub fn plan(sizes: &ModelSizes, machine: &MachineFigures) -> Result<Plan, PlanEr
                 .saturating_add(headroom_bytes),
         }
     };
-    let ram_budget = match fit {
+    let recommended_ram_budget = match fit {
         Fit::DoesNotFit { .. } => 0,
         _ => usable.saturating_sub(sizes.spine_bytes).min(sizes.bank_bytes),
     };
+    let ram_budget = budget.unwrap_or(recommended_ram_budget);
     let miss_rate = miss_rate(ram_budget, sizes.bank_bytes);
     let compute = ram_gbps * 1e9 / sizes.active_bytes_per_token().max(1) as f64;
     let missed = sizes.expert_bytes_per_token() as f64 * miss_rate;
@@ -332,6 +336,7 @@ pub fn plan(sizes: &ModelSizes, machine: &MachineFigures) -> Result<Plan, PlanEr
     Ok(Plan {
         fit,
         headroom_bytes,
+        recommended_ram_budget,
         ram_budget,
         miss_rate,
         disk_tok_per_s: disk,
@@ -405,7 +410,7 @@ mod tests {
     #[test]
     fn small_model_runs_in_ram_compute_bound() {
         let s = sizes(GIB, 10 * MIB, 8, 4, 2);
-        let p = plan(&s, &machine(32 * GIB, 10.0, Some(2.0))).unwrap();
+        let p = plan(&s, &machine(32 * GIB, 10.0, Some(2.0)), None).unwrap();
         assert_eq!(p.fit, Fit::InRam);
         assert_eq!(p.ram_budget, s.bank_bytes);
         assert_eq!(p.miss_rate, 0.0);
@@ -418,7 +423,7 @@ mod tests {
     #[test]
     fn big_model_streams_disk_bound() {
         let s = sizes(2 * GIB, 100 * MIB, 1024, 1, 8); // 100 GiB bank
-        let p = plan(&s, &machine(20 * GIB, 50.0, Some(3.0))).unwrap();
+        let p = plan(&s, &machine(20 * GIB, 50.0, Some(3.0)), None).unwrap();
         assert_eq!(p.fit, Fit::Streamed);
         assert_eq!(p.headroom_bytes, GIB);
         assert_eq!(p.ram_budget, 17 * GIB);
@@ -430,9 +435,19 @@ mod tests {
     }
 
     #[test]
+    fn a_given_budget_sets_the_miss_rate() {
+        let s = sizes(2 * GIB, 100 * MIB, 1024, 1, 8);
+        let p = plan(&s, &machine(20 * GIB, 50.0, Some(3.0)), Some(25 * GIB)).unwrap();
+        assert_eq!((p.ram_budget, p.recommended_ram_budget), (25 * GIB, 17 * GIB));
+        assert!((p.miss_rate - 0.75).abs() < 1e-9);
+        let p = plan(&s, &machine(20 * GIB, 50.0, Some(3.0)), Some(0)).unwrap();
+        assert_eq!(p.miss_rate, 1.0);
+    }
+
+    #[test]
     fn a_fast_drive_leaves_it_compute_bound() {
         let s = sizes(2 * GIB, 100 * MIB, 1024, 1, 8);
-        let p = plan(&s, &machine(20 * GIB, 1.0, Some(1000.0))).unwrap();
+        let p = plan(&s, &machine(20 * GIB, 1.0, Some(1000.0)), None).unwrap();
         assert_eq!(p.bound, Bound::Compute);
         assert!(p.disk_tok_per_s.unwrap() > p.compute_tok_per_s);
         assert_eq!(p.expected_tok_per_s, p.compute_tok_per_s);
@@ -441,21 +456,21 @@ mod tests {
     #[test]
     fn no_drive_figure_means_compute_bound_only() {
         let s = sizes(2 * GIB, 100 * MIB, 1024, 1, 8);
-        let p = plan(&s, &machine(20 * GIB, 10.0, None)).unwrap();
+        let p = plan(&s, &machine(20 * GIB, 10.0, None), None).unwrap();
         assert_eq!((p.fit, p.disk_tok_per_s, p.bound), (Fit::Streamed, None, Bound::Compute));
     }
 
     #[test]
     fn spine_too_big_does_not_fit() {
         let s = sizes(30 * GIB, 100 * MIB, 64, 10, 8);
-        let p = plan(&s, &machine(16 * GIB, 10.0, Some(3.0))).unwrap();
+        let p = plan(&s, &machine(16 * GIB, 10.0, Some(3.0)), None).unwrap();
         assert_eq!(
             p.fit,
             Fit::DoesNotFit {
                 needs: 30 * GIB + 800 * MIB + GIB
             }
         );
-        assert_eq!((p.ram_budget, p.expected_tok_per_s), (0, 0.0));
+        assert_eq!((p.ram_budget, p.recommended_ram_budget, p.expected_tok_per_s), (0, 0, 0.0));
         assert_eq!(p.fit.key(), "does_not_fit");
     }
 
@@ -463,9 +478,9 @@ mod tests {
     fn bad_figures_are_errors() {
         let s = sizes(GIB, MIB, 8, 1, 2);
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
-            let e = plan(&s, &machine(GIB, bad, None)).unwrap_err();
+            let e = plan(&s, &machine(GIB, bad, None), None).unwrap_err();
             assert!(e.to_string().starts_with("ram_gbps = "), "{e}");
-            assert!(plan(&s, &machine(GIB, 1.0, Some(bad))).is_err());
+            assert!(plan(&s, &machine(GIB, 1.0, Some(bad)), None).is_err());
         }
     }
 

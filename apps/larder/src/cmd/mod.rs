@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod bench_store;
+pub mod doctor;
 pub mod forward;
 pub mod pack;
 pub mod progress;

@@ -1,0 +1,407 @@
+//! `larder doctor`: what this machine is and what it can run. Machine facts
+//! ([`machine`]), a probe of each drive folder ([`probe`]), a model's shape
+//! and sizes ([`model`]) and the plan larder-engine's first planner makes
+//! from them: whether it fits, the `--ram-budget` and `--io` to use, and the
+//! expected decode tok/s with the bound that sets it. docs/doctor.md
+//! describes every figure and the `--json` keys.
+
+#[path = "doctor_machine.rs"]
+mod machine;
+#[path = "doctor_model.rs"]
+mod model;
+#[path = "doctor_probe.rs"]
+mod probe;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use larder_engine::plan::{plan, Bound, Fit, MachineFigures, Plan};
+use larder_store::{format_size, parse_size};
+use serde_json::{json, Value};
+
+use machine::Machine;
+use model::ModelReport;
+use probe::DriveReport;
+
+/// Largest `--probe-mib`.
+const MAX_PROBE_MIB: usize = 64 << 10;
+
+/// Arguments of `larder doctor`.
+#[derive(clap::Args)]
+#[command(after_help = "Measures this machine (CPU, ISA features, kernel path, RAM, one-thread RAM read), \
+probes each drive folder (file system, free space, O_DIRECT, io_uring, read GB/s at expert-sized reads through \
+a temporary probe file, removed afterwards) and, with --model, plans the run: whether it fits, the --ram-budget \
+and --io to use, and the expected decode tok/s (a first estimate: uniform routing, no overlap of reads and \
+compute; see docs/doctor.md).\n\nExamples:\n  larder doctor\n  larder doctor --model ~/models/Qwen3-30B-A3B \
+--drive /mnt/ssd0 --json\n  larder doctor --model ./Kimi-K2/config.json --ram-budget 96GiB")]
+pub struct Args {
+    /// A folder to probe (repeatable; default: the current folder). The
+    /// model's folder is probed too when --model is given.
+    #[arg(long = "drive", value_name = "DIR")]
+    drives: Vec<PathBuf>,
+    /// A checkpoint folder, a packed store, or a config.json file (sizes
+    /// then estimated from shapes and dtype) to plan for.
+    #[arg(long, value_name = "M")]
+    model: Option<PathBuf>,
+    /// Estimate decode speed for an expert cache of SIZE (e.g. 8GiB)
+    /// instead of the recommended one.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    ram_budget: Option<u64>,
+    /// Size of each drive's probe file in MiB, 1 to 65536 (read back in
+    /// records of up to 16 MiB).
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = super::range(1, MAX_PROBE_MIB))]
+    probe_mib: usize,
+    /// Print one JSON document on stdout (progress goes to stderr).
+    #[arg(long)]
+    json: bool,
+}
+
+/// A drive folder and what probing it gave (a folder probed only because the
+/// model or the default named it reports its error instead of failing).
+struct Drive {
+    path: PathBuf,
+    result: Result<DriveReport, String>,
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    let model = args.model.as_deref().map(model::inspect).transpose()?;
+    if let Some(budget) = args.ram_budget {
+        check_budget(budget, model.as_ref())?;
+    }
+    let drives = probe_drives(&args, model.as_ref())?;
+    let machine = Machine::inspect();
+    let rec = match &model {
+        Some(m) => Some(recommend(&machine, &drives, m, args.ram_budget)?),
+        None => None,
+    };
+    if args.json {
+        let doc = json!({
+            "machine": machine.to_json(),
+            "drives": drives.iter().map(drive_json).collect::<Vec<_>>(),
+            "model": model.as_ref().map(ModelReport::to_json),
+            "recommendation": rec.as_ref().map(Recommendation::to_json),
+        });
+        return super::print_json(&doc);
+    }
+    print!("{}", report(&machine, &drives, model.as_ref(), rec.as_ref()));
+    Ok(())
+}
+
+/// A budget below one layer step's experts cannot stream (0, no cache, can).
+fn check_budget(budget: u64, model: Option<&ModelReport>) -> anyhow::Result<()> {
+    let Some(m) = model else {
+        anyhow::bail!("--ram-budget needs --model: it sets the expert cache the estimate is for");
+    };
+    let one = m.sizes.expert_bytes;
+    if budget != 0 && budget < one {
+        anyhow::bail!(
+            "--ram-budget {}: below one expert record of {} ({}); use at least that, or 0 for no cache",
+            format_size(budget),
+            m.path.display(),
+            format_size(one)
+        );
+    }
+    Ok(())
+}
+
+/// The folders to probe: `--drive`s (default: the current folder) and the
+/// model's folder, each once. A `--drive` that fails is an error.
+fn probe_drives(args: &Args, model: Option<&ModelReport>) -> anyhow::Result<Vec<Drive>> {
+    let explicit = !args.drives.is_empty();
+    let mut folders: Vec<(PathBuf, bool)> = if explicit {
+        args.drives.iter().map(|d| (d.clone(), true)).collect()
+    } else {
+        vec![(PathBuf::from("."), false)]
+    };
+    if let Some(m) = model {
+        folders.push((m.folder.clone(), false));
+    }
+    let mut seen = Vec::new();
+    let mut drives = Vec::new();
+    for (path, required) in folders {
+        let key = std::fs::canonicalize(&path).unwrap_or_else(|_| path.clone());
+        if seen.contains(&key) {
+            continue;
+        }
+        seen.push(key);
+        let result = probe::probe(&path, args.probe_mib, args.json);
+        let result = match result {
+            Err(e) if required => return Err(e),
+            r => r.map_err(|e| format!("{e:#}")),
+        };
+        drives.push(Drive { path, result });
+    }
+    Ok(drives)
+}
+
+fn drive_json(d: &Drive) -> Value {
+    match &d.result {
+        Err(e) => json!({"path": d.path, "error": e}),
+        Ok(r) => json!({
+            "path": r.path,
+            "filesystem": r.filesystem,
+            "free_bytes": r.free_bytes,
+            "total_bytes": r.total_bytes,
+            "o_direct": r.o_direct,
+            "io_uring": r.io_uring,
+            "backend": r.backend,
+            "probe_bytes": r.probe_bytes,
+            "record_bytes": r.record_bytes,
+            "read_gbps": r.read_gbps,
+            "page_cache_only": r.page_cache_only,
+        }),
+    }
+}
+
+/// The plan for the model, and how to run it.
+struct Recommendation {
+    plan: Plan,
+    ram_gbps: f64,
+    /// The model drive's figure (None: its probe failed).
+    drive: Option<DriveReport>,
+    io: &'static str,
+    spine_bytes: u64,
+}
+
+fn recommend(machine: &Machine, drives: &[Drive], m: &ModelReport, budget: Option<u64>) -> anyhow::Result<Recommendation> {
+    let key = std::fs::canonicalize(&m.folder).unwrap_or_else(|_| m.folder.clone());
+    let drive = drives
+        .iter()
+        .filter_map(|d| d.result.as_ref().ok())
+        .find(|r| std::fs::canonicalize(&r.path).unwrap_or_else(|_| r.path.clone()) == key)
+        .cloned();
+    let figures = MachineFigures {
+        ram_available: machine.ram_available,
+        ram_gbps: machine.ram_gbps,
+        drive_gbps: drive.as_ref().map(|d| d.read_gbps),
+    };
+    let plan = plan(&m.sizes, &figures, budget).context("planning the model")?;
+    let io = match &drive {
+        Some(d) if d.io_uring && d.o_direct => "uring",
+        _ => "pread",
+    };
+    Ok(Recommendation {
+        plan,
+        ram_gbps: machine.ram_gbps,
+        drive,
+        io,
+        spine_bytes: m.sizes.spine_bytes,
+    })
+}
+
+/// A `--ram-budget` value no larger than `bytes`: whole GiB from 10 GiB,
+/// whole MiB from 10 MiB, else bytes.
+fn budget_flag(bytes: u64) -> String {
+    if bytes >= 10 << 30 {
+        format!("{}GiB", bytes >> 30)
+    } else if bytes >= 10 << 20 {
+        format!("{}MiB", bytes >> 20)
+    } else {
+        bytes.to_string()
+    }
+}
+
+impl Recommendation {
+    fn fit_text(&self) -> String {
+        match self.plan.fit {
+            Fit::InRam => "runs in RAM".into(),
+            Fit::Streamed => "runs streamed".into(),
+            Fit::DoesNotFit { needs } if self.spine_bytes.saturating_add(self.plan.headroom_bytes) >= needs => {
+                format!("does not fit: the spine alone needs {}", format_size(self.spine_bytes))
+            }
+            Fit::DoesNotFit { needs } => format!(
+                "does not fit: the spine alone needs {}, with one layer step's experts and the headroom {}",
+                format_size(self.spine_bytes),
+                format_size(needs)
+            ),
+        }
+    }
+
+    fn disk_gbps(&self) -> Option<f64> {
+        self.drive.as_ref().map(|d| d.read_gbps)
+    }
+
+    fn to_json(&self) -> Value {
+        let p = &self.plan;
+        let fits = !matches!(p.fit, Fit::DoesNotFit { .. });
+        json!({
+            "fit": p.fit.key(),
+            "fit_text": self.fit_text(),
+            "headroom_bytes": p.headroom_bytes,
+            "ram_budget_bytes": p.recommended_ram_budget,
+            "ram_budget": fits.then(|| budget_flag(p.recommended_ram_budget)),
+            "planned_ram_budget_bytes": p.ram_budget,
+            "io": self.io,
+            "miss_rate": p.miss_rate,
+            "ram_gbps": self.ram_gbps,
+            "drive_gbps": self.disk_gbps(),
+            "disk_bound_tok_per_s": p.disk_tok_per_s,
+            "compute_bound_tok_per_s": p.compute_tok_per_s,
+            "expected_tok_per_s": p.expected_tok_per_s,
+            "bound": fits.then(|| p.bound.key()),
+            "estimate": "uniform routing, reads and compute not overlapped",
+        })
+    }
+}
+
+/// The readable report: Machine / Drives / Model / Recommendation.
+fn report(machine: &Machine, drives: &[Drive], model: Option<&ModelReport>, rec: Option<&Recommendation>) -> String {
+    let mut out = machine_text(machine);
+    out.push_str("\nDrives\n");
+    for d in drives {
+        out.push_str(&drive_text(d));
+    }
+    if let (Some(m), Some(r)) = (model, rec) {
+        out.push_str(&model_text(m));
+        out.push_str(&recommendation_text(m, r));
+    }
+    out
+}
+
+fn machine_text(m: &Machine) -> String {
+    let on: Vec<&str> = m.features.iter().filter(|f| f.1).map(|f| f.0).collect();
+    let off: Vec<&str> = m.features.iter().filter(|f| !f.1).map(|f| f.0).collect();
+    let cgroup = m.cgroup_limit.map_or("none".to_string(), format_size);
+    format!(
+        "Machine\n  CPU          {} ({} cores, {} threads, {})\n  ISA          {} (absent: {})\n  \
+         kernel path  {} (this CPU can run: {})\n  RAM          {} total, {} available (cgroup limit: {})\n  \
+         RAM read     {:.1} GB/s, one thread (measured)\n",
+        m.cpu_model,
+        m.cores,
+        m.threads,
+        m.arch,
+        if on.is_empty() { "none".to_string() } else { on.join(" ") },
+        if off.is_empty() { "none".to_string() } else { off.join(" ") },
+        m.kernel_path,
+        m.kernel_paths.join(", "),
+        format_size(m.ram_total),
+        format_size(m.ram_available),
+        cgroup,
+        m.ram_gbps
+    )
+}
+
+fn yes(b: bool) -> &'static str {
+    if b {
+        "yes"
+    } else {
+        "no"
+    }
+}
+
+fn drive_text(d: &Drive) -> String {
+    let r = match &d.result {
+        Ok(r) => r,
+        Err(e) => return format!("  {}\n    not probed: {e}\n", d.path.display()),
+    };
+    let mut s = format!(
+        "  {}\n    {}, {} free of {}; O_DIRECT {}, io_uring {}\n    read {:.2} GB/s (measured: {} in {} reads, {}{})\n",
+        r.path.display(),
+        r.filesystem,
+        format_size(r.free_bytes),
+        format_size(r.total_bytes),
+        yes(r.o_direct),
+        yes(r.io_uring),
+        r.read_gbps,
+        format_size(r.probe_bytes),
+        format_size(r.record_bytes),
+        r.backend,
+        if r.o_direct { ", O_DIRECT" } else { ", page cache" }
+    );
+    if r.page_cache_only {
+        s.push_str("    note: this is page-cache (RAM) speed, not a disk's\n");
+    }
+    s
+}
+
+fn model_text(m: &ModelReport) -> String {
+    let s = &m.sizes;
+    let how = if s.exact {
+        match m.kind {
+            model::Kind::Store => "exact, from the store manifest",
+            _ => "exact, from the safetensors headers",
+        }
+    } else {
+        "estimated from config.json shapes and dtype"
+    };
+    format!(
+        "\nModel  {} ({})\n  architecture  {}, {} layers ({} MoE), {} experts per layer, top-{}\n  \
+         spine         {} ({how})\n  expert bank   {}, {} per expert\n  \
+         per token     {} of routed experts (top-{} x {} MoE layers), {} of weights in all\n",
+        m.path.display(),
+        m.kind.name(),
+        m.model_type,
+        s.layers,
+        s.moe_layers,
+        s.experts_per_layer,
+        s.top_k,
+        format_size(s.spine_bytes),
+        format_size(s.bank_bytes),
+        format_size(s.expert_bytes),
+        format_size(s.expert_bytes_per_token()),
+        s.top_k,
+        s.moe_layers,
+        format_size(s.active_bytes_per_token())
+    )
+}
+
+fn recommendation_text(m: &ModelReport, r: &Recommendation) -> String {
+    let p = &r.plan;
+    let mut s = format!("\nRecommendation\n  fit           {}\n", r.fit_text());
+    if matches!(p.fit, Fit::DoesNotFit { .. }) {
+        return s;
+    }
+    s.push_str(&format!(
+        "  --ram-budget  {} (RAM available - spine - {} headroom, capped at the bank)\n  --io          {} ({})\n",
+        budget_flag(p.recommended_ram_budget),
+        format_size(p.headroom_bytes),
+        r.io,
+        if r.io == "uring" {
+            "io_uring and O_DIRECT work on the model's drive"
+        } else {
+            "io_uring or O_DIRECT does not work on the model's drive"
+        }
+    ));
+    s.push_str(&speed_text(r));
+    let flags = match (m.kind, p.fit) {
+        (model::Kind::Checkpoint, Fit::InRam) => String::new(),
+        _ => format!(" --ram-budget {} --io {}", budget_flag(p.recommended_ram_budget), r.io),
+    };
+    let model = match m.kind {
+        model::Kind::Config => "CHECKPOINT".to_string(),
+        _ => m.folder.display().to_string(),
+    };
+    s.push_str(&format!("  command       larder run --model {model}{flags} --prompt \"...\"\n"));
+    s
+}
+
+/// A tok/s figure with three significant digits below 100.
+fn rate(x: f64) -> String {
+    match x {
+        x if x >= 100.0 => format!("{x:.0}"),
+        x if x >= 10.0 => format!("{x:.1}"),
+        x if x >= 1.0 => format!("{x:.2}"),
+        x => format!("{x:.3}"),
+    }
+}
+
+fn speed_text(r: &Recommendation) -> String {
+    let p = &r.plan;
+    let disk = match (p.disk_tok_per_s, r.disk_gbps()) {
+        (Some(t), Some(g)) => format!("{} tok/s ({g:.2} GB/s over {:.0}% misses)", rate(t), p.miss_rate * 100.0),
+        (None, Some(_)) => "none (every expert cached)".into(),
+        (_, None) => "unknown (the model's drive was not probed)".into(),
+    };
+    format!(
+        "  expected      {} tok/s decode, {}-bound (estimated at a {} expert cache)\n  \
+         compute bound {} tok/s (RAM {:.1} GB/s, one thread, over the active weights)\n  disk bound    {disk}\n",
+        rate(p.expected_tok_per_s),
+        match p.bound {
+            Bound::Compute => "compute",
+            Bound::Disk => "disk",
+        },
+        format_size(p.ram_budget),
+        rate(p.compute_tok_per_s),
+        r.ram_gbps
+    )
+}

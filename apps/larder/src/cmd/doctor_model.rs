@@ -1,0 +1,143 @@
+//! `larder doctor --model`: a model's shape and byte sizes, exact from a
+//! checkpoint's safetensors headers or a store's manifest, estimated from
+//! config.json's shapes and dtype when that is all there is.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use larder_engine::plan::{estimate_sizes, ModelSizes, Storage};
+use larder_model::checkpoint::Checkpoint;
+use larder_store::Manifest;
+use serde_json::{json, Value};
+
+/// What `--model` named.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Checkpoint,
+    Store,
+    /// A config.json alone (or a folder with no weights): sizes estimated.
+    Config,
+}
+
+impl Kind {
+    pub fn name(self) -> &'static str {
+        match self {
+            Kind::Checkpoint => "checkpoint",
+            Kind::Store => "store",
+            Kind::Config => "config",
+        }
+    }
+}
+
+/// A model's shape and sizes.
+#[derive(Debug, Clone)]
+pub struct ModelReport {
+    pub path: PathBuf,
+    pub kind: Kind,
+    pub model_type: String,
+    pub sizes: ModelSizes,
+    /// The folder holding it (the drive its experts are read from).
+    pub folder: PathBuf,
+}
+
+/// Reads the model at `path` (a checkpoint folder, a packed store or a config.json).
+pub fn inspect(path: &Path) -> anyhow::Result<ModelReport> {
+    let not_model = "a checkpoint folder, a packed store, or a config.json file";
+    let meta = std::fs::metadata(path).with_context(|| format!("--model {}: cannot read it ({not_model})", path.display()))?;
+    let (dir, only_config) = if meta.is_file() {
+        if path.file_name().is_none_or(|n| n != "config.json") {
+            bail!(
+                "--model {}: not a model; name {not_model} (a config file must be named config.json)",
+                path.display()
+            );
+        }
+        (
+            path.parent()
+                .filter(|p| !p.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .to_path_buf(),
+            true,
+        )
+    } else {
+        if !path.join("config.json").is_file() {
+            bail!("--model {}: not a model: it has no config.json; name {not_model}", path.display());
+        }
+        (path.to_path_buf(), !has_weights(path))
+    };
+    let spec = larder_model::arch::read_spec(&dir).with_context(|| format!("--model {}", path.display()))?;
+    let (kind, sizes) = if only_config {
+        (Kind::Config, estimate_sizes(&spec, storage(&dir, &spec)?))
+    } else if Manifest::is_store(&dir) {
+        (Kind::Store, store_sizes(&dir, &spec)?)
+    } else {
+        (Kind::Checkpoint, checkpoint_sizes(&dir, &spec)?)
+    };
+    Ok(ModelReport {
+        path: path.to_path_buf(),
+        kind,
+        model_type: spec.model_type.clone(),
+        sizes,
+        folder: dir,
+    })
+}
+
+/// Whether `dir` holds weights: a store manifest or safetensors files.
+fn has_weights(dir: &Path) -> bool {
+    if Manifest::is_store(dir) {
+        return true;
+    }
+    std::fs::read_dir(dir).is_ok_and(|entries| entries.flatten().any(|e| e.path().extension().is_some_and(|x| x == "safetensors")))
+}
+
+/// Exact sizes from a checkpoint's safetensors headers: the spine is every
+/// tensor that is not a routed expert (what `larder pack` puts in a store's spine).
+fn checkpoint_sizes(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Result<ModelSizes> {
+    let ckpt = Checkpoint::open(dir).with_context(|| format!("--model {}", dir.display()))?;
+    let index = larder_engine::experts::direct_index(spec, &ckpt).with_context(|| format!("--model {}", dir.display()))?;
+    let mut total = 0u64;
+    for name in ckpt.names() {
+        total = total.saturating_add(ckpt.tensor_info(name)?.len);
+    }
+    let bank = index.total_bytes();
+    Ok(ModelSizes::exact(spec, total.saturating_sub(bank), bank))
+}
+
+/// Exact sizes from a packed store's manifest (checked as a load checks it).
+fn store_sizes(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Result<ModelSizes> {
+    let (manifest, index) =
+        larder_engine::experts::packed_index(dir).with_context(|| format!("--model {}: cannot read the store", dir.display()))?;
+    let spine = manifest.spine.iter().flat_map(|f| &f.tensors).map(|t| t.len).sum();
+    Ok(ModelSizes::exact(spec, spine, index.total_bytes()))
+}
+
+/// The storage dtype config.json declares (`torch_dtype` or `dtype`; fp8 from the spec).
+fn storage(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Result<Storage> {
+    let cfg = larder_model::config::ConfigJson::read(dir)?;
+    let dtype = match cfg.opt_str("torch_dtype")? {
+        Some(d) => Some(d),
+        None => cfg.opt_str("dtype")?,
+    };
+    Storage::from_config(dtype, spec.fp8_block).with_context(|| format!("{}", cfg.path.display()))
+}
+
+impl ModelReport {
+    /// The `model` object of `--json`.
+    pub fn to_json(&self) -> Value {
+        let s = &self.sizes;
+        json!({
+            "path": self.path,
+            "kind": self.kind.name(),
+            "model_type": self.model_type,
+            "layers": s.layers,
+            "moe_layers": s.moe_layers,
+            "experts_per_layer": s.experts_per_layer,
+            "top_k": s.top_k,
+            "sizes": if s.exact { "exact" } else { "estimated" },
+            "spine_bytes": s.spine_bytes,
+            "expert_bytes": s.expert_bytes,
+            "expert_bank_bytes": s.bank_bytes,
+            "expert_bytes_per_token": s.expert_bytes_per_token(),
+            "active_bytes_per_token": s.active_bytes_per_token(),
+        })
+    }
+}
