@@ -1,6 +1,7 @@
 //! `larder`: the one command-line binary. Each subcommand lives in `cmd/`.
 
 mod cmd;
+mod smollm2;
 
 use std::process::ExitCode;
 
@@ -34,6 +35,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Run a real-text mixture-of-experts model end to end: SmolLM2-135M-Instruct upcycled into a
+    /// Mixtral-layout MoE, packed, and streamed through a RAM cache smaller than its experts.
+    Demo(cmd::demo::Args),
     /// Print the logits of every position of a token sequence (no sampling, no cache reuse).
     Forward(cmd::forward::Args),
     /// Generate text or token ids from a prompt, streaming as it goes.
@@ -95,6 +99,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     // A LARDER_KERNEL this CPU cannot honour stops here, before any work.
     larder_tensor::kernels::kernel_from_env()?;
     match cli.command {
+        Command::Demo(a) => cmd::demo::run(a),
         Command::Forward(a) => cmd::forward::run(a),
         Command::Run(a) => cmd::run::run(a),
         Command::Serve(a) => cmd::serve::run_cmd(a),

@@ -4,6 +4,7 @@
 
 pub mod bench;
 pub mod bench_store;
+pub mod demo;
 pub mod doctor;
 pub mod forward;
 pub mod pack;
