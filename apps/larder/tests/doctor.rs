@@ -143,6 +143,25 @@ fn ram_budget_sets_the_estimate() {
 }
 
 #[test]
+fn a_spine_bigger_than_ram_does_not_fit() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut cfg: Value = serde_json::from_slice(&std::fs::read(fixture().join("config.json")).unwrap()).unwrap();
+    // 2^30 tokens x 65536 x bf16: a 128 TiB embedding table.
+    cfg["vocab_size"] = (1u64 << 30).into();
+    cfg["hidden_size"] = 65536.into();
+    let dir = tmp.path().join("huge");
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), cfg.to_string()).unwrap();
+    let doc = doctor(&["--model", s(&dir)], tmp.path());
+    assert_eq!(doc["model"]["sizes"], "estimated");
+    let r = &doc["recommendation"];
+    assert_eq!(r["fit"], "does_not_fit", "{r}");
+    assert!(r["fit_text"].as_str().unwrap().contains("the spine alone needs"), "{r}");
+    assert!(r["ram_budget"].is_null() && r["bound"].is_null());
+    assert_eq!(r["expected_tok_per_s"], 0.0);
+}
+
+#[test]
 fn text_report_has_its_sections() {
     let tmp = tempfile::tempdir().unwrap();
     let ckpt = checkpoint(tmp.path());

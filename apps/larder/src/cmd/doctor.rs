@@ -161,6 +161,7 @@ struct Recommendation {
     drive: Option<DriveReport>,
     io: &'static str,
     spine_bytes: u64,
+    ram_available: u64,
 }
 
 fn recommend(machine: &Machine, drives: &[Drive], m: &ModelReport, budget: Option<u64>) -> anyhow::Result<Recommendation> {
@@ -186,6 +187,7 @@ fn recommend(machine: &Machine, drives: &[Drive], m: &ModelReport, budget: Optio
         drive,
         io,
         spine_bytes: m.sizes.spine_bytes,
+        ram_available: machine.ram_available,
     })
 }
 
@@ -203,16 +205,22 @@ fn budget_flag(bytes: u64) -> String {
 
 impl Recommendation {
     fn fit_text(&self) -> String {
+        let usable = self.ram_available.saturating_sub(self.plan.headroom_bytes);
         match self.plan.fit {
             Fit::InRam => "runs in RAM".into(),
             Fit::Streamed => "runs streamed".into(),
-            Fit::DoesNotFit { needs } if self.spine_bytes.saturating_add(self.plan.headroom_bytes) >= needs => {
-                format!("does not fit: the spine alone needs {}", format_size(self.spine_bytes))
-            }
-            Fit::DoesNotFit { needs } => format!(
-                "does not fit: the spine alone needs {}, with one layer step's experts and the headroom {}",
+            Fit::DoesNotFit { .. } if self.spine_bytes > usable => format!(
+                "does not fit: the spine alone needs {}; {} available after {} headroom",
                 format_size(self.spine_bytes),
-                format_size(needs)
+                format_size(usable),
+                format_size(self.plan.headroom_bytes)
+            ),
+            Fit::DoesNotFit { needs } => format!(
+                "does not fit: the spine ({}), one layer step's experts and {} headroom need {}; {} available",
+                format_size(self.spine_bytes),
+                format_size(self.plan.headroom_bytes),
+                format_size(needs),
+                format_size(self.ram_available)
             ),
         }
     }
