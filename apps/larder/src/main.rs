@@ -66,33 +66,10 @@ fn main() -> ExitCode {
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", error_text(&e));
+            eprintln!("error: {}", cmd::error_text(&e));
             ExitCode::FAILURE
         }
     }
-}
-
-/// An error and its causes on one line, each said once: a cause whose text
-/// the line already holds is skipped (library errors carry their source in
-/// their own message too), and a cause starting with a path the line already
-/// names drops that path.
-fn error_text(e: &anyhow::Error) -> String {
-    let mut text = String::new();
-    for cause in e.chain() {
-        let msg = cause.to_string();
-        let msg = match msg.split_once(": ") {
-            Some((head, rest)) if head.contains('/') && text.contains(head) => rest.to_string(),
-            _ => msg,
-        };
-        if msg.is_empty() || text.contains(&msg) {
-            continue;
-        }
-        if !text.is_empty() {
-            text.push_str(": ");
-        }
-        text.push_str(&msg);
-    }
-    text
 }
 
 fn run(cli: Cli) -> anyhow::Result<()> {

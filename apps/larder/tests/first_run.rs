@@ -140,3 +140,59 @@ fn run_summary_is_one_line() {
         assert_eq!(lines[0].contains("experts streamed via"), streamed, "{err}");
     }
 }
+
+/// The `{"progress": task, ...}` lines `args` print on stderr, every update shown.
+fn progress_lines(args: &[&str], task: &str) -> Vec<serde_json::Value> {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_larder"))
+        .args(args)
+        .env("LARDER_PROGRESS_SECS", "0")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "larder {args:?}: {err}");
+    serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("stdout stays one JSON document");
+    err.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["progress"] == task)
+        .collect()
+}
+
+/// Done only grows, the total never changes once known, and the last line is done == total.
+fn counts_to_total(lines: &[serde_json::Value]) -> u64 {
+    let last = lines.last().expect("progress lines");
+    let total = last["total"].as_u64().unwrap();
+    assert!(total > 0, "{last}");
+    assert_eq!(last["done"], total, "{last}");
+    let mut done = 0;
+    for l in lines {
+        assert_eq!(l["unit"], "bytes");
+        let d = l["done"].as_u64().unwrap();
+        assert!(d >= done && d <= total, "{l}");
+        assert!(l["total"] == total || d == 0, "{l}");
+        done = d;
+    }
+    total
+}
+
+#[test]
+fn load_progress_counts_the_bytes_read_to_an_exact_total() {
+    let model = fixture();
+    let base = ["run", "--model", s(&model), "--ids", "1,2", "--max-new", "1", "--json"];
+    let in_ram = counts_to_total(&progress_lines(&base, "load"));
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--ram-budget", "1MiB"]);
+    let streamed = counts_to_total(&progress_lines(&args, "load"));
+    assert!(streamed < in_ram, "streaming reads only the spine at load: {streamed} vs {in_ram}");
+}
+
+#[test]
+fn pack_and_verify_progress_count_to_their_totals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = tmp.path().join("store");
+    let packed = progress_lines(&["pack", "--model", s(&fixture()), "--out", s(&store), "--json"], "pack");
+    counts_to_total(&packed);
+    let verified = progress_lines(&["verify", s(&store), "--json"], "verify");
+    assert_eq!(counts_to_total(&verified), counts_to_total(&packed));
+    let run = ["run", "--model", s(&store), "--ids", "1,2", "--max-new", "1", "--json"];
+    counts_to_total(&progress_lines(&run, "load"));
+}

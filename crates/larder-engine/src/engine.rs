@@ -111,6 +111,18 @@ impl Engine {
 
     /// Loads a checkpoint folder or a packed store.
     pub fn load_with(dir: &Path, opts: &LoadOptions) -> Result<Self, EngineError> {
+        Self::load_inner(dir, opts, None)
+    }
+
+    /// Loads like [`load_with`](Self::load_with), calling `progress(done,
+    /// total)` as weight bytes are read (the spine when experts stream;
+    /// every weight when they stay in RAM). The total is exact: counted first
+    /// by building the model over the files' headers alone (no bytes read).
+    pub fn load_with_progress(dir: &Path, opts: &LoadOptions, progress: Arc<LoadProgress>) -> Result<Self, EngineError> {
+        Self::load_inner(dir, opts, Some(progress))
+    }
+
+    fn load_inner(dir: &Path, opts: &LoadOptions, progress: Option<Arc<LoadProgress>>) -> Result<Self, EngineError> {
         check_dir(dir)?;
         if larder_store::pack::is_unfinished(dir) {
             return Err(EngineError::File {
@@ -120,7 +132,13 @@ impl Engine {
         }
         let packed = Manifest::is_store(dir);
         let stream = match (opts.experts, packed) {
-            (ExpertMode::InRam, false) => return Self::load_with_experts(dir, None),
+            (ExpertMode::InRam, false) => {
+                let spec = read_spec(dir)?;
+                let mut ckpt = Checkpoint::open(dir)?;
+                report_reads(&mut ckpt, dir, &spec, None, progress);
+                let model = DecoderModel::load(spec, &ckpt, None)?;
+                return Self::assemble(dir, model, None);
+            }
             (ExpertMode::InRam, true) => StoreOptions {
                 ram_budget: u64::MAX,
                 ..StoreOptions::default()
@@ -128,7 +146,7 @@ impl Engine {
             (ExpertMode::Stream(o), _) => o,
         };
         let spec = read_spec(dir)?;
-        let (ckpt, index) = if packed {
+        let (mut ckpt, index) = if packed {
             // Carried files, spine header and every spine tensor are checked against the manifest.
             let (manifest, index) = packed_index(dir)?;
             (crate::integrity::open_spine(dir, &manifest)?, index)
@@ -138,7 +156,8 @@ impl Engine {
             (ckpt, index)
         };
         let store = Arc::new(ExpertStore::open(index, stream).map_err(store_err)?);
-        let provider = Arc::new(StoreExperts::new(store.clone(), &spec)?);
+        let provider: Arc<dyn ExpertProvider> = Arc::new(StoreExperts::new(store.clone(), &spec)?);
+        report_reads(&mut ckpt, dir, &spec, Some(provider.clone()), progress);
         let model = DecoderModel::load(spec, &ckpt, Some(provider))?;
         Self::assemble(dir, model, Some(store))
     }
@@ -387,6 +406,40 @@ impl Engine {
         }
         Ok(last)
     }
+}
+
+/// Progress of a load: `(bytes read so far, total bytes to read)`.
+pub type LoadProgress = dyn Fn(u64, u64) + Send + Sync;
+
+/// Hooks `progress` to `ckpt`'s reads, with the total a load over `dir`
+/// reads: counted by building the model over the headers alone (an error
+/// there leaves the total 0; the real load reports it).
+fn report_reads(
+    ckpt: &mut Checkpoint,
+    dir: &Path,
+    spec: &larder_model::ModelSpec,
+    experts: Option<Arc<dyn ExpertProvider>>,
+    progress: Option<Arc<LoadProgress>>,
+) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let Some(progress) = progress else { return };
+    let counted = Arc::new(AtomicU64::new(0));
+    if let Ok(mut dry) = Checkpoint::open_unread(dir) {
+        let c = counted.clone();
+        dry.set_read_progress(Arc::new(move |n| {
+            c.fetch_add(n, Ordering::Relaxed);
+        }));
+        if DecoderModel::load(spec.clone(), &dry, experts).is_err() {
+            counted.store(0, Ordering::Relaxed);
+        }
+    }
+    let total = counted.load(Ordering::Relaxed);
+    let done = Arc::new(AtomicU64::new(0));
+    progress(0, total);
+    ckpt.set_read_progress(Arc::new(move |n| {
+        let now = done.fetch_add(n, Ordering::Relaxed) + n;
+        progress(now, total.max(now));
+    }));
 }
 
 fn check_dir(dir: &Path) -> Result<(), EngineError> {

@@ -69,6 +69,10 @@ pub struct TensorInfo {
 /// store's spine digests): `Err(message)` refuses the tensor.
 pub type TensorCheck = dyn Fn(&str, &TensorInfo, &[u8]) -> Result<(), String> + Send + Sync;
 
+/// Told the size of every tensor as it is handed out (read, or zeros when
+/// unread): a load's progress, or (over an unread checkpoint) its total.
+pub type ReadProgress = dyn Fn(u64) + Send + Sync;
+
 /// All tensors of a checkpoint folder, by name.
 pub struct Checkpoint {
     files: Vec<SourceFile>,
@@ -77,6 +81,8 @@ pub struct Checkpoint {
     fp8_block: std::sync::OnceLock<(usize, usize)>,
     /// Run on every tensor handed out (see [`Checkpoint::set_tensor_check`]).
     check: Option<Arc<TensorCheck>>,
+    /// Told each tensor's bytes (see [`Checkpoint::set_read_progress`]).
+    progress: Option<Arc<ReadProgress>>,
 }
 
 impl Checkpoint {
@@ -104,6 +110,7 @@ impl Checkpoint {
             tensors: HashMap::new(),
             fp8_block: std::sync::OnceLock::new(),
             check: None,
+            progress: None,
         };
         for path in paths {
             ckpt.add_file(path, read)?;
@@ -182,6 +189,19 @@ impl Checkpoint {
         self.check = Some(check);
     }
 
+    /// Calls `progress(bytes)` for every tensor handed out from now on, once
+    /// its bytes are read (and checked); over an unread checkpoint, with the
+    /// bytes it would have read, so a load over one counts a real load's total.
+    pub fn set_read_progress(&mut self, progress: Arc<ReadProgress>) {
+        self.progress = Some(progress);
+    }
+
+    fn report(&self, bytes: usize) {
+        if let Some(p) = &self.progress {
+            p(bytes as u64);
+        }
+    }
+
     /// The bytes of tensor `name` as stored (read now, into memory this call
     /// owns), after the tensor check.
     pub fn tensor_bytes(&self, name: &str) -> Result<Vec<u8>, ModelError> {
@@ -200,6 +220,7 @@ impl Checkpoint {
     fn checked_bytes(&self, name: &str, e: &TensorEntry) -> Result<Vec<u8>, ModelError> {
         let f = &self.files[e.file];
         let Some(file) = &f.file else {
+            self.report(e.len);
             return Ok(vec![0; e.len]);
         };
         let mut bytes = vec![0u8; e.len];
@@ -221,6 +242,7 @@ impl Checkpoint {
                 message: format!("tensor `{name}`: {message}"),
             })?;
         }
+        self.report(e.len);
         Ok(bytes)
     }
 
@@ -236,6 +258,7 @@ impl Checkpoint {
                 path: self.files[e.file].path.clone(),
                 source,
             })?;
+        self.report(e.len);
         let owner: Arc<dyn AsRef<[u8]> + Send + Sync> = Arc::new(map);
         Ok(SharedBytes::new(owner, 0, e.len))
     }

@@ -187,6 +187,7 @@ where
     F: FnOnce() -> Result<Engine, String> + Send + 'static,
 {
     let grace = config.shutdown_grace;
+    let name = config.served_name.clone();
     let server = bind(config)?;
     let handle = server.handle.clone();
     let loaded = handle.block_on(async {
@@ -214,7 +215,14 @@ where
         let started = Instant::now();
         tokio::select! {
             r = rx => match r {
-                Ok(Ok(engine)) => server.attach(engine),
+                Ok(Ok(engine)) => {
+                    let ready = ready_line(&engine, &name, server.addr, started.elapsed().as_secs_f64());
+                    if let Some(e) = engine.chat_template_error() {
+                        eprintln!("[larder] warning: {e}; /v1/chat/completions will answer with this error until it is fixed");
+                    }
+                    server.attach(engine);
+                    eprintln!("{ready}");
+                }
                 Ok(Err(e)) => return Err(ServeError::Load(e)),
                 Err(_) => return Err(ServeError::Load("the model-loading thread stopped without a result".into())),
             },
@@ -223,7 +231,6 @@ where
                 return Ok(false);
             }
         }
-        eprintln!("[larder] model loaded in {:.1}s; ready", started.elapsed().as_secs_f64());
         let s = stopped.await;
         eprintln!(
             "[larder] {s}: no new connections; running requests have {}s to finish",
@@ -234,6 +241,25 @@ where
     server.shutdown(if loaded { grace } else { Duration::ZERO });
     eprintln!("[larder] stopped");
     Ok(())
+}
+
+/// The line saying the server is ready: what it serves (model id,
+/// architecture), where experts live, and where to send requests.
+fn ready_line(engine: &Engine, name: &str, addr: SocketAddr, secs: f64) -> String {
+    let experts = match engine.store() {
+        None => "experts in RAM".to_string(),
+        Some(s) if s.cache().budget() == u64::MAX => "experts in RAM (read from the store as used)".to_string(),
+        Some(s) => format!(
+            "experts streamed via {} through a {} RAM cache",
+            s.backend().name(),
+            larder_store::format_size(s.cache().budget())
+        ),
+    };
+    format!(
+        "[larder] ready in {secs:.1}s: serving `{name}` ({}, {experts}) on http://{addr} \
+         (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics)",
+        engine.model().spec().model_type
+    )
 }
 
 /// Accepts until told to stop, then drains (see [`RunningServer::shutdown`]).

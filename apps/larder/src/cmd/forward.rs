@@ -25,7 +25,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let engine = super::load_engine(&args.model, &args.experts)?;
+    let engine = super::load_engine_with(&args.model, &args.experts, args.json)?;
     let logits = engine.forward(&args.ids)?;
     if args.json {
         let rows: Vec<&[f32]> = (0..logits.rows()).map(|r| logits.row(r)).collect();

@@ -122,10 +122,23 @@ fn default_budget() -> u64 {
 
 /// Loads a checkpoint folder or packed store, with the folder named in any error.
 pub fn load_engine(model: &Path, experts: &ExpertArgs) -> anyhow::Result<Engine> {
+    load_engine_with(model, experts, false)
+}
+
+/// [`load_engine`], its progress shown as JSON lines when `json` (the command's --json).
+pub fn load_engine_with(model: &Path, experts: &ExpertArgs, json: bool) -> anyhow::Result<Engine> {
     let started = std::time::Instant::now();
     let opts = experts.load_options(model);
     check_budget(model, &opts)?;
-    let engine = Engine::load_with(model, &opts).map_err(|e| {
+    let progress = std::sync::Arc::new(progress::Progress::new("load", 0, progress::Unit::Bytes, json));
+    let shown = progress.clone();
+    let hook = std::sync::Arc::new(move |done, total| {
+        shown.set_total(total);
+        shown.set(done);
+    });
+    let loaded = Engine::load_with_progress(model, &opts, hook);
+    progress.finish();
+    let engine = loaded.map_err(|e| {
         // The path is said once: most load errors name the file at fault already.
         let named = e.to_string().contains(&model.display().to_string());
         let what = if named {
@@ -147,6 +160,29 @@ pub fn load_engine(model: &Path, experts: &ExpertArgs) -> anyhow::Result<Engine>
         ExpertMode::InRam => tracing::info!("loaded {} in {:.2}s", model.display(), started.elapsed().as_secs_f64()),
     }
     Ok(engine)
+}
+
+/// An error and its causes on one line, each said once: a cause whose text
+/// the line already holds is skipped (library errors carry their source in
+/// their own message too), and a cause starting with a path the line already
+/// names drops that path.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in e.chain() {
+        let msg = cause.to_string();
+        let msg = match msg.split_once(": ") {
+            Some((head, rest)) if head.contains('/') && text.contains(head) => rest.to_string(),
+            _ => msg,
+        };
+        if msg.is_empty() || text.contains(&msg) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&msg);
+    }
+    text
 }
 
 /// Refuses a streaming RAM budget that cannot hold one expert record of

@@ -3,6 +3,8 @@
 //! line at most every ~2 s otherwise, or JSON lines with `--json` (stdout stays
 //! one JSON document). [`Progress`] is `Send + Sync`: I/O and rayon threads
 //! update it through atomics; a mutex only guards the rate limiter.
+//! `LARDER_PROGRESS_SECS` changes the ~2 s between lines (0: every update;
+//! tests use it to check totals).
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -11,8 +13,17 @@ use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 
-/// Least time between two plain or JSON lines.
+/// Least time between two plain or JSON lines (unless `LARDER_PROGRESS_SECS` says otherwise).
 const LINE_EVERY: Duration = Duration::from_secs(2);
+
+/// The time between lines: `LARDER_PROGRESS_SECS` if it is a number of seconds, else [`LINE_EVERY`].
+fn line_every() -> Duration {
+    std::env::var("LARDER_PROGRESS_SECS")
+        .ok()
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .and_then(|s| Duration::try_from_secs_f64(s).ok())
+        .unwrap_or(LINE_EVERY)
+}
 
 /// What the counts of a [`Progress`] measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +57,7 @@ pub struct Progress {
     total: AtomicU64,
     message: Mutex<String>,
     started: Instant,
+    every: Duration,
     finished: AtomicBool,
     sink: Sink,
 }
@@ -68,6 +80,7 @@ impl Progress {
             total: AtomicU64::new(total),
             message: Mutex::new(String::new()),
             started: Instant::now(),
+            every: line_every(),
             finished: AtomicBool::new(false),
             sink,
         }
@@ -114,14 +127,17 @@ impl Progress {
         }
     }
 
-    /// Ends the task: clears the bar, or prints the final line (once).
+    /// Ends the task: clears the bar, or prints the final line (once; none
+    /// when the task was too quick to print any).
     pub fn finish(&self) {
         if self.finished.swap(true, Ordering::Relaxed) {
             return;
         }
         match &self.sink {
             Sink::Bar(b) => b.finish_and_clear(),
-            Sink::Lines { .. } => self.update(true),
+            // A task that printed no line (quicker than ~2 s) needs no final one.
+            Sink::Lines { last, .. } if last.lock().is_ok_and(|l| l.is_some()) => self.update(true),
+            Sink::Lines { .. } => {}
         }
     }
 
@@ -145,9 +161,9 @@ impl Progress {
             return false; // another thread is deciding right now
         };
         let now = Instant::now();
-        let first_due = self.started + LINE_EVERY;
+        let first_due = self.started + self.every;
         let due = match *last {
-            Some(t) => now.duration_since(t) >= LINE_EVERY,
+            Some(t) => now.duration_since(t) >= self.every,
             None => now >= first_due,
         };
         if due {
@@ -264,7 +280,7 @@ mod tests {
         let p = Progress::new("x", 1, Unit::Count, true);
         let Sink::Lines { last, .. } = &p.sink else { return };
         assert!(!p.due(last), "no line before the first 2 s");
-        *last.lock().unwrap() = Some(Instant::now() - LINE_EVERY);
+        *last.lock().unwrap() = Some(Instant::now() - p.every);
         assert!(p.due(last));
         assert!(!p.due(last), "the next one waits 2 s");
     }

@@ -69,7 +69,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let engine = super::load_engine(&args.model, &args.experts)?;
+    let engine = super::load_engine_with(&args.model, &args.experts, args.json)?;
     let prompt_ids = match (&args.ids, &args.prompt) {
         (Some(ids), _) => ids.clone(),
         (None, Some(text)) if args.chat => {

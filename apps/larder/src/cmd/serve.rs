@@ -90,6 +90,8 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
         ..ServerConfig::default()
     };
     let (model, experts) = (args.model, args.experts);
-    run(config, move || super::load_engine(&model, &experts).map_err(|e| format!("{e:#}")))?;
+    run(config, move || {
+        super::load_engine(&model, &experts).map_err(|e| super::error_text(&e))
+    })?;
     Ok(())
 }
