@@ -1,15 +1,17 @@
 //! `larder bench io` and `larder bench decode`: streaming speed against the
-//! drive limit measured in the same run (DESIGN.md §5).
+//! drive limit measured in the same run (docs/design.md §5).
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use larder_engine::{Engine, ExpertMode, GenerateOptions};
+use larder_engine::{ExpertMode, GenerateOptions};
 use larder_model::RouteTrace;
 use larder_store::bench::{measure_reads, random_experts, ReadMeasurement};
 use larder_store::io::{open_backend, IoKind, IoOptions};
 use larder_store::{ExpertIndex, Manifest, StoreStats};
 use serde_json::json;
+
+use super::progress::{Progress, Unit};
 
 /// Arguments of `larder bench io`.
 #[derive(clap::Args)]
@@ -72,8 +74,10 @@ fn measure(
 pub fn io(args: IoArgs) -> anyhow::Result<()> {
     let index = index_of(&args.store).with_context(|| format!("cannot open {}", args.store.display()))?;
     let mut results = Vec::new();
+    let progress = Progress::new("bench io", args.io.len() as u64, Unit::Count, args.json);
     for (i, name) in args.io.iter().enumerate() {
         let kind = IoKind::parse(name).with_context(|| format!("unknown backend {name:?}"))?;
+        progress.set_message(name);
         let m = measure(
             &index,
             kind,
@@ -95,7 +99,9 @@ pub fn io(args: IoArgs) -> anyhow::Result<()> {
             );
         }
         results.push(m);
+        progress.inc(1);
     }
+    progress.finish();
     let limit = results.iter().map(|m| m.gbps).fold(0.0, f64::max);
     let doc = json!({"store": args.store, "limit_gbps": limit, "results": results});
     super::save_json(args.out.as_deref(), &doc)?;
@@ -163,7 +169,9 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     // The drive limit, measured before and after decoding (drives, virtual
     // ones especially, vary over time); the ratio uses the higher of the two.
     let measure_limit = |seed: u64| {
-        measure(
+        let shown = Progress::new("drive limit", args.limit_records as u64, Unit::Count, args.json);
+        shown.set_message(&format!("{} random records", store_opts.io.kind.name()));
+        let m = measure(
             &index,
             store_opts.io.kind,
             store_opts.io.direct && store_opts.io.kind != IoKind::Mmap,
@@ -171,12 +179,16 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
             args.limit_records,
             top_k,
             seed,
-        )
+        );
+        shown.set(args.limit_records as u64);
+        shown.finish();
+        m
     };
     let limit_before = measure_limit(args.seed ^ 0xb0b)?;
     larder_store::bench::drop_page_cache(&index.files);
 
-    let engine = Engine::load_with(&args.model, &opts).with_context(|| format!("cannot load {}", args.model.display()))?;
+    let engine = super::load_with_options(&args.model, &opts, args.json)?;
+    let tokens = Progress::new("decode", args.new as u64, Unit::Count, args.json);
     let store = engine.store().context("experts are not streamed")?.clone();
     let vocab = engine.model().spec().vocab_size as u64;
     let mut s = args.seed;
@@ -200,10 +212,12 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
             if after_prefill.is_none() {
                 after_prefill = Some(store.stats());
             }
+            tokens.inc(1);
             true
         },
         Some(&mut trace),
     )?;
+    tokens.finish();
     let decode = store.stats().since(&after_prefill.unwrap_or_default());
     drop(engine);
     let limit_after = measure_limit(args.seed ^ 0xa11)?;

@@ -127,16 +127,22 @@ pub fn load_engine(model: &Path, experts: &ExpertArgs) -> anyhow::Result<Engine>
 
 /// [`load_engine`], its progress shown as JSON lines when `json` (the command's --json).
 pub fn load_engine_with(model: &Path, experts: &ExpertArgs, json: bool) -> anyhow::Result<Engine> {
-    let started = std::time::Instant::now();
     let opts = experts.load_options(model);
     check_budget(model, &opts)?;
+    load_with_options(model, &opts, json)
+}
+
+/// Loads `model` with `opts` (budget already checked), showing progress and
+/// naming the model once in any error.
+pub fn load_with_options(model: &Path, opts: &LoadOptions, json: bool) -> anyhow::Result<Engine> {
+    let started = std::time::Instant::now();
     let progress = std::sync::Arc::new(progress::Progress::new("load", 0, progress::Unit::Bytes, json));
     let shown = progress.clone();
     let hook = std::sync::Arc::new(move |done, total| {
         shown.set_total(total);
         shown.set(done);
     });
-    let loaded = Engine::load_with_progress(model, &opts, hook);
+    let loaded = Engine::load_with_progress(model, opts, hook);
     progress.finish();
     let engine = loaded.map_err(|e| {
         // The path is said once: most load errors name the file at fault already.
