@@ -72,7 +72,7 @@ fn measure(
 }
 
 pub fn io(args: IoArgs) -> anyhow::Result<()> {
-    let index = index_of(&args.store).with_context(|| format!("cannot open {}", args.store.display()))?;
+    let index = super::about(index_of(&args.store), "cannot open the store", &args.store)?;
     let mut results = Vec::new();
     let progress = Progress::new("bench io", args.io.len() as u64, Unit::Count, args.json);
     for (i, name) in args.io.iter().enumerate() {

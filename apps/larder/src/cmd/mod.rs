@@ -144,16 +144,7 @@ pub fn load_with_options(model: &Path, opts: &LoadOptions, json: bool) -> anyhow
     });
     let loaded = Engine::load_with_progress(model, opts, hook);
     progress.finish();
-    let engine = loaded.map_err(|e| {
-        // The path is said once: most load errors name the file at fault already.
-        let named = e.to_string().contains(&model.display().to_string());
-        let what = if named {
-            "cannot load the model".to_string()
-        } else {
-            format!("cannot load model {}", model.display())
-        };
-        anyhow::Error::from(e).context(what)
-    })?;
+    let engine = about(loaded, "cannot load the model", model)?;
     match &opts.experts {
         ExpertMode::Stream(o) => tracing::info!(
             "loaded {} in {:.2}s; experts streamed via {} (direct={}) through a {} cache",
@@ -166,6 +157,22 @@ pub fn load_with_options(model: &Path, opts: &LoadOptions, json: bool) -> anyhow
         ExpertMode::InRam => tracing::info!("loaded {} in {:.2}s", model.display(), started.elapsed().as_secs_f64()),
     }
     Ok(engine)
+}
+
+/// `r` with `what` as context, naming `path` unless the error already names
+/// it or a file inside it (the path is said once; most errors name the file at
+/// fault already).
+pub fn about<T, E: Into<anyhow::Error>>(r: Result<T, E>, what: &str, path: &Path) -> anyhow::Result<T> {
+    r.map_err(|e| {
+        let e: anyhow::Error = e.into();
+        let named = e.to_string().contains(&path.display().to_string());
+        let what = if named {
+            what.to_string()
+        } else {
+            format!("{what} {}", path.display())
+        };
+        e.context(what)
+    })
 }
 
 /// An error and its causes on one line, each said once: a cause whose text
@@ -212,7 +219,7 @@ pub fn drafter(kind: &str, model: Option<&Path>, engine: &Engine) -> anyhow::Res
         "self" => Some(Box::new(larder_spec::ModelDrafter::self_draft(engine.shared_model()))),
         "model" => {
             let dir = model.ok_or_else(|| anyhow::anyhow!("--draft model needs --draft-model DIR"))?;
-            let draft = larder_model::load_model(dir, None).with_context(|| format!("cannot load draft model {}", dir.display()))?;
+            let draft = about(larder_model::load_model(dir, None), "cannot load the draft model", dir)?;
             check_same_vocabulary(dir, engine)?;
             let d = larder_spec::ModelDrafter::new(std::sync::Arc::new(draft), engine.model().spec().vocab_size)
                 .with_context(|| format!("draft model {}", dir.display()))?;
@@ -262,4 +269,52 @@ pub fn print_json(value: &serde_json::Value) -> anyhow::Result<()> {
     serde_json::to_writer(&mut out, value)?;
     writeln!(out)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A library error whose message holds its source, as thiserror's `"{path}: {source}"` does.
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+
+    impl std::fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "/m/config.json: {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
+    }
+
+    fn missing() -> Wrapped {
+        Wrapped(std::io::Error::new(std::io::ErrorKind::NotFound, "No such file (os error 2)"))
+    }
+
+    #[test]
+    fn error_text_says_each_cause_once() {
+        let e = anyhow::Error::from(missing()).context("cannot load the model");
+        assert_eq!(error_text(&e), "cannot load the model: /m/config.json: No such file (os error 2)");
+        let e = anyhow::Error::from(missing()).context("cannot load /m");
+        assert_eq!(error_text(&e), "cannot load /m: /m/config.json: No such file (os error 2)");
+        let e = anyhow::anyhow!("/m/x: bad").context("cannot load /m/x");
+        assert_eq!(error_text(&e), "cannot load /m/x: bad");
+    }
+
+    #[test]
+    fn about_names_the_path_once() {
+        let r: Result<(), Wrapped> = Err(missing());
+        let e = about(r, "cannot read the checkpoint", Path::new("/m")).unwrap_err();
+        assert_eq!(
+            error_text(&e),
+            "cannot read the checkpoint: /m/config.json: No such file (os error 2)"
+        );
+        let r: Result<(), std::io::Error> = Err(std::io::Error::other("gone"));
+        let e = about(r, "cannot read the checkpoint", Path::new("/m")).unwrap_err();
+        assert_eq!(error_text(&e), "cannot read the checkpoint /m: gone");
+    }
 }

@@ -46,7 +46,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let src = larder_engine::pack::pack_source(&args.model).with_context(|| format!("cannot read {}", args.model.display()))?;
+    let src = super::about(
+        larder_engine::pack::pack_source(&args.model),
+        "cannot read the checkpoint",
+        &args.model,
+    )?;
     let progress = Progress::new("pack", 0, Unit::Bytes, args.json);
     let layers = src.layers.len();
     let mut layers_done = 0;

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use serde_json::json;
 
 use super::progress::{Progress, Unit};
@@ -30,8 +30,7 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let manifest =
-        larder_store::Manifest::read(&args.store).with_context(|| format!("{} is not a readable store", args.store.display()))?;
+    let manifest = super::about(larder_store::Manifest::read(&args.store), "cannot read the store", &args.store)?;
     let total: u64 = manifest
         .layers
         .iter()
