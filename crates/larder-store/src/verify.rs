@@ -34,7 +34,8 @@ pub struct VerifyReport {
     pub bad: Vec<String>,
 }
 
-/// Checks the store at `dir`; `progress(bytes)` as record bytes are checked.
+/// Checks the store at `dir`; `progress(bytes)` as spine files and record
+/// bytes are checked (in all, the spine files' sizes plus the records').
 /// An unreadable or altered manifest is an error (nothing else can be trusted).
 pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport, StoreError> {
     let manifest = Manifest::read(dir)?;
@@ -61,6 +62,7 @@ pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyR
     }
     for s in &manifest.spine {
         report.bad.extend(check_spine(&dir.join(&s.file), s)?);
+        progress(s.size);
     }
     match manifest.index(dir) {
         Ok(index) => check_records(&index, &mut report, progress)?,

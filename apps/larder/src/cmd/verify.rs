@@ -31,13 +31,15 @@ pub struct Args {
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let manifest = super::about(larder_store::Manifest::read(&args.store), "cannot read the store", &args.store)?;
-    let total: u64 = manifest
-        .layers
-        .iter()
-        .map(|l| l.experts.len() as u64 * l.parts.iter().map(|p| p.len).sum::<u64>())
-        .sum();
+    let spine: u64 = manifest.spine.iter().map(|s| s.size).sum();
+    let total: u64 = spine
+        + manifest
+            .layers
+            .iter()
+            .map(|l| l.experts.len() as u64 * l.parts.iter().map(|p| p.len).sum::<u64>())
+            .sum::<u64>();
     let progress = Progress::new("verify", total, Unit::Bytes, args.json);
-    progress.set_message("expert records");
+    progress.set_message("spine and expert records");
     let report = larder_engine::integrity::verify(&args.store, &mut |b| progress.inc(b))?;
     progress.finish();
     let gbps = report.bytes as f64 / report.seconds.max(1e-9) / 1e9;
