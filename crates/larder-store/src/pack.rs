@@ -110,11 +110,12 @@ pub enum PackEvent {
         dir: PathBuf,
         gbps: f64,
     },
-    /// Expert bytes to write or prove in total.
+    /// Bytes to write or prove in total: expert records, then the spine tensors.
     Started {
         total_bytes: u64,
     },
-    /// More expert bytes are done (written and verified, or proven).
+    /// More bytes are done (expert records written and verified, or proven;
+    /// then the spine, at once when it is written).
     Advanced {
         bytes: u64,
     },
@@ -190,7 +191,10 @@ pub fn pack_with(
         .iter()
         .map(|l| l.experts.iter().flatten().map(|x| x.len).sum::<u64>())
         .sum();
-    progress(PackEvent::Started { total_bytes: total });
+    let spine_bytes: u64 = src.spine.iter().map(|t| t.extent.len).sum();
+    progress(PackEvent::Started {
+        total_bytes: total + spine_bytes,
+    });
 
     let source = source_digest(&src.identity);
     let (mut resumed, mut rewritten) = (0, 0);
@@ -250,6 +254,7 @@ pub fn pack_with(
     }
 
     let spine = write_spine(&sources, &src.spine, out, SPINE)?;
+    progress(PackEvent::Advanced { bytes: spine_bytes });
     let files = copy_files(&src.copy, out)?;
     let manifest = Manifest {
         format: FORMAT.into(),
