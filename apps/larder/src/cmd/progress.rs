@@ -59,6 +59,8 @@ pub struct Progress {
     started: Instant,
     every: Duration,
     finished: AtomicBool,
+    /// `done` as of the last line printed (`u64::MAX`: none yet).
+    shown: AtomicU64,
     sink: Sink,
 }
 
@@ -82,6 +84,7 @@ impl Progress {
             started: Instant::now(),
             every: line_every(),
             finished: AtomicBool::new(false),
+            shown: AtomicU64::new(u64::MAX),
             sink,
         }
     }
@@ -146,6 +149,11 @@ impl Progress {
             Sink::Bar(b) => b.set_position(self.done.load(Ordering::Relaxed)),
             Sink::Lines { json, last: when } => {
                 if !last && !self.due(when) {
+                    return;
+                }
+                let done = self.done.load(Ordering::Relaxed);
+                // The final line is left out when the last one said the same.
+                if self.shown.swap(done, Ordering::Relaxed) == done && last {
                     return;
                 }
                 let line = if *json { self.json_line() } else { self.plain_line() };
