@@ -1,5 +1,10 @@
 //! Errors of model loading and forward passes. Every variant names the file,
 //! field or tensor at fault.
+//!
+//! Messages are whole on their own (`{}` prints the I/O error too: the server
+//! and logs print errors that way), while `source()` still hands out the
+//! wrapped error; printers of the chain (the CLI's, the server's 500s) skip a
+//! cause whose text the message already holds, so nothing is said twice.
 
 use std::path::PathBuf;
 

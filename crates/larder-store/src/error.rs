@@ -1,5 +1,10 @@
 //! The store's error type: every variant names the file, layer or expert it
 //! is about, so a user can tell which drive or record is at fault.
+//!
+//! Messages are whole on their own (`{}` prints the I/O error too: the server
+//! and logs print errors that way), while `source()` still hands out the
+//! wrapped error; printers of the chain (the CLI's, the server's 500s) skip a
+//! cause whose text the message already holds, so nothing is said twice.
 
 use std::path::PathBuf;
 
