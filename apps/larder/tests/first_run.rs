@@ -207,3 +207,88 @@ fn pack_and_verify_progress_count_to_their_totals() {
     let run = ["run", "--model", s(&store), "--ids", "1,2", "--max-new", "1", "--json"];
     counts_to_total(&progress_lines(&run, "load"));
 }
+
+/// Starts `larder serve --port 0 ARGS`; returns the child and its stderr lines as they come.
+fn spawn_serve(args: &[&str]) -> (std::process::Child, std::sync::mpsc::Receiver<String>) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_larder"))
+        .args(["serve", "--port", "0"])
+        .args(args)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (tx, lines) = std::sync::mpsc::channel();
+    let stderr = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    (child, lines)
+}
+
+/// The stderr lines up to and including the first that contains `what` (panics after 60 s).
+fn lines_until(lines: &std::sync::mpsc::Receiver<String>, what: &str) -> Vec<String> {
+    let mut seen = Vec::new();
+    while !seen.last().is_some_and(|l: &String| l.contains(what)) {
+        match lines.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(l) => seen.push(l),
+            Err(e) => panic!("no stderr line with {what:?} ({e}): {seen:?}"),
+        }
+    }
+    seen
+}
+
+/// POSTs `body` to `path`; returns the whole reply.
+fn post(addr: &str, path: &str, body: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply
+}
+
+#[test]
+fn serve_says_when_it_is_ready_and_a_broken_template_only_stops_chats() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = copy_fixture(tmp.path());
+    break_template(&model);
+    let (mut child, lines) = spawn_serve(&["--model", s(&model)]);
+    let seen = lines_until(&lines, "ready");
+    let ready = seen.last().unwrap().clone();
+    let addr = ready
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("")
+        .to_string();
+    let completion = post(
+        &addr,
+        "/v1/completions",
+        r#"{"model": "model", "prompt": "Hello", "max_tokens": 2}"#,
+    );
+    let chat = post(
+        &addr,
+        "/v1/chat/completions",
+        r#"{"model": "model", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}"#,
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+    for what in ["`model`", "qwen3_moe", "experts in RAM", "/v1/chat/completions", "/v1/completions"] {
+        assert!(ready.contains(what), "the ready line says {what}: {ready}");
+    }
+    assert!(
+        seen.iter().any(|l| l.contains("warning") && l.contains("chat template")),
+        "a warning about the template: {seen:?}"
+    );
+    assert!(completion.starts_with("HTTP/1.1 200"), "{completion}");
+    assert!(!chat.starts_with("HTTP/1.1 200"), "{chat}");
+}

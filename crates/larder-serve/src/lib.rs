@@ -218,7 +218,7 @@ where
                 Ok(Ok(engine)) => {
                     let ready = ready_line(&engine, &name, server.addr, started.elapsed().as_secs_f64());
                     if let Some(e) = engine.chat_template_error() {
-                        eprintln!("[larder] warning: {e}; /v1/chat/completions will answer with this error until it is fixed");
+                        eprintln!("[larder] warning: {e}; chat requests (/v1/chat/completions) fail with a 500 until it is fixed; completions work");
                     }
                     server.attach(engine);
                     eprintln!("{ready}");
