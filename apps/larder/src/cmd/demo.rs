@@ -186,7 +186,12 @@ fn prepare(args: &Args) -> anyhow::Result<Target> {
         };
         build_store(&checkpoint, &store, args, &mut timings)?;
     }
-    let manifest = Manifest::read(&store).with_context(|| format!("cannot read the demo store {}", store.display()))?;
+    let manifest = Manifest::read(&store).with_context(|| {
+        format!(
+            "cannot read the demo store {0}; remove it (rm -rf {0}) and run `larder demo` again to rebuild it",
+            store.display()
+        )
+    })?;
     let bank = manifest.layers.iter().flat_map(|l| &l.experts).map(|e| e.len).sum();
     let layers = manifest.layers.len();
     Ok(Target::Store {
@@ -333,7 +338,12 @@ fn run_store(args: &Args, store: &Path, (bank, layers): (u64, usize), timings: &
         store.display(),
         format_size(budget)
     );
-    let budget_arg = budget.to_string();
+    // A whole number of MiB reads better in the command printed at the end (parse_size takes both).
+    let budget_arg = if budget > 0 && budget.is_multiple_of(1 << 20) {
+        format!("{}MiB", budget >> 20)
+    } else {
+        budget.to_string()
+    };
     if args.json {
         let run = run_json(store, &args.prompt, args.max_new, &budget_arg)?;
         return super::print_json(&json!({
