@@ -49,6 +49,8 @@ fn classify(e: ureq::Error) -> Failure {
         E::Timeout(t) => (format!("timed out ({t})"), true),
         // rustls reports certificate and handshake failures as InvalidData I/O errors.
         E::Io(io) if io.kind() == std::io::ErrorKind::InvalidData => (format!("TLS error: {io}"), false),
+        // The resolver's failure arrives as an uncategorised I/O error; only its text tells it apart.
+        E::Io(io) if io.to_string().contains("lookup address") => (format!("DNS lookup failed (offline?): {io}"), false),
         E::Io(io) => (format!("I/O error: {io}"), true),
         E::Tls(m) => (format!("TLS error: {m}"), false),
         E::Rustls(r) => (format!("TLS error: {r}"), false),
@@ -132,8 +134,8 @@ pub fn download(url: &str, dest: &Path, sha256: &str, progress: &mut dyn FnMut(u
     let mut last = String::new();
     for n in 0..ATTEMPTS {
         if n > 0 {
-            let wait = Duration::from_secs(1 << n);
-            tracing::warn!("download of {url} failed ({last}); retrying in {}s", wait.as_secs());
+            let wait = Duration::from_secs(1 << (n - 1));
+            eprintln!("[larder] download of {url} failed ({last}); retrying in {}s", wait.as_secs());
             std::thread::sleep(wait);
         }
         match attempt(url, &part, progress) {
@@ -158,4 +160,37 @@ pub fn download(url: &str, dest: &Path, sha256: &str, progress: &mut dyn FnMut(u
         }
     }
     Err(DownloadError { reason: last })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn file_urls_are_copied_and_checked() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src.bin");
+        std::fs::write(&src, b"hello").unwrap();
+        let url = format!("file://{}", src.display());
+        let sha = hex(&Sha256::digest(b"hello"));
+        let mut seen = 0;
+        let dest = tmp.path().join("dest.bin");
+        download(&url, &dest, &sha, &mut |done, total| {
+            seen = done;
+            assert_eq!(total, Some(5));
+        })
+        .unwrap();
+        assert_eq!((std::fs::read(&dest).unwrap(), seen), (b"hello".to_vec(), 5));
+
+        let other = tmp.path().join("other.bin");
+        let err = download(&url, &other, &"0".repeat(64), &mut |_, _| {}).unwrap_err();
+        assert!(err.reason.contains("sha256"), "{err}");
+        assert!(
+            !other.exists() && !tmp.path().join("other.bin.part").exists(),
+            "nothing partial is left"
+        );
+
+        let err = download("file:///nonexistent/x", &other, &sha, &mut |_, _| {}).unwrap_err();
+        assert!(err.reason.contains("/nonexistent/x"), "{err}");
+    }
 }
