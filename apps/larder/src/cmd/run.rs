@@ -181,13 +181,17 @@ fn summary(s: &larder_engine::Stats, finish: larder_engine::FinishReason) -> Str
         Some(x) => {
             let busy = s.prefill_s + s.decode_s;
             let wait = if busy > 0.0 { 100.0 * x.io_wait_s / busy } else { 0.0 };
+            // Bytes count demand and prefetch reads alike, so the read count does too; the
+            // rate is averaged over the whole run (reads overlap compute), not a drive limit.
+            let gbps = if busy > 0.0 { x.expert_bytes_read as f64 / busy / 1e9 } else { 0.0 };
             line.push_str(&format!(
-                " | experts streamed via {}: {} reads, {}, {:.1}% hit, disk {:.2} GB/s, io wait {wait:.0}%",
+                " | experts streamed via {}: {} read in {} reads ({} prefetched), {:.1}% hit, disk {gbps:.2} GB/s \
+                 over the run, io wait {wait:.0}%",
                 x.io_backend,
-                x.expert_reads,
                 larder_store::format_size(x.expert_bytes_read),
+                x.expert_reads + x.prefetch_reads,
+                x.prefetch_reads,
                 100.0 * x.hit_rate,
-                x.effective_gbps,
             ));
         }
         None => line.push_str(" | experts in RAM"),
