@@ -46,9 +46,10 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Pack a checkpoint's routed experts into a store: contiguous aligned records over one or more drives.
     Pack(cmd::pack::Args),
-    /// Re-check every record digest of a packed store.
+    /// Prove a packed store is exactly the checkpoint it was packed from, and that it loads.
     Verify(cmd::verify::Args),
-    /// Write a synthetic checkpoint (real layout, random weights, any size).
+    /// Write a synthetic checkpoint (real layout, random weights, any size), or upcycle a dense one
+    /// into an MoE (--from-dense).
     Synth(cmd::synth::Args),
     /// What this machine is and what it can run: CPU, RAM, drives, and a plan for --model.
     Doctor(cmd::doctor::Args),
