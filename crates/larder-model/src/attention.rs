@@ -1,7 +1,7 @@
 //! Self-attention of a layer: grouped-query attention with RoPE, optional
 //! q/k bias and per-head q/k RMSNorm (Qwen3), optional sliding window; or
 //! DeepSeek's multi-head latent attention ([`crate::mla`]); over a
-//! [`LayerCache`].
+//! [`KvLayer`] (the layer's [`LayerState`]).
 //!
 //! Each query row is computed on its own, from the cache contents up to its
 //! position, in a fixed order: a prompt prefilled in one chunk and the same
@@ -11,8 +11,9 @@ use larder_tensor::kernels::scalar::dot;
 use larder_tensor::ops::rms_norm_chunks_in_place;
 use larder_tensor::{Linear, Mat};
 
-use crate::kv_cache::LayerCache;
+use crate::kv_cache::KvLayer;
 use crate::rope::Rope;
+use crate::state::LayerState;
 
 /// The attention of one layer.
 pub enum Attention {
@@ -22,8 +23,10 @@ pub enum Attention {
 
 impl Attention {
     /// Attends rows `x` (positions `start..start + x.rows()`), appending their
-    /// keys and values to `cache` (which must hold exactly `start` positions).
-    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut LayerCache) -> Mat {
+    /// keys and values to the layer's `state` (which must hold exactly `start`
+    /// positions).
+    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, state: &mut LayerState) -> Mat {
+        let LayerState::Kv(cache) = state;
         match self {
             Attention::Gqa(a) => a.forward(x, start, rope, cache),
             Attention::Mla(a) => a.forward(x, start, rope, cache),
@@ -48,7 +51,7 @@ pub struct GqaAttention {
 
 impl GqaAttention {
     /// See [`Attention::forward`].
-    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut LayerCache) -> Mat {
+    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
         let hd = self.head_dim;
         let mut q = self.q_proj.forward(x);
         let mut k = self.k_proj.forward(x);

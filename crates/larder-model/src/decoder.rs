@@ -10,6 +10,7 @@
 //! is an error ([`ModelError::NonFinite`]) instead of a silently wrong token.
 
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::sync::Arc;
 
 use larder_router::{Route, Router, SigmoidGroupTopK, SoftmaxTopK};
@@ -21,11 +22,12 @@ use crate::checkpoint::Checkpoint;
 use crate::config::{AttentionSpec, FfnSpec, MlaSpec, ModelSpec, Scoring};
 use crate::error::{ModelError, Stage};
 use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
-use crate::kv_cache::KvCache;
+use crate::kv_cache::{KvCache, KvLayer};
 use crate::mla::{MlaAttention, QueryProj};
 use crate::mlp::{load_mlp, Mlp};
 use crate::moe::{MoeBlock, SharedExpert};
 use crate::rope::Rope;
+use crate::state::{LayerState, SequenceState};
 
 /// The feed-forward half of a layer.
 // One per layer, so the size difference between variants does not matter.
@@ -202,19 +204,25 @@ impl DecoderModel {
         &self.spec
     }
 
-    /// A fresh, empty KV cache for this model.
-    pub fn new_cache(&self) -> KvCache {
-        match &self.spec.attention {
+    /// A fresh, empty state for one sequence of this model: per layer, its
+    /// mixer's state (keys and values for GQA and MLA).
+    pub fn new_state(&self) -> SequenceState {
+        let (k, v) = match &self.spec.attention {
             AttentionSpec::Gqa => {
                 let d = self.spec.num_kv_heads * self.spec.head_dim;
-                KvCache::new(self.layers.len(), d, d)
+                (d, d)
             }
-            AttentionSpec::Mla(m) => KvCache::new(
-                self.layers.len(),
+            AttentionSpec::Mla(m) => (
                 self.spec.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim),
                 self.spec.num_heads * m.v_head_dim,
             ),
-        }
+        };
+        SequenceState::new(self.layers.iter().map(|_| LayerState::Kv(KvLayer::new(k, v))).collect())
+    }
+
+    /// Transitional: use [`new_state`](Self::new_state).
+    pub fn new_cache(&self) -> KvCache {
+        self.new_state()
     }
 
     /// Checks ids against the vocabulary and the context length.
@@ -238,69 +246,135 @@ impl DecoderModel {
         Ok(())
     }
 
-    /// Runs `ids` as the positions after those already in `cache`, appending
+    /// Runs `ids` as the positions after those already in `state`, appending
     /// to it, and returns the logits of every row `[ids.len(), vocab]`.
-    pub fn forward(&self, ids: &[u32], cache: &mut KvCache, trace: Option<&mut RouteTrace>) -> Result<Mat, ModelError> {
-        let start = cache.len();
-        let hidden = self.forward_hidden(ids, cache, trace)?;
-        let logits = self.lm_head.forward(&hidden);
-        check_finite(&logits, start, Stage::LmHead)?;
-        Ok(logits)
+    pub fn forward(&self, ids: &[u32], state: &mut SequenceState, trace: Option<&mut RouteTrace>) -> Result<Mat, ModelError> {
+        self.forward_one(ids, state, Wanted::All, trace, false)
     }
 
     /// Like [`forward`](Self::forward) but returns only the last row's logits.
-    pub fn forward_last(&self, ids: &[u32], cache: &mut KvCache, trace: Option<&mut RouteTrace>) -> Result<Vec<f32>, ModelError> {
-        let hidden = self.forward_hidden(ids, cache, trace)?;
-        self.last_logits(&hidden, cache.len())
-    }
-
-    /// The logits of `hidden`'s last row, the position before `end`.
-    fn last_logits(&self, hidden: &Mat, end: usize) -> Result<Vec<f32>, ModelError> {
-        let last = hidden.gather_rows(&[hidden.rows() - 1]);
-        let logits = self.lm_head.forward(&last);
-        check_finite(&logits, end.saturating_sub(1), Stage::LmHead)?;
-        Ok(logits.into_vec())
+    pub fn forward_last(&self, ids: &[u32], state: &mut SequenceState, trace: Option<&mut RouteTrace>) -> Result<Vec<f32>, ModelError> {
+        self.forward_one(ids, state, Wanted::Last, trace, false).map(Mat::into_vec)
     }
 
     /// Last-row logits of a cheap approximate pass in which every MoE layer
     /// uses only experts already in RAM (see [`MoeBlock::forward_with`]):
     /// what a cache-resident self-draft guesses with. Never the model's answer.
-    pub fn forward_last_resident(&self, ids: &[u32], cache: &mut KvCache) -> Result<Vec<f32>, ModelError> {
-        let hidden = self.forward_inner(ids, cache, None, true)?;
-        self.last_logits(&hidden, cache.len())
+    pub fn forward_last_resident(&self, ids: &[u32], state: &mut SequenceState) -> Result<Vec<f32>, ModelError> {
+        self.forward_one(ids, state, Wanted::Last, None, true).map(Mat::into_vec)
     }
 
-    fn forward_hidden(&self, ids: &[u32], cache: &mut KvCache, trace: Option<&mut RouteTrace>) -> Result<Mat, ModelError> {
-        self.forward_inner(ids, cache, trace, false)
-    }
-
-    fn forward_inner(
+    /// One sequence through [`run_batch`](Self::run_batch); its errors as
+    /// they are (not wrapped in [`ModelError::Sequence`]).
+    fn forward_one(
         &self,
         ids: &[u32],
-        cache: &mut KvCache,
-        mut trace: Option<&mut RouteTrace>,
+        state: &mut SequenceState,
+        logits: Wanted,
+        trace: Option<&mut RouteTrace>,
         resident_only: bool,
     ) -> Result<Mat, ModelError> {
-        let start = cache.len();
-        self.check_ids(ids, start)?;
-        let h = self.spec.hidden_size;
-        let mut x = Mat::zeros(ids.len(), h);
-        for (r, &id) in ids.iter().enumerate() {
+        let mut seqs = [BatchSeq { ids, state, logits }];
+        let out = self.run_batch(&mut seqs, trace, resident_only).map_err(|(_, e)| e)?;
+        out.into_iter().next().ok_or(ModelError::EmptyInput)
+    }
+
+    /// Runs several sequences together, each its `ids` as the positions after
+    /// those already in its state, and returns each one's wanted logits
+    /// (`[1, vocab]` for [`Wanted::Last`], `[ids.len(), vocab]` for
+    /// [`Wanted::All`]), in `seqs` order.
+    ///
+    /// Per layer, attention runs per sequence over its own rows and state;
+    /// then the rows of all sequences go through one MoE step (one router
+    /// pass, one request for the union of their experts), so a streamed
+    /// expert is read once per layer for every sequence that chose it. Each
+    /// sequence's logits are bit-identical to running it alone (batch
+    /// invariance, docs/design.md §3). `trace` gets every MoE layer's routes
+    /// in batch row order (sequence 0's rows, then sequence 1's, ...).
+    ///
+    /// Errors name the sequence at fault ([`ModelError::Sequence`]) when one
+    /// is (bad ids, context overflow, non-finite values in its rows, a state
+    /// of another model); on any error every state is left as it was.
+    pub fn forward_batch(&self, seqs: &mut [BatchSeq<'_>], trace: Option<&mut RouteTrace>) -> Result<Vec<Mat>, ModelError> {
+        self.run_batch(seqs, trace, false).map_err(|(i, e)| match i {
+            Some(index) => ModelError::Sequence {
+                index,
+                source: Box::new(e),
+            },
+            None => e,
+        })
+    }
+
+    /// [`forward_batch`](Self::forward_batch), errors paired with the index
+    /// of the sequence at fault (if one is); states unchanged on error.
+    fn run_batch(&self, seqs: &mut [BatchSeq<'_>], trace: Option<&mut RouteTrace>, resident_only: bool) -> Result<Vec<Mat>, BatchError> {
+        let fresh = self.new_state();
+        for (i, s) in seqs.iter().enumerate() {
+            if !s.state.same_shape(&fresh) {
+                let msg = "its state was made by another model (layers or widths differ); make it with new_state()";
+                return Err((Some(i), ModelError::State(msg.into())));
+            }
+            self.check_ids(s.ids, s.state.len()).map_err(|e| (Some(i), e))?;
+        }
+        let result = self.run_checked(seqs, trace, resident_only);
+        for s in seqs.iter_mut() {
+            match &result {
+                Ok(_) => {
+                    let len = s.state.len() + s.ids.len();
+                    s.state.set_len(len);
+                }
+                Err(_) => s.state.discard_uncommitted(),
+            }
+        }
+        result
+    }
+
+    /// The pass itself, inputs checked. Appends to the layer states but
+    /// leaves each state's length to the caller.
+    fn run_checked(
+        &self,
+        seqs: &mut [BatchSeq<'_>],
+        mut trace: Option<&mut RouteTrace>,
+        resident_only: bool,
+    ) -> Result<Vec<Mat>, BatchError> {
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut row = 0;
+        for s in seqs.iter() {
+            spans.push(Span {
+                row,
+                rows: s.ids.len(),
+                pos: s.state.len(),
+            });
+            row += s.ids.len();
+        }
+        let (h, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps);
+        let mut x = Mat::zeros(row, h);
+        for (r, &id) in seqs.iter().flat_map(|s| s.ids).enumerate() {
             self.embed.decode_row(id as usize, x.row_mut(r));
         }
-        check_finite(&x, start, Stage::Embeddings)?;
+        check_spans(&x, &spans, Stage::Embeddings)?;
         for (l, layer) in self.layers.iter().enumerate() {
-            let normed = rms_norm(&x, &layer.input_norm, self.spec.rms_norm_eps);
-            let attn = layer.attention.forward(&normed, start, &self.rope, cache.layer_mut(l));
+            let normed = rms_norm(&x, &layer.input_norm, eps);
+            let mut attn = Mat::zeros(x.rows(), h);
+            for (i, (s, sp)) in seqs.iter_mut().zip(&spans).enumerate() {
+                let state = s
+                    .state
+                    .layer_mut(l)
+                    .ok_or_else(|| (Some(i), ModelError::State(format!("it has no state for layer {l}"))))?;
+                let a = layer.attention.forward(&sp.slice(&normed), sp.pos, &self.rope, state);
+                attn.as_mut_slice()[sp.row * h..(sp.row + sp.rows) * h].copy_from_slice(a.as_slice());
+            }
             x.add_assign(&attn);
-            let normed = rms_norm(&x, &layer.post_attention_norm, self.spec.rms_norm_eps);
+            let normed = rms_norm(&x, &layer.post_attention_norm, eps);
             let y = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&normed),
                 Ffn::Moe(moe) => {
                     if !resident_only {
                         self.prefetch_next(l, &normed);
                     }
-                    let (y, routes) = moe.forward_with(&normed, self.experts.as_ref(), resident_only)?;
+                    let (y, routes) = moe
+                        .forward_with(&normed, self.experts.as_ref(), resident_only)
+                        .map_err(|e| (None, e))?;
                     if let Some(t) = trace.as_deref_mut() {
                         t.layers.entry(l).or_default().extend(routes);
                     }
@@ -308,23 +382,101 @@ impl DecoderModel {
                 }
             };
             x.add_assign(&y);
-            check_finite(&x, start, Stage::Layer(l))?;
+            check_spans(&x, &spans, Stage::Layer(l))?;
         }
-        let out = rms_norm(&x, &self.norm, self.spec.rms_norm_eps);
-        check_finite(&out, start, Stage::FinalNorm)?;
-        Ok(out)
+        self.head(&x, seqs, &spans)
+    }
+
+    /// Final norm and LM head for the rows each sequence wants.
+    fn head(&self, x: &Mat, seqs: &[BatchSeq<'_>], spans: &[Span]) -> Result<Vec<Mat>, BatchError> {
+        let mut rows = Vec::new();
+        let mut wanted = Vec::with_capacity(spans.len());
+        for (s, sp) in seqs.iter().zip(spans) {
+            let w = match s.logits {
+                Wanted::Last => Span {
+                    row: rows.len(),
+                    rows: 1,
+                    pos: sp.pos + sp.rows - 1,
+                },
+                Wanted::All => Span {
+                    row: rows.len(),
+                    rows: sp.rows,
+                    pos: sp.pos,
+                },
+            };
+            let first = sp.row + sp.rows - w.rows;
+            rows.extend(first..sp.row + sp.rows);
+            wanted.push(w);
+        }
+        let out = rms_norm(&x.gather_rows(&rows), &self.norm, self.spec.rms_norm_eps);
+        check_spans(&out, &wanted, Stage::FinalNorm)?;
+        let logits = self.lm_head.forward(&out);
+        check_spans(&logits, &wanted, Stage::LmHead)?;
+        Ok(wanted.iter().map(|w| w.slice(&logits)).collect())
     }
 }
 
-/// An error naming `stage` and the position of `m`'s first row holding a NaN
-/// or an infinity (row `r` is position `first_position + r`). One pass over
-/// the values: negligible next to the matrix products that made them.
-fn check_finite(m: &Mat, first_position: usize, stage: Stage) -> Result<(), ModelError> {
-    match (0..m.rows()).find(|&r| !m.row(r).iter().all(|v| v.is_finite())) {
+/// Which logits a sequence of a batch wants back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wanted {
+    /// The last row's only (decoding, or the end of a prefill).
+    Last,
+    /// Every row's (scoring, speculative verification).
+    All,
+}
+
+/// One sequence of a [`DecoderModel::forward_batch`]: its new token ids, its
+/// state (the ids sit at positions `state.len()..`), and the logits it wants.
+pub struct BatchSeq<'a> {
+    pub ids: &'a [u32],
+    pub state: &'a mut SequenceState,
+    pub logits: Wanted,
+}
+
+impl<'a> BatchSeq<'a> {
+    pub fn new(ids: &'a [u32], state: &'a mut SequenceState, logits: Wanted) -> Self {
+        BatchSeq { ids, state, logits }
+    }
+}
+
+/// An error, with the index of the sequence at fault when there is one.
+type BatchError = (Option<usize>, ModelError);
+
+/// One sequence's rows in a batch matrix: `rows` rows from `row`, the first
+/// at position `pos`.
+struct Span {
+    row: usize,
+    rows: usize,
+    pos: usize,
+}
+
+impl Span {
+    /// A copy of the span's rows of `m`.
+    fn slice(&self, m: &Mat) -> Mat {
+        let c = m.cols();
+        Mat::from_vec(self.rows, c, m.as_slice()[self.row * c..(self.row + self.rows) * c].to_vec())
+    }
+}
+
+/// [`check_finite`] of every sequence's rows of `m`, naming the sequence.
+fn check_spans(m: &Mat, spans: &[Span], stage: Stage) -> Result<(), BatchError> {
+    for (i, sp) in spans.iter().enumerate() {
+        check_finite(m, sp.row..sp.row + sp.rows, sp.pos, stage).map_err(|e| (Some(i), e))?;
+    }
+    Ok(())
+}
+
+/// An error naming `stage` and the position of the first of `m`'s `rows`
+/// holding a NaN or an infinity (row `rows.start` is position
+/// `first_position`). One pass over the values: negligible next to the matrix
+/// products that made them.
+fn check_finite(m: &Mat, rows: Range<usize>, first_position: usize, stage: Stage) -> Result<(), ModelError> {
+    let start = rows.start;
+    match rows.into_iter().find(|&r| !m.row(r).iter().all(|v| v.is_finite())) {
         None => Ok(()),
         Some(r) => Err(ModelError::NonFinite {
             stage,
-            position: first_position + r,
+            position: first_position + r - start,
         }),
     }
 }
@@ -428,10 +580,10 @@ mod tests {
     #[test]
     fn check_finite_names_the_stage_and_the_first_bad_position() {
         let mut m = Mat::zeros(4, 8);
-        assert!(check_finite(&m, 10, Stage::Layer(3)).is_ok());
+        assert!(check_finite(&m, 0..4, 10, Stage::Layer(3)).is_ok());
         m.row_mut(3)[0] = f32::NAN;
         m.row_mut(2)[7] = f32::INFINITY;
-        let e = check_finite(&m, 10, Stage::Layer(3)).unwrap_err();
+        let e = check_finite(&m, 0..4, 10, Stage::Layer(3)).unwrap_err();
         assert!(
             matches!(
                 e,
@@ -445,7 +597,7 @@ mod tests {
         let msg = e.to_string();
         assert!(msg.contains("layer 3 (model.layers.3)") && msg.contains("position 12"), "{msg}");
         m.row_mut(2)[7] = f32::NEG_INFINITY;
-        let msg = check_finite(&m, 0, Stage::LmHead).unwrap_err().to_string();
+        let msg = check_finite(&m, 0..4, 0, Stage::LmHead).unwrap_err().to_string();
         assert!(msg.contains("lm_head") && msg.contains("position 2"), "{msg}");
     }
 }

@@ -45,6 +45,17 @@ pub enum ModelError {
     EmptyInput,
     #[error("sequence of {len} positions exceeds the model's max_position_embeddings ({max})")]
     ContextOverflow { len: usize, max: usize },
+    /// A [`crate::SequenceState`] asked to do what it cannot (roll forward,
+    /// restore a dropped point, or run on a model other than its own).
+    #[error("sequence state: {0}")]
+    State(String),
+    /// The error of one sequence of a batched forward (`index` in the batch).
+    #[error("sequence {index} of the batch: {source}")]
+    Sequence {
+        index: usize,
+        #[source]
+        source: Box<ModelError>,
+    },
     #[error("expert provider: {0}")]
     Experts(String),
     #[error(transparent)]

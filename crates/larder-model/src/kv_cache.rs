@@ -1,20 +1,27 @@
-//! The key/value cache: per layer, the post-RoPE keys and the values of every
-//! position seen so far. `truncate` rolls it back (speculative decoding
-//! rejects drafted positions this way).
+//! Key/value storage of one attention layer ([`KvLayer`]): the post-RoPE keys
+//! and the values of every position seen so far, as a
+//! [`LayerState::Kv`](crate::state::LayerState::Kv) holds them. Rolling back
+//! is a truncation (speculative decoding rejects drafted positions this way).
+//!
+//! Also the transitional names of the old whole-model cache: [`KvCache`] is
+//! now [`SequenceState`], with `truncate` and `DecoderModel::new_cache` kept
+//! as thin wrappers until every caller moves over.
+
+use crate::state::{LayerState, SequenceState};
 
 /// Keys and values of one layer: `len` positions of `k_dim` key floats and
 /// `v_dim` value floats each (equal for GQA; MLA's differ).
 #[derive(Debug, Clone, Default)]
-pub struct LayerCache {
+pub struct KvLayer {
     k_dim: usize,
     v_dim: usize,
     keys: Vec<f32>,
     values: Vec<f32>,
 }
 
-impl LayerCache {
+impl KvLayer {
     pub fn new(k_dim: usize, v_dim: usize) -> Self {
-        LayerCache {
+        KvLayer {
             k_dim,
             v_dim,
             keys: Vec::new(),
@@ -47,54 +54,38 @@ impl LayerCache {
         &self.values[pos * self.v_dim..(pos + 1) * self.v_dim]
     }
 
+    /// Keeps the first `len` positions (no-op when it holds fewer).
     pub fn truncate(&mut self, len: usize) {
         self.keys.truncate(len * self.k_dim);
         self.values.truncate(len * self.v_dim);
     }
-}
 
-/// The cache of a whole model.
-#[derive(Debug, Clone, Default)]
-pub struct KvCache {
-    layers: Vec<LayerCache>,
-}
-
-impl KvCache {
-    /// An empty cache for `num_layers` layers of `k_dim` key and `v_dim`
-    /// value floats per position.
-    pub fn new(num_layers: usize, k_dim: usize, v_dim: usize) -> Self {
-        KvCache {
-            layers: (0..num_layers).map(|_| LayerCache::new(k_dim, v_dim)).collect(),
-        }
+    /// Key and value floats per position.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.k_dim, self.v_dim)
     }
 
-    /// Cached positions (the same in every layer between forward passes).
-    pub fn len(&self) -> usize {
-        self.layers.first().map_or(0, LayerCache::len)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Keeps the first `len` positions, dropping the rest.
-    pub fn truncate(&mut self, len: usize) {
-        for l in &mut self.layers {
-            l.truncate(len);
-        }
-    }
-
-    pub fn clear(&mut self) {
-        self.truncate(0);
-    }
-
-    pub fn layer_mut(&mut self, i: usize) -> &mut LayerCache {
-        &mut self.layers[i]
-    }
-
-    /// Bytes held (keys and values, f32).
+    /// Bytes held by the positions (keys and values, f32).
     pub fn bytes(&self) -> usize {
-        self.layers.iter().map(|l| (l.keys.len() + l.values.len()) * 4).sum()
+        (self.keys.len() + self.values.len()) * 4
+    }
+}
+
+/// Transitional: use [`SequenceState`].
+pub type KvCache = SequenceState;
+
+impl SequenceState {
+    /// Transitional: use [`SequenceState::rollback`]. Keeps the first `len`
+    /// positions; a `len` at or beyond the current length changes nothing.
+    pub fn truncate(&mut self, len: usize) {
+        if len < self.len() {
+            for layer in self.layers_mut() {
+                match layer {
+                    LayerState::Kv(kv) => kv.truncate(len),
+                }
+            }
+            self.set_len(len);
+        }
     }
 }
 
@@ -104,15 +95,15 @@ mod tests {
 
     #[test]
     fn truncate_drops_tail() {
-        let mut c = KvCache::new(2, 2, 2);
+        let mut c = KvLayer::new(2, 2);
         for p in 0..3 {
-            for l in 0..2 {
-                c.layer_mut(l).push(&[p as f32, 0.0], &[0.0, p as f32]);
-            }
+            c.push(&[p as f32, 0.0], &[0.0, p as f32]);
         }
         assert_eq!(c.len(), 3);
+        assert_eq!(c.bytes(), 3 * 4 * 4);
         c.truncate(1);
         assert_eq!(c.len(), 1);
-        assert_eq!(c.layer_mut(1).key(0), &[0.0, 0.0]);
+        assert_eq!(c.key(0), &[0.0, 0.0]);
+        assert_eq!(c.value(0), &[0.0, 0.0]);
     }
 }

@@ -6,7 +6,9 @@
 //! - [`checkpoint`] opens safetensors files (single or sharded) and hands out
 //!   weights without converting them;
 //! - [`decoder`] is the transformer shared by every architecture, built from
-//!   [`attention`] (+ [`rope`], [`kv_cache`]), [`mlp`] and [`moe`];
+//!   [`attention`] (+ [`rope`], [`kv_cache`]), [`mlp`] and [`moe`]; it runs
+//!   many sequences at once ([`DecoderModel::forward_batch`]), each with its
+//!   own [`state`];
 //! - routed experts come from an [`ExpertProvider`]; the model never knows
 //!   where expert bytes live.
 
@@ -22,12 +24,14 @@ pub mod mla;
 pub mod mlp;
 pub mod moe;
 pub mod rope;
+pub mod state;
 pub mod synth;
 pub mod upcycle;
 
 pub use arch::load_model;
 pub use config::{FfnSpec, ModelSpec, MoeSpec};
-pub use decoder::{DecoderModel, RouteTrace};
+pub use decoder::{BatchSeq, DecoderModel, RouteTrace, Wanted};
 pub use error::ModelError;
 pub use expert::{expert_layers, expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
-pub use kv_cache::KvCache;
+pub use kv_cache::{KvCache, KvLayer};
+pub use state::{LayerState, SequenceState, StateSnapshot};

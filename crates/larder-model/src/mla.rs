@@ -20,7 +20,7 @@ use larder_tensor::kernels::scalar::dot;
 use larder_tensor::ops::rms_norm_chunks_in_place;
 use larder_tensor::{Linear, Mat};
 
-use crate::kv_cache::LayerCache;
+use crate::kv_cache::KvLayer;
 use crate::rope::Rope;
 
 /// How queries are projected.
@@ -66,7 +66,7 @@ impl MlaAttention {
     }
 
     /// See [`crate::attention::Attention::forward`].
-    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut LayerCache) -> Mat {
+    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
         let (heads, nope, rd, vd, rank) = (self.num_heads, self.nope, self.rope_dim, self.v_dim, self.kv_lora_rank);
         let qk = nope + rd;
         let mut q = match &self.q {
