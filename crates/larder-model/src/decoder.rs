@@ -308,6 +308,9 @@ impl DecoderModel {
     /// [`forward_batch`](Self::forward_batch), errors paired with the index
     /// of the sequence at fault (if one is); states unchanged on error.
     fn run_batch(&self, seqs: &mut [BatchSeq<'_>], trace: Option<&mut RouteTrace>, resident_only: bool) -> Result<Vec<Mat>, BatchError> {
+        if seqs.is_empty() {
+            return Ok(Vec::new());
+        }
         let fresh = self.new_state();
         for (i, s) in seqs.iter().enumerate() {
             if !s.state.same_shape(&fresh) {
