@@ -14,6 +14,8 @@ use larder_model::{
     expert_layers, expert_tensors, load_model, BatchSeq, DecoderModel, ExpertProvider, InMemoryExperts, ModelError, RouteTrace,
     SequenceState, Wanted,
 };
+use larder_tensor::dtype::WeightDType;
+use larder_tensor::weight::WeightMatrix;
 use larder_tensor::Mat;
 
 const FIXTURES: &[&str] = &["qwen3_moe_tiny", "mixtral_tiny", "qwen2_moe_tiny", "deepseek_v3_tiny", "llama_tiny"];
@@ -173,7 +175,8 @@ impl ExpertProvider for ReversedExperts {
     }
 }
 
-fn reversed_experts(dir: &Path, reference: &DecoderModel) -> Arc<ReversedExperts> {
+/// Every routed expert of the checkpoint in `dir`, in RAM, per layer.
+fn expert_layers_of(dir: &Path, reference: &DecoderModel) -> Vec<Vec<Arc<Mlp>>> {
     let spec = reference.spec();
     let ckpt = Checkpoint::open(dir).unwrap();
     ckpt.set_fp8_block(spec.fp8_block);
@@ -185,8 +188,12 @@ fn reversed_experts(dir: &Path, reference: &DecoderModel) -> Arc<ReversedExperts
             layers[l].push(Arc::new(Mlp::new(&format!("layer {l} expert {e}"), w(&g), w(&u), w(&d)).unwrap()));
         }
     }
+    layers
+}
+
+fn reversed_experts(dir: &Path, reference: &DecoderModel) -> Arc<ReversedExperts> {
     Arc::new(ReversedExperts {
-        inner: InMemoryExperts::new(layers),
+        inner: InMemoryExperts::new(expert_layers_of(dir, reference)),
         requests: Mutex::new(Vec::new()),
     })
 }
@@ -334,4 +341,75 @@ fn bad_input_names_the_sequence_and_leaves_every_state_unchanged() {
         assert_eq!(bits(&out[i]), bits(&want[i].0), "sequence {i} after failed batches");
     }
     assert!(model.forward_batch(&mut [], None).unwrap().is_empty());
+}
+
+/// Experts whose layer `layer` fails: an error from the provider, or NaN
+/// weights (non-finite values in every row of that layer).
+struct FaultyExperts {
+    inner: InMemoryExperts,
+    layer: usize,
+    nan: Option<Mlp>,
+}
+
+impl ExpertProvider for FaultyExperts {
+    fn with_experts(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        run: &mut dyn FnMut(usize, &Mlp) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        match (&self.nan, layer == self.layer) {
+            (_, false) => self.inner.with_experts(layer, ids, run),
+            (None, true) => Err(ModelError::Experts("injected read failure".into())),
+            (Some(nan), true) => (0..ids.len()).try_for_each(|i| run(i, nan)),
+        }
+    }
+}
+
+#[test]
+fn a_failure_mid_pass_leaves_every_state_unchanged() {
+    let dir = fixture_dir("deepseek_v3_tiny");
+    let reference = load_model(&dir, None).unwrap();
+    let spec = reference.spec();
+    let moe_layers = expert_layers(spec);
+    let (layer, _) = *moe_layers.last().unwrap();
+    let [g, _, d] = expert_tensors(spec, layer, 0).unwrap();
+    let nan = |s: [usize; 2]| WeightMatrix::from_f32(WeightDType::F32, s[0], s[1], &vec![f32::NAN; s[0] * s[1]]);
+    let cases = cases(spec.vocab_size as u32);
+    let want = alone(&reference, &cases);
+    for poisoned in [false, true] {
+        let experts = FaultyExperts {
+            inner: InMemoryExperts::new(expert_layers_of(&dir, &reference)),
+            layer,
+            nan: poisoned.then(|| Mlp::new("nan", nan(g.shape), nan(g.shape), nan(d.shape)).unwrap()),
+        };
+        let model = load_model(&dir, Some(Arc::new(experts))).unwrap();
+        let mut states: Vec<SequenceState> = cases.iter().map(|c| prepared(&reference, c)).collect();
+        let before: Vec<(usize, usize)> = states.iter().map(|s| (s.len(), s.bytes())).collect();
+        let mut seqs: Vec<BatchSeq> = cases
+            .iter()
+            .zip(states.iter_mut())
+            .map(|(c, s)| BatchSeq::new(&c.next, s, c.wanted))
+            .collect();
+        let e = model.forward_batch(&mut seqs, None).unwrap_err();
+        match (&e, poisoned) {
+            (ModelError::Experts(m), false) => assert!(m.contains("injected"), "{e}"),
+            (ModelError::Sequence { index: 0, source }, true) => {
+                let msg = source.to_string();
+                assert!(msg.contains(&format!("layer {layer}")) && msg.contains("position 0"), "{msg}");
+            }
+            _ => panic!("unexpected error (poisoned: {poisoned}): {e}"),
+        }
+        let after: Vec<(usize, usize)> = states.iter().map(|s| (s.len(), s.bytes())).collect();
+        assert_eq!(before, after, "states changed by a failed pass (poisoned: {poisoned})");
+        // The states still give the logits they would have.
+        for (i, (c, s)) in cases.iter().zip(states.iter_mut()).enumerate() {
+            let all = reference.forward(&c.next, s, None).unwrap();
+            let got = match c.wanted {
+                Wanted::All => all,
+                Wanted::Last => all.gather_rows(&[all.rows() - 1]),
+            };
+            assert_eq!(bits(&got), bits(&want[i].0), "sequence {i} after a failed pass");
+        }
+    }
 }
