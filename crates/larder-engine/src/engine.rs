@@ -316,6 +316,21 @@ impl Engine {
         self.generate_in(prompt, cache, cached, opts, on_token, None, None)
     }
 
+    /// The loop behind [`Conversation::run`](crate::Conversation::run):
+    /// continues from `cache` (its first `cached` prompt tokens reused),
+    /// drafting with `drafter` when given.
+    pub(crate) fn generate_in_conversation(
+        &self,
+        prompt: &[u32],
+        cache: &mut larder_model::SequenceState,
+        cached: usize,
+        opts: &GenerateOptions,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        drafter: Option<&mut dyn Drafter>,
+    ) -> Result<Generation, EngineError> {
+        self.generate_in(prompt, cache, cached, opts, on_token, None, drafter)
+    }
+
     // The one generation loop behind every public entry point.
     #[allow(clippy::too_many_arguments)]
     fn generate_in(

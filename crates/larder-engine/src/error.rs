@@ -33,6 +33,8 @@ pub enum EngineError {
     /// (the message names the file); only chats need it.
     #[error("{0}")]
     ChatTemplate(String),
+    #[error("draft model {dir}: {message}")]
+    Draft { dir: PathBuf, message: String },
     #[error("invalid {field}: {message}")]
     Invalid { field: &'static str, message: String },
 }

@@ -2,6 +2,10 @@
 //!
 //! - [`Engine`] loads a checkpoint (model, tokenizer, chat template,
 //!   generation config) and generates with it;
+//! - [`conversation`] is the request loop `larder run` and `larder serve`
+//!   share: a sequence with prefix reuse, stop strings, context checks,
+//!   streamed events and cancellation;
+//! - [`drafting`] resolves the drafter a user names (speculative decoding);
 //! - [`tokenizer`] wraps `tokenizer.json` and decodes streams incrementally;
 //! - [`chat`] renders `tokenizer_config.json` chat templates like transformers;
 //! - [`sampling`] picks tokens (greedy or seeded temperature/top-k/top-p);
@@ -14,6 +18,8 @@
 //! - [`plan`] is the first decode planner (fit, RAM budget, expected tok/s).
 
 pub mod chat;
+pub mod conversation;
+pub mod drafting;
 pub mod engine;
 pub mod error;
 pub mod experts;
@@ -26,9 +32,14 @@ pub mod stats;
 pub mod tokenizer;
 
 pub use chat::{ChatMessage, ChatTemplate};
+pub use conversation::{Conversation, Outcome, Request, RequestEvent, RequestSink, StopFilter};
+pub use drafting::{DrafterChoice, Drafting};
 pub use engine::{Engine, ExpertMode, FinishReason, GenerateOptions, Generation, LoadOptions};
 pub use error::EngineError;
 pub use generation::GenerationConfig;
+/// Expert-store counters and sizes, for clients of the engine (the server's
+/// `/metrics` and ready line) that depend on no other larder crate.
+pub use larder_store::{format_size, StoreStats};
 pub use sampling::{Sampler, SamplingParams};
 pub use stats::{ExpertStats, SpeculativeStats, Stats};
 pub use tokenizer::{StreamDecoder, TextTokenizer};
