@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use larder_engine::Engine;
+use larder_engine::{Drafting, Engine};
 use tokio::sync::watch;
 
 /// Server settings.
@@ -102,7 +102,14 @@ impl RunningServer {
     /// Hands the loaded engine to the server: `/health` turns 200 and the
     /// API answers. A second engine is ignored.
     pub fn attach(&self, engine: Engine) {
-        let _ = self.state.worker.set(worker::Worker::start(engine, self.state.config.queue_depth));
+        self.attach_with(engine, Drafting::off());
+    }
+
+    /// [`attach`](Self::attach), every request drafting with `drafting`
+    /// (speculative decoding; resolved by [`Engine::drafting`]).
+    pub fn attach_with(&self, engine: Engine, drafting: Drafting) {
+        let depth = self.state.config.queue_depth;
+        let _ = self.state.worker.set(worker::Worker::start_with(engine, depth, drafting));
     }
 
     /// Whether an engine is attached.
@@ -180,11 +187,12 @@ pub fn start(engine: Engine, config: ServerConfig) -> Result<RunningServer, Serv
 }
 
 /// Serves until SIGINT or SIGTERM: binds first (printing the address), runs
-/// `load` on its own thread meanwhile, then drains gracefully and returns
-/// `Ok` on a signal. A failed load is `Err(ServeError::Load)`.
+/// `load` on its own thread meanwhile (the engine and the drafter every
+/// request uses), then drains gracefully and returns `Ok` on a signal. A
+/// failed load is `Err(ServeError::Load)`.
 pub fn run<F>(config: ServerConfig, load: F) -> Result<(), ServeError>
 where
-    F: FnOnce() -> Result<Engine, String> + Send + 'static,
+    F: FnOnce() -> Result<(Engine, Drafting), String> + Send + 'static,
 {
     let grace = config.shutdown_grace;
     let name = config.served_name.clone();
@@ -215,12 +223,12 @@ where
         let started = Instant::now();
         tokio::select! {
             r = rx => match r {
-                Ok(Ok(engine)) => {
+                Ok(Ok((engine, drafting))) => {
                     let ready = ready_line(&engine, &name, server.addr, started.elapsed().as_secs_f64());
                     if let Some(e) = engine.chat_template_error() {
                         eprintln!("[larder] warning: {e}; chat requests (/v1/chat/completions) fail with a 500 until it is fixed; completions work");
                     }
-                    server.attach(engine);
+                    server.attach_with(engine, drafting);
                     eprintln!("{ready}");
                 }
                 Ok(Err(e)) => return Err(ServeError::Load(e)),
@@ -252,7 +260,7 @@ fn ready_line(engine: &Engine, name: &str, addr: SocketAddr, secs: f64) -> Strin
         Some(s) => format!(
             "experts streamed via {} through a {} RAM cache",
             s.backend().name(),
-            larder_store::format_size(s.cache().budget())
+            larder_engine::format_size(s.cache().budget())
         ),
     };
     format!(

@@ -4,16 +4,22 @@
 //! streams [`Event`]s back; a client that goes away (its receiver dropped) or
 //! a matched stop string cancels generation at the next token.
 //!
+//! The request loop itself is the engine's ([`larder_engine::Conversation`]):
+//! the context-length check, stop strings, prefix reuse of the previous
+//! request's state, and the drafter the server was started with; this
+//! module turns its events into [`Event`]s.
+//!
 //! Sampling a request omits comes from the model's `generation_config.json`
 //! ([`larder_engine::GenerationConfig::sampling_defaults`]); an unseeded
 //! request draws a fresh seed. Engine errors are logged in full here and
 //! reach the client without server file paths.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
-use larder_engine::{Engine, EngineError, FinishReason, GenerateOptions, SamplingParams, StreamDecoder};
-use larder_model::KvCache;
+use larder_engine::{
+    Conversation, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Request, RequestEvent, SamplingParams, StoreStats,
+};
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{ApiError, GenerationRequest, Prompt};
@@ -62,12 +68,18 @@ pub struct Worker {
     pub context_len: usize,
     /// Sampling for the fields a request omits (from generation_config.json).
     pub defaults: SamplingParams,
-    engine_stats: Arc<dyn Fn() -> Option<larder_store::StoreStats> + Send + Sync>,
+    engine_stats: Arc<dyn Fn() -> Option<StoreStats> + Send + Sync>,
 }
 
 impl Worker {
     /// Moves `engine` to its own thread; at most `depth` jobs wait or run.
     pub fn start(engine: Engine, depth: usize) -> Worker {
+        Self::start_with(engine, depth, Drafting::off())
+    }
+
+    /// [`start`](Self::start), every request drafting with `drafting`
+    /// (speculative decoding: greedy output is unchanged).
+    pub fn start_with(engine: Engine, depth: usize, drafting: Drafting) -> Worker {
         let depth = depth.max(1);
         let (tx, rx) = mpsc::sync_channel::<Job>(depth);
         let in_system = Arc::new(AtomicUsize::new(0));
@@ -81,9 +93,11 @@ impl Worker {
         std::thread::Builder::new()
             .name("larder-engine".into())
             .spawn(move || {
-                let mut session = None;
+                let ctx = JobContext { defaults, drafting };
+                // The last request's conversation, kept for prefix reuse.
+                let mut conversation = Conversation::new(&engine);
                 for job in rx {
-                    run_job(&engine, job, &m, &defaults, &mut session);
+                    run_job(&engine, job, &m, &ctx, &mut conversation);
                     count.fetch_sub(1, Ordering::SeqCst);
                 }
             })
@@ -125,16 +139,15 @@ impl Worker {
     }
 
     /// Expert store counters, when experts stream.
-    pub fn store_stats(&self) -> Option<larder_store::StoreStats> {
+    pub fn store_stats(&self) -> Option<StoreStats> {
         (self.engine_stats)()
     }
 }
 
-/// The KV state of the last request (its prompt and output), kept for
-/// prefix reuse: a request whose tokens start the same way continues from it.
-struct Session {
-    tokens: Vec<u32>,
-    cache: KvCache,
+/// What every job shares: the model's sampling defaults and the drafter.
+struct JobContext {
+    defaults: SamplingParams,
+    drafting: Drafting,
 }
 
 /// The sampling a request runs with: its own fields, else the model's
@@ -176,7 +189,7 @@ fn prompt_error(e: &EngineError) -> ApiError {
     }
 }
 
-fn run_job(engine: &Engine, job: Job, metrics: &Metrics, defaults: &SamplingParams, session: &mut Option<Session>) {
+fn run_job(engine: &Engine, job: Job, metrics: &Metrics, ctx: &JobContext, conversation: &mut Conversation) {
     let Job { request, events } = job;
     let fail = |e: ApiError| {
         let _ = events.send(Event::Failed(e));
@@ -193,23 +206,10 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics, defaults: &SamplingPara
         Ok(p) => p,
         Err(e) => return fail(prompt_error(&e)),
     };
-    if let Err(e) = engine.model().check_ids(&prompt, 0) {
-        return fail(ApiError::invalid("prompt", e.to_string()));
-    }
-    let room = engine.model().spec().max_position_embeddings.saturating_sub(prompt.len());
-    let max_new = match request.max_tokens {
-        Some(n) if n > room => {
-            return fail(ApiError::invalid(
-                "max_tokens",
-                format!(
-                    "max_tokens {n} plus the prompt's {} tokens exceed the model's context of {} tokens",
-                    prompt.len(),
-                    prompt.len() + room
-                ),
-            ))
-        }
-        Some(n) => n,
-        None => room,
+    let max_new = match engine.check_prompt(&prompt, request.max_tokens) {
+        Ok(n) => n,
+        Err(EngineError::Invalid { field, message }) => return fail(ApiError::invalid(field, message)),
+        Err(e) => return fail(ApiError::invalid("prompt", e.to_string())),
     };
     let _ = events.send(Event::Started {
         prompt_tokens: prompt.len(),
@@ -217,46 +217,26 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics, defaults: &SamplingPara
     metrics.prompt_tokens.fetch_add(prompt.len() as u64, Ordering::Relaxed);
     let opts = GenerateOptions {
         max_new,
-        sampling: resolve_sampling(&request, defaults),
+        sampling: resolve_sampling(&request, &ctx.defaults),
         stop_at_eos: !request.ignore_eos,
         ..GenerateOptions::default()
     };
-    let tok = engine.tokenizer().ok();
-    let mut decoder = StreamDecoder::new();
-    let mut stops = StopFilter::new(&request.stop);
-    let stopped = AtomicBool::new(false);
-    let (mut cache, cached) = match session.take() {
-        Some(s) => {
-            let common = s.tokens.iter().zip(&prompt).take_while(|(a, b)| a == b).count();
-            (s.cache, common)
-        }
-        None => (engine.model().new_cache(), 0),
+    let run = Request {
+        prompt: &prompt,
+        options: &opts,
+        stop: &request.stop,
+        drafting: &ctx.drafting,
+        cancel: None,
     };
-    let result = engine.generate_cached(&prompt, &mut cache, cached, &opts, &mut |id| {
-        let piece = match tok {
-            Some(t) => decoder.push(t, id).ok().flatten().unwrap_or_default(),
-            None => String::new(),
-        };
-        let (text, hit) = stops.push(&piece);
+    let mut sink = |event: RequestEvent<'_>| match event {
         // Sent even when empty: a streaming reply then writes to the socket
         // every token, which is how a vanished client is noticed.
-        if events.send(Event::Text(text)).is_err() {
-            return false; // the client is gone
-        }
-        if hit {
-            stopped.store(true, Ordering::Relaxed);
-            return false;
-        }
-        !events.is_closed()
-    });
-    match result {
+        RequestEvent::Token { text, .. } => events.send(Event::Text(text.to_string())).is_ok() && !events.is_closed(),
+        RequestEvent::Text(text) => events.send(Event::Text(text.to_string())).is_ok(),
+        RequestEvent::Finished(_) => true,
+    };
+    match conversation.run(engine, &run, &mut sink) {
         Ok(g) => {
-            let fed: Vec<u32> = prompt.iter().chain(&g.ids).copied().take(cache.len()).collect();
-            *session = Some(Session { tokens: fed, cache });
-            let tail = stops.finish();
-            if !tail.is_empty() {
-                let _ = events.send(Event::Text(tail));
-            }
             metrics.completion_tokens.fetch_add(g.ids.len() as u64, Ordering::Relaxed);
             metrics
                 .last_decode_tok_per_s
@@ -268,82 +248,9 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics, defaults: &SamplingPara
             let _ = events.send(Event::Done {
                 finish_reason,
                 completion_tokens: g.ids.len(),
-                cached_tokens: g.stats.cached_tokens,
+                cached_tokens: g.cached_tokens,
             });
         }
         Err(e) => fail(ApiError::internal("generating", &e)),
-    }
-}
-
-/// Removes stop strings from streamed text: text that could still be the
-/// start of a stop string is held back until it cannot.
-pub struct StopFilter {
-    stops: Vec<String>,
-    held: String,
-    done: bool,
-}
-
-impl StopFilter {
-    pub fn new(stops: &[String]) -> Self {
-        StopFilter {
-            stops: stops.to_vec(),
-            held: String::new(),
-            done: false,
-        }
-    }
-
-    /// Adds generated text; returns the text safe to emit, and whether a stop string matched.
-    pub fn push(&mut self, piece: &str) -> (String, bool) {
-        if self.done {
-            return (String::new(), true);
-        }
-        self.held.push_str(piece);
-        if let Some(at) = self.stops.iter().filter_map(|s| self.held.find(s.as_str())).min() {
-            self.done = true;
-            let out = self.held[..at].to_string();
-            self.held.clear();
-            return (out, true);
-        }
-        // Hold back the longest suffix that is a prefix of a stop string.
-        let keep = self
-            .stops
-            .iter()
-            .flat_map(|s| (1..s.len()).filter(|&n| s.is_char_boundary(n)).map(move |n| &s[..n]))
-            .filter(|p| self.held.ends_with(p))
-            .map(str::len)
-            .max()
-            .unwrap_or(0);
-        let cut = self.held.len() - keep;
-        let out = self.held[..cut].to_string();
-        self.held.drain(..cut);
-        (out, false)
-    }
-
-    /// Text held back at the end of generation (no stop string followed).
-    pub fn finish(&mut self) -> String {
-        if self.done {
-            String::new()
-        } else {
-            std::mem::take(&mut self.held)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn stop_strings_are_cut_across_pieces() {
-        let mut f = StopFilter::new(&["END".to_string()]);
-        assert_eq!(f.push("hello E"), ("hello ".to_string(), false));
-        assert_eq!(f.push("N"), (String::new(), false));
-        assert_eq!(f.push("D more"), (String::new(), true));
-        let mut f = StopFilter::new(&["END".to_string()]);
-        assert_eq!(f.push("hello EN"), ("hello ".to_string(), false));
-        assert_eq!(f.push("x"), ("ENx".to_string(), false));
-        assert_eq!(f.finish(), "");
-        let mut f = StopFilter::new(&[]);
-        assert_eq!(f.push("abc"), ("abc".to_string(), false));
     }
 }

@@ -211,40 +211,6 @@ pub fn check_budget(model: &Path, opts: &LoadOptions) -> anyhow::Result<()> {
     o.check_budget(&index).with_context(|| format!("model {}", model.display()))
 }
 
-/// The drafter `--draft` / `--draft-model` ask for (None: plain decoding).
-pub fn drafter(kind: &str, model: Option<&Path>, engine: &Engine) -> anyhow::Result<Option<Box<dyn larder_spec::Drafter>>> {
-    let kind = if model.is_some() { "model" } else { kind };
-    Ok(match kind {
-        "ngram" => Some(Box::new(larder_spec::NgramDrafter::default())),
-        "self" => Some(Box::new(larder_spec::ModelDrafter::self_draft(engine.shared_model()))),
-        "model" => {
-            let dir = model.ok_or_else(|| anyhow::anyhow!("--draft model needs --draft-model DIR"))?;
-            let draft = about(larder_model::load_model(dir, None), "cannot load the draft model", dir)?;
-            check_same_vocabulary(dir, engine)?;
-            let d = larder_spec::ModelDrafter::new(std::sync::Arc::new(draft), engine.model().spec().vocab_size)
-                .with_context(|| format!("draft model {}", dir.display()))?;
-            Some(Box::new(d))
-        }
-        _ => None,
-    })
-}
-
-/// A draft model must tokenize like the target: same tokenizer.json
-/// vocabulary when both have one.
-fn check_same_vocabulary(dir: &Path, engine: &Engine) -> anyhow::Result<()> {
-    let path = dir.join("tokenizer.json");
-    if let (true, Ok(target)) = (path.exists(), engine.tokenizer()) {
-        let draft = larder_engine::TextTokenizer::from_file(&path)?;
-        if draft.vocab() != target.vocab() {
-            anyhow::bail!(
-                "draft model {}: its tokenizer's vocabulary differs from the model's; a draft model must share the vocabulary",
-                dir.display()
-            );
-        }
-    }
-    Ok(())
-}
-
 /// A progress bar on stderr when it is a terminal (hidden otherwise).
 pub fn progress_bar(len: u64, template: &str) -> indicatif::ProgressBar {
     let bar = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());

@@ -5,13 +5,13 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::bail;
-use larder_engine::{ChatMessage, GenerateOptions, SamplingParams, StreamDecoder};
+use larder_engine::{ChatMessage, Conversation, DrafterChoice, GenerateOptions, Outcome, Request, RequestEvent, SamplingParams};
 use serde_json::json;
 
 /// Arguments of `larder run`.
 #[derive(clap::Args)]
 #[command(
-    after_help = "Examples:\n  larder run --model ./fixtures/qwen3_moe_tok --prompt \"The capital of France is\" --max-new 16\n  larder run --model ./fixtures/qwen3_moe_tok --chat --prompt \"Explain tides\"\n  larder run --model ./fixtures/qwen3_moe_tiny --ids 1,200,31 --max-new 8 --json"
+    after_help = "Examples:\n  larder run --model ./fixtures/qwen3_moe_tok --prompt \"The capital of France is\" --max-new 16\n  larder run --model ./fixtures/qwen3_moe_tok --chat --prompt \"Explain tides\"\n  larder run --model ./fixtures/qwen3_moe_tiny --ids 1,200,31 --max-new 8 --json\n  larder run --model ./fixtures/qwen3_moe_tok --prompt \"The capital of France is\" --stop . --stop ,"
 )]
 pub struct Args {
     /// Checkpoint folder or packed store (see `larder pack`).
@@ -49,7 +49,12 @@ pub struct Args {
     /// Keep generating past EOS tokens (until --max-new).
     #[arg(long)]
     ignore_eos: bool,
-    /// Print {"ids", "text", "finish_reason", "stats"} on stdout instead of streaming text.
+    /// Stop when the text contains STR (repeatable); STR and what follows are not printed.
+    /// Text that may start a stop string is held back until it cannot.
+    #[arg(long, value_name = "STR")]
+    stop: Vec<String>,
+    /// Print {"ids", "text", "finish_reason", "stats"} on stdout instead of streaming text ("stop_string" too
+    /// when one ended generation).
     #[arg(long)]
     json: bool,
     /// After the text, print detailed stats on stderr (expert I/O and per-layer cache hit rates when streaming).
@@ -94,36 +99,45 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         stop_at_eos: !args.ignore_eos,
         draft_max: args.draft_max,
     };
-    let mut drafter = super::drafter(&args.draft, args.draft_model.as_deref(), &engine)?;
+    let drafting = engine.drafting(&DrafterChoice::parse(&args.draft, args.draft_model.as_deref())?)?;
     let tok = engine.tokenizer().ok();
     if tok.is_none() {
+        if !args.stop.is_empty() {
+            bail!(
+                "--stop needs text, but {} has no tokenizer.json; leave out --stop",
+                args.model.display()
+            );
+        }
         tracing::info!("{} has no tokenizer.json: printing token ids instead of text", args.model.display());
     }
 
-    let mut stream = StreamDecoder::new();
     let mut stdout = std::io::stdout().lock();
     let mut write_error = None;
-    let mut on_token = |id| {
-        if args.json {
+    let mut sink = |event: RequestEvent<'_>| {
+        let piece = match event {
+            _ if args.json => return true,
+            RequestEvent::Token { id, .. } if tok.is_none() => format!("{id} "),
+            RequestEvent::Token { text, .. } | RequestEvent::Text(text) => text.to_string(),
+            RequestEvent::Finished(_) => return true,
+        };
+        if piece.is_empty() {
             return true;
         }
-        let piece = match tok {
-            Some(t) => stream.push(t, id).ok().flatten(),
-            None => Some(format!("{id} ")),
-        };
-        if let Some(p) = piece {
-            if let Err(e) = stdout.write_all(p.as_bytes()).and_then(|_| stdout.flush()) {
-                // A closed pipe (e.g. `| head`) stops generation instead of panicking.
-                write_error = Some(e);
-                return false;
-            }
+        if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
+            // A closed pipe (e.g. `| head`) stops generation instead of panicking.
+            write_error = Some(e);
+            return false;
         }
         true
     };
-    let generation = match drafter.as_mut() {
-        Some(d) => engine.generate_with_drafter(&prompt_ids, &opts, d.as_mut(), &mut on_token)?,
-        None => engine.generate(&prompt_ids, &opts, &mut on_token)?,
+    let request = Request {
+        prompt: &prompt_ids,
+        options: &opts,
+        stop: &args.stop,
+        drafting: &drafting,
+        cancel: None,
     };
+    let generation = Conversation::new(&engine).run(&engine, &request, &mut sink)?;
     if let Some(e) = write_error {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             return Err(e.into());
@@ -131,21 +145,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return Ok(());
     }
     let text = match tok {
-        Some(t) => t.decode(&generation.ids, true)?,
+        // Without stop strings, the whole decode (identical to the streamed pieces).
+        Some(t) if args.stop.is_empty() => t.decode(&generation.ids, true)?,
+        Some(_) => generation.text.clone(),
         None => String::new(),
     };
     let s = &generation.stats;
     if args.json {
         drop(stdout);
-        return super::print_json(&json!({
+        let mut doc = json!({
             "ids": generation.ids,
             "text": text,
             "finish_reason": generation.finish_reason,
             "stats": s,
-        }));
+        });
+        if let Some(stop) = &generation.stop_string {
+            doc["stop_string"] = json!(stop);
+        }
+        return super::print_json(&doc);
     }
     writeln!(stdout)?;
-    eprintln!("{}", summary(s, generation.finish_reason));
+    eprintln!("{}", summary(s, &generation));
     if let (true, Some(x)) = (args.stats, &s.experts) {
         eprintln!(
             "[larder] experts: {} hits, {} misses, {} prefetch reads ({} used) | verify {:.3}s",
@@ -172,7 +192,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
 /// The one-line summary of a run on stderr: tokens, speeds, and (when
 /// experts stream) what streaming cost; the drafter's share when drafting.
-fn summary(s: &larder_engine::Stats, finish: larder_engine::FinishReason) -> String {
+fn summary(s: &larder_engine::Stats, outcome: &Outcome) -> String {
     let mut line = format!(
         "[larder] {} prompt + {} new tokens | prefill {:.1} tok/s | decode {:.2} tok/s (first token {:.3} s)",
         s.prompt_tokens, s.new_tokens, s.prefill_tok_per_s, s.decode_tok_per_s, s.time_to_first_token_s
@@ -205,10 +225,11 @@ fn summary(s: &larder_engine::Stats, finish: larder_engine::FinishReason) -> Str
             if sp.disabled { ", switched off (not paying)" } else { "" }
         ));
     }
-    let why = match finish {
-        larder_engine::FinishReason::Stop => "EOS",
-        larder_engine::FinishReason::Length => "the length limit",
-        larder_engine::FinishReason::Cancelled => "cancelled",
+    let why = match (outcome.finish_reason, &outcome.stop_string) {
+        (_, Some(stop)) => format!("the stop string {stop:?}"),
+        (larder_engine::FinishReason::Stop, None) => "EOS".into(),
+        (larder_engine::FinishReason::Length, None) => "the length limit".into(),
+        (larder_engine::FinishReason::Cancelled, None) => "cancelled".into(),
     };
     line.push_str(&format!(" | stopped at {why}"));
     line

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use larder_engine::DrafterChoice;
 use larder_serve::{run, ServerConfig};
 
 /// `--max-request-bytes` range: 1 KiB ..= 1 GiB.
@@ -21,7 +22,8 @@ Sampling fields a request omits (temperature, top_p, top_k) follow the model's g
 does (OpenAI's defaults where it gives none: temperature 1, top_p 1); a request without a seed gets a fresh random one.\n\n\
 Requests the server cannot honour exactly (n > 1, logit_bias, tools, images, non-zero penalties, unknown \
 fields) get an OpenAI-shaped 400 error before generation starts; bodies over --max-request-bytes get 413. \
-Generation runs on one engine thread; requests wait FIFO up to --queue-depth, then get 429.\n\n\
+Generation runs on one engine thread; requests wait FIFO up to --queue-depth, then get 429. \
+With --draft, every request decodes speculatively (the model still decides every token).\n\n\
 SIGINT/SIGTERM: stop accepting, let running requests finish within --shutdown-grace, end streams still running \
 with an error event and [DONE], exit 0.\n\n\
 Examples:\n  larder serve --model ./fixtures/qwen3_moe_tok\n  \
@@ -60,6 +62,13 @@ pub struct Args {
     /// Allow browser requests from ORIGIN (scheme://host[:port], or `*` for any); repeatable. Default: no CORS.
     #[arg(long, value_name = "ORIGIN", value_parser = larder_serve::cors::parse_origin)]
     cors_origin: Vec<String>,
+    /// Speculative decoding for every request: `ngram` (prompt lookup), `model` (needs --draft-model), `self`
+    /// (the model using only experts already in the RAM cache) or `off`. Greedy output is identical.
+    #[arg(long, value_name = "ngram|model|self|off", default_value = "off", value_parser = ["ngram", "model", "self", "off"])]
+    draft: String,
+    /// A small checkpoint sharing the model's vocabulary, used as draft model (implies --draft model).
+    #[arg(long, value_name = "DIR")]
+    draft_model: Option<PathBuf>,
 }
 
 /// A `--max-request-bytes` value: a size in BODY_MIN..=BODY_MAX.
@@ -89,9 +98,13 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
         cors_origins: args.cors_origin,
         ..ServerConfig::default()
     };
+    // Checked before loading, so a missing --draft-model is said at once.
+    let choice = DrafterChoice::parse(&args.draft, args.draft_model.as_deref())?;
     let (model, experts) = (args.model, args.experts);
     run(config, move || {
-        super::load_engine(&model, &experts).map_err(|e| super::error_text(&e))
+        let engine = super::load_engine(&model, &experts).map_err(|e| super::error_text(&e))?;
+        let drafting = engine.drafting(&choice).map_err(|e| super::error_text(&anyhow::Error::from(e)))?;
+        Ok((engine, drafting))
     })?;
     Ok(())
 }
