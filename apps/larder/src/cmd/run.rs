@@ -208,7 +208,7 @@ fn summary(s: &larder_engine::Stats, outcome: &Outcome) -> String {
                 " | experts streamed via {}: {} read in {} reads ({} prefetched), {:.1}% hit, disk {gbps:.2} GB/s \
                  over the run, io wait {wait:.0}%",
                 x.io_backend,
-                larder_store::format_size(x.expert_bytes_read),
+                larder_engine::format_size(x.expert_bytes_read),
                 x.expert_reads + x.prefetch_reads,
                 x.prefetch_reads,
                 100.0 * x.hit_rate,
