@@ -3,8 +3,13 @@
 //! (even one spanning several tokens), the ids end at the token completing
 //! it, the finish reason is `stop`; streamed text equals the JSON text; a
 //! drafter changes nothing; a model without a tokenizer refuses --stop.
+//! `larder serve --draft ngram` answers a request with a stop string with
+//! the same text as `larder run --stop`.
 
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
 
 mod common;
 
@@ -75,4 +80,77 @@ fn stop_needs_a_tokenizer_and_a_non_empty_string() {
     let tok = fixture("qwen3_moe_tok");
     let err = fails(&["run", "--model", tok.to_str().unwrap(), "--prompt", "Hi", "--stop", ""]);
     assert!(err.contains("stop"), "{err}");
+}
+
+/// POSTs `body` to `path`; returns the reply's JSON body.
+fn post(addr: &str, path: &str, body: &str) -> serde_json::Value {
+    let mut s = TcpStream::connect(addr).unwrap();
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
+    // The body may be chunked: the JSON document is from its first `{` to its last `}`.
+    let body = reply.split("\r\n\r\n").nth(1).unwrap_or("");
+    let json = &body[body.find('{').unwrap_or(0)..body.rfind('}').map_or(0, |i| i + 1)];
+    serde_json::from_str(json).unwrap_or_else(|e| panic!("{e}: {reply}"))
+}
+
+#[test]
+fn serve_with_a_drafter_stops_like_run() {
+    let m = fixture("qwen3_moe_tok");
+    let m = m.to_str().unwrap();
+    let err = fails(&["serve", "--model", m, "--port", "0", "--draft", "model"]);
+    assert!(
+        err.contains("--draft-model") && !err.contains("serving on"),
+        "refused before binding: {err}"
+    );
+    let prompt = "The capital of France is";
+    let plain = ok_json(&["run", "--model", m, "--prompt", prompt, "--max-new", "16", "--ignore-eos", "--json"]);
+    let chars: Vec<char> = plain["text"].as_str().unwrap().chars().collect();
+    let stop: String = chars[chars.len() / 2..chars.len() / 2 + 2].iter().collect();
+    let run = ok_json(&[
+        "run",
+        "--model",
+        m,
+        "--prompt",
+        prompt,
+        "--max-new",
+        "16",
+        "--ignore-eos",
+        "--stop",
+        &stop,
+        "--json",
+    ]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .args(["serve", "--port", "0", "--draft", "ngram", "--model", m])
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
+    let ready = lines.find(|l| l.contains("ready")).unwrap_or_default();
+    let addr = ready
+        .split("http://")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or("")
+        .to_string();
+    let body = serde_json::json!({
+        "model": "qwen3_moe_tok", "prompt": prompt, "max_tokens": 16, "temperature": 0,
+        "ignore_eos": true, "stop": [stop],
+    });
+    let reply = std::panic::catch_unwind(|| post(&addr, "/v1/completions", &body.to_string()));
+    let _ = child.kill();
+    let _ = child.wait();
+    let reply = reply.unwrap();
+    assert_eq!(reply["choices"][0]["text"], run["text"], "stop {stop:?}");
+    assert_eq!(reply["choices"][0]["finish_reason"], "stop");
+    assert_eq!(
+        reply["usage"]["completion_tokens"].as_u64(),
+        Some(run["ids"].as_array().unwrap().len() as u64)
+    );
 }
