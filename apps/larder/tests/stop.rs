@@ -133,6 +133,7 @@ fn serve_with_a_drafter_stops_like_run() {
         .unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
     let ready = lines.find(|l| l.contains("ready")).unwrap_or_default();
+    assert!(ready.contains("drafting with ngram"), "{ready}");
     let addr = ready
         .split("http://")
         .nth(1)

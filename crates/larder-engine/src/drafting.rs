@@ -76,6 +76,16 @@ impl Drafting {
         matches!(self.0, Resolved::Off)
     }
 
+    /// The drafter's name (`ngram`, `self`, `model`), `None` when off.
+    pub fn name(&self) -> Option<&'static str> {
+        match self.0 {
+            Resolved::Off => None,
+            Resolved::Ngram => Some("ngram"),
+            Resolved::SelfDraft(_) => Some("self"),
+            Resolved::Model { .. } => Some("model"),
+        }
+    }
+
     /// A fresh drafter for one request (`None` when drafting is off).
     pub fn drafter(&self) -> Result<Option<Box<dyn Drafter>>, EngineError> {
         Ok(match &self.0 {

@@ -224,7 +224,10 @@ where
         tokio::select! {
             r = rx => match r {
                 Ok(Ok((engine, drafting))) => {
-                    let ready = ready_line(&engine, &name, server.addr, started.elapsed().as_secs_f64());
+                    let mut ready = ready_line(&engine, &name, server.addr, started.elapsed().as_secs_f64());
+                    if let Some(d) = drafting.name() {
+                        ready.push_str(&format!("; drafting with {d}"));
+                    }
                     if let Some(e) = engine.chat_template_error() {
                         eprintln!("[larder] warning: {e}; chat requests (/v1/chat/completions) fail with a 500 until it is fixed; completions work");
                     }
