@@ -5,6 +5,8 @@
 //! - [`conversation`] is the request loop `larder run` and `larder serve`
 //!   share: a sequence with prefix reuse, stop strings, context checks,
 //!   streamed events and cancellation;
+//! - [`scheduler`] decodes many sequences together in batched steps, each
+//!   bit-identical to running alone (queue, KV budget, chunked prefill);
 //! - [`drafting`] resolves the drafter a user names (speculative decoding);
 //! - [`tokenizer`] wraps `tokenizer.json` and decodes streams incrementally;
 //! - [`chat`] renders `tokenizer_config.json` chat templates like transformers;
@@ -28,6 +30,7 @@ pub mod integrity;
 pub mod pack;
 pub mod plan;
 pub mod sampling;
+pub mod scheduler;
 pub mod stats;
 pub mod tokenizer;
 
@@ -41,5 +44,6 @@ pub use generation::GenerationConfig;
 /// `/metrics` and ready line) that depend on no other larder crate.
 pub use larder_store::{format_size, StoreStats};
 pub use sampling::{Sampler, SamplingParams};
+pub use scheduler::{Failure, Job, Scheduler, SchedulerConfig, StepReport};
 pub use stats::{ExpertStats, SpeculativeStats, Stats};
 pub use tokenizer::{StreamDecoder, TextTokenizer};
