@@ -20,7 +20,14 @@
 //! [`submit`](Scheduler::submit); a queued one is admitted only while the
 //! worst cases of the running ones and its own fit, so the state never
 //! outgrows the budget. Finished and cancelled sequences are retired at the
-//! step that ends them, and their state is freed.
+//! step that ends them.
+//!
+//! Prefix reuse: the last finished sequence's tokens and state are kept
+//! ([`kept_bytes`](Scheduler::kept_bytes)); the next admitted request that
+//! shares a prompt prefix with it takes that state over and prefills only
+//! the rest (bit-identical to a fresh prefill; `Outcome::cached_tokens`
+//! says how many it reused). The kept state counts against the KV budget
+//! and is dropped when a request needs the room.
 //!
 //! Requests with a drafter (speculative decoding) are not batched: run them
 //! alone through [`Conversation::run`](crate::Conversation::run).
@@ -122,6 +129,14 @@ pub struct Scheduler<'e> {
     queue: VecDeque<Seq>,
     running: Vec<Seq>,
     next_id: u64,
+    /// The last finished sequence's tokens and state, kept for prefix reuse.
+    kept: Option<Kept>,
+}
+
+/// A finished conversation: the tokens fed to the model and their state.
+struct Kept {
+    tokens: Vec<u32>,
+    state: SequenceState,
 }
 
 impl<'e> Scheduler<'e> {
@@ -149,6 +164,7 @@ impl<'e> Scheduler<'e> {
             queue: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
+            kept: None,
         })
     }
 
@@ -260,7 +276,7 @@ impl<'e> Scheduler<'e> {
             }
         };
         report.batch = self.running.len();
-        let mut keep = Vec::with_capacity(self.running.len());
+        let (mut keep, mut ended) = (Vec::with_capacity(self.running.len()), Vec::new());
         for (mut s, l) in self.running.drain(..).zip(logits) {
             let done = match l {
                 Some(_) if s.max_new == 0 => Some(FinishReason::Length),
@@ -268,14 +284,15 @@ impl<'e> Scheduler<'e> {
                 None => None,
             };
             match done {
-                Some(reason) => {
-                    report.finished.push(s.id);
-                    finish(s, reason);
-                }
+                Some(reason) => ended.push((s, reason)),
                 None => keep.push(s),
             }
         }
         self.running = keep;
+        for (s, reason) in ended {
+            report.finished.push(s.id);
+            self.end(s, reason);
+        }
         report
     }
 
@@ -286,7 +303,7 @@ impl<'e> Scheduler<'e> {
             if cancelled(&self.running[i]) {
                 let s = self.running.remove(i);
                 report.finished.push(s.id);
-                finish(s, FinishReason::Cancelled);
+                self.end(s, FinishReason::Cancelled);
             } else {
                 i += 1;
             }
@@ -295,7 +312,7 @@ impl<'e> Scheduler<'e> {
         for s in queued {
             if cancelled(&s) {
                 report.finished.push(s.id);
-                finish(s, FinishReason::Cancelled);
+                self.end(s, FinishReason::Cancelled);
             } else {
                 self.queue.push_back(s);
             }
@@ -304,19 +321,59 @@ impl<'e> Scheduler<'e> {
 
     /// Moves queued sequences into the batch, in order, while the batch and
     /// the KV budget (worst cases) allow.
+    /// The kept conversation's state counts against the budget until a
+    /// sequence takes it over, and is dropped when room is needed.
     fn admit(&mut self) {
         while self.running.len() < self.config.max_batch {
             let Some(front) = self.queue.front() else { break };
             if let Some(budget) = self.config.kv_budget {
                 let reserved: usize = self.running.iter().map(|s| s.worst_bytes).sum();
-                if reserved + front.worst_bytes > budget {
+                if reserved + self.kept_bytes() + front.worst_bytes > budget {
+                    if self.kept.take().is_some() {
+                        continue;
+                    }
                     break;
                 }
             }
-            if let Some(s) = self.queue.pop_front() {
+            if let Some(mut s) = self.queue.pop_front() {
+                self.reuse_kept(&mut s);
                 self.running.push(s);
             }
         }
+    }
+
+    /// Gives `s` the kept conversation's state when they share a prompt
+    /// prefix (at least the last prompt token is still fed, for its logits).
+    fn reuse_kept(&mut self, s: &mut Seq) {
+        let Some(kept) = &self.kept else { return };
+        let common = kept.tokens.iter().zip(&s.job.prompt).take_while(|(a, b)| a == b).count();
+        let reuse = common.min(s.job.prompt.len() - 1).min(kept.state.len());
+        if reuse == 0 {
+            return;
+        }
+        let Some(mut kept) = self.kept.take() else { return };
+        if kept.state.rollback(reuse).is_ok() {
+            s.state = kept.state;
+            s.fed = reuse;
+            s.stats.cached_tokens = reuse;
+        }
+    }
+
+    /// Ends `s` (see [`finish`]) and keeps its conversation for prefix reuse.
+    fn end(&mut self, s: Seq, reason: FinishReason) {
+        if let Some(kept) = finish(s, reason) {
+            self.kept = Some(kept);
+        }
+    }
+
+    /// Bytes of the conversation kept for prefix reuse (0 when none).
+    pub fn kept_bytes(&self) -> usize {
+        self.kept.as_ref().map_or(0, |k| k.state.bytes())
+    }
+
+    /// Drops the conversation kept for prefix reuse.
+    pub fn clear_kept(&mut self) {
+        self.kept = None;
     }
 
     /// One forward pass over every running sequence; per sequence the logits
@@ -395,7 +452,7 @@ fn sample_one(engine: &Engine, s: &mut Seq, logits: &[f32]) -> Option<FinishReas
 }
 
 /// Ends `s`: releases held text, sends `Finished`, frees its state.
-fn finish(mut s: Seq, reason: FinishReason) {
+fn finish(mut s: Seq, reason: FinishReason) -> Option<Kept> {
     let tail = s.stops.finish();
     if !tail.is_empty() {
         s.text.push_str(&tail);
@@ -407,10 +464,12 @@ fn finish(mut s: Seq, reason: FinishReason) {
         finish_reason: reason,
         stop_string: s.stops.matched().map(str::to_string),
         prompt_tokens: s.job.prompt.len(),
-        cached_tokens: 0,
+        cached_tokens: s.stats.cached_tokens,
         ids: std::mem::take(&mut s.ids),
         text: std::mem::take(&mut s.text),
         stats: s.stats.clone(),
     };
     s.job.sink.event(RequestEvent::Finished(&outcome));
+    let tokens = s.job.prompt.iter().chain(&outcome.ids).copied().take(s.state.len()).collect();
+    (!s.state.is_empty()).then_some(Kept { tokens, state: s.state })
 }

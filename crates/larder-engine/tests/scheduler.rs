@@ -317,3 +317,35 @@ fn max_batch_queues_in_order_and_queued_requests_can_be_cancelled() {
     assert_eq!(sched.state_bytes(), 0);
     assert!(Scheduler::new(&engine, SchedulerConfig { max_batch: 0, ..config }).is_err());
 }
+
+#[test]
+fn a_request_extending_a_finished_one_reuses_its_state_exactly() {
+    let engine = Engine::load(&fixture("qwen3_moe_tiny")).unwrap();
+    let first = specs()[1].clone();
+    let alone = solo(&engine, &first);
+    let mut second = specs()[0].clone();
+    second.prompt = first.prompt.iter().chain(&alone.ids).chain(&[9, 8, 7]).copied().collect();
+    let config = SchedulerConfig {
+        max_batch: 4,
+        prefill_chunk: 6,
+        kv_budget: None,
+    };
+    let results: Results = Arc::new(Mutex::new(vec![None, None]));
+    let mut sched = Scheduler::new(&engine, config).unwrap();
+    for (i, s) in [&first, &second].into_iter().enumerate() {
+        sched.submit(job(s, i, &results, Arc::new(AtomicBool::new(false)))).unwrap();
+        while !sched.is_idle() {
+            sched.step();
+        }
+        assert_eq!(sched.state_bytes(), 0);
+        assert!(sched.kept_bytes() > 0, "the finished conversation is kept");
+    }
+    let got = results.lock().unwrap().clone();
+    let (a, b) = (got[0].clone().unwrap().0, got[1].clone().unwrap().0);
+    assert_eq!(a.ids, alone.ids);
+    assert_eq!(a.cached_tokens, 0);
+    assert!(b.cached_tokens >= first.prompt.len(), "reused {} tokens", b.cached_tokens);
+    assert_eq!(b.ids, solo(&engine, &second).ids, "prefix reuse changed the output");
+    sched.clear_kept();
+    assert_eq!(sched.kept_bytes(), 0);
+}
