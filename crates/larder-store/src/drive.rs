@@ -136,7 +136,10 @@ mod tests {
     fn fs_space_of_the_temp_dir() {
         let s = fs_space(&std::env::temp_dir()).unwrap();
         assert!(s.total > 0 && s.free <= s.total && s.magic != 0, "{s:?}");
-        assert!(fs_space(Path::new("/no/such/folder")).unwrap_err().to_string().contains("/no/such/folder"));
+        assert!(fs_space(Path::new("/no/such/folder"))
+            .unwrap_err()
+            .to_string()
+            .contains("/no/such/folder"));
     }
 
     #[test]
