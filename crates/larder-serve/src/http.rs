@@ -486,12 +486,22 @@ fn worker_metrics(worker: &Worker) -> String {
          # TYPE larder_prompt_tokens_total counter\nlarder_prompt_tokens_total {}\n\
          # TYPE larder_completion_tokens_total counter\nlarder_completion_tokens_total {}\n\
          # TYPE larder_queue_depth gauge\nlarder_queue_depth {}\n\
-         # TYPE larder_decode_tokens_per_second gauge\nlarder_decode_tokens_per_second {}\n",
+         # TYPE larder_decode_tokens_per_second gauge\nlarder_decode_tokens_per_second {}\n\
+         # TYPE larder_running_sequences gauge\nlarder_running_sequences {}\n\
+         # TYPE larder_queued_sequences gauge\nlarder_queued_sequences {}\n\
+         # TYPE larder_batch_size gauge\nlarder_batch_size {}\n\
+         # TYPE larder_kv_bytes_in_use gauge\nlarder_kv_bytes_in_use {}\n\
+         # TYPE larder_kv_bytes_kept gauge\nlarder_kv_bytes_kept {}\n",
         m.requests.load(Ordering::Relaxed),
         m.rejected_full.load(Ordering::Relaxed),
         m.prompt_tokens.load(Ordering::Relaxed),
         m.completion_tokens.load(Ordering::Relaxed),
         worker.queue_depth(),
         f64::from_bits(m.last_decode_tok_per_s.load(Ordering::Relaxed)),
+        m.running.load(Ordering::Relaxed),
+        m.waiting.load(Ordering::Relaxed),
+        m.last_batch.load(Ordering::Relaxed),
+        m.kv_bytes.load(Ordering::Relaxed),
+        m.kv_kept_bytes.load(Ordering::Relaxed),
     )
 }

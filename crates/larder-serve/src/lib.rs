@@ -4,7 +4,8 @@
 //!
 //! - [`api`] validates requests into generation jobs and shapes errors;
 //! - [`worker`] runs generation on one dedicated engine thread with a FIFO
-//!   queue of bounded depth (429 beyond it), cancelling when clients leave;
+//!   queue of bounded depth (429 beyond it), up to `max_batch` requests
+//!   decoding together, cancelling when clients leave;
 //! - [`http`] is the hyper 1 service: routing, API key, body limits and
 //!   timeouts, JSON and server-sent-event responses; [`cors`] its opt-in
 //!   CORS headers.
@@ -53,6 +54,11 @@ pub struct ServerConfig {
     pub shutdown_grace: Duration,
     /// Origins allowed by CORS (`*` for any); empty: no CORS headers.
     pub cors_origins: Vec<String>,
+    /// Most requests decoding together (without a drafter).
+    pub max_batch: usize,
+    /// Bytes of sequence state (KV) all requests may hold together; a
+    /// request whose worst case cannot fit is refused (`None`: unbounded).
+    pub kv_budget: Option<usize>,
 }
 
 impl Default for ServerConfig {
@@ -68,6 +74,8 @@ impl Default for ServerConfig {
             header_timeout: Duration::from_secs(10),
             shutdown_grace: Duration::from_secs(30),
             cors_origins: Vec::new(),
+            max_batch: 8,
+            kv_budget: None,
         }
     }
 }
@@ -108,8 +116,16 @@ impl RunningServer {
     /// [`attach`](Self::attach), every request drafting with `drafting`
     /// (speculative decoding; resolved by [`Engine::drafting`]).
     pub fn attach_with(&self, engine: Engine, drafting: Drafting) {
-        let depth = self.state.config.queue_depth;
-        let _ = self.state.worker.set(worker::Worker::start_with(engine, depth, drafting));
+        let c = &self.state.config;
+        let batching = larder_engine::SchedulerConfig {
+            max_batch: c.max_batch,
+            kv_budget: c.kv_budget,
+            ..larder_engine::SchedulerConfig::default()
+        };
+        let _ = self
+            .state
+            .worker
+            .set(worker::Worker::start_batched(engine, c.queue_depth, drafting, batching));
     }
 
     /// Whether an engine is attached.

@@ -2,23 +2,30 @@
 //! engine, taking jobs FIFO from a bounded queue, so HTTP handling (and every
 //! endpoint that does not generate) stays responsive while it works. Each job
 //! streams [`Event`]s back; a client that goes away (its receiver dropped) or
-//! a matched stop string cancels generation at the next token.
+//! a matched stop string cancels generation at the next step.
 //!
-//! The request loop itself is the engine's ([`larder_engine::Conversation`]):
-//! the context-length check, stop strings, prefix reuse of the previous
-//! request's state, and the drafter the server was started with; this
-//! module turns its events into [`Event`]s.
+//! Without a drafter the thread runs the engine's [`Scheduler`]: up to
+//! `max_batch` requests decode together in one batched forward pass per step
+//! (each bit-identical to running alone), jobs that arrive are admitted
+//! between steps, more wait in the scheduler's queue, and the KV budget
+//! refuses a request that could never fit (400, before generation). With a
+//! drafter every request runs alone through [`Conversation::run`]
+//! (speculative verification is not batched). Either way the engine does the
+//! context check, stop strings and prefix reuse of the last request's state;
+//! this module turns its events into [`Event`]s.
 //!
 //! Sampling a request omits comes from the model's `generation_config.json`
 //! ([`larder_engine::GenerationConfig::sampling_defaults`]); an unseeded
 //! request draws a fresh seed. Engine errors are logged in full here and
 //! reach the client without server file paths.
 
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
 use larder_engine::{
-    Conversation, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Request, RequestEvent, SamplingParams, StoreStats,
+    Conversation, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Outcome, Request, RequestEvent, SamplingParams, Scheduler,
+    SchedulerConfig, StoreStats,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -56,6 +63,16 @@ pub struct Metrics {
     pub rejected_full: AtomicU64,
     /// Last request's decode rate, f64 bits.
     pub last_decode_tok_per_s: AtomicU64,
+    /// Sequences in the batch now (decoding or prefilling).
+    pub running: AtomicUsize,
+    /// Requests waiting for a place in the batch.
+    pub waiting: AtomicUsize,
+    /// Bytes of sequence state (KV) held by running sequences.
+    pub kv_bytes: AtomicUsize,
+    /// Bytes of the conversation kept for prefix reuse.
+    pub kv_kept_bytes: AtomicUsize,
+    /// Sequences in the last step's batch.
+    pub last_batch: AtomicUsize,
 }
 
 /// A handle to the engine thread.
@@ -80,6 +97,12 @@ impl Worker {
     /// [`start`](Self::start), every request drafting with `drafting`
     /// (speculative decoding: greedy output is unchanged).
     pub fn start_with(engine: Engine, depth: usize, drafting: Drafting) -> Worker {
+        Self::start_batched(engine, depth, drafting, SchedulerConfig::default())
+    }
+
+    /// [`start_with`](Self::start_with), batching as `batching` says
+    /// (`max_batch`, `kv_budget`) when there is no drafter.
+    pub fn start_batched(engine: Engine, depth: usize, drafting: Drafting, batching: SchedulerConfig) -> Worker {
         let depth = depth.max(1);
         let (tx, rx) = mpsc::sync_channel::<Job>(depth);
         let in_system = Arc::new(AtomicUsize::new(0));
@@ -94,6 +117,10 @@ impl Worker {
             .name("larder-engine".into())
             .spawn(move || {
                 let ctx = JobContext { defaults, drafting };
+                if ctx.drafting.is_off() {
+                    batched_loop(&engine, &rx, &m, &ctx, &count, batching);
+                    return;
+                }
                 // The last request's conversation, kept for prefix reuse.
                 let mut conversation = Conversation::new(&engine);
                 for job in rx {
@@ -189,11 +216,8 @@ fn prompt_error(e: &EngineError) -> ApiError {
     }
 }
 
-fn run_job(engine: &Engine, job: Job, metrics: &Metrics, ctx: &JobContext, conversation: &mut Conversation) {
-    let Job { request, events } = job;
-    let fail = |e: ApiError| {
-        let _ = events.send(Event::Failed(e));
-    };
+/// The prompt's token ids and the generation options of `request`.
+fn prepare(engine: &Engine, request: &GenerationRequest, ctx: &JobContext) -> Result<(Vec<u32>, GenerateOptions), ApiError> {
     let prompt = match &request.prompt {
         Prompt::Chat(messages) => {
             let msgs: Vec<larder_engine::ChatMessage> = messages.iter().map(|(r, c)| larder_engine::ChatMessage::new(r, c)).collect();
@@ -202,25 +226,55 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics, ctx: &JobContext, conve
         Prompt::Text(t) => engine.encode_prompt(t),
         Prompt::Ids(ids) => Ok(ids.clone()),
     };
-    let prompt = match prompt {
-        Ok(p) => p,
-        Err(e) => return fail(prompt_error(&e)),
+    let prompt = prompt.map_err(|e| prompt_error(&e))?;
+    let max_new = engine.check_prompt(&prompt, request.max_tokens).map_err(|e| request_error(&e))?;
+    let opts = GenerateOptions {
+        max_new,
+        sampling: resolve_sampling(request, &ctx.defaults),
+        stop_at_eos: !request.ignore_eos,
+        ..GenerateOptions::default()
     };
-    let max_new = match engine.check_prompt(&prompt, request.max_tokens) {
-        Ok(n) => n,
-        Err(EngineError::Invalid { field, message }) => return fail(ApiError::invalid(field, message)),
-        Err(e) => return fail(ApiError::invalid("prompt", e.to_string())),
+    Ok((prompt, opts))
+}
+
+/// A request the engine refused before generating: a 400 naming the field.
+fn request_error(e: &EngineError) -> ApiError {
+    match e {
+        EngineError::Invalid { field, message } => ApiError::invalid(field, message.clone()),
+        e => ApiError::invalid("prompt", e.to_string()),
+    }
+}
+
+/// What a finished request reports: counters, then `Done`.
+fn done(outcome: &Outcome, metrics: &Metrics, events: &UnboundedSender<Event>) {
+    metrics.completion_tokens.fetch_add(outcome.ids.len() as u64, Ordering::Relaxed);
+    metrics
+        .last_decode_tok_per_s
+        .store(outcome.stats.decode_tok_per_s.to_bits(), Ordering::Relaxed);
+    let finish_reason = match outcome.finish_reason {
+        FinishReason::Length => "length",
+        _ => "stop",
+    };
+    let _ = events.send(Event::Done {
+        finish_reason,
+        completion_tokens: outcome.ids.len(),
+        cached_tokens: outcome.cached_tokens,
+    });
+}
+
+fn run_job(engine: &Engine, job: Job, metrics: &Metrics, ctx: &JobContext, conversation: &mut Conversation) {
+    let Job { request, events } = job;
+    let fail = |e: ApiError| {
+        let _ = events.send(Event::Failed(e));
+    };
+    let (prompt, opts) = match prepare(engine, &request, ctx) {
+        Ok(p) => p,
+        Err(e) => return fail(e),
     };
     let _ = events.send(Event::Started {
         prompt_tokens: prompt.len(),
     });
     metrics.prompt_tokens.fetch_add(prompt.len() as u64, Ordering::Relaxed);
-    let opts = GenerateOptions {
-        max_new,
-        sampling: resolve_sampling(&request, &ctx.defaults),
-        stop_at_eos: !request.ignore_eos,
-        ..GenerateOptions::default()
-    };
     let run = Request {
         prompt: &prompt,
         options: &opts,
@@ -236,21 +290,116 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics, ctx: &JobContext, conve
         RequestEvent::Finished(_) => true,
     };
     match conversation.run(engine, &run, &mut sink) {
-        Ok(g) => {
-            metrics.completion_tokens.fetch_add(g.ids.len() as u64, Ordering::Relaxed);
-            metrics
-                .last_decode_tok_per_s
-                .store(g.stats.decode_tok_per_s.to_bits(), Ordering::Relaxed);
-            let finish_reason = match g.finish_reason {
-                FinishReason::Length => "length",
-                _ => "stop",
-            };
-            let _ = events.send(Event::Done {
-                finish_reason,
-                completion_tokens: g.ids.len(),
-                cached_tokens: g.cached_tokens,
-            });
-        }
+        Ok(g) => done(&g, metrics, &events),
         Err(e) => fail(ApiError::internal("generating", &e)),
+    }
+}
+
+/// A request in the scheduler: where its events go and its cancel flag.
+struct Live {
+    events: UnboundedSender<Event>,
+    cancel: Arc<AtomicBool>,
+}
+
+/// The engine thread without a drafter: admits jobs between scheduler
+/// steps, cancels requests whose client left, reports failures.
+fn batched_loop(
+    engine: &Engine,
+    rx: &mpsc::Receiver<Job>,
+    metrics: &Arc<Metrics>,
+    ctx: &JobContext,
+    count: &AtomicUsize,
+    config: SchedulerConfig,
+) {
+    let config = SchedulerConfig {
+        max_batch: config.max_batch.max(1),
+        prefill_chunk: config.prefill_chunk.max(1),
+        ..config
+    };
+    let Ok(mut sched) = Scheduler::new(engine, config) else { return };
+    let mut live: HashMap<u64, Live> = HashMap::new();
+    loop {
+        if sched.is_idle() {
+            // Nothing to do: block until a job arrives (or the server stops).
+            match rx.recv() {
+                Ok(job) => admit(engine, &mut sched, &mut live, job, metrics, ctx, count),
+                Err(_) => return,
+            }
+        }
+        while let Ok(job) = rx.try_recv() {
+            admit(engine, &mut sched, &mut live, job, metrics, ctx, count);
+        }
+        for l in live.values() {
+            if l.events.is_closed() {
+                l.cancel.store(true, Ordering::Relaxed);
+            }
+        }
+        let report = sched.step();
+        for id in report.finished {
+            if live.remove(&id).is_some() {
+                count.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        for f in report.failed {
+            if let Some(l) = live.remove(&f.id) {
+                let _ = l.events.send(Event::Failed(ApiError::internal("generating", &f.error)));
+                count.fetch_sub(1, Ordering::SeqCst);
+            }
+        }
+        metrics.last_batch.store(report.batch, Ordering::Relaxed);
+        metrics.running.store(sched.running(), Ordering::Relaxed);
+        metrics.waiting.store(sched.queued(), Ordering::Relaxed);
+        metrics.kv_bytes.store(sched.state_bytes(), Ordering::Relaxed);
+        metrics.kv_kept_bytes.store(sched.kept_bytes(), Ordering::Relaxed);
+    }
+}
+
+/// Hands `job` to the scheduler, or answers it at once when it is refused.
+fn admit(
+    engine: &Engine,
+    sched: &mut Scheduler<'_>,
+    live: &mut HashMap<u64, Live>,
+    job: Job,
+    metrics: &Arc<Metrics>,
+    ctx: &JobContext,
+    count: &AtomicUsize,
+) {
+    let Job { request, events } = job;
+    let refuse = |e: ApiError| {
+        let _ = events.send(Event::Failed(e));
+        count.fetch_sub(1, Ordering::SeqCst);
+    };
+    let (prompt, options) = match prepare(engine, &request, ctx) {
+        Ok(p) => p,
+        Err(e) => return refuse(e),
+    };
+    let prompt_tokens = prompt.len();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (tx, m) = (events.clone(), metrics.clone());
+    let sink = move |event: RequestEvent<'_>| match event {
+        // Sent even when empty: a streaming reply then writes to the socket
+        // every token, which is how a vanished client is noticed.
+        RequestEvent::Token { text, .. } => tx.send(Event::Text(text.to_string())).is_ok() && !tx.is_closed(),
+        RequestEvent::Text(text) => tx.send(Event::Text(text.to_string())).is_ok(),
+        RequestEvent::Finished(outcome) => {
+            done(outcome, &m, &tx);
+            true
+        }
+    };
+    let job = larder_engine::Job {
+        prompt,
+        options,
+        stop: request.stop.clone(),
+        cancel: Some(cancel.clone()),
+        sink: Box::new(sink),
+    };
+    // Started goes first: the scheduler may finish the request in its next step.
+    match sched.submit(job) {
+        Ok(id) => {
+            let _ = events.send(Event::Started { prompt_tokens });
+            metrics.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
+            live.insert(id, Live { events, cancel });
+        }
+        Err(e) => refuse(request_error(&e)),
     }
 }

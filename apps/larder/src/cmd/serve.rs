@@ -22,8 +22,10 @@ Sampling fields a request omits (temperature, top_p, top_k) follow the model's g
 does (OpenAI's defaults where it gives none: temperature 1, top_p 1); a request without a seed gets a fresh random one.\n\n\
 Requests the server cannot honour exactly (n > 1, logit_bias, tools, images, non-zero penalties, unknown \
 fields) get an OpenAI-shaped 400 error before generation starts; bodies over --max-request-bytes get 413. \
-Generation runs on one engine thread; requests wait FIFO up to --queue-depth, then get 429. \
-With --draft, every request decodes speculatively (the model still decides every token).\n\n\
+Generation runs on one engine thread: up to --max-batch requests decode together, each token-for-token what it \
+would be alone; more wait FIFO up to --queue-depth, then get 429. A request whose prompt plus max_tokens could \
+not fit in --kv-budget gets a 400 before generation. With --draft, every request decodes speculatively and alone \
+(the model still decides every token).\n\n\
 SIGINT/SIGTERM: stop accepting, let running requests finish within --shutdown-grace, end streams still running \
 with an error event and [DONE], exit 0.\n\n\
 Examples:\n  larder serve --model ./fixtures/qwen3_moe_tok\n  \
@@ -53,6 +55,13 @@ pub struct Args {
     /// Requests queued or running before the server answers 429 (1..=4096).
     #[arg(long, default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
     queue_depth: u16,
+    /// Requests decoding together in one batched step (1..=256); more wait in the queue. Ignored with --draft.
+    #[arg(long, default_value_t = 8, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
+    max_batch: u16,
+    /// Memory all requests' sequence state (KV cache) may take together, e.g. 2GiB (default: unbounded). A request
+    /// whose worst case (prompt + max_tokens positions) cannot fit is refused with a 400.
+    #[arg(long, value_name = "SIZE", value_parser = kv_size)]
+    kv_budget: Option<u64>,
     /// Largest request body accepted, 1KiB..=1GiB (e.g. 1MiB); larger bodies get 413.
     #[arg(long, default_value = "1MiB", value_name = "SIZE", value_parser = body_size)]
     max_request_bytes: u64,
@@ -80,6 +89,15 @@ fn body_size(s: &str) -> Result<u64, String> {
     Ok(n)
 }
 
+/// A `--kv-budget` value: a size of at least 1 MiB.
+fn kv_size(s: &str) -> Result<u64, String> {
+    let n = larder_store::parse_size(s)?;
+    if n < 1 << 20 {
+        return Err(format!("{n} bytes is under the least budget of 1MiB"));
+    }
+    Ok(n)
+}
+
 pub fn run_cmd(args: Args) -> anyhow::Result<()> {
     let name = args.served_name.clone().unwrap_or_else(|| {
         std::fs::canonicalize(&args.model)
@@ -96,6 +114,8 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
         max_request_bytes: usize::try_from(args.max_request_bytes)?,
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
         cors_origins: args.cors_origin,
+        max_batch: usize::from(args.max_batch),
+        kv_budget: args.kv_budget.map(usize::try_from).transpose()?,
         ..ServerConfig::default()
     };
     // Checked before loading, so a missing --draft-model is said at once.
