@@ -28,6 +28,8 @@ pub enum Bench {
     Io(super::bench_store::IoArgs),
     /// Decode speed streaming experts, vs. the drive limit measured in the same run.
     Decode(super::bench_store::DecodeArgs),
+    /// The real server over loopback HTTP: concurrent streaming clients' tok/s, TTFT, expert bytes per token.
+    Serve(super::bench_serve::ServeArgs),
 }
 
 /// Arguments of `larder bench kernels`.
@@ -71,6 +73,7 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
         Bench::Kernels(a) => kernels(a),
         Bench::Io(a) => super::bench_store::io(a),
         Bench::Decode(a) => super::bench_store::decode(a),
+        Bench::Serve(a) => super::bench_serve::serve(a),
     }
 }
 

@@ -3,6 +3,7 @@
 //! and thread flag is checked against when parsed ([`range`]).
 
 pub mod bench;
+pub mod bench_serve;
 pub mod bench_store;
 pub mod demo;
 pub mod doctor;

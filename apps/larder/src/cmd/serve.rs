@@ -58,8 +58,9 @@ pub struct Args {
     /// Requests decoding together in one batched step (1..=256); more wait in the queue. Ignored with --draft.
     #[arg(long, default_value_t = 8, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     max_batch: u16,
-    /// Memory all requests' sequence state (KV cache) may take together, e.g. 2GiB (default: unbounded). A request
-    /// whose worst case (prompt + max_tokens positions) cannot fit is refused with a 400.
+    /// Memory all requests' sequence state (KV cache) may take together, e.g. 2GiB (default: half of what
+    /// MemAvailable at start leaves after the expert cache budget, at least 64MiB). A request whose worst case
+    /// (prompt + max_tokens positions) cannot fit is refused with a 400.
     #[arg(long, value_name = "SIZE", value_parser = kv_size)]
     kv_budget: Option<u64>,
     /// Largest request body accepted, 1KiB..=1GiB (e.g. 1MiB); larger bodies get 413.
@@ -98,7 +99,40 @@ fn kv_size(s: &str) -> Result<u64, String> {
     Ok(n)
 }
 
+/// The default `--kv-budget`: half of what `available` (MemAvailable at start) leaves after the expert cache's
+/// budget (`cache`: 0 when experts are in RAM), at least 64 MiB. The other half is left for the spine, experts
+/// held in RAM and everything else on the machine.
+fn default_kv_budget(available: u64, cache: u64) -> u64 {
+    (available.saturating_sub(cache) / 2).max(64 << 20)
+}
+
+/// MemAvailable from /proc/meminfo, in bytes (None where it cannot be read).
+fn mem_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line["MemAvailable:".len()..].split_whitespace().next()?.parse().ok()?;
+    Some(kb.saturating_mul(1024))
+}
+
+/// `--kv-budget`, or its default for this model and these expert flags.
+fn kv_budget(args: &Args) -> Option<u64> {
+    if args.kv_budget.is_some() {
+        return args.kv_budget;
+    }
+    let cache = match args.experts.load_options(&args.model).experts {
+        larder_engine::ExpertMode::Stream(o) => o.ram_budget,
+        _ => 0,
+    };
+    let budget = default_kv_budget(mem_available()?, cache);
+    eprintln!(
+        "[larder] KV budget {} (default: half of MemAvailable after the expert cache; --kv-budget sets it)",
+        larder_engine::format_size(budget)
+    );
+    Some(budget)
+}
+
 pub fn run_cmd(args: Args) -> anyhow::Result<()> {
+    let kv = kv_budget(&args);
     let name = args.served_name.clone().unwrap_or_else(|| {
         std::fs::canonicalize(&args.model)
             .ok()
@@ -115,7 +149,7 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
         shutdown_grace: Duration::from_secs(args.shutdown_grace),
         cors_origins: args.cors_origin,
         max_batch: usize::from(args.max_batch),
-        kv_budget: args.kv_budget.map(usize::try_from).transpose()?,
+        kv_budget: kv.map(usize::try_from).transpose()?,
         ..ServerConfig::default()
     };
     // Checked before loading, so a missing --draft-model is said at once.
@@ -127,4 +161,16 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
         Ok((engine, drafting))
     })?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::default_kv_budget;
+
+    #[test]
+    fn kv_default_is_half_of_what_the_cache_leaves() {
+        assert_eq!(default_kv_budget(8 << 30, 2 << 30), 3 << 30);
+        assert_eq!(default_kv_budget(8 << 30, 0), 4 << 30);
+        assert_eq!(default_kv_budget(1 << 30, 4 << 30), 64 << 20);
+    }
 }

@@ -1,0 +1,271 @@
+//! `larder bench serve`: the real server, in-process on a loopback port,
+//! driven over HTTP by C concurrent streaming completion clients per
+//! `--clients` value. Reports aggregate and per-client decode tok/s, time to
+//! first token, expert bytes read per generated token (from `/metrics`, when
+//! experts stream), and a second client's TTFT while a first one generates.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use larder_serve::{bind, RunningServer, ServerConfig};
+use serde_json::{json, Value};
+
+use super::progress::{Progress, Unit};
+
+/// Arguments of `larder bench serve`.
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// Checkpoint folder or packed store.
+    #[arg(long, value_name = "DIR")]
+    model: PathBuf,
+    #[command(flatten)]
+    experts: super::ExpertArgs,
+    /// Concurrent client counts to measure, comma-separated, each 1..=256 (e.g. 1,2,4,8).
+    #[arg(long, default_value = "1,2,4,8", value_name = "N,N,..")]
+    clients: String,
+    /// Tokens each client asks for (greedy), 1..=4096.
+    #[arg(long, default_value_t = 64, value_parser = super::range(1, 4096))]
+    max_new: usize,
+    /// The server's --max-batch, 1..=256.
+    #[arg(long, default_value_t = 8, value_parser = super::range(1, 256))]
+    max_batch: usize,
+    /// Print one JSON document: {"model", "max_new", "max_batch", "runs": [{"clients",
+    /// "aggregate_tok_s", "per_client_tok_s_median", "ttft_ms_median", "ttft_ms_max", "tokens",
+    /// "expert_bytes_per_token"}], "second_client": {"ttft_alone_ms", "ttft_beside_ms"}}.
+    #[arg(long)]
+    json: bool,
+}
+
+/// `--clients`: a comma-separated list of counts in 1..=256.
+fn parse_clients(s: &str) -> anyhow::Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            bail!("--clients: an empty count in `{s}`; give counts like 1,2,4,8");
+        }
+        let n: usize = part
+            .parse()
+            .map_err(|_| anyhow::anyhow!("--clients: `{part}` is not a number; give counts like 1,2,4,8"))?;
+        if !(1..=256).contains(&n) {
+            bail!("--clients: {n} is not in 1..=256; give counts like 1,2,4,8");
+        }
+        out.push(n);
+    }
+    Ok(out)
+}
+
+/// One streamed request, as the client saw it.
+struct Sample {
+    ttft: Duration,
+    total: Duration,
+    tokens: u64,
+}
+
+impl Sample {
+    /// Decode tok/s after the first token.
+    fn decode_rate(&self) -> f64 {
+        let span = (self.total - self.ttft).as_secs_f64();
+        if self.tokens > 1 && span > 0.0 {
+            (self.tokens - 1) as f64 / span
+        } else {
+            0.0
+        }
+    }
+}
+
+/// Sends a streaming completion request and reads it to its end. `first`
+/// is called once when the first token event arrives.
+fn stream(addr: SocketAddr, prompt: &str, max_new: usize, first: &mut dyn FnMut()) -> anyhow::Result<Sample> {
+    let body = json!({"model": "bench", "prompt": prompt, "max_tokens": max_new, "temperature": 0,
+        "stream": true, "stream_options": {"include_usage": true}})
+    .to_string();
+    let start = Instant::now();
+    let mut s = TcpStream::connect(addr).with_context(|| format!("cannot connect to the server at {addr}"))?;
+    s.set_read_timeout(Some(Duration::from_secs(3600)))?;
+    let req = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes())?;
+    let (mut raw, mut buf, mut ttft) = (Vec::new(), [0u8; 8192], None);
+    loop {
+        let n = s.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        raw.extend_from_slice(&buf[..n]);
+        if ttft.is_none() && contains(&raw, b"\"text\"") {
+            ttft = Some(start.elapsed());
+            first();
+        }
+    }
+    let total = start.elapsed();
+    let text = String::from_utf8_lossy(&raw);
+    if !text.starts_with("HTTP/1.1 200") {
+        bail!("the server refused a request: {}", text.lines().next().unwrap_or(""));
+    }
+    let tokens = text
+        .split("data: ")
+        .filter_map(|e| serde_json::from_str::<Value>(e.split("\r\n").next()?.trim()).ok())
+        .filter_map(|v| v.pointer("/usage/completion_tokens").and_then(Value::as_u64))
+        .last()
+        .context("the stream ended without usage (completion_tokens)")?;
+    Ok(Sample {
+        ttft: ttft.unwrap_or(total),
+        total,
+        tokens,
+    })
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+/// `larder_expert_bytes_read_total` from `/metrics` (None when experts are in RAM).
+fn expert_bytes(addr: SocketAddr) -> anyhow::Result<Option<u64>> {
+    let mut s = TcpStream::connect(addr)?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n")?;
+    let mut raw = String::new();
+    s.read_to_string(&mut raw)?;
+    Ok(raw
+        .lines()
+        .find_map(|l| l.strip_prefix("larder_expert_bytes_read_total "))
+        .and_then(|v| v.trim().parse().ok()))
+}
+
+fn prompt(i: usize) -> String {
+    const TOPICS: [&str; 8] = ["the sea", "a city", "bread", "winter", "a library", "rivers", "the moon", "trains"];
+    format!(
+        "Client {i} writes a long story about {}. Once upon a time",
+        TOPICS[i % TOPICS.len()]
+    )
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        0.0
+    } else {
+        v[v.len() / 2]
+    }
+}
+
+/// C clients at once: one JSON row.
+fn run_clients(addr: SocketAddr, c: usize, max_new: usize) -> anyhow::Result<Value> {
+    let before = expert_bytes(addr)?;
+    let start = Instant::now();
+    let samples = std::thread::scope(|sc| {
+        let handles: Vec<_> = (0..c)
+            .map(|i| sc.spawn(move || stream(addr, &prompt(i), max_new, &mut || {})))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().map_err(|_| anyhow::anyhow!("a client thread panicked"))?)
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
+    let wall = start.elapsed().as_secs_f64();
+    let after = expert_bytes(addr)?;
+    let tokens: u64 = samples.iter().map(|s| s.tokens).sum();
+    // Aggregate decode rate: tokens after each client's first, over the span from the first TTFT to the end.
+    let first = samples.iter().map(|s| s.ttft).min().unwrap_or_default().as_secs_f64();
+    let decoded = tokens.saturating_sub(c as u64) as f64;
+    let ttfts: Vec<f64> = samples.iter().map(|s| s.ttft.as_secs_f64() * 1e3).collect();
+    let bytes = before.zip(after).map(|(b, a)| a.saturating_sub(b));
+    Ok(json!({
+        "clients": c,
+        "tokens": tokens,
+        "wall_s": wall,
+        "aggregate_tok_s": if wall > first { decoded / (wall - first) } else { 0.0 },
+        "per_client_tok_s_median": median(samples.iter().map(Sample::decode_rate).collect()),
+        "ttft_ms_median": median(ttfts.clone()),
+        "ttft_ms_max": ttfts.iter().copied().fold(0.0, f64::max),
+        "expert_bytes_per_token": bytes.map(|b| b as f64 / tokens.max(1) as f64),
+    }))
+}
+
+/// Client B's TTFT alone, then B started once A (asking for 4x as many tokens) has its first token.
+fn second_client(addr: SocketAddr, max_new: usize) -> anyhow::Result<Value> {
+    let alone = stream(addr, &prompt(101), max_new, &mut || {})?.ttft;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let beside = std::thread::scope(|sc| -> anyhow::Result<Duration> {
+        let a = sc.spawn(move || {
+            stream(addr, &prompt(100), max_new * 4, &mut || {
+                let _ = tx.send(());
+            })
+        });
+        rx.recv().map_err(|_| anyhow::anyhow!("client A ended before its first token"))?;
+        let b = stream(addr, &prompt(101), max_new, &mut || {})?.ttft;
+        a.join().map_err(|_| anyhow::anyhow!("client A's thread panicked"))??;
+        Ok(b)
+    })?;
+    Ok(json!({"ttft_alone_ms": alone.as_secs_f64() * 1e3, "ttft_beside_ms": beside.as_secs_f64() * 1e3}))
+}
+
+fn start_server(args: &ServeArgs) -> anyhow::Result<RunningServer> {
+    let config = ServerConfig {
+        port: 0,
+        served_name: "bench".into(),
+        queue_depth: 1024,
+        max_batch: args.max_batch,
+        ..ServerConfig::default()
+    };
+    let engine = super::load_engine_with(&args.model, &args.experts, args.json)?;
+    let server = bind(config).context("cannot start the server on a loopback port")?;
+    server.attach(engine);
+    Ok(server)
+}
+
+pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let counts = parse_clients(&args.clients)?;
+    let server = start_server(&args)?;
+    let addr = server.addr;
+    // Warm-up: one short request (first-touch allocations, the expert cache's first fill).
+    stream(addr, &prompt(0), 2, &mut || {})?;
+    let progress = Progress::new("bench serve", counts.len() as u64 + 1, Unit::Count, args.json);
+    let mut runs = Vec::new();
+    for &c in &counts {
+        progress.set_message(&format!("{c} clients"));
+        runs.push(run_clients(addr, c, args.max_new)?);
+        progress.inc(1);
+    }
+    progress.set_message("second client's TTFT");
+    let second = second_client(addr, args.max_new)?;
+    progress.finish();
+    server.shutdown(Duration::from_secs(5));
+    let doc = json!({"model": args.model.display().to_string(), "max_new": args.max_new,
+        "max_batch": args.max_batch, "runs": runs, "second_client": second});
+    if args.json {
+        println!("{doc}");
+    } else {
+        print_table(&doc);
+    }
+    Ok(())
+}
+
+fn print_table(doc: &Value) {
+    println!("clients  aggregate tok/s  per-client tok/s (median)  TTFT ms (median / max)  expert bytes/token");
+    for r in doc["runs"].as_array().into_iter().flatten() {
+        let bytes = r["expert_bytes_per_token"]
+            .as_f64()
+            .map_or("- (in RAM)".to_string(), |b| super::progress::human(b as u64));
+        println!(
+            "{:>7}  {:>15.1}  {:>25.1}  {:>11.0} / {:<8.0}  {bytes}",
+            r["clients"],
+            r["aggregate_tok_s"].as_f64().unwrap_or(0.0),
+            r["per_client_tok_s_median"].as_f64().unwrap_or(0.0),
+            r["ttft_ms_median"].as_f64().unwrap_or(0.0),
+            r["ttft_ms_max"].as_f64().unwrap_or(0.0),
+        );
+    }
+    let s = &doc["second_client"];
+    println!(
+        "second client's TTFT: {:.0} ms alone, {:.0} ms while a first client generates",
+        s["ttft_alone_ms"].as_f64().unwrap_or(0.0),
+        s["ttft_beside_ms"].as_f64().unwrap_or(0.0)
+    );
+}
