@@ -359,19 +359,7 @@ fn run_store(args: &Args, store: &Path, (bank, layers): (u64, usize), timings: &
         }));
     }
     let model = store.display().to_string();
-    let max_new = args.max_new.to_string();
-    let argv = [
-        "--model",
-        &model,
-        "--chat",
-        "--prompt",
-        &args.prompt,
-        "--max-new",
-        &max_new,
-        "--ram-budget",
-        &budget_arg,
-    ];
-    run_larder_run(&argv)?;
+    run_larder_run(&model, args, Some(&budget_arg))?;
     eprintln!(
         "[larder] run it again directly: larder run --model {} --chat --ram-budget {} --max-new {} --prompt {}",
         shell_quote(&model),
@@ -409,21 +397,26 @@ fn run_fixture(args: &Args, reason: &str) -> anyhow::Result<()> {
             "run": run,
         }));
     }
-    run_larder_run(&[
+    run_larder_run(&model, args, None)
+}
+
+/// Runs `larder run --model MODEL --chat --prompt P --max-new N [--ram-budget B]` in this process.
+fn run_larder_run(model: &str, args: &Args, budget: Option<&str>) -> anyhow::Result<()> {
+    let max_new = args.max_new.to_string();
+    let mut argv = vec![
+        "larder run",
         "--model",
-        &model,
+        model,
         "--chat",
         "--prompt",
         &args.prompt,
         "--max-new",
-        &args.max_new.to_string(),
-    ])
-}
-
-/// Runs `larder run ARGV...` in this process.
-fn run_larder_run(argv: &[&str]) -> anyhow::Result<()> {
-    let cli = RunCli::try_parse_from(std::iter::once("larder run").chain(argv.iter().copied()))
-        .map_err(|e| anyhow::anyhow!("internal: the demo built bad `larder run` arguments: {e}"))?;
+        &max_new,
+    ];
+    if let Some(b) = budget {
+        argv.extend(["--ram-budget", b]);
+    }
+    let cli = RunCli::try_parse_from(argv).map_err(|e| anyhow::anyhow!("internal: the demo built bad `larder run` arguments: {e}"))?;
     super::run::run(cli.args)
 }
 
