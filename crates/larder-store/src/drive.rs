@@ -47,13 +47,7 @@ fn probe(path: &Path) -> Result<f64, StoreError> {
         Err(_) => FileTable::open(&[path.to_path_buf()], false)?,
     };
     let pool = PreadPool::new(files, 4)?;
-    let extents: Vec<Extent> = (0..PROBE_BYTES / PROBE_READ)
-        .map(|i| Extent {
-            file: 0,
-            offset: i * PROBE_READ,
-            len: PROBE_READ,
-        })
-        .collect();
+    let extents = Extent::tiling(0, PROBE_BYTES, PROBE_READ);
     let jobs: Vec<&[Extent]> = extents.iter().map(std::slice::from_ref).collect();
     let t = Instant::now();
     let mut err = None;

@@ -16,6 +16,19 @@ pub struct Extent {
     pub len: u64,
 }
 
+impl Extent {
+    /// The first `bytes / record` records of `file`, back to back: how the drive probes read.
+    pub fn tiling(file: usize, bytes: u64, record: u64) -> Vec<Extent> {
+        (0..bytes / record)
+            .map(|i| Extent {
+                file,
+                offset: i * record,
+                len: record,
+            })
+            .collect()
+    }
+}
+
 /// One component's bytes: a range inside one of the expert's extents.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Part {

@@ -155,13 +155,7 @@ fn measure(paths: &[PathBuf], kind: IoKind, direct: bool, bytes: u64, record: u6
     if !direct {
         drop_page_cache(paths);
     }
-    let extents: Vec<Extent> = (0..bytes / record)
-        .map(|i| Extent {
-            file: 0,
-            offset: i * record,
-            len: record,
-        })
-        .collect();
+    let extents = Extent::tiling(0, bytes, record);
     let jobs: Vec<&[Extent]> = extents.iter().map(std::slice::from_ref).collect();
     let mut failure = None;
     let t = Instant::now();
