@@ -7,22 +7,13 @@
 //! `${LARDER_CACHE:-~/.cache/larder}/smollm2/checkpoint`; when absent the test
 //! prints why it is skipped (`.ci/run` fetches it first).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use larder_engine::{ChatMessage, Engine, GenerateOptions};
 use serde_json::Value;
 
-fn checkpoint() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("LARDER_SMOLLM2") {
-        return Some(PathBuf::from(p));
-    }
-    let cache = std::env::var("LARDER_CACHE")
-        .map(PathBuf::from)
-        .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache/larder")))
-        .ok()?;
-    let p = cache.join("smollm2/checkpoint");
-    p.join("config.json").exists().then_some(p)
-}
+mod common;
+use common::smollm2_checkpoint as checkpoint;
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()

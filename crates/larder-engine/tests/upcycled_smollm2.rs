@@ -6,28 +6,19 @@
 //! the upcycled checkpoint, and streamed from a packed store, the last two
 //! with a RAM budget below the expert bank.
 //!
-//! The checkpoint is looked up like tests/smollm2.rs does (`$LARDER_SMOLLM2`
+//! The checkpoint is looked up by tests/common (`$LARDER_SMOLLM2`
 //! or `${LARDER_CACHE:-~/.cache/larder}/smollm2/checkpoint`); when absent the
 //! test prints why it is skipped.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use larder_engine::{Engine, ExpertMode, GenerateOptions, LoadOptions};
 use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleSpec};
 use larder_store::pack::pack;
 use larder_store::{IoKind, IoOptions, StoreOptions};
 
-fn checkpoint() -> Option<PathBuf> {
-    if let Ok(p) = std::env::var("LARDER_SMOLLM2") {
-        return Some(PathBuf::from(p));
-    }
-    let cache = std::env::var("LARDER_CACHE")
-        .map(PathBuf::from)
-        .or_else(|_| std::env::var("HOME").map(|h| Path::new(&h).join(".cache/larder")))
-        .ok()?;
-    let p = cache.join("smollm2/checkpoint");
-    p.join("config.json").exists().then_some(p)
-}
+mod common;
+use common::smollm2_checkpoint as checkpoint;
 
 /// A scratch folder removed when dropped (also when the test fails).
 struct Scratch(PathBuf);
