@@ -37,6 +37,9 @@ How the references are produced:
     generation_config's eos (EOS included if produced, then stop); also cross-checked against a manual
     full-recompute greedy loop. A seed is accepted only if every greedy step has top1-top2 logit margin > 1e-3
     and routing is non-degenerate with no near-ties at the top-k boundary (seed is bumped otherwise).
+  * kimi_linear_* (scripts/fixtures_kimi_linear.py, docs/kimi_linear.md): the save is rewritten to Moonshot's layout
+    before the reload; extra references (token-by-token logits through the cache = recurrent KDA form, gate spread)
+    and an independent token-sequential forward that must reproduce logits, routing and greedy ids.
 """
 
 import argparse
@@ -73,6 +76,8 @@ from transformers import (  # noqa: E402
     Qwen3MoeConfig,
     Qwen3MoeForCausalLM,
 )
+
+import fixtures_kimi_linear as kimi_linear  # noqa: E402  (scripts/ is on sys.path when this script runs)
 
 torch.set_num_threads(1)
 transformers.logging.set_verbosity_error()
@@ -380,6 +385,7 @@ SPECS = {
     "deepseek_v3_fp8": spec_deepseek_v3_fp8,
     "deepseek_v3_tok": spec_deepseek_v3_tok,
     "kimi_k2_tiny": spec_kimi_k2_tiny,
+    **kimi_linear.SPECS,
 }
 
 # Hub tensor-name patterns per architecture (every stored tensor must match one of them)
@@ -428,6 +434,7 @@ NAME_PATTERNS = {
         LAYER + r"mlp\.gate\.weight",
         LAYER + r"mlp\.gate\.e_score_correction_bias",
     ],
+    "kimi_linear": kimi_linear.NAME_PATTERNS,
 }
 
 
@@ -474,6 +481,8 @@ def reinit_(model, seed):
     for name, b in sorted(model.named_buffers(), key=lambda kv: kv[0]):
         if name.endswith("e_score_correction_bias"):
             b.copy_((0.05 * torch.randn(tuple(b.shape), generator=g)).to(torch.bfloat16).float())
+    if model.config.model_type == "kimi_linear":
+        kimi_linear.reinit_gates_(model, g)
 
 
 def router_modules(model):
@@ -493,6 +502,8 @@ def moe_cfg(config):
         return config.num_experts, config.num_experts_per_tok, bool(config.norm_topk_prob)
     if arch == "deepseek_v3":
         return config.n_routed_experts, config.num_experts_per_tok, bool(config.norm_topk_prob)
+    if arch == "kimi_linear":
+        return config.num_local_experts, config.num_experts_per_tok, bool(config.norm_topk_prob)
     return 0, 0, False
 
 
@@ -539,7 +550,7 @@ def forward_with_routing(model, ids):
             h.remove()
     logits = out.logits[0].float()
     routing = {}
-    if routers and model.config.model_type == "deepseek_v3":
+    if routers and model.config.model_type in ("deepseek_v3", "kimi_linear"):
         for layer, (lg, weights, idx) in sorted(captured.items()):
             order, w, eligible = deepseek_canonical(routers[layer], lg, idx, weights)
             routing[layer] = dict(indices=order, weights=w, probs=eligible)
@@ -743,12 +754,19 @@ def save_fixture(spec, model, folder, tok_dir):
     dtype = DTYPES[spec["dtype"]]
     # keep f32 buffers (rotary inv_freq) intact: Module.to(dtype) would round them too
     buffers = {k: b.clone() for k, b in model.named_buffers()}
+    keep_f32 = {}
+    if spec.get("keep_f32"):  # tensors shipped in f32 beside weights in `dtype`, as transformers saves them
+        keep_f32 = {n: t.detach().clone() for n, t in kimi_linear.keep_f32_tensors(model, spec["keep_f32"]).items()}
     model.to(dtype)
+    for n, t in kimi_linear.keep_f32_tensors(model, spec.get("keep_f32", [])).items():
+        t.data = keep_f32[n].clone()
     kw = {}
     if spec.get("shards"):
         # the embedding (~4 MB) is far larger than the rest -> several shards
         kw["max_shard_size"] = "1MB"
     model.save_pretrained(folder, **kw)
+    if spec["config"].model_type == "kimi_linear":
+        kimi_linear.to_hub_layout(folder, spec["config"])
     model.to(torch.float32)  # weights now hold exactly the shipped (rounded) values, upcast
     with torch.no_grad():
         for k, b in model.named_buffers():
@@ -775,7 +793,10 @@ def check_saved(spec, model_mem, folder):
     pats = [re.compile(p + r"\Z") for p in NAME_PATTERNS[arch]]
     for name, (_, t) in tensors.items():
         assert any(p.match(name) for p in pats), f"unexpected tensor name {name}"
-        assert t.dtype == DTYPES[spec["dtype"]], f"{name} stored as {t.dtype}"
+        shipped = DTYPES[spec["dtype"]]
+        if spec.get("keep_f32") and any(re.fullmatch(p, name) for p in spec["keep_f32"]):
+            shipped = torch.float32
+        assert t.dtype == shipped, f"{name} stored as {t.dtype}"
     if config.tie_word_embeddings:
         assert "lm_head.weight" not in tensors, "tied model must not store lm_head.weight"
     else:
@@ -797,7 +818,7 @@ def check_saved(spec, model_mem, folder):
         if not m:
             continue
         prefix = m.group(1)
-        if arch == "mixtral":
+        if arch in ("mixtral", "kimi_linear"):
             prefix = prefix.replace(".mlp", ".block_sparse_moe")
             names = dict(gate="w1", up="w3", down="w2")
         else:
@@ -850,6 +871,9 @@ def evaluate(spec, model, prompt):
     g_nocache, m_nocache = greedy(model, prompt, use_cache=False)
     eos = eos_list(model.generation_config)
     g_manual = manual_greedy(model, prompt, eos)
+    extra_tensors, extra_stats, extra_why = {}, {}, []
+    if model.config.model_type == "kimi_linear":
+        extra_tensors, extra_stats, extra_why = kimi_linear.kda_reference(model, prompt)
     # routing quality over prompt + generated tokens (decode positions route too)
     full = torch.tensor([prompt + g_cache], dtype=torch.long)
     _, routing_full = forward_with_routing(model, full)
@@ -864,11 +888,14 @@ def evaluate(spec, model, prompt):
         margin=min(m_cache + m_nocache),
         rq=rq,
         eos=eos,
+        extra_tensors=extra_tensors,
+        extra_stats=extra_stats,
+        extra_why=extra_why,
     )
 
 
 def acceptable(spec, ev, prompt):
-    why = []
+    why = list(ev["extra_why"])
     if ev["margin"] <= GREEDY_MARGIN_MIN:
         why.append(f"greedy margin {ev['margin']:.2e}")
     if not (ev["greedy"] == ev["greedy_nocache"] == ev["greedy_manual"]):
@@ -945,6 +972,9 @@ def generate_fixture(name, out_dir, tok_dir):
 
     # ---- layout checks + bitwise equality of reloaded vs in-memory model ----
     files, tensor_names = check_saved(spec, model, folder)
+    if spec["config"].model_type == "kimi_linear":
+        kimi_linear.check_hub_config(spec["config"], ref.config)
+        kimi_linear.check_reference_path()
     ids = torch.tensor([prompt], dtype=torch.long)
     model.set_attn_implementation("eager")
     model.set_experts_implementation("eager")
@@ -973,7 +1003,8 @@ def generate_fixture(name, out_dir, tok_dir):
     positions = [P - 1] if spec.get("last_logits_only") else list(range(P))
     logits = ev["logits"][positions].contiguous()
     assert logits.dtype == torch.float32 and logits.shape == (len(positions), spec["config"].vocab_size)
-    save_file({"logits": logits}, os.path.join(folder, "reference.safetensors"), metadata={"format": "pt"})
+    extra = {k: v[positions].contiguous() for k, v in ev["extra_tensors"].items()}
+    save_file({"logits": logits, **extra}, os.path.join(folder, "reference.safetensors"), metadata={"format": "pt"})
 
     ref_json = {
         "generator": {
@@ -991,6 +1022,11 @@ def generate_fixture(name, out_dir, tok_dir):
     }
     if ev["rq"] is not None:
         ref_json["router_min_topk_boundary_gap"] = ev["rq"][0]
+    ref_json.update(ev["extra_stats"])
+    if spec["config"].model_type == "kimi_linear":
+        tbt = ev["extra_tensors"]["logits_token_by_token"]
+        ev["extra_stats"].update(kimi_linear.spec_check(folder, prompt, ev["logits"], ev["routing"], ev["greedy"], tbt))
+        ref_json.update(ev["extra_stats"])
     if tokenizer is not None:
         text = "The capital of France is"
         messages = [
@@ -1041,6 +1077,7 @@ def generate_fixture(name, out_dir, tok_dir):
         margin=ev["margin"],
         rq=ev["rq"],
         logits_std=float(ev["logits"].std()),
+        extra_stats=ev["extra_stats"],
         grouped_vs_eager=info_grouped,
         routing_l0=(
             {k: v["indices"].tolist() for k, v in sorted(ev["routing"].items())[:1]} if ev["routing"] else {}
@@ -1072,6 +1109,8 @@ def main():
             log(f"   routing: min top-k boundary gap {r['rq'][0]:.2e}, min order gap {r['rq'][1]:.2e}, "
                 f"distinct sets >= {r['rq'][2]}, experts used >= {r['rq'][3]}; first MoE layer {r['routing_l0']}")
             log(f"   grouped_mm vs eager experts max |dlogit| = {r['grouped_vs_eager']}")
+        if r["extra_stats"]:
+            log(f"   {json.dumps(r['extra_stats'])}")
         log(f"   files: {', '.join(r['files'])}")
     total = sum(r["size"] for r in results)
     log("\nSummary")
