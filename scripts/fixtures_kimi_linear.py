@@ -65,6 +65,8 @@ DERIVED_FIELDS = (
     "qk_head_dim",
     "head_dim",
 )
+# The derived fields that define the layer layout: reloading the Hub-form config.json must give the same values.
+LAYOUT_FIELDS = DERIVED_FIELDS[:5]
 
 # Per-step decay exp(g) and beta spread a seed must reach (fractions over every KDA layer, position and channel).
 DECAY_LOW, DECAY_HIGH, DECAY_MIN_FRACTION = 0.5, 0.9, 0.05
@@ -155,8 +157,8 @@ SPECS = {
 def reinit_gates_(model, g):
     """KDA forget gate: A_log = log(a), a ~ U(0.5, 4) per head; dt_bias ~ N(-2, 0.5^2) per channel.
 
-    With f_b_proj(f_a_proj(x)) ~ N(0, 1) the per-step log decay -a * softplus(f + dt_bias) then spans about
-    [-3, -0.01], i.e. decays exp(g) from ~0.05 to ~0.99 (the spread is measured and checked per seed)."""
+    With f_b_proj(f_a_proj(x)) ~ N(0, 1) the per-step log decay -a * softplus(f + dt_bias) mostly lies in about
+    [-3, -0.01], i.e. decays exp(g) between ~0.05 and ~0.99 (the spread is measured and checked per seed)."""
     for name, p in sorted(model.named_parameters(), key=lambda kv: kv[0]):
         if name.endswith("forget_gate.A_log"):
             a = 0.5 + 3.5 * torch.rand(tuple(p.shape), generator=g)
@@ -196,7 +198,7 @@ def to_hub_layout(folder, config):
 
 def check_hub_config(config, reloaded):
     """The Hub-form config.json must give transformers the same layer layout as the config it was built from."""
-    for key in DERIVED_FIELDS[:5]:
+    for key in LAYOUT_FIELDS:
         assert getattr(reloaded, key) == getattr(config, key), (key, getattr(reloaded, key), getattr(config, key))
 
 
@@ -210,8 +212,9 @@ def check_reference_path():
 
 @torch.no_grad()
 def token_by_token_logits(model, ids):
-    """Logits of `ids` ([1, T]) fed one token per forward through transformers' cache: after the first token every
-    KDA step is `recurrent_kimi_delta_attention` + `causal_conv1d_update` (the recurrent form)."""
+    """Logits of `ids` ([1, T]) fed one token per forward through transformers' cache: the first token runs the
+    prefill path (chunked KDA on one token), every later one `recurrent_kimi_delta_attention` +
+    `causal_conv1d_update` (the recurrent form)."""
     cache = None
     rows = []
     for t in range(ids.shape[1]):
