@@ -35,19 +35,19 @@ from safetensors.torch import save_file
 from transformers import KimiLinearConfig, KimiLinearForCausalLM
 
 LAYER = r"model\.layers\.\d+\."
-KDA = LAYER + r"self_attn\."
+ATTN = LAYER + r"self_attn\."
 MOE = LAYER + r"block_sparse_moe\."
 NAME_PATTERNS = [
     r"(model\.embed_tokens\.weight|model\.norm\.weight|lm_head\.weight)",
     LAYER + r"(input_layernorm|post_attention_layernorm)\.weight",
     LAYER + r"mlp\.(gate_proj|up_proj|down_proj)\.weight",
     # KDA mixer
-    KDA + r"(q_proj|k_proj|v_proj|f_a_proj|f_b_proj|b_proj|g_a_proj|g_b_proj|o_proj)\.weight",
-    KDA + r"(q_conv1d|k_conv1d|v_conv1d)\.weight",
-    KDA + r"(A_log|dt_bias|o_norm\.weight)",
+    ATTN + r"(q_proj|k_proj|v_proj|f_a_proj|f_b_proj|b_proj|g_a_proj|g_b_proj|o_proj)\.weight",
+    ATTN + r"(q_conv1d|k_conv1d|v_conv1d)\.weight",
+    ATTN + r"(A_log|dt_bias|o_norm\.weight)",
     # MLA mixer
-    KDA + r"(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)\.weight",
-    KDA + r"(q_a_layernorm|kv_a_layernorm)\.weight",
+    ATTN + r"(q_proj|q_a_proj|q_b_proj|kv_a_proj_with_mqa|kv_b_proj|o_proj)\.weight",
+    ATTN + r"(q_a_layernorm|kv_a_layernorm)\.weight",
     # MoE
     MOE + r"experts\.\d+\.(w1|w2|w3)\.weight",
     MOE + r"shared_experts\.(gate_proj|up_proj|down_proj)\.weight",
