@@ -1,5 +1,6 @@
 //! `larder bench serve`: the JSON document's keys and positive rates on a
-//! tiny fixture, and clear errors for bad `--clients` values.
+//! tiny fixture (two interleaved rounds), and clear errors for bad
+//! `--clients` values.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -14,7 +15,7 @@ fn bench(clients: &str) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_larder"))
         .args(["bench", "serve", "--model"])
         .arg(fixture())
-        .args(["--clients", clients, "--max-new", "4", "--json"])
+        .args(["--clients", clients, "--max-new", "4", "--repeats", "2", "--json"])
         .output()
         .unwrap()
 }
@@ -25,11 +26,22 @@ fn json_has_the_documented_keys_and_positive_rates() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(doc["max_new"], 4);
+    assert_eq!(doc["repeats"], 2);
     let runs = doc["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 2);
     for (run, c) in runs.iter().zip([1u64, 2]) {
         assert_eq!(run["clients"], c);
-        assert_eq!(run["tokens"], 4 * c, "{run}");
+        assert_eq!(run["tokens"], 2 * 4 * c, "two rounds of 4 tokens per client: {run}");
+        assert_eq!(run["rounds"].as_array().unwrap().len(), 2, "{run}");
+        let (lo, mid, hi) = (
+            run["aggregate_tok_s_min"].as_f64().unwrap(),
+            run["aggregate_tok_s"].as_f64().unwrap(),
+            run["aggregate_tok_s_max"].as_f64().unwrap(),
+        );
+        assert!(lo <= mid && mid <= hi, "{run}");
+        // Uniform routing of one client reads one expert per route; more clients share.
+        let union = run["uniform_reads_per_route"].as_f64().unwrap();
+        assert!(union > 0.0 && union <= 1.0 && (c > 1 || union == 1.0), "{run}");
         for key in [
             "aggregate_tok_s",
             "per_client_tok_s_median",

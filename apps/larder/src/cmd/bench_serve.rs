@@ -3,6 +3,14 @@
 //! `--clients` value. Reports aggregate and per-client decode tok/s, time to
 //! first token, expert bytes read per generated token (from `/metrics`, when
 //! experts stream), and a second client's TTFT while a first one generates.
+//!
+//! With `--repeats R` the client counts run R rounds, in alternating order
+//! (1,2,4,8 then 8,4,2,1, ...), so a drift of the machine's speed lands on
+//! every arm alike; each row reports the median over its rounds and the
+//! spread. Each row also gives the union-of-experts expectation for uniform
+//! routing: C sequences choosing k of E experts independently need
+//! E·(1 − (1 − k/E)^C) distinct experts per MoE layer step, i.e. that many
+//! reads per C·k routes, against k per token for one client.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -32,9 +40,13 @@ pub struct ServeArgs {
     /// The server's --max-batch, 1..=256.
     #[arg(long, default_value_t = 8, value_parser = super::range(1, 256))]
     max_batch: usize,
-    /// Print one JSON document: {"model", "max_new", "max_batch", "runs": [{"clients",
-    /// "aggregate_tok_s", "per_client_tok_s_median", "ttft_ms_median", "ttft_ms_max", "tokens",
-    /// "expert_bytes_per_token"}], "second_client": {"ttft_alone_ms", "ttft_beside_ms"}}.
+    /// Rounds over the client counts, 1..=20, in alternating order; rows report medians.
+    #[arg(long, default_value_t = 1, value_parser = super::range(1, 20))]
+    repeats: usize,
+    /// Print one JSON document: {"model", "max_new", "max_batch", "repeats", "runs": [{"clients",
+    /// "aggregate_tok_s", "aggregate_tok_s_min", "aggregate_tok_s_max", "per_client_tok_s_median",
+    /// "ttft_ms_median", "ttft_ms_max", "tokens", "wall_s" (both summed over rounds), "expert_bytes_per_token",
+    /// "uniform_reads_per_route", "rounds": [...]}], "second_client": {"ttft_alone_ms", "ttft_beside_ms"}}.
     #[arg(long)]
     json: bool,
 }
@@ -206,7 +218,8 @@ fn second_client(addr: SocketAddr, max_new: usize) -> anyhow::Result<Value> {
     Ok(json!({"ttft_alone_ms": alone.as_secs_f64() * 1e3, "ttft_beside_ms": beside.as_secs_f64() * 1e3}))
 }
 
-fn start_server(args: &ServeArgs) -> anyhow::Result<RunningServer> {
+/// The server with the model attached, and the model's routing shape.
+fn start_server(args: &ServeArgs) -> anyhow::Result<(RunningServer, Option<(usize, usize)>)> {
     let config = ServerConfig {
         port: 0,
         served_name: "bench".into(),
@@ -215,30 +228,76 @@ fn start_server(args: &ServeArgs) -> anyhow::Result<RunningServer> {
         ..ServerConfig::default()
     };
     let engine = super::load_engine_with(&args.model, &args.experts, args.json)?;
+    let shape = routing_shape(&engine);
     let server = bind(config).context("cannot start the server on a loopback port")?;
     server.attach(engine);
-    Ok(server)
+    Ok((server, shape))
+}
+
+/// The routed experts' count and top-k of the model's first MoE layer.
+fn routing_shape(engine: &larder_engine::Engine) -> Option<(usize, usize)> {
+    engine.model().spec().layers.iter().find_map(|l| match &l.ffn {
+        larder_model::FfnSpec::Moe(m) => Some((m.num_experts, m.top_k)),
+        larder_model::FfnSpec::Dense { .. } => None,
+    })
+}
+
+/// Expert reads per route when `c` sequences route uniformly and
+/// independently, `k` of `e` experts each, in one batched step.
+fn uniform_reads_per_route(e: usize, k: usize, c: usize) -> f64 {
+    let (e, k) = (e as f64, k as f64);
+    e * (1.0 - (1.0 - k / e).powi(c as i32)) / (c as f64 * k)
+}
+
+/// One row per client count from its rounds: medians, the spread, the rounds.
+fn summarise(c: usize, rounds: Vec<Value>, shape: Option<(usize, usize)>) -> Value {
+    let field = |k: &str| -> Vec<f64> { rounds.iter().filter_map(|r| r[k].as_f64()).collect() };
+    let agg = field("aggregate_tok_s");
+    let bytes = field("expert_bytes_per_token");
+    json!({
+        "clients": c,
+        "tokens": rounds.iter().filter_map(|r| r["tokens"].as_u64()).sum::<u64>(),
+        "wall_s": field("wall_s").iter().sum::<f64>(),
+        "aggregate_tok_s": median(agg.clone()),
+        "aggregate_tok_s_min": agg.iter().copied().fold(f64::INFINITY, f64::min),
+        "aggregate_tok_s_max": agg.iter().copied().fold(0.0, f64::max),
+        "per_client_tok_s_median": median(field("per_client_tok_s_median")),
+        "ttft_ms_median": median(field("ttft_ms_median")),
+        "ttft_ms_max": field("ttft_ms_max").into_iter().fold(0.0, f64::max),
+        "expert_bytes_per_token": (!bytes.is_empty()).then(|| median(bytes)),
+        "uniform_reads_per_route": shape.map(|(e, k)| uniform_reads_per_route(e, k, c)),
+        "rounds": rounds,
+    })
 }
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let counts = parse_clients(&args.clients)?;
-    let server = start_server(&args)?;
+    let (server, shape) = start_server(&args)?;
     let addr = server.addr;
     // Warm-up: one short request (first-touch allocations, the expert cache's first fill).
     stream(addr, &prompt(0), 2, &mut || {})?;
-    let progress = Progress::new("bench serve", counts.len() as u64 + 1, Unit::Count, args.json);
-    let mut runs = Vec::new();
-    for &c in &counts {
-        progress.set_message(&format!("{c} clients"));
-        runs.push(run_clients(addr, c, args.max_new)?);
-        progress.inc(1);
+    let arms = (counts.len() * args.repeats) as u64;
+    let progress = Progress::new("bench serve", arms + 1, Unit::Count, args.json);
+    let mut rounds: Vec<Vec<Value>> = vec![Vec::new(); counts.len()];
+    for round in 0..args.repeats {
+        let order: Vec<usize> = if round % 2 == 0 {
+            (0..counts.len()).collect()
+        } else {
+            (0..counts.len()).rev().collect()
+        };
+        for i in order {
+            progress.set_message(&format!("{} clients (round {})", counts[i], round + 1));
+            rounds[i].push(run_clients(addr, counts[i], args.max_new)?);
+            progress.inc(1);
+        }
     }
+    let runs: Vec<Value> = counts.iter().zip(rounds).map(|(&c, r)| summarise(c, r, shape)).collect();
     progress.set_message("second client's TTFT");
     let second = second_client(addr, args.max_new)?;
     progress.finish();
     server.shutdown(Duration::from_secs(5));
     let doc = json!({"model": args.model.display().to_string(), "max_new": args.max_new,
-        "max_batch": args.max_batch, "runs": runs, "second_client": second});
+        "max_batch": args.max_batch, "repeats": args.repeats, "runs": runs, "second_client": second});
     if args.json {
         println!("{doc}");
     } else {
@@ -248,15 +307,22 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 fn print_table(doc: &Value) {
-    println!("clients  aggregate tok/s  per-client tok/s (median)  TTFT ms (median / max)  expert bytes/token");
+    println!(
+        "clients  aggregate tok/s (min-max)  per-client tok/s (median)  TTFT ms (median / max)  expert bytes/token  \
+         uniform reads/route"
+    );
     for r in doc["runs"].as_array().into_iter().flatten() {
         let bytes = r["expert_bytes_per_token"]
             .as_f64()
             .map_or("- (in RAM)".to_string(), |b| super::progress::human(b as u64));
+        let union = r["uniform_reads_per_route"].as_f64().map_or("-".to_string(), |u| format!("{u:.2}"));
+        let agg = |k: &str| r[k].as_f64().unwrap_or(0.0);
         println!(
-            "{:>7}  {:>15.1}  {:>25.1}  {:>11.0} / {:<8.0}  {bytes}",
+            "{:>7}  {:>8.1} ({:.1}-{:.1})  {:>25.1}  {:>11.0} / {:<8.0}  {bytes:>18}  {union}",
             r["clients"],
-            r["aggregate_tok_s"].as_f64().unwrap_or(0.0),
+            agg("aggregate_tok_s"),
+            agg("aggregate_tok_s_min"),
+            agg("aggregate_tok_s_max"),
             r["per_client_tok_s_median"].as_f64().unwrap_or(0.0),
             r["ttft_ms_median"].as_f64().unwrap_or(0.0),
             r["ttft_ms_max"].as_f64().unwrap_or(0.0),
