@@ -37,4 +37,19 @@ pub enum EngineError {
     Draft { dir: PathBuf, message: String },
     #[error("invalid {field}: {message}")]
     Invalid { field: &'static str, message: String },
+    /// A request whose worst case (prompt plus `max_new` positions of
+    /// sequence state) cannot fit in the KV budget even alone; refused before
+    /// anything is generated. `needed` and `budget` are bytes.
+    #[error(
+        "invalid max_tokens: the prompt's {prompt_tokens} tokens plus max_tokens {max_new} need up to {} of sequence \
+         state, over the KV budget of {}; lower max_tokens, shorten the prompt or raise --kv-budget",
+        larder_store::format_size(*needed as u64),
+        larder_store::format_size(*budget as u64)
+    )]
+    KvBudget {
+        needed: usize,
+        budget: usize,
+        prompt_tokens: usize,
+        max_new: usize,
+    },
 }

@@ -6,7 +6,8 @@
 //!   share: a sequence with prefix reuse, stop strings, context checks,
 //!   streamed events and cancellation;
 //! - [`scheduler`] decodes many sequences together in batched steps, each
-//!   bit-identical to running alone (queue, KV budget, chunked prefill);
+//!   bit-identical to running alone (queue, KV budget with preemption,
+//!   chunked prefill, a prefix cache of finished conversations);
 //! - [`drafting`] resolves the drafter a user names (speculative decoding);
 //! - [`tokenizer`] wraps `tokenizer.json` and decodes streams incrementally;
 //! - [`chat`] renders `tokenizer_config.json` chat templates like transformers;

@@ -5,46 +5,76 @@
 //! stop filter, token budget, cancel flag and event sink) and advances them in
 //! steps. Each [`step`](Scheduler::step) runs one `forward_batch` over every
 //! running sequence: one row for a decoding sequence (its last token), and at
-//! most `prefill_chunk` prompt tokens for a sequence still prefilling, so a
-//! long new prompt never stalls the running streams for more than one chunk.
-//! The model's batch invariance makes each sequence's logits identical to
+//! most `prefill_chunk` tokens for a sequence still prefilling, so a long new
+//! prompt never stalls the running streams for more than one chunk. The
+//! model's batch invariance makes each sequence's logits identical to
 //! running it alone, and each sequence samples with its own generator in the
 //! same order as [`Engine::generate`], so its tokens are identical too, in
 //! any arrival order and at any batch size.
 //!
-//! At most `max_batch` sequences run; more wait in a FIFO queue. The KV
-//! budget bounds the model state of all sequences together: a request's
-//! worst case is `(prompt + max_new) x bytes per position` (every layer's
-//! keys and values, f32; the allocator's growth slack is not counted). A
-//! request whose worst case alone exceeds the budget is refused at
-//! [`submit`](Scheduler::submit); a queued one is admitted only while the
-//! worst cases of the running ones and its own fit, so the state never
-//! outgrows the budget. Finished and cancelled sequences are retired at the
-//! step that ends them.
+//! **Queue.** At most `max_batch` sequences run; more wait in a FIFO queue.
 //!
-//! Prefix reuse: the last finished sequence's tokens and state are kept
-//! ([`kept_bytes`](Scheduler::kept_bytes)); the next admitted request that
-//! shares a prompt prefix with it takes that state over and prefills only
-//! the rest (bit-identical to a fresh prefill; `Outcome::cached_tokens`
-//! says how many it reused). The kept state counts against the KV budget
-//! and is dropped when a request needs the room.
+//! **KV budget** (`kv_budget`): the bytes of every sequence's state plus the
+//! prefix cache's never exceed it (per position: every layer's keys and
+//! values, f32; the allocator's slack is not counted).
+//! - A request whose worst case alone, `(prompt + max_new) x bytes per
+//!   position`, exceeds the budget is refused at [`submit`](Scheduler::submit)
+//!   with [`EngineError::KvBudget`], before anything runs. So any one
+//!   sequence always fits alone.
+//! - Admission is optimistic (as vLLM's): the queue's front is admitted when
+//!   what the running sequences will hold after this step (each one's
+//!   positions plus its rows this step) plus the newcomer's first chunk fit;
+//!   prefix-cache entries are evicted (least recently used first) to make
+//!   that room. It never preempts to admit.
+//! - Preemption (recompute mode): before each forward pass, while the step's
+//!   need exceeds the budget, the prefix cache is evicted first, then the
+//!   most recently admitted running sequence (LIFO) is preempted: its state
+//!   is dropped and it goes back to the **front** of the queue. Readmitted,
+//!   it feeds `prompt ++ generated ids` again in chunks (the last generated
+//!   id, not yet fed, included) and samples from the last row's logits with
+//!   its own untouched sampler: exactly what its next decode step would have
+//!   computed, so its output stays bit-identical and its sink sees no token
+//!   twice. The last running sequence is never preempted, so the oldest
+//!   admitted one always advances and finishes: no livelock.
+//!   [`preemptions`](Scheduler::preemptions) counts them; a step's
+//!   [`StepReport::preempted`] names them.
+//!
+//! **Prefix cache** (`prefix_cache`, [`prefix_cache`] module): finished and
+//! cancelled conversations are kept, at most `prefix_cache` of them, LRU.
+//! On admission a sequence reuses the entry sharing the longest prefix with
+//! what it must feed (always feeding at least its last token again), taking
+//! the entry over when it reuses all of it and getting a copy rolled back to
+//! the shared length when it reuses a part (so a shared system prompt stays
+//! for the next conversation). The result is bit-identical to a fresh
+//! prefill; `Outcome::cached_tokens` says how many prompt tokens were
+//! reused. Cached states count against the KV budget and are evicted before
+//! any sequence is preempted.
+//!
+//! Cancelled sequences (flag or sink) are retired at the next step in any
+//! phase (queued, prefilling, decoding, preempted and queued); when nothing
+//! runs or waits, [`state_bytes`](Scheduler::state_bytes) is 0.
 //!
 //! Requests with a drafter (speculative decoding) are not batched: run them
 //! alone through [`Conversation::run`](crate::Conversation::run).
 
+mod prefix_cache;
+mod sequence;
+
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use larder_model::{BatchSeq, LayerState, SequenceState, Wanted};
+use larder_model::{BatchSeq, LayerState, Wanted};
 
-use crate::conversation::{Outcome, RequestEvent, RequestSink, StopFilter};
+use crate::conversation::{RequestSink, StopFilter};
 use crate::engine::{Engine, FinishReason, GenerateOptions};
 use crate::error::EngineError;
 use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::tokenizer::StreamDecoder;
+use prefix_cache::{Hit, PrefixCache};
+use sequence::{finish, sample_one, Seq};
 
 /// Limits of a [`Scheduler`].
 #[derive(Debug, Clone, Copy)]
@@ -53,8 +83,10 @@ pub struct SchedulerConfig {
     pub max_batch: usize,
     /// Most prompt tokens one sequence prefills per step.
     pub prefill_chunk: usize,
-    /// Bytes of all sequence states together (`None`: unbounded).
+    /// Bytes of all sequence states and the prefix cache together (`None`: unbounded).
     pub kv_budget: Option<usize>,
+    /// Most finished conversations kept for prefix reuse (0: none).
+    pub prefix_cache: usize,
 }
 
 impl Default for SchedulerConfig {
@@ -63,6 +95,7 @@ impl Default for SchedulerConfig {
             max_batch: 8,
             prefill_chunk: crate::engine::PREFILL_CHUNK,
             kv_budget: None,
+            prefix_cache: 8,
         }
     }
 }
@@ -95,33 +128,14 @@ pub struct StepReport {
     pub finished: Vec<u64>,
     /// Requests that failed this step; their sinks got no `Finished` event.
     pub failed: Vec<Failure>,
+    /// Requests preempted this step (state dropped, queued again), by id.
+    pub preempted: Vec<u64>,
 }
 
 /// A forward pass's error, with the index of the sequence at fault when one is.
 type StepError = (Option<usize>, EngineError);
 
-/// One admitted or queued sequence.
-struct Seq {
-    id: u64,
-    job: Job,
-    max_new: usize,
-    worst_bytes: usize,
-    state: SequenceState,
-    sampler: Sampler,
-    stops: StopFilter,
-    decoder: StreamDecoder,
-    /// Prompt tokens already fed to the model.
-    fed: usize,
-    /// The token to feed next once decoding.
-    next: Option<u32>,
-    ids: Vec<u32>,
-    text: String,
-    started: Instant,
-    stats: Stats,
-    decode_steps: usize,
-}
-
-/// Admits, batches and retires sequences; see the module docs.
+/// Admits, batches, preempts and retires sequences; see the module docs.
 pub struct Scheduler<'e> {
     engine: &'e Engine,
     config: SchedulerConfig,
@@ -129,14 +143,10 @@ pub struct Scheduler<'e> {
     queue: VecDeque<Seq>,
     running: Vec<Seq>,
     next_id: u64,
-    /// The last finished sequence's tokens and state, kept for prefix reuse.
-    kept: Option<Kept>,
-}
-
-/// A finished conversation: the tokens fed to the model and their state.
-struct Kept {
-    tokens: Vec<u32>,
-    state: SequenceState,
+    /// Admissions so far (a sequence's `admitted` is its place in them).
+    admissions: u64,
+    preemptions: u64,
+    cache: PrefixCache,
 }
 
 impl<'e> Scheduler<'e> {
@@ -164,7 +174,9 @@ impl<'e> Scheduler<'e> {
             queue: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
-            kept: None,
+            admissions: 0,
+            preemptions: 0,
+            cache: PrefixCache::new(config.prefix_cache),
         })
     }
 
@@ -177,22 +189,22 @@ impl<'e> Scheduler<'e> {
     /// queues it; returns its id. Nothing is generated on an error.
     pub fn submit(&mut self, job: Job) -> Result<u64, EngineError> {
         let max_new = self.engine.check_prompt(&job.prompt, Some(job.options.max_new))?;
+        if job.prompt.is_empty() {
+            return Err(EngineError::Invalid {
+                field: "prompt",
+                message: "is empty: at least one token is needed".into(),
+            });
+        }
         let sampler = Sampler::new(job.options.sampling)?;
         let stops = StopFilter::new(&job.stop)?;
-        let worst_bytes = (job.prompt.len() + max_new) * self.bytes_per_token;
-        if let Some(budget) = self.config.kv_budget {
-            if worst_bytes > budget {
-                return Err(EngineError::Invalid {
-                    field: "max_tokens",
-                    message: format!(
-                        "the prompt's {} tokens plus max_tokens {max_new} need up to {} of sequence state, over the KV \
-                         budget of {}; lower max_tokens, shorten the prompt or raise --kv-budget",
-                        job.prompt.len(),
-                        larder_store::format_size(worst_bytes as u64),
-                        larder_store::format_size(budget as u64)
-                    ),
-                });
-            }
+        let needed = (job.prompt.len() + max_new) * self.bytes_per_token;
+        if let Some(budget) = self.config.kv_budget.filter(|&b| needed > b) {
+            return Err(EngineError::KvBudget {
+                needed,
+                budget,
+                prompt_tokens: job.prompt.len(),
+                max_new,
+            });
         }
         let id = self.next_id;
         self.next_id += 1;
@@ -202,9 +214,9 @@ impl<'e> Scheduler<'e> {
         };
         self.queue.push_back(Seq {
             id,
+            feed: job.prompt.clone(),
             job,
             max_new,
-            worst_bytes,
             state: self.engine.model().new_state(),
             sampler,
             stops,
@@ -216,6 +228,8 @@ impl<'e> Scheduler<'e> {
             started: Instant::now(),
             stats,
             decode_steps: 0,
+            admitted: 0,
+            preemptions: 0,
         });
         Ok(id)
     }
@@ -225,7 +239,7 @@ impl<'e> Scheduler<'e> {
         self.running.len()
     }
 
-    /// Requests waiting for a place in the batch.
+    /// Requests waiting for a place in the batch (preempted ones included).
     pub fn queued(&self) -> usize {
         self.queue.len()
     }
@@ -235,45 +249,50 @@ impl<'e> Scheduler<'e> {
         self.running.is_empty() && self.queue.is_empty()
     }
 
-    /// Bytes of model state all sequences hold now.
+    /// Bytes of model state all sequences hold now (the prefix cache's are
+    /// [`kept_bytes`](Self::kept_bytes)).
     pub fn state_bytes(&self) -> usize {
         self.running.iter().chain(&self.queue).map(|s| s.state.bytes()).sum()
     }
 
-    /// One step: retires cancelled sequences, admits queued ones, runs one
-    /// batched forward pass and samples each sequence's next token.
+    /// Sequences preempted so far (each time counts).
+    pub fn preemptions(&self) -> u64 {
+        self.preemptions
+    }
+
+    /// Bytes of the conversations kept for prefix reuse (0 when none).
+    pub fn kept_bytes(&self) -> usize {
+        self.cache.bytes()
+    }
+
+    /// Conversations kept for prefix reuse.
+    pub fn kept_conversations(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Partial prefix-cache hits served by copying a kept state so far.
+    pub fn prefix_copies(&self) -> u64 {
+        self.cache.copies()
+    }
+
+    /// Drops every conversation kept for prefix reuse.
+    pub fn clear_kept(&mut self) {
+        self.cache.clear();
+    }
+
+    /// One step: retires cancelled sequences, admits queued ones, makes room
+    /// in the KV budget (evicting, then preempting), runs one batched
+    /// forward pass and samples each sequence's next token.
     pub fn step(&mut self) -> StepReport {
         let mut report = StepReport::default();
         self.retire_cancelled(&mut report);
         self.admit();
+        self.make_room(&mut report);
         if self.running.is_empty() {
             return report;
         }
-        let logits = loop {
-            match self.forward() {
-                Ok(l) => break l,
-                Err((Some(i), error)) => {
-                    // States are unchanged on error: drop the culprit, rerun the rest.
-                    let s = self.running.remove(i);
-                    report.failed.push(Failure { id: s.id, error });
-                    if self.running.is_empty() {
-                        return report;
-                    }
-                }
-                Err((None, error)) => {
-                    // Not one sequence's fault (expert I/O, say): every running one fails.
-                    let msg = error.to_string();
-                    let mut first = Some(error);
-                    for s in self.running.drain(..) {
-                        let error = first.take().unwrap_or_else(|| EngineError::Invalid {
-                            field: "model",
-                            message: format!("the batched forward pass failed: {msg}"),
-                        });
-                        report.failed.push(Failure { id: s.id, error });
-                    }
-                    return report;
-                }
-            }
+        let Some(logits) = self.forward_or_fail(&mut report) else {
+            return report;
         };
         report.batch = self.running.len();
         let (mut keep, mut ended) = (Vec::with_capacity(self.running.len()), Vec::new());
@@ -296,11 +315,40 @@ impl<'e> Scheduler<'e> {
         report
     }
 
+    /// Runs the forward pass; a sequence at fault is removed and the rest
+    /// run again (states are unchanged on error). `None` when none is left.
+    fn forward_or_fail(&mut self, report: &mut StepReport) -> Option<Vec<Option<Vec<f32>>>> {
+        loop {
+            match self.forward() {
+                Ok(l) => return Some(l),
+                Err((Some(i), error)) => {
+                    let s = self.running.remove(i);
+                    report.failed.push(Failure { id: s.id, error });
+                    if self.running.is_empty() {
+                        return None;
+                    }
+                }
+                Err((None, error)) => {
+                    // Not one sequence's fault (expert I/O, say): every running one fails.
+                    let msg = error.to_string();
+                    let mut first = Some(error);
+                    for s in self.running.drain(..) {
+                        let error = first.take().unwrap_or_else(|| EngineError::Invalid {
+                            field: "model",
+                            message: format!("the batched forward pass failed: {msg}"),
+                        });
+                        report.failed.push(Failure { id: s.id, error });
+                    }
+                    return None;
+                }
+            }
+        }
+    }
+
     fn retire_cancelled(&mut self, report: &mut StepReport) {
-        let cancelled = |s: &Seq| s.job.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed));
         let mut i = 0;
         while i < self.running.len() {
-            if cancelled(&self.running[i]) {
+            if self.running[i].cancelled() {
                 let s = self.running.remove(i);
                 report.finished.push(s.id);
                 self.end(s, FinishReason::Cancelled);
@@ -310,7 +358,7 @@ impl<'e> Scheduler<'e> {
         }
         let queued = std::mem::take(&mut self.queue);
         for s in queued {
-            if cancelled(&s) {
+            if s.cancelled() {
                 report.finished.push(s.id);
                 self.end(s, FinishReason::Cancelled);
             } else {
@@ -319,78 +367,94 @@ impl<'e> Scheduler<'e> {
         }
     }
 
+    /// Bytes the running sequences will hold after this step's forward pass.
+    fn step_bytes(&self) -> usize {
+        let chunk = self.config.prefill_chunk;
+        let positions: usize = self.running.iter().map(|s| s.state.len() + s.rows(chunk)).sum();
+        positions * self.bytes_per_token
+    }
+
+    /// Bytes `s` holds after its first forward pass when it reuses `reuse` positions.
+    fn first_pass_bytes(&self, s: &Seq, reuse: usize) -> usize {
+        (reuse + self.config.prefill_chunk.min(s.feed.len() - reuse)) * self.bytes_per_token
+    }
+
     /// Moves queued sequences into the batch, in order, while the batch and
-    /// the KV budget (worst cases) allow.
-    /// The kept conversation's state counts against the budget until a
-    /// sequence takes it over, and is dropped when room is needed.
+    /// the KV budget allow (see the module docs); evicts prefix-cache
+    /// entries for the room, never preempts.
     fn admit(&mut self) {
         while self.running.len() < self.config.max_batch {
             let Some(front) = self.queue.front() else { break };
+            let hit = self.cache.lookup(&front.feed);
             if let Some(budget) = self.config.kv_budget {
-                let reserved: usize = self.running.iter().map(|s| s.worst_bytes).sum();
-                if reserved + self.kept_bytes() + front.worst_bytes > budget {
-                    if self.kept.take().is_some() {
+                let running = self.step_bytes();
+                if running + self.first_pass_bytes(front, 0) > budget {
+                    break; // it waits for room
+                }
+                let own = hit.map_or(0, |h| h.reuse);
+                let moved = hit.filter(|h| h.whole).map_or(0, |h| h.entry_bytes);
+                let kept = self.cache.bytes() - moved;
+                if running + self.first_pass_bytes(front, own) + kept > budget {
+                    if self.cache.evict_lru() {
                         continue;
                     }
                     break;
                 }
             }
-            if let Some(mut s) = self.queue.pop_front() {
-                self.reuse_kept(&mut s);
-                self.running.push(s);
+            let Some(mut s) = self.queue.pop_front() else { break };
+            self.start(&mut s, hit);
+            self.running.push(s);
+        }
+    }
+
+    /// Admits `s`: its place in the admission order, and the prefix it reuses.
+    fn start(&mut self, s: &mut Seq, hit: Option<Hit>) {
+        s.admitted = self.admissions;
+        self.admissions += 1;
+        let Some(hit) = hit else { return };
+        if let Some(state) = self.cache.take(hit) {
+            s.state = state;
+            s.fed = hit.reuse;
+            if !s.resumed() {
+                s.stats.cached_tokens = hit.reuse;
             }
         }
     }
 
-    /// Gives `s` the kept conversation's state when they share a prompt
-    /// prefix (at least the last prompt token is still fed, for its logits).
-    fn reuse_kept(&mut self, s: &mut Seq) {
-        let Some(kept) = &self.kept else { return };
-        let common = kept.tokens.iter().zip(&s.job.prompt).take_while(|(a, b)| a == b).count();
-        let reuse = common.min(s.job.prompt.len() - 1).min(kept.state.len());
-        if reuse == 0 {
-            return;
-        }
-        let Some(mut kept) = self.kept.take() else { return };
-        if kept.state.rollback(reuse).is_ok() {
-            s.state = kept.state;
-            s.fed = reuse;
-            s.stats.cached_tokens = reuse;
+    /// Before a forward pass: while the step's need and the prefix cache
+    /// exceed the KV budget, evicts the least recently used cached
+    /// conversation, else preempts the most recently admitted running
+    /// sequence (never the last one, which fits alone).
+    fn make_room(&mut self, report: &mut StepReport) {
+        let Some(budget) = self.config.kv_budget else { return };
+        while self.step_bytes() + self.cache.bytes() > budget {
+            if self.cache.evict_lru() {
+                continue;
+            }
+            if self.running.len() <= 1 {
+                break;
+            }
+            let youngest = (0..self.running.len()).max_by_key(|&i| self.running[i].admitted);
+            let Some(youngest) = youngest else { break };
+            let mut s = self.running.remove(youngest);
+            s.preempt(self.engine.model().new_state());
+            self.preemptions += 1;
+            report.preempted.push(s.id);
+            self.queue.push_front(s);
         }
     }
 
     /// Ends `s` (see [`finish`]) and keeps its conversation for prefix reuse.
     fn end(&mut self, s: Seq, reason: FinishReason) {
-        if let Some(kept) = finish(s, reason) {
-            self.kept = Some(kept);
-        }
-    }
-
-    /// Bytes of the conversation kept for prefix reuse (0 when none).
-    pub fn kept_bytes(&self) -> usize {
-        self.kept.as_ref().map_or(0, |k| k.state.bytes())
-    }
-
-    /// Drops the conversation kept for prefix reuse.
-    pub fn clear_kept(&mut self) {
-        self.kept = None;
+        let (tokens, state) = finish(s, reason);
+        self.cache.insert(tokens, state);
     }
 
     /// One forward pass over every running sequence; per sequence the logits
-    /// of its last row, or `None` while its prompt is not yet all fed.
+    /// of its last row, or `None` while its feed is not yet all fed.
     fn forward(&mut self) -> Result<Vec<Option<Vec<f32>>>, StepError> {
         let chunk = self.config.prefill_chunk;
-        let inputs: Vec<(Vec<u32>, bool)> = self
-            .running
-            .iter()
-            .map(|s| match s.next {
-                Some(t) => (vec![t], true),
-                None => {
-                    let end = (s.fed + chunk).min(s.job.prompt.len());
-                    (s.job.prompt[s.fed..end].to_vec(), end == s.job.prompt.len())
-                }
-            })
-            .collect();
+        let inputs: Vec<(Vec<u32>, bool)> = self.running.iter().map(|s| s.input(chunk)).collect();
         let started = Instant::now();
         let mut batch: Vec<BatchSeq<'_>> = self
             .running
@@ -406,70 +470,9 @@ impl<'e> Scheduler<'e> {
         let secs = started.elapsed().as_secs_f64();
         let mut result = Vec::with_capacity(out.len());
         for ((s, (ids, last)), m) in self.running.iter_mut().zip(&inputs).zip(out) {
-            if s.next.is_some() {
-                s.stats.decode_s += secs;
-                s.decode_steps += 1;
-            } else {
-                s.fed += ids.len();
-                s.stats.prefill_s = s.started.elapsed().as_secs_f64();
-            }
+            s.account(ids.len(), *last, secs);
             result.push(last.then(|| m.into_vec()));
         }
         Ok(result)
     }
-}
-
-/// Samples `s`'s next token from `logits` as the single-sequence loop does;
-/// returns why it ends, or `None` to go on with the token as its next input.
-fn sample_one(engine: &Engine, s: &mut Seq, logits: &[f32]) -> Option<FinishReason> {
-    let next = s.sampler.sample(logits);
-    s.ids.push(next);
-    if s.ids.len() == 1 {
-        s.stats.time_to_first_token_s = s.started.elapsed().as_secs_f64();
-    }
-    let piece = match engine.tokenizer() {
-        Ok(t) => s.decoder.push(t, next).ok().flatten().unwrap_or_default(),
-        Err(_) => String::new(),
-    };
-    let (shown, hit) = s.stops.push(&piece);
-    s.text.push_str(&shown);
-    let go = s.job.sink.event(RequestEvent::Token { id: next, text: &shown });
-    if hit {
-        return Some(FinishReason::Stop);
-    }
-    if !go || s.job.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed)) {
-        return Some(FinishReason::Cancelled);
-    }
-    if s.job.options.stop_at_eos && engine.generation_config().eos_token_ids.contains(&next) {
-        return Some(FinishReason::Stop);
-    }
-    let max_ctx = engine.model().spec().max_position_embeddings;
-    if s.ids.len() == s.max_new || s.state.len() + 1 > max_ctx {
-        return Some(FinishReason::Length);
-    }
-    s.next = Some(next);
-    None
-}
-
-/// Ends `s`: releases held text, sends `Finished`, frees its state.
-fn finish(mut s: Seq, reason: FinishReason) -> Option<Kept> {
-    let tail = s.stops.finish();
-    if !tail.is_empty() {
-        s.text.push_str(&tail);
-        s.job.sink.event(RequestEvent::Text(&tail));
-    }
-    s.stats.new_tokens = s.ids.len();
-    s.stats.finish(s.decode_steps);
-    let outcome = Outcome {
-        finish_reason: reason,
-        stop_string: s.stops.matched().map(str::to_string),
-        prompt_tokens: s.job.prompt.len(),
-        cached_tokens: s.stats.cached_tokens,
-        ids: std::mem::take(&mut s.ids),
-        text: std::mem::take(&mut s.text),
-        stats: s.stats.clone(),
-    };
-    s.job.sink.event(RequestEvent::Finished(&outcome));
-    let tokens = s.job.prompt.iter().chain(&outcome.ids).copied().take(s.state.len()).collect();
-    (!s.state.is_empty()).then_some(Kept { tokens, state: s.state })
 }

@@ -1,0 +1,274 @@
+//! What the scheduler tests share: request scenarios ([`Spec`]), a request
+//! run alone through `Conversation::run` ([`solo`]), a scenario run through a
+//! [`Scheduler`] step by step with its invariants checked after every step
+//! ([`batched`]), and the comparison of the two ([`check_model`]).
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+use larder_engine::{
+    Conversation, Drafting, Engine, ExpertMode, FinishReason, GenerateOptions, Job, LoadOptions, Outcome, Request, RequestEvent,
+    SamplingParams, Scheduler, SchedulerConfig,
+};
+use larder_store::pack::pack;
+use larder_store::{IoKind, IoOptions, StoreOptions};
+
+pub fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+}
+
+/// qwen3_moe_tiny packed into a temp folder `tag` (removed first) and loaded
+/// streaming through a RAM cache that holds no expert; returns the folder too.
+pub fn streamed_tiny(tag: &str) -> (Engine, PathBuf) {
+    let out = std::env::temp_dir().join(format!("larder-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let store = out.join("store");
+    let src = larder_engine::pack::pack_source(&fixture("qwen3_moe_tiny")).unwrap();
+    pack(&src, &store, &[], &mut |_| {}).unwrap();
+    let opts = LoadOptions {
+        experts: ExpertMode::Stream(StoreOptions {
+            io: IoOptions {
+                kind: IoKind::Pread,
+                direct: false,
+                depth: 2,
+            },
+            ram_budget: 0,
+            verify: true,
+            prefetch_threads: 0,
+        }),
+    };
+    (Engine::load_with(&store, &opts).unwrap(), out)
+}
+
+/// One request of a scenario.
+#[derive(Clone)]
+pub struct Spec {
+    pub prompt: Vec<u32>,
+    pub max_new: usize,
+    pub temperature: f32,
+    pub seed: u64,
+    pub stop: Vec<String>,
+    /// The step at which it is submitted.
+    pub arrive: usize,
+    /// Its sink cancels after this many tokens.
+    pub sink_cancel_after: Option<usize>,
+    /// Its cancel flag is set at this step.
+    pub flag_at: Option<usize>,
+    /// Its cancel flag is set right after a step that preempted it (it is
+    /// then queued with no state).
+    pub cancel_when_preempted: bool,
+}
+
+impl Spec {
+    /// Whether it is cancelled by its flag at some step (its output is then
+    /// a prefix of its solo run).
+    pub fn flagged(&self) -> bool {
+        self.flag_at.is_some() || self.cancel_when_preempted
+    }
+}
+
+pub fn options(s: &Spec) -> GenerateOptions {
+    GenerateOptions {
+        max_new: s.max_new,
+        sampling: SamplingParams {
+            temperature: s.temperature,
+            top_p: 0.9,
+            top_k: 40,
+            seed: s.seed,
+        },
+        stop_at_eos: true,
+        ..GenerateOptions::default()
+    }
+}
+
+/// `n` prompt tokens, varied by `k`.
+pub fn prompt(n: usize, k: u32) -> Vec<u32> {
+    (0..n as u32).map(|i| (i * 37 + k * 101 + 5) % 500 + 3).collect()
+}
+
+pub fn spec(prompt: Vec<u32>, max_new: usize, temperature: f32, seed: u64, arrive: usize) -> Spec {
+    Spec {
+        prompt,
+        max_new,
+        temperature,
+        seed,
+        stop: Vec::new(),
+        arrive,
+        sink_cancel_after: None,
+        flag_at: None,
+        cancel_when_preempted: false,
+    }
+}
+
+pub fn specs() -> Vec<Spec> {
+    let mut v = vec![
+        spec(prompt(7, 1), 12, 0.0, 0, 0),
+        spec(prompt(23, 2), 9, 0.8, 7, 0),
+        spec(prompt(3, 3), 15, 1.0, 11, 2),
+        spec(prompt(31, 4), 6, 0.0, 0, 3),
+        spec(prompt(11, 5), 14, 0.7, 3, 5),
+        spec(prompt(1, 6), 10, 1.2, 99, 1),
+    ];
+    v[2].sink_cancel_after = Some(4);
+    v[4].flag_at = Some(8);
+    v
+}
+
+/// A request alone through `Conversation::run` (sink cancels as the spec says).
+pub fn solo(engine: &Engine, s: &Spec) -> Outcome {
+    let o = options(s);
+    let request = Request {
+        prompt: &s.prompt,
+        options: &o,
+        stop: &s.stop,
+        drafting: &Drafting::off(),
+        cancel: None,
+    };
+    let mut n = 0;
+    let mut conv = Conversation::new(engine);
+    conv.run(engine, &request, &mut |e: RequestEvent<'_>| {
+        if let RequestEvent::Token { .. } = e {
+            n += 1;
+        }
+        s.sink_cancel_after.is_none_or(|c| n < c)
+    })
+    .unwrap()
+}
+
+pub type Results = Arc<Mutex<Vec<Option<(Outcome, String)>>>>;
+
+/// `s` as a scheduler job whose outcome and streamed text land in `results[slot]`;
+/// its sink checks it saw one `Token` event per new id.
+pub fn job(s: &Spec, slot: usize, results: &Results, cancel: Arc<AtomicBool>) -> Job {
+    let results = results.clone();
+    let cancel_after = s.sink_cancel_after;
+    let mut n = 0;
+    let mut streamed = String::new();
+    Job {
+        prompt: s.prompt.clone(),
+        options: options(s),
+        stop: s.stop.clone(),
+        cancel: Some(cancel),
+        sink: Box::new(move |e: RequestEvent<'_>| match e {
+            RequestEvent::Token { text, .. } => {
+                n += 1;
+                streamed.push_str(text);
+                cancel_after.is_none_or(|c| n < c)
+            }
+            RequestEvent::Text(t) => {
+                streamed.push_str(t);
+                true
+            }
+            RequestEvent::Finished(o) => {
+                assert_eq!(n, o.ids.len(), "request {slot}: one token event per new id");
+                results.lock().unwrap()[slot] = Some((o.clone(), std::mem::take(&mut streamed)));
+                true
+            }
+        }),
+    }
+}
+
+/// What a scenario run through a scheduler gave.
+pub struct Batched {
+    /// Per spec: its outcome and streamed text.
+    pub results: Vec<(Outcome, String)>,
+    pub preemptions: u64,
+    /// Specs cancelled while preempted and queued.
+    pub cancelled_preempted: Vec<usize>,
+}
+
+/// Runs `specs` through a scheduler, checking after every step the batch
+/// bound and the KV budget (sequence states plus the prefix cache); at the
+/// end no sequence state is left and clearing the cache leaves 0 bytes.
+pub fn batched(engine: &Engine, specs: &[Spec], config: SchedulerConfig) -> Batched {
+    let results: Results = Arc::new(Mutex::new(vec![None; specs.len()]));
+    let flags: Vec<Arc<AtomicBool>> = specs.iter().map(|_| Arc::new(AtomicBool::new(false))).collect();
+    let mut sched = Scheduler::new(engine, config).unwrap();
+    let mut slots: HashMap<u64, usize> = HashMap::new();
+    let (mut step, mut widest, mut cancelled_preempted) = (0, 0, Vec::new());
+    while step < 1000 {
+        for (i, s) in specs.iter().enumerate() {
+            if s.arrive == step {
+                slots.insert(sched.submit(job(s, i, &results, flags[i].clone())).unwrap(), i);
+            }
+            if s.flag_at == Some(step) {
+                flags[i].store(true, Ordering::Relaxed);
+            }
+        }
+        let report = sched.step();
+        assert!(report.failed.is_empty(), "{:?}", report.failed);
+        assert!(report.batch <= config.max_batch, "batch {} over max_batch", report.batch);
+        widest = widest.max(report.batch);
+        assert!(sched.running() <= config.max_batch);
+        if let Some(budget) = config.kv_budget {
+            let held = sched.state_bytes() + sched.kept_bytes();
+            assert!(held <= budget, "step {step}: state and cache {held} over budget {budget}");
+        }
+        for id in &report.preempted {
+            let i = slots[id];
+            if specs[i].cancel_when_preempted && !flags[i].swap(true, Ordering::Relaxed) {
+                cancelled_preempted.push(i);
+            }
+        }
+        step += 1;
+        if sched.is_idle() && specs.iter().all(|s| s.arrive < step) {
+            break;
+        }
+    }
+    assert!(sched.is_idle(), "still busy after {step} steps");
+    assert_eq!(widest > 1, config.max_batch > 1, "sequences ran together (widest batch {widest})");
+    assert_eq!(sched.state_bytes(), 0, "sequence state left when idle");
+    let preemptions = sched.preemptions();
+    sched.clear_kept();
+    assert_eq!((sched.kept_bytes(), sched.kept_conversations()), (0, 0));
+    let results = results
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|r| r.clone().expect("every request finished"))
+        .collect();
+    Batched {
+        results,
+        preemptions,
+        cancelled_preempted,
+    }
+}
+
+/// Asserts each of `got` equals its solo run in `alone` (a prefix of it for
+/// one cancelled by its flag).
+pub fn check_against_alone(label: &str, specs: &[Spec], got: &[(Outcome, String)], alone: &[Outcome]) {
+    for (i, ((g, streamed), a)) in got.iter().zip(alone).enumerate() {
+        let arm = format!("{label} request {i}");
+        if specs[i].flagged() {
+            assert!(a.ids.starts_with(&g.ids), "{arm}: {:?} vs alone {:?}", g.ids, a.ids);
+            continue;
+        }
+        assert_eq!(g.ids, a.ids, "{arm}: ids");
+        assert_eq!(g.text, a.text, "{arm}: text");
+        assert_eq!(streamed, &a.text, "{arm}: streamed text");
+        assert_eq!(g.finish_reason, a.finish_reason, "{arm}: finish reason");
+        assert_eq!(g.stop_string, a.stop_string, "{arm}: stop string");
+    }
+}
+
+/// Runs `specs` at batch sizes 8, 3 and 1 (small prefill chunks) and checks
+/// every request against its solo run.
+pub fn check_model(engine: &Engine, label: &str, specs: &[Spec]) {
+    let alone: Vec<Outcome> = specs.iter().map(|s| solo(engine, s)).collect();
+    for (max_batch, prefill_chunk) in [(8, 4), (3, 5), (1, 256)] {
+        let config = SchedulerConfig {
+            max_batch,
+            prefill_chunk,
+            ..SchedulerConfig::default()
+        };
+        let got = batched(engine, specs, config).results;
+        let arm = format!("{label} max_batch={max_batch} chunk={prefill_chunk}");
+        check_against_alone(&arm, specs, &got, &alone);
+        assert_eq!(got[2].0.finish_reason, FinishReason::Cancelled, "{label}: sink cancel");
+        assert!(!got[0].0.ids.is_empty(), "{label}: generated");
+    }
+}
