@@ -170,12 +170,7 @@ impl Engine {
     }
 
     fn assemble(dir: &Path, model: DecoderModel, store: Option<Arc<ExpertStore>>) -> Result<Self, EngineError> {
-        let tok_path = dir.join("tokenizer.json");
-        let tokenizer = if tok_path.exists() {
-            Some(TextTokenizer::from_file(&tok_path)?)
-        } else {
-            None
-        };
+        let tokenizer = TextTokenizer::from_dir(dir)?;
         let chat = ChatTemplate::from_dir(dir).map_err(|e| e.to_string());
         let generation = GenerationConfig::from_dir(dir)?;
         Ok(Engine {
