@@ -491,7 +491,9 @@ fn worker_metrics(worker: &Worker) -> String {
          # TYPE larder_queued_sequences gauge\nlarder_queued_sequences {}\n\
          # TYPE larder_batch_size gauge\nlarder_batch_size {}\n\
          # TYPE larder_kv_bytes_in_use gauge\nlarder_kv_bytes_in_use {}\n\
-         # TYPE larder_kv_bytes_kept gauge\nlarder_kv_bytes_kept {}\n",
+         # TYPE larder_kv_bytes_kept gauge\nlarder_kv_bytes_kept {}\n\
+         # TYPE larder_kept_conversations gauge\nlarder_kept_conversations {}\n\
+         # TYPE larder_preemptions_total counter\nlarder_preemptions_total {}\n",
         m.requests.load(Ordering::Relaxed),
         m.rejected_full.load(Ordering::Relaxed),
         m.prompt_tokens.load(Ordering::Relaxed),
@@ -503,5 +505,7 @@ fn worker_metrics(worker: &Worker) -> String {
         m.last_batch.load(Ordering::Relaxed),
         m.kv_bytes.load(Ordering::Relaxed),
         m.kv_kept_bytes.load(Ordering::Relaxed),
+        m.kept_conversations.load(Ordering::Relaxed),
+        m.preemptions.load(Ordering::Relaxed),
     )
 }

@@ -8,10 +8,13 @@
 //! `max_batch` requests decode together in one batched forward pass per step
 //! (each bit-identical to running alone), jobs that arrive are admitted
 //! between steps, more wait in the scheduler's queue, and the KV budget
-//! refuses a request that could never fit (400, before generation). With a
+//! refuses a request that could never fit (400 on `max_tokens`, before
+//! generation); under the budget the scheduler preempts and recomputes
+//! sequences, which changes no output. With a
 //! drafter every request runs alone through [`Conversation::run`]
 //! (speculative verification is not batched). Either way the engine does the
-//! context check, stop strings and prefix reuse of the last request's state;
+//! context check, stop strings and prefix reuse (with the scheduler, of
+//! several finished conversations; with a drafter, of the last request's);
 //! this module turns its events into [`Event`]s.
 //!
 //! Sampling a request omits comes from the model's `generation_config.json`
@@ -69,8 +72,13 @@ pub struct Metrics {
     pub waiting: AtomicUsize,
     /// Bytes of sequence state (KV) held by running sequences.
     pub kv_bytes: AtomicUsize,
-    /// Bytes of the conversation kept for prefix reuse.
+    /// Bytes of the conversations kept for prefix reuse.
     pub kv_kept_bytes: AtomicUsize,
+    /// Conversations kept for prefix reuse.
+    pub kept_conversations: AtomicUsize,
+    /// Sequences preempted so far (state dropped to fit the KV budget, to be
+    /// recomputed; their output is unchanged).
+    pub preemptions: AtomicU64,
     /// Sequences in the last step's batch.
     pub last_batch: AtomicUsize,
 }
@@ -237,10 +245,12 @@ fn prepare(engine: &Engine, request: &GenerationRequest, ctx: &JobContext) -> Re
     Ok((prompt, opts))
 }
 
-/// A request the engine refused before generating: a 400 naming the field.
+/// A request the engine refused before generating: a 400 naming the field
+/// (`max_tokens` for a request over the KV budget).
 fn request_error(e: &EngineError) -> ApiError {
     match e {
         EngineError::Invalid { field, message } => ApiError::invalid(field, message.clone()),
+        EngineError::KvBudget { .. } => ApiError::invalid("max_tokens", e.to_string()),
         e => ApiError::invalid("prompt", e.to_string()),
     }
 }
@@ -351,6 +361,8 @@ fn batched_loop(
         metrics.waiting.store(sched.queued(), Ordering::Relaxed);
         metrics.kv_bytes.store(sched.state_bytes(), Ordering::Relaxed);
         metrics.kv_kept_bytes.store(sched.kept_bytes(), Ordering::Relaxed);
+        metrics.kept_conversations.store(sched.kept_conversations(), Ordering::Relaxed);
+        metrics.preemptions.store(sched.preemptions(), Ordering::Relaxed);
     }
 }
 
