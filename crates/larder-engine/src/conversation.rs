@@ -142,12 +142,13 @@ impl Conversation {
             }
             go && !request.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
         };
-        let g = engine.generate_in_conversation(
+        let g = engine.generate_in(
             request.prompt,
             &mut self.state,
             cached,
             request.options,
             &mut on_token,
+            None,
             drafter.as_mut().map(|d| &mut **d as &mut dyn larder_spec::Drafter),
         )?;
         self.tokens = request.prompt.iter().chain(&g.ids).copied().take(self.state.len()).collect();

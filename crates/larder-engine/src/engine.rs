@@ -9,7 +9,7 @@ use std::time::Instant;
 
 use larder_model::arch::read_spec;
 use larder_model::checkpoint::Checkpoint;
-use larder_model::{load_model, DecoderModel, ExpertProvider, KvCache, RouteTrace};
+use larder_model::{load_model, DecoderModel, ExpertProvider, RouteTrace, SequenceState};
 use larder_store::{ExpertStore, Manifest, StoreOptions};
 use larder_tensor::Mat;
 use serde::Serialize;
@@ -248,10 +248,10 @@ impl Engine {
         self.tokenizer()?.decode(ids, true)
     }
 
-    /// Logits of every position of `ids`, from an empty cache.
+    /// Logits of every position of `ids`, from an empty state.
     pub fn forward(&self, ids: &[u32]) -> Result<Mat, EngineError> {
-        let mut cache = self.model.new_cache();
-        Ok(self.model.forward(ids, &mut cache, None)?)
+        let mut state = self.model.new_state();
+        Ok(self.model.forward(ids, &mut state, None)?)
     }
 
     /// Generates after `prompt`. `on_token` sees each new id as it is chosen
@@ -274,8 +274,8 @@ impl Engine {
         on_token: &mut dyn FnMut(u32) -> bool,
         trace: Option<&mut RouteTrace>,
     ) -> Result<Generation, EngineError> {
-        let mut cache = self.model.new_cache();
-        self.generate_in(prompt, &mut cache, 0, opts, on_token, trace, None)
+        let mut state = self.model.new_state();
+        self.generate_in(prompt, &mut state, 0, opts, on_token, trace, None)
     }
 
     /// [`generate`](Self::generate) with speculative decoding: `drafter`
@@ -289,49 +289,23 @@ impl Engine {
         drafter: &mut dyn Drafter,
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Generation, EngineError> {
-        let mut cache = self.model.new_cache();
-        self.generate_in(prompt, &mut cache, 0, opts, on_token, None, Some(drafter))
+        let mut state = self.model.new_state();
+        self.generate_in(prompt, &mut state, 0, opts, on_token, None, Some(drafter))
     }
 
-    /// [`generate`](Self::generate) continuing from `cache`, which holds the
-    /// KV state of the first `cached` prompt tokens (prefix reuse: a chat
-    /// that extends the previous conversation). Only the rest of the prompt
-    /// is prefilled; batch invariance makes the result identical to a fresh
-    /// prefill. Afterwards `cache` holds every token fed to the model: the
-    /// prompt and all new ids but the last (`Stats::cached_tokens` says how
-    /// many prompt tokens were reused).
-    pub fn generate_cached(
-        &self,
-        prompt: &[u32],
-        cache: &mut KvCache,
-        cached: usize,
-        opts: &GenerateOptions,
-        on_token: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Generation, EngineError> {
-        self.generate_in(prompt, cache, cached, opts, on_token, None, None)
-    }
-
-    /// The loop behind [`Conversation::run`](crate::Conversation::run):
-    /// continues from `cache` (its first `cached` prompt tokens reused),
-    /// drafting with `drafter` when given.
-    pub(crate) fn generate_in_conversation(
-        &self,
-        prompt: &[u32],
-        cache: &mut larder_model::SequenceState,
-        cached: usize,
-        opts: &GenerateOptions,
-        on_token: &mut dyn FnMut(u32) -> bool,
-        drafter: Option<&mut dyn Drafter>,
-    ) -> Result<Generation, EngineError> {
-        self.generate_in(prompt, cache, cached, opts, on_token, None, drafter)
-    }
-
-    // The one generation loop behind every public entry point.
+    /// The one generation loop behind every entry point: continues from
+    /// `state`, whose first `cached` positions are the prompt's first tokens
+    /// (prefix reuse, as [`Conversation::run`](crate::Conversation::run)
+    /// does: only the rest is prefilled, and batch invariance makes the
+    /// result identical to a fresh prefill); records routes into `trace`;
+    /// drafts with `drafter` when given. Afterwards `state` holds every token
+    /// fed to the model: the prompt and all new ids but the last
+    /// (`Stats::cached_tokens` says how many prompt tokens were reused).
     #[allow(clippy::too_many_arguments)]
-    fn generate_in(
+    pub(crate) fn generate_in(
         &self,
         prompt: &[u32],
-        cache: &mut KvCache,
+        state: &mut SequenceState,
         cached: usize,
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> bool,
@@ -343,14 +317,13 @@ impl Engine {
         let mut sampler = Sampler::new(opts.sampling)?;
         self.model.check_ids(prompt, 0)?;
         // At least the last prompt token runs, for its logits.
-        let reuse = cached.min(cache.len()).min(prompt.len() - 1);
-        cache.truncate(reuse);
+        let reuse = keep_prefix(state, cached.min(prompt.len() - 1))?;
         let mut stats = Stats {
             prompt_tokens: prompt.len(),
             cached_tokens: reuse,
             ..Stats::default()
         };
-        let mut logits = self.prefill(&prompt[reuse..], cache, trace.as_deref_mut())?;
+        let mut logits = self.prefill(&prompt[reuse..], state, trace.as_deref_mut())?;
         stats.prefill_s = started.elapsed().as_secs_f64();
 
         if let Some(drafter) = drafter {
@@ -360,7 +333,7 @@ impl Engine {
                 opts,
                 started,
             };
-            let (ids, finish) = run.decode(drafter, &mut sampler, cache, logits, &mut stats, on_token, trace)?;
+            let (ids, finish) = run.decode(drafter, &mut sampler, state, logits, &mut stats, on_token, trace)?;
             if let (Some(store), Some(before)) = (&self.store, store_before) {
                 stats.experts = Some(ExpertStats::from_store(store.backend().name(), &store.stats().since(&before)));
             }
@@ -388,11 +361,11 @@ impl Engine {
                 finish = FinishReason::Stop;
                 break;
             }
-            if ids.len() == opts.max_new || cache.len() + 1 > max_ctx {
+            if ids.len() == opts.max_new || state.len() + 1 > max_ctx {
                 break;
             }
             let step = Instant::now();
-            logits = self.model.forward_last(&[next], cache, trace.as_deref_mut())?;
+            logits = self.model.forward_last(&[next], state, trace.as_deref_mut())?;
             stats.decode_s += step.elapsed().as_secs_f64();
             decode_steps += 1;
         }
@@ -409,12 +382,29 @@ impl Engine {
     }
 
     /// Runs the prompt in chunks, returning the last position's logits.
-    fn prefill(&self, prompt: &[u32], cache: &mut KvCache, mut trace: Option<&mut RouteTrace>) -> Result<Vec<f32>, EngineError> {
+    fn prefill(&self, prompt: &[u32], state: &mut SequenceState, mut trace: Option<&mut RouteTrace>) -> Result<Vec<f32>, EngineError> {
         let mut last = Vec::new();
         for chunk in prompt.chunks(PREFILL_CHUNK) {
-            last = self.model.forward_last(chunk, cache, trace.as_deref_mut())?;
+            last = self.model.forward_last(chunk, state, trace.as_deref_mut())?;
         }
         Ok(last)
+    }
+}
+
+/// Takes `state` back to its first `wanted` positions (fewer when it holds
+/// fewer) for prefix reuse and returns how many it keeps. A state that cannot
+/// roll back (a recurrent layer) keeps its positions only when it holds no
+/// more than `wanted`; otherwise it starts empty.
+fn keep_prefix(state: &mut SequenceState, wanted: usize) -> Result<usize, EngineError> {
+    let keep = wanted.min(state.len());
+    if keep == state.len() {
+        Ok(keep)
+    } else if state.can_rollback() {
+        state.rollback(keep)?;
+        Ok(keep)
+    } else {
+        state.clear();
+        Ok(0)
     }
 }
 

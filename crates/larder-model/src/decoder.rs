@@ -22,7 +22,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::{AttentionSpec, FfnSpec, MlaSpec, ModelSpec, Scoring};
 use crate::error::{ModelError, Stage};
 use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
-use crate::kv_cache::{KvCache, KvLayer};
+use crate::kv_cache::KvLayer;
 use crate::mla::{MlaAttention, QueryProj};
 use crate::mlp::{load_mlp, Mlp};
 use crate::moe::{MoeBlock, SharedExpert};
@@ -218,11 +218,6 @@ impl DecoderModel {
             ),
         };
         SequenceState::new(self.layers.iter().map(|_| LayerState::Kv(KvLayer::new(k, v))).collect())
-    }
-
-    /// Transitional: use [`new_state`](Self::new_state).
-    pub fn new_cache(&self) -> KvCache {
-        self.new_state()
     }
 
     /// Checks ids against the vocabulary and the context length.

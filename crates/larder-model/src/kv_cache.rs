@@ -1,13 +1,8 @@
 //! Key/value storage of one attention layer ([`KvLayer`]): the post-RoPE keys
 //! and the values of every position seen so far, as a
 //! [`LayerState::Kv`](crate::state::LayerState::Kv) holds them. Rolling back
-//! is a truncation (speculative decoding rejects drafted positions this way).
-//!
-//! Also the transitional names of the old whole-model cache: [`KvCache`] is
-//! now [`SequenceState`], with `truncate` and `DecoderModel::new_cache` kept
-//! as thin wrappers until every caller moves over.
-
-use crate::state::{LayerState, SequenceState};
+//! is a truncation, done only through
+//! [`SequenceState::rollback`](crate::state::SequenceState::rollback).
 
 /// Keys and values of one layer: `len` positions of `k_dim` key floats and
 /// `v_dim` value floats each (equal for GQA; MLA's differ).
@@ -54,8 +49,10 @@ impl KvLayer {
         &self.values[pos * self.v_dim..(pos + 1) * self.v_dim]
     }
 
-    /// Keeps the first `len` positions (no-op when it holds fewer).
-    pub fn truncate(&mut self, len: usize) {
+    /// Keeps the first `len` positions (no-op when it holds fewer). Callers
+    /// go through `SequenceState::rollback`, which keeps the sequence's
+    /// length in step.
+    pub(crate) fn truncate(&mut self, len: usize) {
         self.keys.truncate(len * self.k_dim);
         self.values.truncate(len * self.v_dim);
     }
@@ -68,24 +65,6 @@ impl KvLayer {
     /// Bytes held by the positions (keys and values, f32).
     pub fn bytes(&self) -> usize {
         (self.keys.len() + self.values.len()) * 4
-    }
-}
-
-/// Transitional: use [`SequenceState`].
-pub type KvCache = SequenceState;
-
-impl SequenceState {
-    /// Transitional: use [`SequenceState::rollback`]. Keeps the first `len`
-    /// positions; a `len` at or beyond the current length changes nothing.
-    pub fn truncate(&mut self, len: usize) {
-        if len < self.len() {
-            for layer in self.layers_mut() {
-                match layer {
-                    LayerState::Kv(kv) => kv.truncate(len),
-                }
-            }
-            self.set_len(len);
-        }
     }
 }
 

@@ -33,5 +33,5 @@ pub use config::{FfnSpec, ModelSpec, MoeSpec};
 pub use decoder::{BatchSeq, DecoderModel, RouteTrace, Wanted};
 pub use error::ModelError;
 pub use expert::{expert_layers, expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
-pub use kv_cache::{KvCache, KvLayer};
+pub use kv_cache::KvLayer;
 pub use state::{LayerState, SequenceState, StateSnapshot};

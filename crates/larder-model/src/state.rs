@@ -32,6 +32,14 @@ impl LayerState {
         }
     }
 
+    /// Whether this layer can go back to an earlier length on its own (KV:
+    /// by truncation). A recurrent layer cannot: it returns only to a snapshot.
+    pub fn can_rollback(&self) -> bool {
+        match self {
+            LayerState::Kv(_) => true,
+        }
+    }
+
     /// Back to the first `len` positions (`len` at most the current length).
     fn rollback(&mut self, len: usize) {
         match self {
@@ -108,6 +116,14 @@ impl SequenceState {
         self.len = 0;
     }
 
+    /// Whether [`rollback`](Self::rollback) can go back to any earlier length
+    /// (every layer is KV). When not (a recurrent layer), the way back is
+    /// [`restore`](Self::restore) of a snapshot taken at or before the target
+    /// length, then running the positions after it again.
+    pub fn can_rollback(&self) -> bool {
+        self.layers.iter().all(LayerState::can_rollback)
+    }
+
     /// Goes back to the first `len` positions. An error (the state unchanged)
     /// when `len` is beyond the current length, or when a layer cannot return
     /// to `len` without a snapshot (a recurrent layer).
@@ -152,10 +168,6 @@ impl SequenceState {
         self.layers.get_mut(l)
     }
 
-    pub(crate) fn layers_mut(&mut self) -> impl Iterator<Item = &mut LayerState> {
-        self.layers.iter_mut()
-    }
-
     pub(crate) fn set_len(&mut self, len: usize) {
         self.len = len;
     }
@@ -182,7 +194,7 @@ mod tests {
     fn filled(n: usize) -> SequenceState {
         let mut s = SequenceState::new(vec![LayerState::Kv(KvLayer::new(2, 3)), LayerState::Kv(KvLayer::new(2, 3))]);
         for p in 0..n {
-            for l in s.layers_mut() {
+            for l in &mut s.layers {
                 let LayerState::Kv(kv) = l;
                 kv.push(&[p as f32; 2], &[p as f32; 3]);
             }

@@ -163,7 +163,7 @@ impl SynthSpec {
         (self.moe_layers() * self.experts * self.expert_bytes()) as u64
     }
 
-    /// Bytes of every tensor [`write`] writes (the total its progress counts):
+    /// Bytes of every tensor [`write`](write()) writes (the total its progress counts):
     /// embeddings, final norm, LM head and every layer, experts included.
     pub fn total_bytes(&self) -> u64 {
         let top = (2 * self.vocab * self.hidden + self.hidden) as u64 * 2;

@@ -39,7 +39,7 @@ fn open_unread_validates_a_whole_checkpoint_without_reading_weights() {
         assert!(!ckpt.reads_weights());
         let model = DecoderModel::load(spec, &ckpt, None).unwrap_or_else(|e| panic!("{name}: {e}"));
         // Every weight is zeros: the logits are all equal (zero), not the model's.
-        let logits = model.forward(&[1, 2], &mut model.new_cache(), None).unwrap();
+        let logits = model.forward(&[1, 2], &mut model.new_state(), None).unwrap();
         assert!(logits.row(1).iter().all(|&x| x == 0.0), "{name}: weights were read");
         assert!(ckpt.tensor_bytes("model.norm.weight").is_err());
     }
@@ -69,16 +69,16 @@ fn weights_survive_their_file_being_truncated_and_overwritten() {
     let ckpt = Checkpoint::open(&dir).unwrap();
     assert!(ckpt.reads_weights());
     let model = DecoderModel::load(spec, &ckpt, None).unwrap();
-    let before = model.forward(&[1, 2, 3], &mut model.new_cache(), None).unwrap();
+    let before = model.forward(&[1, 2, 3], &mut model.new_state(), None).unwrap();
     // Truncate in place (a mapping would now SIGBUS on its next page fault),
     // then overwrite with other bytes.
     let path = dir.join("model.safetensors");
     let len = std::fs::metadata(&path).unwrap().len();
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(16).unwrap();
-    let after = model.forward(&[1, 2, 3], &mut model.new_cache(), None).unwrap();
+    let after = model.forward(&[1, 2, 3], &mut model.new_state(), None).unwrap();
     assert_eq!(before.row(2), after.row(2));
     std::fs::write(&path, vec![0x7fu8; len as usize]).unwrap();
-    let after = model.forward(&[1, 2, 3], &mut model.new_cache(), None).unwrap();
+    let after = model.forward(&[1, 2, 3], &mut model.new_state(), None).unwrap();
     assert_eq!(before.row(2), after.row(2));
     // Reading a tensor now is an error naming the file, not a crash.
     std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(16).unwrap();

@@ -130,7 +130,7 @@ fn multi_token_prediction_layers_are_not_loaded() {
     let ids = [5u32, 17, 42, 99];
     let a = load_model(&plain, None).unwrap();
     let b = load_model(&dir, None).unwrap();
-    let la = a.forward(&ids, &mut a.new_cache(), None).unwrap();
-    let lb = b.forward(&ids, &mut b.new_cache(), None).unwrap();
+    let la = a.forward(&ids, &mut a.new_state(), None).unwrap();
+    let lb = b.forward(&ids, &mut b.new_state(), None).unwrap();
     assert_eq!(la, lb);
 }

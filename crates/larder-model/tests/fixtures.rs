@@ -71,9 +71,9 @@ fn argmax(v: &[f32]) -> u32 {
 
 fn greedy(model: &DecoderModel, prompt: &[u32], n: usize, eos: &[u32], use_cache: bool) -> Vec<u32> {
     let mut seq = prompt.to_vec();
-    let mut cache = model.new_cache();
+    let mut state = model.new_state();
     let mut out = Vec::new();
-    let mut logits = model.forward_last(prompt, &mut cache, None).unwrap();
+    let mut logits = model.forward_last(prompt, &mut state, None).unwrap();
     for _ in 0..n {
         let next = argmax(&logits);
         out.push(next);
@@ -82,9 +82,9 @@ fn greedy(model: &DecoderModel, prompt: &[u32], n: usize, eos: &[u32], use_cache
             break;
         }
         logits = if use_cache {
-            model.forward_last(&[next], &mut cache, None).unwrap()
+            model.forward_last(&[next], &mut state, None).unwrap()
         } else {
-            let mut fresh = model.new_cache();
+            let mut fresh = model.new_state();
             model.forward_last(&seq, &mut fresh, None).unwrap()
         };
     }
@@ -98,9 +98,9 @@ fn check_fixture(name: &str) {
     let prompt = ids(&r.json["prompt_ids"]);
 
     // Logits of one whole-prompt forward, with the routes it took.
-    let mut cache = model.new_cache();
+    let mut state = model.new_state();
     let mut trace = RouteTrace::default();
-    let logits = model.forward(&prompt, &mut cache, Some(&mut trace)).unwrap();
+    let logits = model.forward(&prompt, &mut state, Some(&mut trace)).unwrap();
     let positions: Vec<usize> = r.json["logit_positions"]
         .as_array()
         .unwrap()
@@ -144,12 +144,12 @@ fn check_fixture(name: &str) {
     assert_eq!(greedy(&model, &prompt, 8, &eos, false), want_nc, "{name}: greedy ids without cache");
 
     // Batch invariance: token-by-token and uneven chunks give bit-identical logits.
-    let mut one = model.new_cache();
+    let mut one = model.new_state();
     for (p, &id) in prompt.iter().enumerate() {
         let l = model.forward(&[id], &mut one, None).unwrap();
         assert_eq!(l.row(0), logits.row(p), "{name}: position {p} token-by-token vs whole prompt");
     }
-    let mut chunked = model.new_cache();
+    let mut chunked = model.new_state();
     let split = prompt.len() / 3 + 1;
     let a = model.forward(&prompt[..split], &mut chunked, None).unwrap();
     let b = model.forward(&prompt[split..], &mut chunked, None).unwrap();
@@ -158,12 +158,12 @@ fn check_fixture(name: &str) {
         assert_eq!(row, logits.row(p), "{name}: position {p} chunked vs whole prompt");
     }
 
-    // Truncate restores the state before the dropped positions.
-    let mut c = model.new_cache();
-    model.forward(&prompt, &mut c, None).unwrap();
-    c.truncate(split);
-    let again = model.forward(&prompt[split..], &mut c, None).unwrap();
-    assert_eq!(again, b, "{name}: logits after truncate differ from a fresh run");
+    // Rolling back restores the state before the dropped positions.
+    let mut state = model.new_state();
+    model.forward(&prompt, &mut state, None).unwrap();
+    state.rollback(split).unwrap();
+    let again = model.forward(&prompt[split..], &mut state, None).unwrap();
+    assert_eq!(again, b, "{name}: logits after rollback differ from a fresh run");
 }
 
 macro_rules! fixture_tests {

@@ -69,9 +69,9 @@ fn upcycled_llama_computes_the_dense_logits() {
     let dense = load_model(&llama_tiny(), None).unwrap();
     let moe = load_model(&out, None).unwrap();
     let ids: Vec<u32> = (0..24).map(|i| (i * 37 + 5) % 512).collect();
-    let a = dense.forward(&ids, &mut dense.new_cache(), None).unwrap();
+    let a = dense.forward(&ids, &mut dense.new_state(), None).unwrap();
     let mut trace = RouteTrace::default();
-    let b = moe.forward(&ids, &mut moe.new_cache(), Some(&mut trace)).unwrap();
+    let b = moe.forward(&ids, &mut moe.new_state(), Some(&mut trace)).unwrap();
     let scale = a.row(0).iter().chain(a.row(ids.len() - 1)).fold(0f32, |m, x| m.max(x.abs()));
     let mut worst = 0f32;
     for p in 0..ids.len() {
@@ -238,8 +238,8 @@ fn upcycled_qwen3_matches_its_single_expert_form() {
     let (a, b) = (load_model(&one, None).unwrap(), load_model(&four, None).unwrap());
     assert!(a.spec().qk_norm);
     let ids: Vec<u32> = (0..16).map(|i| (i * 53 + 11) % 512).collect();
-    let la = a.forward(&ids, &mut a.new_cache(), None).unwrap();
-    let lb = b.forward(&ids, &mut b.new_cache(), None).unwrap();
+    let la = a.forward(&ids, &mut a.new_state(), None).unwrap();
+    let lb = b.forward(&ids, &mut b.new_state(), None).unwrap();
     for p in 0..ids.len() {
         let scale = la.row(p).iter().fold(0f32, |m, x| m.max(x.abs()));
         let diff = la.row(p).iter().zip(lb.row(p)).fold(0f32, |m, (x, y)| m.max((x - y).abs()));

@@ -16,18 +16,24 @@
 //! turns drafting off for a request when it stops paying.
 //!
 //! Drafters: [`NgramDrafter`] (prompt lookup), [`ModelDrafter`] (a small
-//! model sharing the target's vocabulary, with its own KV cache, or the
+//! model sharing the target's vocabulary, with its own state, or the
 //! target itself using only RAM-resident experts: [`ModelDrafter::self_draft`]).
+//!
+//! After speculative tokens were run, a state goes back to the kept prefix
+//! only through [`rewind`](rewind()) (snapshot before, rewind after): see [`rewind`'s
+//! module](mod@rewind) for how that works for KV and for recurrent layers.
 
 pub mod accept;
 pub mod adaptive;
 pub mod model;
 pub mod ngram;
+pub mod rewind;
 
 pub use accept::{accept_draft, Decision};
 pub use adaptive::AdaptiveK;
 pub use model::ModelDrafter;
 pub use ngram::NgramDrafter;
+pub use rewind::{refeed, rewind};
 
 /// Errors from drafters.
 #[derive(Debug, thiserror::Error)]

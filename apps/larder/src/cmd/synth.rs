@@ -244,11 +244,11 @@ fn default_layout(source: &std::path::Path) -> anyhow::Result<UpcycleLayout> {
 /// Greedy decoding from a seeded first token, recording routes.
 fn measure_overlap(dir: &std::path::Path, tokens: usize, seed: u64) -> anyhow::Result<(f64, Vec<(usize, f64)>)> {
     let model = larder_model::load_model(dir, None)?;
-    let mut cache = model.new_cache();
+    let mut state = model.new_state();
     let mut trace = RouteTrace::default();
     let mut tok = (seed % model.spec().vocab_size as u64) as u32 + 1;
     for _ in 0..tokens {
-        let logits = model.forward_last(&[tok], &mut cache, Some(&mut trace))?;
+        let logits = model.forward_last(&[tok], &mut state, Some(&mut trace))?;
         tok = logits
             .iter()
             .enumerate()

@@ -1,18 +1,20 @@
 //! The speculative decode loop: draft, verify in one batched forward,
-//! accept (larder-spec's rules), roll the KV cache back to what was kept.
+//! accept (larder-spec's rules), take the state back to what was kept.
 //!
 //! A verification pass runs `[pending, d1..dk]` (pending: the last chosen
 //! token, not yet fed). Row `i` of its logits is the target's distribution
 //! after `d_i` (row 0: after pending), exactly what one-token steps would
 //! give (batch invariance). Drafts are kept while accepted; the first
 //! rejected one is replaced by the target's token, or, if all are kept, the
-//! target adds one more from the last row. The cache is cut back to
-//! `pending + kept drafts`; the replacement/bonus token becomes pending.
+//! target adds one more from the last row. The state goes back to
+//! `pending + kept drafts` through [`larder_spec::rewind`] from a snapshot
+//! taken before the pass (a truncation for KV; restore and re-run for a
+//! recurrent layer); the replacement/bonus token becomes pending.
 
 use std::time::Instant;
 
-use larder_model::{KvCache, RouteTrace};
-use larder_spec::{accept_draft, AdaptiveK, Decision, Drafter, SpecStats};
+use larder_model::{RouteTrace, SequenceState};
+use larder_spec::{accept_draft, rewind, AdaptiveK, Decision, Drafter, SpecStats};
 
 use super::{Engine, FinishReason, GenerateOptions};
 use crate::error::EngineError;
@@ -55,7 +57,7 @@ impl Run<'_> {
         &self,
         drafter: &mut dyn Drafter,
         sampler: &mut Sampler,
-        cache: &mut KvCache,
+        state: &mut SequenceState,
         logits: Vec<f32>,
         stats: &mut Stats,
         on_token: &mut dyn FnMut(u32) -> bool,
@@ -80,12 +82,12 @@ impl Run<'_> {
             return Ok(self.done(ids, r, stats, spec, adapt.is_off()));
         }
         loop {
-            if cache.len() + 1 > max_ctx {
+            if state.len() + 1 > max_ctx {
                 finish = FinishReason::Length;
                 break;
             }
             // Never draft past max_new or the context.
-            let room = (self.opts.max_new - ids.len()).min(max_ctx - cache.len() - 1);
+            let room = (self.opts.max_new - ids.len()).min(max_ctx - state.len() - 1);
             // The first decode step is plain: it calibrates what a token costs without drafting.
             let k = if spec.target_steps == 0 { 0 } else { adapt.k().min(room) };
             let mut drafts = Vec::new();
@@ -100,7 +102,7 @@ impl Run<'_> {
             }
             let step = Instant::now();
             if drafts.is_empty() {
-                let l = model.forward_last(&[pending], cache, trace.as_deref_mut())?;
+                let l = model.forward_last(&[pending], state, trace.as_deref_mut())?;
                 let secs = step.elapsed().as_secs_f64();
                 stats.decode_s += secs;
                 spec.target_steps += 1;
@@ -113,9 +115,9 @@ impl Run<'_> {
                 }
                 continue;
             }
-            let before = cache.len();
+            let before = state.snapshot();
             let rows: Vec<u32> = std::iter::once(pending).chain(drafts.iter().copied()).collect();
-            let all = model.forward(&rows, cache, trace.as_deref_mut())?;
+            let all = model.forward(&rows, state, trace.as_deref_mut())?;
             let secs = step.elapsed().as_secs_f64();
             stats.decode_s += secs;
             spec.target_steps += 1;
@@ -149,7 +151,9 @@ impl Run<'_> {
             }
             spec.accepted += kept as u64;
             adapt.verified(drafts.len(), kept, secs);
-            cache.truncate(before + 1 + kept);
+            rewind(state, &before, &rows, before.len() + 1 + kept, |kept_rows, state| {
+                model.forward_last(kept_rows, state, None).map(drop)
+            })?;
             if let Some(r) = stop {
                 finish = r;
                 break;
