@@ -5,7 +5,6 @@
 //! cut the text and the ids where they complete, cancellation stops at once,
 //! and the context check refuses what cannot fit.
 
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use larder_engine::{
@@ -13,9 +12,8 @@ use larder_engine::{
     SamplingParams, StreamDecoder,
 };
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
+mod common;
+use common::fixture;
 
 const PROMPT: &[u32] = &[262, 406, 39, 423, 313, 87, 465];
 

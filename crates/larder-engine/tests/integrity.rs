@@ -7,22 +7,18 @@
 
 use std::path::{Path, PathBuf};
 
-use larder_engine::{Engine, ExpertMode, LoadOptions};
+use larder_engine::{Engine, LoadOptions};
 use larder_model::checkpoint::Checkpoint;
 use larder_store::pack::{pack, pack_with, DriveSpec, PackOptions};
-use larder_store::{IoKind, IoOptions, Manifest, StoreOptions};
+use larder_store::Manifest;
+
+mod common;
+use common::{fixture, pack_store, pread_streaming, scratch_dir};
 
 const IDS: &[u32] = &[5, 17, 42, 99, 3, 250, 7, 1];
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
-
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("larder-integrity-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    scratch_dir(&format!("integrity-{name}"))
 }
 
 /// A copy of a fixture checkpoint that a test may change.
@@ -39,27 +35,11 @@ fn copy_fixture(name: &str, to: &Path) -> PathBuf {
 }
 
 fn streamed() -> LoadOptions {
-    LoadOptions {
-        experts: ExpertMode::Stream(StoreOptions {
-            io: IoOptions {
-                kind: IoKind::Pread,
-                direct: false,
-                depth: 2,
-            },
-            ram_budget: 0,
-            verify: true,
-            prefetch_threads: 0,
-        }),
-    }
+    pread_streaming(2, 0, true)
 }
 
 fn logits(dir: &Path, opts: &LoadOptions) -> Vec<f32> {
     Engine::load_with(dir, opts).unwrap().forward(IDS).unwrap().into_vec()
-}
-
-fn pack_into(model: &Path, store: &Path, drives: &[DriveSpec]) -> larder_store::pack::PackReport {
-    let src = larder_engine::pack::pack_source(model).unwrap();
-    pack(&src, store, drives, &mut |_| {}).unwrap()
 }
 
 fn error_of<T>(r: Result<T, impl std::fmt::Display>) -> String {
@@ -93,8 +73,8 @@ fn two_stores_on_one_drive_folder_stay_exact() {
         gbps: Some(1.0),
     }];
     std::fs::create_dir_all(&drive[0].dir).unwrap();
-    let a = pack_into(&fixture("qwen3_moe_tiny"), &dir.join("a"), &drive);
-    let b = pack_into(&fixture("mixtral_tiny"), &dir.join("b"), &drive);
+    let a = pack_store(&fixture("qwen3_moe_tiny"), &dir.join("a"), &drive);
+    let b = pack_store(&fixture("mixtral_tiny"), &dir.join("b"), &drive);
     assert_ne!(a.store_id, b.store_id);
     for (model, store) in [("qwen3_moe_tiny", "a"), ("mixtral_tiny", "b")] {
         let want = logits(&fixture(model), &LoadOptions::default());
@@ -120,7 +100,7 @@ fn resume_redoes_records_whose_source_changed_or_whose_file_is_damaged() {
     let dir = scratch("resume");
     let model = copy_fixture("qwen3_moe_tiny", &dir);
     let store = dir.join("store");
-    pack_into(&model, &store, &[]);
+    pack_store(&model, &store, &[]);
     let m = Manifest::read(&store).unwrap();
     // As if the pack stopped before its manifest; meanwhile a revision of the
     // checkpoint with the same shapes changed one expert's bytes, and a
@@ -136,7 +116,7 @@ fn resume_redoes_records_whose_source_changed_or_whose_file_is_damaged() {
     let (path, offset) = record_path(&store, &m, 2, 5);
     flip(&path, offset + 100);
 
-    let report = pack_into(&model, &store, &[]);
+    let report = pack_store(&model, &store, &[]);
     assert_eq!(report.rewritten_records, 2, "the changed source record and the damaged one");
     assert_eq!(report.resumed_layers, m.layers.len());
     assert!(bad_of(&store).is_empty());
@@ -155,7 +135,7 @@ fn ckpt_file(model: &Path, file: usize) -> PathBuf {
 fn spine_and_config_edits_are_caught_by_verify_and_at_load() {
     let dir = scratch("spine");
     let store = dir.join("store");
-    pack_into(&fixture("qwen3_moe_tiny"), &store, &[]);
+    pack_store(&fixture("qwen3_moe_tiny"), &store, &[]);
     let m = Manifest::read(&store).unwrap();
     let spine = store.join(&m.spine[0].file);
     let norm = m.spine[0].tensors.iter().find(|t| t.name == "model.norm.weight").unwrap().clone();
@@ -194,7 +174,7 @@ fn spine_and_config_edits_are_caught_by_verify_and_at_load() {
 fn manifest_edits_are_refused_even_when_resealed() {
     let dir = scratch("manifest");
     let store = dir.join("store");
-    pack_into(&fixture("qwen3_moe_tiny"), &store, &[]);
+    pack_store(&fixture("qwen3_moe_tiny"), &store, &[]);
     let m = Manifest::read(&store).unwrap();
     let path = store.join("manifest.json");
     let text = std::fs::read_to_string(&path).unwrap();
@@ -237,7 +217,7 @@ fn repair_rewrites_exactly_the_bad_records_verify_lists() {
     let dir = scratch("repair");
     let store = dir.join("store");
     let model = fixture("qwen3_moe_tiny");
-    pack_into(&model, &store, &[]);
+    pack_store(&model, &store, &[]);
     let m = Manifest::read(&store).unwrap();
     for (layer, expert) in [(0, 1), (2, 6)] {
         let (path, offset) = record_path(&store, &m, layer, expert);

@@ -1,14 +1,11 @@
 //! The Qwen3 fixture carries the real Qwen3 tokenizer.json and chat template:
 //! tokenization, chat rendering and greedy text must match transformers.
 
-use std::path::{Path, PathBuf};
-
 use larder_engine::{ChatMessage, Engine, GenerateOptions};
 use serde_json::Value;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
+mod common;
+use common::fixture;
 
 fn ids(v: &Value) -> Vec<u32> {
     v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()

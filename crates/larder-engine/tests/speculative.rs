@@ -4,16 +4,14 @@
 //! draft, max-new inside a draft); sampled output has the target's
 //! distribution.
 
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use larder_engine::{Engine, GenerateOptions, SamplingParams};
 use larder_model::load_model;
 use larder_spec::{Drafter, ModelDrafter, NgramDrafter, SpecError};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
+mod common;
+use common::fixture;
 
 fn opts(max_new: usize) -> GenerateOptions {
     GenerateOptions {

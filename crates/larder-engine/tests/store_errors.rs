@@ -2,46 +2,25 @@
 //! digest error naming layer, expert and file; truncated files, missing
 //! drives and manifests of another model or format version are refused.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use larder_engine::{Engine, ExpertMode, LoadOptions};
-use larder_store::pack::{pack, DriveSpec};
-use larder_store::{IoKind, IoOptions, Manifest, StoreOptions};
+use larder_engine::{Engine, LoadOptions};
+use larder_store::Manifest;
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
+mod common;
+use common::{drive_dirs, fixture, pack_store, pread_streaming, scratch_dir};
 
+/// The fixture `model` packed into a fresh store, its layer files over
+/// `drives` drive folders.
 fn packed(name: &str, model: &str, drives: usize) -> PathBuf {
-    let out = std::env::temp_dir().join(format!("larder-store-errors-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&out);
-    std::fs::create_dir_all(&out).unwrap();
-    let specs: Vec<DriveSpec> = (0..drives)
-        .map(|d| {
-            let dir = out.join(format!("ssd{d}"));
-            std::fs::create_dir_all(&dir).unwrap();
-            DriveSpec { dir, gbps: Some(1.0) }
-        })
-        .collect();
+    let out = scratch_dir(&format!("store-errors-{name}"));
     let store = out.join("store");
-    let src = larder_engine::pack::pack_source(&fixture(model)).unwrap();
-    pack(&src, &store, &specs, &mut |_| {}).unwrap();
+    pack_store(&fixture(model), &store, &drive_dirs(&out, drives, |_| 1.0));
     store
 }
 
 fn opts(verify: bool) -> LoadOptions {
-    LoadOptions {
-        experts: ExpertMode::Stream(StoreOptions {
-            io: IoOptions {
-                kind: IoKind::Pread,
-                direct: false,
-                depth: 2,
-            },
-            ram_budget: 0,
-            verify,
-            prefetch_threads: 0,
-        }),
-    }
+    pread_streaming(2, 0, verify)
 }
 
 const IDS: &[u32] = &[5, 17, 42, 99, 3, 250, 7, 1];
@@ -141,12 +120,8 @@ fn pack_resumes_finished_layers() {
     let e = &m.layers[2].experts[0];
     std::fs::remove_file(m.drive_dir(&store, 0).join(&e.file)).unwrap();
     std::fs::remove_file(store.join("manifest.json")).unwrap();
-    let src = larder_engine::pack::pack_source(&fixture("qwen3_moe_tiny")).unwrap();
-    let same = [DriveSpec {
-        dir: store.parent().unwrap().join("ssd0"),
-        gbps: Some(1.0),
-    }];
-    let report = pack(&src, &store, &same, &mut |_| {}).unwrap();
+    let same = drive_dirs(store.parent().unwrap(), 1, |_| 1.0);
+    let report = pack_store(&fixture("qwen3_moe_tiny"), &store, &same);
     assert_eq!(report.resumed_layers, m.layers.len() - 1);
     assert_eq!(report.rewritten_records, 0);
     assert_eq!(Manifest::read(&store).unwrap(), m, "the resumed store equals the original");

@@ -8,18 +8,13 @@
 use std::path::{Path, PathBuf};
 
 use larder_engine::{Engine, ExpertMode, GenerateOptions, LoadOptions};
-use larder_store::pack::{pack, DriveSpec};
 use larder_store::{IoKind, IoOptions, StoreOptions};
 
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
+mod common;
+use common::{drive_dirs, fixture, pack_store, scratch_dir};
 
 fn temp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("larder-streaming-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    scratch_dir(&format!("streaming-{name}"))
 }
 
 const PROMPT: &[u32] = &[262, 406, 39, 423, 313, 87, 465, 12, 99, 7];
@@ -117,18 +112,12 @@ fn direct_and_packed_streaming_are_bit_identical_to_in_ram() {
         for drives in 1..=3usize {
             let out = temp(&format!("{name}-{drives}"));
             let store = out.join("store");
-            let specs: Vec<DriveSpec> = (0..drives)
-                .map(|d| {
-                    let dir = out.join(format!("ssd{d}"));
-                    std::fs::create_dir_all(&dir).unwrap();
-                    DriveSpec {
-                        dir,
-                        gbps: Some(1.0 + d as f64),
-                    }
-                })
-                .collect();
-            let src = larder_engine::pack::pack_source(&model).unwrap();
-            let report = pack(&src, &store, if drives == 1 { &[] } else { &specs }, &mut |_| {}).unwrap();
+            let specs = if drives == 1 {
+                Vec::new()
+            } else {
+                drive_dirs(&out, drives, |d| 1.0 + d as f64)
+            };
+            let report = pack_store(&model, &store, &specs);
             assert_eq!(report.resumed_layers, 0);
             // The store loads on its own (default: everything cached) ...
             let packed = outcome(&Engine::load(&store).unwrap());

@@ -12,13 +12,11 @@
 
 use std::path::PathBuf;
 
-use larder_engine::{Engine, ExpertMode, GenerateOptions, LoadOptions};
+use larder_engine::{Engine, GenerateOptions, LoadOptions};
 use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleSpec};
-use larder_store::pack::pack;
-use larder_store::{IoKind, IoOptions, StoreOptions};
 
 mod common;
-use common::smollm2_checkpoint as checkpoint;
+use common::{pack_store, pread_streaming, smollm2_checkpoint as checkpoint};
 
 /// A scratch folder removed when dropped (also when the test fails).
 struct Scratch(PathBuf);
@@ -45,18 +43,7 @@ fn continuation(engine: &Engine) -> (Vec<u32>, Vec<f32>) {
 }
 
 fn streaming(budget: u64) -> LoadOptions {
-    LoadOptions {
-        experts: ExpertMode::Stream(StoreOptions {
-            io: IoOptions {
-                kind: IoKind::Pread,
-                direct: false,
-                depth: 4,
-            },
-            ram_budget: budget,
-            verify: true,
-            prefetch_threads: 0,
-        }),
-    }
+    pread_streaming(4, budget, true)
 }
 
 #[test]
@@ -108,8 +95,7 @@ fn upcycled_smollm2_says_what_the_dense_model_says() {
 
     // (c) streamed from a packed store.
     let store = scratch.0.join("store");
-    let src = larder_engine::pack::pack_source(&moe).unwrap();
-    pack(&src, &store, &[], &mut |_| {}).unwrap();
+    pack_store(&moe, &store, &[]);
     std::fs::remove_dir_all(&moe).unwrap();
     let engine = Engine::load_with(&store, &streaming(budget)).unwrap();
     assert_eq!(continuation(&engine).0, want, "packed store, budget {budget}");

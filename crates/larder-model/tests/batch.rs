@@ -67,6 +67,27 @@ fn bits(m: &Mat) -> Vec<u32> {
     m.as_slice().iter().map(|v| v.to_bits()).collect()
 }
 
+/// One `forward_batch`: sequence `i` runs `inputs[i]`'s ids on `states[i]`,
+/// wanting `inputs[i]`'s rows.
+fn run_batch<'a>(
+    model: &DecoderModel,
+    inputs: impl IntoIterator<Item = (&'a [u32], Wanted)>,
+    states: &mut [SequenceState],
+    trace: Option<&mut RouteTrace>,
+) -> Result<Vec<Mat>, ModelError> {
+    let mut seqs: Vec<BatchSeq> = inputs
+        .into_iter()
+        .zip(states.iter_mut())
+        .map(|((ids, wanted), state)| BatchSeq::new(ids, state, wanted))
+        .collect();
+    model.forward_batch(&mut seqs, trace)
+}
+
+/// Each case's batched ids and wanted rows.
+fn inputs<'a>(cases: impl IntoIterator<Item = &'a Case>) -> impl Iterator<Item = (&'a [u32], Wanted)> {
+    cases.into_iter().map(|c| (c.next.as_slice(), c.wanted))
+}
+
 /// The state after `case.prefix`.
 fn prepared(model: &DecoderModel, case: &Case) -> SequenceState {
     let mut s = model.new_state();
@@ -98,12 +119,7 @@ fn alone(model: &DecoderModel, cases: &[Case]) -> Vec<(Mat, RouteTrace, Sequence
 fn batched(model: &DecoderModel, cases: &[Case], order: &[usize]) -> (Vec<Mat>, Vec<SequenceState>, RouteTrace) {
     let mut states: Vec<SequenceState> = order.iter().map(|&i| prepared(model, &cases[i])).collect();
     let mut trace = RouteTrace::default();
-    let mut seqs: Vec<BatchSeq> = order
-        .iter()
-        .zip(states.iter_mut())
-        .map(|(&i, s)| BatchSeq::new(&cases[i].next, s, cases[i].wanted))
-        .collect();
-    let out = model.forward_batch(&mut seqs, Some(&mut trace)).unwrap();
+    let out = run_batch(model, inputs(order.iter().map(|&i| &cases[i])), &mut states, Some(&mut trace)).unwrap();
     (out, states, trace)
 }
 
@@ -126,12 +142,8 @@ fn check_batches(name: &str, model: &DecoderModel, reference: &DecoderModel) {
         }
         // One more decode step for all, each one token: still as alone.
         let step: Vec<Vec<u32>> = order.iter().map(|&i| ids(10 + i as u32, 1, vocab)).collect();
-        let mut seqs: Vec<BatchSeq> = step
-            .iter()
-            .zip(states.iter_mut())
-            .map(|(t, s)| BatchSeq::new(t, s, Wanted::Last))
-            .collect();
-        let out = model.forward_batch(&mut seqs, None).unwrap();
+        let last = step.iter().map(|t| (t.as_slice(), Wanted::Last));
+        let out = run_batch(model, last, &mut states, None).unwrap();
         for (k, &i) in order.iter().enumerate() {
             let mut s = want[i].2.clone();
             let one = reference.forward_last(&step[k], &mut s, None).unwrap();
@@ -151,13 +163,21 @@ fn batched_sequences_are_bit_identical_to_each_alone() {
 }
 
 /// In-RAM experts handed back in reverse order (as a streaming provider may,
-/// by arrival), recording every request.
-struct ReversedExperts {
+/// by arrival), recording every request; with a `fault`, its layer fails.
+struct TestExperts {
     inner: InMemoryExperts,
     requests: Mutex<Vec<(usize, Vec<usize>)>>,
+    fault: Option<Fault>,
 }
 
-impl ExpertProvider for ReversedExperts {
+/// A layer that fails: an error from the provider, or NaN weights
+/// (non-finite values in every row of that layer) when `nan` is given.
+struct Fault {
+    layer: usize,
+    nan: Option<Mlp>,
+}
+
+impl ExpertProvider for TestExperts {
     fn with_experts(
         &self,
         layer: usize,
@@ -165,9 +185,15 @@ impl ExpertProvider for ReversedExperts {
         run: &mut dyn FnMut(usize, &Mlp) -> Result<(), ModelError>,
     ) -> Result<(), ModelError> {
         self.requests.lock().unwrap().push((layer, ids.to_vec()));
-        let rev: Vec<usize> = ids.iter().rev().copied().collect();
-        let n = ids.len();
-        self.inner.with_experts(layer, &rev, &mut |j, mlp| run(n - 1 - j, mlp))
+        match &self.fault {
+            Some(Fault { layer: l, nan: None }) if *l == layer => Err(ModelError::Experts("injected read failure".into())),
+            Some(Fault { layer: l, nan: Some(nan) }) if *l == layer => (0..ids.len()).try_for_each(|i| run(i, nan)),
+            _ => {
+                let rev: Vec<usize> = ids.iter().rev().copied().collect();
+                let n = ids.len();
+                self.inner.with_experts(layer, &rev, &mut |j, mlp| run(n - 1 - j, mlp))
+            }
+        }
     }
 
     fn wants_prefetch(&self) -> bool {
@@ -191,10 +217,11 @@ fn expert_layers_of(dir: &Path, reference: &DecoderModel) -> Vec<Vec<Arc<Mlp>>> 
     layers
 }
 
-fn reversed_experts(dir: &Path, reference: &DecoderModel) -> Arc<ReversedExperts> {
-    Arc::new(ReversedExperts {
+fn test_experts(dir: &Path, reference: &DecoderModel, fault: Option<Fault>) -> Arc<TestExperts> {
+    Arc::new(TestExperts {
         inner: InMemoryExperts::new(expert_layers_of(dir, reference)),
         requests: Mutex::new(Vec::new()),
+        fault,
     })
 }
 
@@ -203,7 +230,7 @@ fn a_provider_returning_experts_out_of_order_gives_the_same_bits_with_one_reques
     for name in FIXTURES {
         let dir = fixture_dir(name);
         let reference = load_model(&dir, None).unwrap();
-        let experts = reversed_experts(&dir, &reference);
+        let experts = test_experts(&dir, &reference, None);
         let model = load_model(&dir, Some(experts.clone())).unwrap();
         check_batches(name, &model, &reference);
 
@@ -212,12 +239,7 @@ fn a_provider_returning_experts_out_of_order_gives_the_same_bits_with_one_reques
         let mut states: Vec<SequenceState> = cases.iter().map(|c| prepared(&model, c)).collect();
         experts.requests.lock().unwrap().clear();
         let mut trace = RouteTrace::default();
-        let mut seqs: Vec<BatchSeq> = cases
-            .iter()
-            .zip(states.iter_mut())
-            .map(|(c, s)| BatchSeq::new(&c.next, s, c.wanted))
-            .collect();
-        model.forward_batch(&mut seqs, Some(&mut trace)).unwrap();
+        run_batch(&model, inputs(&cases), &mut states, Some(&mut trace)).unwrap();
         let requests = experts.requests.lock().unwrap().clone();
         assert_eq!(requests.len(), trace.layers.len(), "{name}: one request per MoE layer");
         for (layer, ids) in requests {
@@ -282,12 +304,8 @@ fn rollback_snapshot_restore_and_clear() {
 /// state as it was.
 fn expect_failure(model: &DecoderModel, inputs: &[Vec<u32>], states: &mut [SequenceState], index: usize) -> ModelError {
     let before: Vec<(usize, usize)> = states.iter().map(|s| (s.len(), s.bytes())).collect();
-    let mut seqs: Vec<BatchSeq> = inputs
-        .iter()
-        .zip(states.iter_mut())
-        .map(|(t, s)| BatchSeq::new(t, s, Wanted::Last))
-        .collect();
-    let e = model.forward_batch(&mut seqs, None).unwrap_err();
+    let last = inputs.iter().map(|t| (t.as_slice(), Wanted::Last));
+    let e = run_batch(model, last, states, None).unwrap_err();
     match &e {
         ModelError::Sequence { index: i, .. } => assert_eq!(*i, index, "{e}"),
         other => panic!("expected an error naming sequence {index}, got {other}"),
@@ -330,40 +348,11 @@ fn bad_input_names_the_sequence_and_leaves_every_state_unchanged() {
 
     // The states still give the logits they would have.
     let want = alone(&model, &cases[..2]);
-    let mut seqs: Vec<BatchSeq> = good[..2]
-        .iter()
-        .zip(mixed.iter_mut())
-        .enumerate()
-        .map(|(i, (t, s))| BatchSeq::new(t, s, cases[i].wanted))
-        .collect();
-    let out = model.forward_batch(&mut seqs, None).unwrap();
+    let out = run_batch(&model, inputs(&cases[..2]), &mut mixed, None).unwrap();
     for i in 0..2 {
         assert_eq!(bits(&out[i]), bits(&want[i].0), "sequence {i} after failed batches");
     }
     assert!(model.forward_batch(&mut [], None).unwrap().is_empty());
-}
-
-/// Experts whose layer `layer` fails: an error from the provider, or NaN
-/// weights (non-finite values in every row of that layer).
-struct FaultyExperts {
-    inner: InMemoryExperts,
-    layer: usize,
-    nan: Option<Mlp>,
-}
-
-impl ExpertProvider for FaultyExperts {
-    fn with_experts(
-        &self,
-        layer: usize,
-        ids: &[usize],
-        run: &mut dyn FnMut(usize, &Mlp) -> Result<(), ModelError>,
-    ) -> Result<(), ModelError> {
-        match (&self.nan, layer == self.layer) {
-            (_, false) => self.inner.with_experts(layer, ids, run),
-            (None, true) => Err(ModelError::Experts("injected read failure".into())),
-            (Some(nan), true) => (0..ids.len()).try_for_each(|i| run(i, nan)),
-        }
-    }
 }
 
 #[test]
@@ -378,20 +367,14 @@ fn a_failure_mid_pass_leaves_every_state_unchanged() {
     let cases = cases(spec.vocab_size as u32);
     let want = alone(&reference, &cases);
     for poisoned in [false, true] {
-        let experts = FaultyExperts {
-            inner: InMemoryExperts::new(expert_layers_of(&dir, &reference)),
+        let fault = Fault {
             layer,
             nan: poisoned.then(|| Mlp::new("nan", nan(g.shape), nan(g.shape), nan(d.shape)).unwrap()),
         };
-        let model = load_model(&dir, Some(Arc::new(experts))).unwrap();
+        let model = load_model(&dir, Some(test_experts(&dir, &reference, Some(fault)))).unwrap();
         let mut states: Vec<SequenceState> = cases.iter().map(|c| prepared(&reference, c)).collect();
         let before: Vec<(usize, usize)> = states.iter().map(|s| (s.len(), s.bytes())).collect();
-        let mut seqs: Vec<BatchSeq> = cases
-            .iter()
-            .zip(states.iter_mut())
-            .map(|(c, s)| BatchSeq::new(&c.next, s, c.wanted))
-            .collect();
-        let e = model.forward_batch(&mut seqs, None).unwrap_err();
+        let e = run_batch(&model, inputs(&cases), &mut states, None).unwrap_err();
         match (&e, poisoned) {
             (ModelError::Experts(m), false) => assert!(m.contains("injected"), "{e}"),
             (ModelError::Sequence { index: 0, source }, true) => {
