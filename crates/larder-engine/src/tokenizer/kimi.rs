@@ -336,3 +336,36 @@ fn file_error(path: &Path, message: String) -> EngineError {
         message,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run_chars(text: &str) -> Vec<usize> {
+        kimi_runs(text).iter().map(|run| run.chars().count()).collect()
+    }
+
+    /// Run lengths Kimi's split gives for the same texts in Python 3.11.
+    #[test]
+    fn runs_are_cut_as_kimis_split_cuts_them() {
+        assert_eq!(run_chars(""), vec![0]);
+        assert_eq!(run_chars(&"a".repeat(25_001)), vec![25_000, 1]);
+        // U+001C..U+001F are whitespace to Python's str.isspace.
+        assert_eq!(run_chars(&"\u{1c}".repeat(25_001)), vec![25_000, 1]);
+        assert_eq!(run_chars(&(" ".repeat(25_000) + "\u{1c}")), vec![25_000, 1]);
+        // A change of kind restarts the count but does not cut; each
+        // 400,000-character chunk is cut on its own.
+        let text = "a".repeat(399_999) + " " + &"b".repeat(25_001);
+        let mut want = vec![25_000; 17];
+        want.push(1);
+        assert_eq!(run_chars(&text), want);
+    }
+
+    #[test]
+    fn byte_level_alphabet_is_gpt2s() {
+        assert_eq!(byte_level(b" the\n"), "\u{120}the\u{10a}");
+        assert_eq!(byte_of_char('\u{120}'), Some(b' '));
+        assert_eq!(byte_of_char('a'), Some(b'a'));
+        assert_eq!(byte_of_char('\u{4e00}'), None);
+    }
+}
