@@ -6,14 +6,15 @@ use std::path::{Path, PathBuf};
 
 mod common;
 
-use common::{fails, larder, ok_json};
+use common::{fails, larder, ok_json, post, served_address};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// The fixture with a tokenizer and chat template these tests use.
 fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tok")
+    common::fixture("qwen3_moe_tok")
 }
 
 /// A copy of the tiny fixture checkpoint in `dir`.
@@ -25,6 +26,13 @@ fn copy_fixture(dir: &Path) -> PathBuf {
         std::fs::copy(entry.path(), model.join(entry.file_name())).unwrap();
     }
     model
+}
+
+/// The fixture packed by `larder pack` into `dir/store`.
+fn packed_fixture(dir: &Path) -> PathBuf {
+    let store = dir.join("store");
+    ok_json(&["pack", "--model", s(&fixture()), "--out", s(&store), "--json"]);
+    store
 }
 
 /// The first phrase of at least 12 characters that appears twice in `text`,
@@ -53,6 +61,13 @@ fn says_once(err: &str) {
     }
 }
 
+/// Runs larder expecting a clean failure whose message says each thing once; returns stderr.
+fn fails_saying_once(args: &[&str]) -> String {
+    let err = fails(args);
+    says_once(&err);
+    err
+}
+
 #[test]
 fn repeated_phrase_finds_repeats() {
     assert!(repeated_phrase("x: model folder not found: model folder not found").is_some());
@@ -64,8 +79,7 @@ fn repeated_phrase_finds_repeats() {
 fn missing_model_folder_is_said_once_with_its_path() {
     let tmp = tempfile::tempdir().unwrap();
     let missing = tmp.path().join("no-such-model");
-    let err = fails(&["run", "--model", s(&missing), "--prompt", "hi"]);
-    says_once(&err);
+    let err = fails_saying_once(&["run", "--model", s(&missing), "--prompt", "hi"]);
     assert!(err.contains(s(&missing)), "{err}");
     assert!(err.contains("not found"), "{err}");
 }
@@ -73,13 +87,11 @@ fn missing_model_folder_is_said_once_with_its_path() {
 #[test]
 fn missing_file_inside_a_store_is_said_once_with_its_path() {
     let tmp = tempfile::tempdir().unwrap();
-    let store = tmp.path().join("store");
-    ok_json(&["pack", "--model", s(&fixture()), "--out", s(&store), "--json"]);
+    let store = packed_fixture(tmp.path());
     let spine = store.join("spine.safetensors");
     assert!(spine.exists(), "the store has no {}", spine.display());
     std::fs::remove_file(&spine).unwrap();
-    let err = fails(&["run", "--model", s(&store), "--ids", "1,2", "--max-new", "1"]);
-    says_once(&err);
+    let err = fails_saying_once(&["run", "--model", s(&store), "--ids", "1,2", "--max-new", "1"]);
     assert!(err.contains("spine.safetensors"), "{err}");
 }
 
@@ -108,8 +120,7 @@ fn a_broken_chat_template_only_stops_chats() {
     let doc = ok_json(&["run", "--model", s(&model), "--prompt", "Hello", "--max-new", "2", "--json"]);
     assert_eq!(doc["stats"]["new_tokens"], 2);
 
-    let err = fails(&["run", "--model", s(&model), "--chat", "--prompt", "Hello", "--max-new", "2"]);
-    says_once(&err);
+    let err = fails_saying_once(&["run", "--model", s(&model), "--chat", "--prompt", "Hello", "--max-new", "2"]);
     assert!(err.contains(s(&config)), "the error names the template's file: {err}");
     assert!(err.contains("chat template"), "{err}");
 }
@@ -117,8 +128,7 @@ fn a_broken_chat_template_only_stops_chats() {
 #[test]
 fn a_chat_template_edited_inside_a_store_is_refused_at_load() {
     let tmp = tempfile::tempdir().unwrap();
-    let store = tmp.path().join("store");
-    ok_json(&["pack", "--model", s(&fixture()), "--out", s(&store), "--json"]);
+    let store = packed_fixture(tmp.path());
     break_template(&store);
     let err = fails(&["run", "--model", s(&store), "--prompt", "Hello", "--max-new", "1"]);
     assert!(err.contains("tokenizer_config.json"), "{err}");
@@ -241,21 +251,6 @@ fn lines_until(lines: &std::sync::mpsc::Receiver<String>, what: &str) -> Vec<Str
     seen
 }
 
-/// POSTs `body` to `path`; returns the whole reply.
-fn post(addr: &str, path: &str, body: &str) -> String {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    reply
-}
-
 #[test]
 fn serve_says_when_it_is_ready_and_a_broken_template_only_stops_chats() {
     let tmp = tempfile::tempdir().unwrap();
@@ -264,12 +259,7 @@ fn serve_says_when_it_is_ready_and_a_broken_template_only_stops_chats() {
     let (mut child, lines) = spawn_serve(&["--model", s(&model)]);
     let seen = lines_until(&lines, "ready");
     let ready = seen.last().unwrap().clone();
-    let addr = ready
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or("")
-        .to_string();
+    let addr = served_address(&ready);
     let completion = post(
         &addr,
         "/v1/completions",

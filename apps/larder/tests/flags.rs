@@ -5,16 +5,12 @@
 //! `forward` with an error naming the layer; a `--ram-budget` smaller than
 //! one expert record is refused (0, no cache, is accepted).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 mod common;
 
-use common::{fails, larder, ok_json};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
+use common::{fails, fixture, larder, ok_json};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -28,6 +24,13 @@ fn refused(args: &[&str], flag: &str) {
         err.contains("out of range") || err.contains("use "),
         "larder {args:?}: no range in: {err}"
     );
+}
+
+/// `larder run --model M --ids 1,2 --max-new 2 EXTRA --json` succeeds with 2 new ids.
+fn runs_two_tokens(m: &str, extra: &[&str]) {
+    let args = [&["run", "--model", m, "--ids", "1,2", "--max-new", "2"][..], extra, &["--json"]].concat();
+    let v = ok_json(&args);
+    assert_eq!(v["ids"].as_array().unwrap().len(), 2, "larder {args:?}");
 }
 
 #[test]
@@ -54,38 +57,8 @@ fn model_flags_out_of_range_are_refused_naming_the_flag() {
     }
     refused(&["forward", "--model", m, "--ids", "1,2", "--top", "0"], "--top");
     // The ends of the ranges run.
-    let v = ok_json(&[
-        "run",
-        "--model",
-        m,
-        "--ids",
-        "1,2",
-        "--max-new",
-        "2",
-        "--ram-budget",
-        "0",
-        "--io-depth",
-        "256",
-        "--prefetch",
-        "64",
-        "--json",
-    ]);
-    assert_eq!(v["ids"].as_array().unwrap().len(), 2);
-    let v = ok_json(&[
-        "run",
-        "--model",
-        m,
-        "--ids",
-        "1,2",
-        "--max-new",
-        "2",
-        "--io-depth",
-        "1",
-        "--prefetch",
-        "0",
-        "--json",
-    ]);
-    assert_eq!(v["ids"].as_array().unwrap().len(), 2);
+    runs_two_tokens(m, &["--ram-budget", "0", "--io-depth", "256", "--prefetch", "64"]);
+    runs_two_tokens(m, &["--io-depth", "1", "--prefetch", "0"]);
 }
 
 #[test]
@@ -254,20 +227,6 @@ fn ram_budget_below_one_record_is_refused_and_zero_means_no_cache() {
     let below = (smallest.parse::<u64>().unwrap() - 1).to_string();
     fails(&["run", "--model", m, "--ids", "1,2", "--ram-budget", &below, "--io", "pread"]);
     for budget in ["0", smallest.as_str()] {
-        let v = ok_json(&[
-            "run",
-            "--model",
-            m,
-            "--ids",
-            "1,2",
-            "--max-new",
-            "2",
-            "--ram-budget",
-            budget,
-            "--io",
-            "pread",
-            "--json",
-        ]);
-        assert_eq!(v["ids"].as_array().unwrap().len(), 2, "--ram-budget {budget}");
+        runs_two_tokens(m, &["--ram-budget", budget, "--io", "pread"]);
     }
 }

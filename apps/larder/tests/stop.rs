@@ -6,18 +6,13 @@
 //! `larder serve --draft ngram` answers a request with a stop string with
 //! the same text as `larder run --stop`.
 
-use std::io::{BufRead, BufReader, Read, Write};
-use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::io::{BufRead, BufReader};
+use std::path::Path;
 use std::process::{Command, Stdio};
 
 mod common;
 
-use common::{fails, larder, ok_json};
-
-fn fixture(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
-}
+use common::{fails, fixture, larder, ok_json, post, served_address};
 
 #[test]
 fn run_stops_at_stop_strings() {
@@ -83,16 +78,8 @@ fn stop_needs_a_tokenizer_and_a_non_empty_string() {
 }
 
 /// POSTs `body` to `path`; returns the reply's JSON body.
-fn post(addr: &str, path: &str, body: &str) -> serde_json::Value {
-    let mut s = TcpStream::connect(addr).unwrap();
-    write!(
-        s,
-        "POST {path} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
+fn post_json(addr: &str, path: &str, body: &str) -> serde_json::Value {
+    let reply = post(addr, path, body);
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply}");
     // The body may be chunked: the JSON document is from its first `{` to its last `}`.
     let body = reply.split("\r\n\r\n").nth(1).unwrap_or("");
@@ -134,17 +121,12 @@ fn serve_with_a_drafter_stops_like_run() {
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines().map_while(Result::ok);
     let ready = lines.find(|l| l.contains("ready")).unwrap_or_default();
     assert!(ready.contains("drafting with ngram"), "{ready}");
-    let addr = ready
-        .split("http://")
-        .nth(1)
-        .and_then(|r| r.split_whitespace().next())
-        .unwrap_or("")
-        .to_string();
+    let addr = served_address(&ready);
     let body = serde_json::json!({
         "model": "qwen3_moe_tok", "prompt": prompt, "max_tokens": 16, "temperature": 0,
         "ignore_eos": true, "stop": [stop],
     });
-    let reply = std::panic::catch_unwind(|| post(&addr, "/v1/completions", &body.to_string()));
+    let reply = std::panic::catch_unwind(|| post_json(&addr, "/v1/completions", &body.to_string()));
     let _ = child.kill();
     let _ = child.wait();
     let reply = reply.unwrap();
