@@ -11,7 +11,7 @@ use larder_model::load_model;
 use larder_spec::{Drafter, ModelDrafter, NgramDrafter, SpecError};
 
 mod common;
-use common::fixture;
+use common::{fixture, pread_streaming};
 
 fn opts(max_new: usize) -> GenerateOptions {
     GenerateOptions {
@@ -75,28 +75,11 @@ fn greedy_output_is_identical_for_every_drafter() {
 
 #[test]
 fn self_draft_over_a_small_expert_cache_keeps_the_output_exact() {
-    use larder_engine::{ExpertMode, LoadOptions};
-    use larder_store::{IoKind, IoOptions, StoreOptions};
     for name in ["qwen3_moe_tiny", "deepseek_v3_tiny"] {
         let in_ram = Engine::load(&fixture(name)).unwrap();
         let plain = in_ram.generate(PROMPT, &opts(24), &mut |_| true).unwrap();
         for budget in [0u64, 40_000, 200_000] {
-            let streamed = Engine::load_with(
-                &fixture(name),
-                &LoadOptions {
-                    experts: ExpertMode::Stream(StoreOptions {
-                        io: IoOptions {
-                            kind: IoKind::Pread,
-                            direct: false,
-                            depth: 2,
-                        },
-                        ram_budget: budget,
-                        verify: true,
-                        prefetch_threads: 0,
-                    }),
-                },
-            )
-            .unwrap();
+            let streamed = Engine::load_with(&fixture(name), &pread_streaming(2, budget, true)).unwrap();
             let mut d = ModelDrafter::self_draft(streamed.shared_model());
             let got = streamed.generate_with_drafter(PROMPT, &opts(24), &mut d, &mut |_| true).unwrap();
             assert_eq!(got.ids, plain.ids, "{name} budget {budget}");
