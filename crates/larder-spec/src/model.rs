@@ -1,5 +1,5 @@
 //! A draft model: any checkpoint larder can run that shares the target's
-//! vocabulary, kept in RAM with its own KV cache; or the **target itself**
+//! vocabulary, kept in RAM with its own sequence state; or the **target itself**
 //! in its cache-resident mode (every MoE layer uses only experts already in
 //! RAM, router weights rescaled over them: drafting costs no expert I/O).
 //! It drafts greedily; its state follows the context: before each guess it
