@@ -124,12 +124,10 @@ impl Engine {
         }))
     }
 
-    /// A draft model must tokenize like the target: same tokenizer.json
-    /// vocabulary when both have one.
+    /// A draft model must tokenize like the target: the same vocabulary when
+    /// both have a tokenizer (tokenizer.json or tiktoken.model, either form).
     fn check_same_vocabulary(&self, dir: &Path) -> Result<(), EngineError> {
-        let path = dir.join("tokenizer.json");
-        if let (true, Ok(target)) = (path.exists(), self.tokenizer()) {
-            let draft = TextTokenizer::from_file(&path)?;
+        if let (Ok(target), Some(draft)) = (self.tokenizer(), TextTokenizer::from_dir(dir)?) {
             if draft.vocab() != target.vocab() {
                 return Err(EngineError::Draft {
                     dir: dir.to_path_buf(),

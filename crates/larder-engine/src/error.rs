@@ -23,7 +23,7 @@ pub enum EngineError {
     File { path: PathBuf, message: String },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
-    #[error("{dir}: no tokenizer.json, so text prompts cannot be tokenized (pass --ids instead)")]
+    #[error("{dir}: no tokenizer (tokenizer.json, or tiktoken.model with tokenizer_config.json), so text prompts cannot be tokenized (pass --ids instead)")]
     NoTokenizer { dir: PathBuf },
     #[error("{dir}: tokenizer_config.json has no chat_template, so --chat cannot be used")]
     NoChatTemplate { dir: PathBuf },

@@ -19,6 +19,7 @@ pub const CARRIED_FILES: &[&str] = &[
     "config.json",
     "generation_config.json",
     "tokenizer.json",
+    "tiktoken.model",
     "tokenizer_config.json",
     "special_tokens_map.json",
     "chat_template.jinja",

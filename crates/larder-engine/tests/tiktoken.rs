@@ -5,6 +5,8 @@
 //! must round-trip, a checkpoint with this form must work through the engine,
 //! and every malformed file must be refused naming its file and line.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 
 use larder_engine::{ChatMessage, Engine, GenerateOptions, StreamDecoder, TextTokenizer};
@@ -140,6 +142,36 @@ fn engine_loads_the_tiktoken_form_for_prompts_chats_and_decoding() {
     let text = engine.decode(&generated.ids).unwrap();
     assert_eq!(text, engine.tokenizer().unwrap().decode(&generated.ids, true).unwrap());
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_packed_store_carries_the_tiktoken_form_and_a_draft_model_is_checked_by_it() {
+    let r = reference();
+    let dir = kimi_checkpoint("pack");
+    let store = common::scratch_dir("tiktoken-pack").join("store");
+    common::pack_store(&dir, &store, &[]);
+    assert!(store.join("tiktoken.model").is_file(), "pack must carry tiktoken.model");
+    let engine = Engine::load_with(&store, &common::pread_streaming(2, 0, true)).unwrap();
+    let case = r["cases"].as_array().unwrap().iter().find(|c| c["name"] == "cjk_han").unwrap();
+    assert_eq!(engine.encode_prompt(case["text"].as_str().unwrap()).unwrap(), ids(&case["ids"]));
+
+    // A draft model whose rank file differs (two tokens' ranks swapped) is refused.
+    let draft = kimi_checkpoint("draft");
+    let text = std::fs::read_to_string(draft.join("tiktoken.model")).unwrap();
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let token = |l: &str| l.split(' ').next().unwrap().to_string();
+    let (t0, t1) = (token(&lines[0]), token(&lines[1]));
+    (lines[0], lines[1]) = (format!("{t1} 0"), format!("{t0} 1"));
+    std::fs::write(draft.join("tiktoken.model"), lines.join("\n") + "\n").unwrap();
+    let err = engine
+        .drafting(&larder_engine::DrafterChoice::DraftModel { dir: draft.clone() })
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("vocabulary"), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&draft).unwrap();
+    std::fs::remove_dir_all(store.parent().unwrap()).unwrap();
 }
 
 // ---- bad input: every fault names its file and line ----

@@ -211,7 +211,7 @@ fn prompt_error(e: &EngineError) -> ApiError {
             tracing::warn!("refused a text request: {e}");
             ApiError::invalid(
                 "prompt",
-                "this model has no tokenizer.json, so text prompts and chats cannot be served; \
+                "this model has no tokenizer (tokenizer.json or tiktoken.model), so text prompts and chats cannot be served; \
                  send token ids as `prompt` to /v1/completions",
             )
         }

@@ -104,11 +104,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if tok.is_none() {
         if !args.stop.is_empty() {
             bail!(
-                "--stop needs text, but {} has no tokenizer.json; leave out --stop",
+                "--stop needs text, but {} has no tokenizer (tokenizer.json or tiktoken.model); leave out --stop",
                 args.model.display()
             );
         }
-        tracing::info!("{} has no tokenizer.json: printing token ids instead of text", args.model.display());
+        tracing::info!(
+            "{} has no tokenizer (tokenizer.json or tiktoken.model): printing token ids instead of text",
+            args.model.display()
+        );
     }
 
     let mut stdout = std::io::stdout().lock();
