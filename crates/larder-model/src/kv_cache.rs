@@ -7,7 +7,7 @@
 //! now [`SequenceState`], with `truncate` and `DecoderModel::new_cache` kept
 //! as thin wrappers until every caller moves over.
 
-use crate::state::{LayerState, SequenceState};
+use crate::state::SequenceState;
 
 /// Keys and values of one layer: `len` positions of `k_dim` key floats and
 /// `v_dim` value floats each (equal for GQA; MLA's differ).
@@ -75,16 +75,17 @@ impl KvLayer {
 pub type KvCache = SequenceState;
 
 impl SequenceState {
-    /// Transitional: use [`SequenceState::rollback`]. Keeps the first `len`
-    /// positions; a `len` at or beyond the current length changes nothing.
+    /// Transitional: use [`SequenceState::rollback`] (or, for models with
+    /// recurrent layers, [`SequenceState::restore`]). Keeps the first `len`
+    /// positions; a `len` at or beyond the current length changes nothing. A
+    /// recurrent layer cannot truncate: the state is then marked unusable and
+    /// its next forward pass is an error saying so (until `clear` or
+    /// `restore`), never a silently wrong result.
     pub fn truncate(&mut self, len: usize) {
         if len < self.len() {
-            for layer in self.layers_mut() {
-                match layer {
-                    LayerState::Kv(kv) => kv.truncate(len),
-                }
+            if let Err(e) = self.rollback(len) {
+                self.set_unusable(format!("truncated without a snapshot: {e}"));
             }
-            self.set_len(len);
         }
     }
 }
