@@ -45,6 +45,22 @@ impl Mixer {
         }
     }
 
+    /// Whether `state` is this mixer's kind of state, with its widths.
+    pub fn fits(&self, state: &LayerState) -> bool {
+        match (self, state) {
+            (Mixer::Gqa(a), LayerState::Kv(kv)) => {
+                let d = a.num_kv_heads * a.head_dim;
+                kv.dims() == (d, d)
+            }
+            (Mixer::Mla(a), LayerState::Kv(kv)) => kv.dims() == (a.key_dim(), a.value_dim()),
+            (Mixer::Kda(k), LayerState::Recurrent(r)) => {
+                let (heads, dim, kernel) = k.dims();
+                r.dims() == (heads, dim, 3 * heads * dim, kernel)
+            }
+            _ => false,
+        }
+    }
+
     /// An empty state for this mixer.
     pub fn new_state(&self) -> LayerState {
         match self {

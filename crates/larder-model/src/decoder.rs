@@ -213,6 +213,17 @@ impl DecoderModel {
         SequenceState::new(self.layers.iter().map(|l| l.mixer.new_state()).collect())
     }
 
+    /// Whether `state` has this model's layers and widths (made by
+    /// [`new_state`](Self::new_state) of this model or one of its shape).
+    fn fits(&self, state: &SequenceState) -> bool {
+        state.num_layers() == self.layers.len()
+            && self
+                .layers
+                .iter()
+                .enumerate()
+                .all(|(l, layer)| state.layer(l).is_some_and(|s| layer.mixer.fits(s)))
+    }
+
     /// Transitional: use [`new_state`](Self::new_state).
     pub fn new_cache(&self) -> KvCache {
         self.new_state()
@@ -304,9 +315,8 @@ impl DecoderModel {
         if seqs.is_empty() {
             return Ok(Vec::new());
         }
-        let fresh = self.new_state();
         for (i, s) in seqs.iter().enumerate() {
-            if !s.state.same_shape(&fresh) {
+            if !self.fits(s.state) {
                 let msg = "its state was made by another model (layers or widths differ); make it with new_state()";
                 return Err((Some(i), ModelError::State(msg.into())));
             }

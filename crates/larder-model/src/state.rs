@@ -54,16 +54,6 @@ impl LayerState {
         }
     }
 
-    /// Whether this layer state has the shape `other`'s has (same mixer and
-    /// widths): a state made by another model does not.
-    pub(crate) fn same_shape(&self, other: &LayerState) -> bool {
-        match (self, other) {
-            (LayerState::Kv(a), LayerState::Kv(b)) => a.dims() == b.dims(),
-            (LayerState::Recurrent(a), LayerState::Recurrent(b)) => a.dims() == b.dims(),
-            _ => false,
-        }
-    }
-
     /// Forgets every position.
     fn clear(&mut self) {
         match self {
@@ -380,11 +370,6 @@ impl SequenceState {
         for l in &mut self.layers {
             l.discard_uncommitted(len);
         }
-    }
-
-    /// Whether every layer has the shape `other`'s has (made by the same model).
-    pub(crate) fn same_shape(&self, other: &SequenceState) -> bool {
-        self.layers.len() == other.layers.len() && self.layers.iter().zip(&other.layers).all(|(a, b)| a.same_shape(b))
     }
 }
 

@@ -351,3 +351,121 @@ fn a_failed_pass_leaves_the_recurrent_state_as_it_was() {
         "{name}: after the failure"
     );
 }
+
+fn copy_fixture(name: &str, tag: &str) -> PathBuf {
+    let src = fixture_dir(name);
+    let dst = std::env::temp_dir().join(format!("larder-kimi-linear-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    dst
+}
+
+fn edit(dir: &Path, f: impl FnOnce(&mut Value)) {
+    let p = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, v.to_string()).unwrap();
+}
+
+fn load_error(dir: &Path) -> String {
+    let e = match load_model(dir, None) {
+        Ok(_) => panic!("{} should not load", dir.display()),
+        Err(e) => e.to_string(),
+    };
+    std::fs::remove_dir_all(dir).unwrap();
+    e
+}
+
+#[test]
+fn bad_configs_name_the_field_and_the_config() {
+    let lin = |key: &str, value: Value| -> (String, Value) { (format!("linear_attn_config.{key}"), value) };
+    let cases: Vec<((String, Value), &[&str])> = vec![
+        (
+            lin("kda_layers", serde_json::json!([1, 2, 3, 4, 5, 6])),
+            &["linear_attn_config.kda_layers", "layer 4", "also"],
+        ),
+        (
+            lin("kda_layers", serde_json::json!([1, 2, 3, 5])),
+            &["linear_attn_config.kda_layers", "layer 6", "neither"],
+        ),
+        (
+            lin("full_attn_layers", serde_json::json!([4, 7])),
+            &["linear_attn_config.full_attn_layers", "7", "1-based"],
+        ),
+        (
+            lin("full_attn_layers", serde_json::json!([0, 4])),
+            &["linear_attn_config.full_attn_layers", "1-based"],
+        ),
+        (
+            lin("short_conv_kernel_size", Value::from(0)),
+            &["linear_attn_config.short_conv_kernel_size", "positive"],
+        ),
+        (lin("num_heads", Value::from(-1)), &["linear_attn_config.num_heads"]),
+        (("linear_attn_config".into(), Value::from("kda")), &["linear_attn_config", "object"]),
+        (("mla_use_nope".into(), Value::from(false)), &["mla_use_nope", "false"]),
+        (("moe_layer_freq".into(), Value::from(2)), &["moe_layer_freq", "2"]),
+        (
+            ("moe_router_activation_func".into(), Value::from("softmax")),
+            &["moe_router_activation_func", "softmax"],
+        ),
+        (("tie_word_embeddings".into(), Value::from(true)), &["tie_word_embeddings"]),
+        (("attention_bias".into(), Value::from(true)), &["attention_bias"]),
+        (("num_key_value_heads".into(), Value::from(2)), &["num_key_value_heads"]),
+        (("num_expert_group".into(), Value::from(5)), &["num_expert_group"]),
+        (("topk_group".into(), Value::from(9)), &["topk_group"]),
+        (("num_experts_per_token".into(), Value::from(13)), &["num_experts_per_token"]),
+        (("hidden_act".into(), Value::from("gelu")), &["hidden_act"]),
+        (("layer_types".into(), serde_json::json!(["linear_attention"])), &["layer_types"]),
+    ];
+    for (i, ((field, value), want)) in cases.into_iter().enumerate() {
+        let dir = copy_fixture("kimi_linear_tiny", &format!("cfg{i}"));
+        edit(&dir, |v| match field.strip_prefix("linear_attn_config.") {
+            Some(key) => v["linear_attn_config"][key] = value.clone(),
+            None => v[field.as_str()] = value.clone(),
+        });
+        let msg = load_error(&dir);
+        assert!(msg.contains("config.json"), "{field}={value}: {msg}");
+        for w in want {
+            assert!(msg.contains(w), "{field}={value}: {msg} should name {w}");
+        }
+    }
+}
+
+#[test]
+fn kda_dims_that_disagree_with_the_tensors_are_named() {
+    for (i, (key, value)) in [("head_dim", 8), ("num_heads", 4), ("short_conv_kernel_size", 3)]
+        .into_iter()
+        .enumerate()
+    {
+        let dir = copy_fixture("kimi_linear_tiny", &format!("dims{i}"));
+        edit(&dir, |v| v["linear_attn_config"][key] = Value::from(value));
+        let msg = load_error(&dir);
+        for w in ["config.json", "linear_attn_config", "model.layers.0.self_attn."] {
+            assert!(msg.contains(w), "{key}={value}: {msg} should name {w}");
+        }
+    }
+}
+
+#[test]
+fn a_missing_kda_tensor_is_named() {
+    for (i, dropped) in [
+        "model.layers.1.self_attn.dt_bias",
+        "model.layers.2.self_attn.g_b_proj.weight",
+        "model.layers.4.self_attn.v_conv1d.weight",
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = copy_fixture("kimi_linear_tiny", &format!("missing{i}"));
+        let path = dir.join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let kept: Vec<_> = st.tensors().into_iter().filter(|(n, _)| n != dropped).collect();
+        std::fs::write(&path, safetensors::serialize(kept, None).unwrap()).unwrap();
+        let msg = load_error(&dir);
+        assert!(msg.contains(dropped), "{msg}");
+    }
+}
