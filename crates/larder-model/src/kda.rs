@@ -31,7 +31,10 @@
 //! prompts it is slower than transformers' chunked form (which turns a
 //! 64-token chunk into matrix products), whose rounding depends on where the
 //! chunk boundaries fall; larder gives that speed up for exactness under any
-//! chunking. Decoding one token costs the same either way.
+//! chunking. Decoding one token costs the same either way. Measured on the
+//! 2-vCPU development VM (x86-64 baseline build, one thread, H=32, D=128):
+//! 0.44 ms per token per KDA layer, so about 9 ms per prompt token for
+//! Kimi-Linear-48B's 20 KDA layers before the per-head parallelism.
 
 use larder_tensor::kernels::scalar::dot;
 use larder_tensor::ops::{rms_norm_row, sigmoid, silu};

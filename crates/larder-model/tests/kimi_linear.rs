@@ -283,6 +283,13 @@ fn snapshot_restore_is_exact_and_rollback_is_refused() {
         assert_eq!(bits(&first), bits(&third), "{name}: restore after truncate");
         s.clear();
         assert_eq!((s.len(), s.bytes()), (0, fixed), "{name}: cleared");
+
+        // A kimi_linear state on another model (and the reverse) is refused by name.
+        let other = load(if name == FIXTURES[0] { FIXTURES[1] } else { FIXTURES[0] });
+        let e = other.forward(&[1], &mut s, None).unwrap_err().to_string();
+        assert!(e.contains("another model"), "{name}: {e}");
+        let e = model.forward(&[1], &mut other.new_state(), None).unwrap_err().to_string();
+        assert!(e.contains("another model"), "{name}: {e}");
     }
 }
 
