@@ -9,7 +9,7 @@
 //! the whole spine plus the chosen experts are read from RAM once per token.
 //! Everything here is pure arithmetic so a later planner can refine it.
 
-use larder_model::config::{AttentionSpec, FfnSpec, ModelSpec};
+use larder_model::config::{FfnSpec, MixerSpec, ModelSpec};
 
 /// RAM kept free for the KV cache, activations, the OS and the page cache:
 /// the larger of this and [`HEADROOM_FRACTION`] of the RAM available.
@@ -150,7 +150,7 @@ pub fn estimate_sizes(spec: &ModelSpec, storage: Storage) -> ModelSizes {
     let mut expert_bytes = 0u64;
     for layer in &spec.layers {
         spine = spine
-            .saturating_add(attention_bytes(spec, storage))
+            .saturating_add(mixer_bytes(spec, &layer.mixer, storage))
             .saturating_add(storage.plain(2 * h as u64));
         match &layer.ffn {
             FfnSpec::Dense { intermediate } => spine = spine.saturating_add(mlp_bytes(storage, h, *intermediate)),
@@ -185,11 +185,11 @@ fn mlp_bytes(storage: Storage, h: usize, i: usize) -> u64 {
     mul(storage.linear(i, h), 2).saturating_add(storage.linear(h, i))
 }
 
-/// One layer's attention projections and their norms.
-fn attention_bytes(spec: &ModelSpec, s: Storage) -> u64 {
+/// One layer's mixer (attention or linear attention): projections and norms.
+fn mixer_bytes(spec: &ModelSpec, mixer: &MixerSpec, s: Storage) -> u64 {
     let (h, heads) = (spec.hidden_size, spec.num_heads);
-    match &spec.attention {
-        AttentionSpec::Gqa => {
+    match mixer {
+        MixerSpec::Gqa => {
             let (q, kv) = (heads * spec.head_dim, spec.num_kv_heads * spec.head_dim);
             let norms = if spec.qk_norm { s.plain(2 * spec.head_dim as u64) } else { 0 };
             s.linear(q, h)
@@ -197,7 +197,7 @@ fn attention_bytes(spec: &ModelSpec, s: Storage) -> u64 {
                 .saturating_add(s.linear(h, q))
                 .saturating_add(norms)
         }
-        AttentionSpec::Mla(m) => {
+        MixerSpec::Mla(m) => {
             let qk = heads * (m.qk_nope_head_dim + m.qk_rope_head_dim);
             let q = match m.q_lora_rank {
                 Some(r) => s.linear(r, h).saturating_add(s.plain(r as u64)).saturating_add(s.linear(qk, r)),
@@ -210,6 +210,19 @@ fn attention_bytes(spec: &ModelSpec, s: Storage) -> u64 {
             q.saturating_add(kv_a)
                 .saturating_add(kv_b)
                 .saturating_add(s.linear(h, heads * m.v_head_dim))
+        }
+        MixerSpec::Kda(k) => {
+            // q, k, v [HD, h]; o [h, HD]; the low-rank gates f_a, g_a [D, h] and
+            // f_b, g_b [HD, D]; beta's b [H, h]; three depthwise convolutions of
+            // K taps over HD channels; A_log [H], dt_bias [HD], the output norm [D].
+            let (hd, d) = (k.num_heads * k.head_dim, k.head_dim);
+            let small = 3 * hd * k.conv_kernel + k.num_heads + hd + d;
+            mul(s.linear(hd, h), 3)
+                .saturating_add(s.linear(h, hd))
+                .saturating_add(mul(s.linear(d, h), 2))
+                .saturating_add(mul(s.linear(hd, d), 2))
+                .saturating_add(s.linear(k.num_heads, h))
+                .saturating_add(s.plain(small as u64))
         }
     }
 }

@@ -16,9 +16,10 @@
 //!
 //! **KV budget** (`kv_budget`): the bytes of every sequence's state plus the
 //! prefix cache's never exceed it (per position: every layer's keys and
-//! values, f32; the allocator's slack is not counted).
-//! - A request whose worst case alone, `(prompt + max_new) x bytes per
-//!   position`, exceeds the budget is refused at [`submit`](Scheduler::submit)
+//! values, f32; per sequence: recurrent layers' fixed-size states; the
+//! allocator's slack is not counted).
+//! - A request whose worst case alone, `fixed + (prompt + max_new) x bytes
+//!   per position`, exceeds the budget is refused at [`submit`](Scheduler::submit)
 //!   with [`EngineError::KvBudget`], before anything runs. So any one
 //!   sequence always fits alone.
 //! - Admission is optimistic (as vLLM's): the queue's front is admitted when
@@ -65,7 +66,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Instant;
 
-use larder_model::{BatchSeq, LayerState, Wanted};
+use larder_model::{BatchSeq, LayerState, SequenceState, Wanted};
 
 use crate::conversation::{RequestSink, StopFilter};
 use crate::engine::{Engine, FinishReason, GenerateOptions};
@@ -140,6 +141,8 @@ pub struct Scheduler<'e> {
     engine: &'e Engine,
     config: SchedulerConfig,
     bytes_per_token: usize,
+    /// Bytes every sequence holds whatever its length (recurrent layers).
+    bytes_per_sequence: usize,
     queue: VecDeque<Seq>,
     running: Vec<Seq>,
     next_id: u64,
@@ -163,14 +166,15 @@ impl<'e> Scheduler<'e> {
         let fresh = engine.model().new_state();
         let bytes_per_token = (0..fresh.num_layers())
             .filter_map(|l| fresh.layer(l))
-            .map(|s| match s {
-                LayerState::Kv(kv) => (kv.dims().0 + kv.dims().1) * 4,
-            })
+            .map(LayerState::bytes_per_position)
             .sum();
+        // Recurrent layers hold a fixed-size state from the first position.
+        let bytes_per_sequence = fresh.bytes();
         Ok(Scheduler {
             engine,
             config,
             bytes_per_token,
+            bytes_per_sequence,
             queue: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
@@ -197,7 +201,7 @@ impl<'e> Scheduler<'e> {
         }
         let sampler = Sampler::new(job.options.sampling)?;
         let stops = StopFilter::new(&job.stop)?;
-        let needed = (job.prompt.len() + max_new) * self.bytes_per_token;
+        let needed = self.bytes_per_sequence + (job.prompt.len() + max_new) * self.bytes_per_token;
         if let Some(budget) = self.config.kv_budget.filter(|&b| needed > b) {
             return Err(EngineError::KvBudget {
                 needed,
@@ -217,7 +221,9 @@ impl<'e> Scheduler<'e> {
             feed: job.prompt.clone(),
             job,
             max_new,
-            state: self.engine.model().new_state(),
+            // Made at admission: a queued request holds no state (a
+            // recurrent layer's would take its fixed size at once).
+            state: SequenceState::default(),
             sampler,
             stops,
             decoder: StreamDecoder::new(),
@@ -371,12 +377,12 @@ impl<'e> Scheduler<'e> {
     fn step_bytes(&self) -> usize {
         let chunk = self.config.prefill_chunk;
         let positions: usize = self.running.iter().map(|s| s.state.len() + s.rows(chunk)).sum();
-        positions * self.bytes_per_token
+        self.running.len() * self.bytes_per_sequence + positions * self.bytes_per_token
     }
 
     /// Bytes `s` holds after its first forward pass when it reuses `reuse` positions.
     fn first_pass_bytes(&self, s: &Seq, reuse: usize) -> usize {
-        (reuse + self.config.prefill_chunk.min(s.feed.len() - reuse)) * self.bytes_per_token
+        self.bytes_per_sequence + (reuse + self.config.prefill_chunk.min(s.feed.len() - reuse)) * self.bytes_per_token
     }
 
     /// Moves queued sequences into the batch, in order, while the batch and
@@ -411,13 +417,15 @@ impl<'e> Scheduler<'e> {
     fn start(&mut self, s: &mut Seq, hit: Option<Hit>) {
         s.admitted = self.admissions;
         self.admissions += 1;
-        let Some(hit) = hit else { return };
-        if let Some(state) = self.cache.take(hit) {
+        if let Some(state) = hit.and_then(|hit| self.cache.take(hit).map(|state| (hit, state))) {
+            let (hit, state) = state;
             s.state = state;
             s.fed = hit.reuse;
             if !s.resumed() {
                 s.stats.cached_tokens = hit.reuse;
             }
+        } else {
+            s.state = self.engine.model().new_state();
         }
     }
 
@@ -437,7 +445,7 @@ impl<'e> Scheduler<'e> {
             let youngest = (0..self.running.len()).max_by_key(|&i| self.running[i].admitted);
             let Some(youngest) = youngest else { break };
             let mut s = self.running.remove(youngest);
-            s.preempt(self.engine.model().new_state());
+            s.preempt(SequenceState::default());
             self.preemptions += 1;
             report.preempted.push(s.id);
             self.queue.push_front(s);

@@ -1,7 +1,9 @@
-//! Self-attention of a layer: grouped-query attention with RoPE, optional
-//! q/k bias and per-head q/k RMSNorm (Qwen3), optional sliding window; or
-//! DeepSeek's multi-head latent attention ([`crate::mla`]); over a
-//! [`KvLayer`] (the layer's [`LayerState`]).
+//! The token mixer of a layer ([`Mixer`]): grouped-query attention with
+//! RoPE, optional q/k bias and per-head q/k RMSNorm (Qwen3), optional sliding
+//! window, over a [`KvLayer`]; DeepSeek's multi-head latent attention
+//! ([`crate::mla`]), over a [`KvLayer`]; or Kimi Delta Attention
+//! ([`crate::kda`]), over a recurrent state. Each reads and updates its
+//! [`LayerState`].
 //!
 //! Each query row is computed on its own, from the cache contents up to its
 //! position, in a fixed order: a prompt prefilled in one chunk and the same
@@ -11,25 +13,66 @@ use larder_tensor::kernels::scalar::dot;
 use larder_tensor::ops::rms_norm_chunks_in_place;
 use larder_tensor::{Linear, Mat};
 
+use crate::error::ModelError;
+use crate::kda::KdaMixer;
 use crate::kv_cache::KvLayer;
+use crate::mla::MlaAttention;
 use crate::rope::Rope;
-use crate::state::LayerState;
+use crate::state::{LayerState, RecurrentLayer};
 
-/// The attention of one layer.
-pub enum Attention {
+/// The token mixer of one layer.
+// One per layer, so the size difference between variants does not matter.
+#[allow(clippy::large_enum_variant)]
+pub enum Mixer {
     Gqa(GqaAttention),
-    Mla(crate::mla::MlaAttention),
+    Mla(MlaAttention),
+    Kda(KdaMixer),
 }
 
-impl Attention {
-    /// Attends rows `x` (positions `start..start + x.rows()`), appending their
-    /// keys and values to the layer's `state` (which must hold exactly `start`
-    /// positions).
-    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, state: &mut LayerState) -> Mat {
-        let LayerState::Kv(cache) = state;
+impl Mixer {
+    /// Mixes rows `x` (positions `start..start + x.rows()`) into the layer's
+    /// `state` (which must hold exactly `start` positions): attention appends
+    /// their keys and values, KDA updates its recurrent state (uncommitted
+    /// until the pass succeeds). An error when `state` is of another mixer.
+    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, state: &mut LayerState) -> Result<Mat, ModelError> {
+        match (self, state) {
+            (Mixer::Gqa(a), LayerState::Kv(cache)) => Ok(a.forward(x, start, rope, cache)),
+            (Mixer::Mla(a), LayerState::Kv(cache)) => Ok(a.forward(x, start, rope, cache)),
+            (Mixer::Kda(k), LayerState::Recurrent(r)) => Ok(k.forward(x, r)),
+            _ => Err(ModelError::State(
+                "its state does not match the layer's mixer (attention vs recurrent); make it with new_state()".into(),
+            )),
+        }
+    }
+
+    /// Whether `state` is this mixer's kind of state, with its widths.
+    pub fn fits(&self, state: &LayerState) -> bool {
+        match (self, state) {
+            (Mixer::Gqa(a), LayerState::Kv(kv)) => {
+                let d = a.num_kv_heads * a.head_dim;
+                kv.dims() == (d, d)
+            }
+            (Mixer::Mla(a), LayerState::Kv(kv)) => kv.dims() == (a.key_dim(), a.value_dim()),
+            (Mixer::Kda(k), LayerState::Recurrent(r)) => {
+                let (heads, dim, kernel) = k.dims();
+                r.dims() == (heads, dim, 3 * heads * dim, kernel)
+            }
+            _ => false,
+        }
+    }
+
+    /// An empty state for this mixer.
+    pub fn new_state(&self) -> LayerState {
         match self {
-            Attention::Gqa(a) => a.forward(x, start, rope, cache),
-            Attention::Mla(a) => a.forward(x, start, rope, cache),
+            Mixer::Gqa(a) => {
+                let d = a.num_kv_heads * a.head_dim;
+                LayerState::Kv(KvLayer::new(d, d))
+            }
+            Mixer::Mla(a) => LayerState::Kv(KvLayer::new(a.key_dim(), a.value_dim())),
+            Mixer::Kda(k) => {
+                let (heads, dim, kernel) = k.dims();
+                LayerState::Recurrent(RecurrentLayer::new(heads, dim, 3 * heads * dim, kernel))
+            }
         }
     }
 }

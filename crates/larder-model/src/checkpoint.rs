@@ -426,8 +426,14 @@ impl Checkpoint {
 
     /// A 1-D tensor of length `len`, widened to f32 (norm weights, biases).
     pub fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
-        let (e, dtype) = self.check(name, &[len])?;
-        let mut out = vec![0.0f32; len];
+        self.tensor_f32(name, &[len])
+    }
+
+    /// A tensor of exactly `shape`, widened to f32 in row-major order (small
+    /// parameters: convolution taps, gate parameters).
+    pub fn tensor_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+        let (e, dtype) = self.check(name, shape)?;
+        let mut out = vec![0.0f32; shape.iter().product()];
         dtype.decode_into(&self.checked_bytes(name, e)?, &mut out);
         Ok(out)
     }

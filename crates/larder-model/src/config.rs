@@ -32,20 +32,23 @@ pub struct ModelSpec {
     pub layers: Vec<LayerSpec>,
     /// Tensor naming of the MoE block.
     pub moe_names: MoeNames,
-    /// Grouped-query attention, or DeepSeek's multi-head latent attention.
-    pub attention: AttentionSpec,
     /// fp8 checkpoints (`quantization_config.quant_method: fp8`): the
     /// `weight_block_size` of their `*.weight_scale_inv` scales.
     pub fp8_block: Option<(usize, usize)>,
 }
 
-/// The attention of every layer.
+/// The token mixer of one layer (what it computes and the state it keeps).
 #[derive(Debug, Clone, PartialEq)]
-pub enum AttentionSpec {
-    /// q/k/v/o projections, `num_kv_heads` shared key/value heads of `head_dim`.
+pub enum MixerSpec {
+    /// q/k/v/o projections, `num_kv_heads` shared key/value heads of
+    /// `head_dim` (the [`ModelSpec`]'s attention fields); keys and values cached.
     Gqa,
-    /// Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2).
+    /// Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, Kimi Linear's
+    /// full-attention layers); keys and values cached.
     Mla(MlaSpec),
+    /// Kimi Delta Attention (Kimi Linear's linear-attention layers): a
+    /// fixed-size recurrent state per sequence.
+    Kda(KdaSpec),
 }
 
 /// Multi-head latent attention dimensions.
@@ -61,12 +64,30 @@ pub struct MlaSpec {
     pub rope_interleave: bool,
     /// Softmax scale: `qk_head_dim^-0.5`, times YaRN's `mscale(factor, mscale_all_dim)^2`.
     pub softmax_scale: f32,
+    /// RoPE on the rope parts of q and k; `false`: they enter the dot product
+    /// unrotated (Kimi Linear, `mla_use_nope`).
+    pub rotary: bool,
+    /// Epsilon of the latent RMSNorms (`q_a_layernorm`, `kv_a_layernorm`).
+    pub latent_norm_eps: f32,
+}
+
+/// Kimi Delta Attention dimensions (`linear_attn_config`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct KdaSpec {
+    /// Heads H (`num_heads`).
+    pub num_heads: usize,
+    /// Key = value dim D per head (`head_dim`), also the rank of `f_a`/`g_a`.
+    pub head_dim: usize,
+    /// Taps K of the causal depthwise convolutions (`short_conv_kernel_size`).
+    pub conv_kernel: usize,
 }
 
 /// One decoder layer.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LayerSpec {
-    /// Attend only to the last `n` positions (None: full causal attention).
+    /// The token mixer (attention or linear attention).
+    pub mixer: MixerSpec,
+    /// Attention layers: attend only to the last `n` positions (None: full causal attention).
     pub sliding_window: Option<usize>,
     pub ffn: FfnSpec,
 }

@@ -1,6 +1,7 @@
 //! The decoder-only transformer every supported architecture is an instance
-//! of: embeddings, `num_layers` x (RMSNorm, attention, residual, RMSNorm,
-//! dense MLP or MoE, residual), final RMSNorm, LM head.
+//! of: embeddings, `num_layers` x (RMSNorm, token mixer (GQA, MLA or KDA, per
+//! layer), residual, RMSNorm, dense MLP or MoE, residual), final RMSNorm, LM
+//! head.
 //!
 //! Architectures differ only in their [`ModelSpec`] (and tensor names); this
 //! file builds and runs all of them.
@@ -17,17 +18,17 @@ use larder_router::{Route, Router, SigmoidGroupTopK, SoftmaxTopK};
 use larder_tensor::ops::rms_norm;
 use larder_tensor::{Linear, Mat, WeightMatrix};
 
-use crate::attention::{Attention, GqaAttention};
+use crate::attention::{GqaAttention, Mixer};
 use crate::checkpoint::Checkpoint;
-use crate::config::{AttentionSpec, FfnSpec, MlaSpec, ModelSpec, Scoring};
+use crate::config::{FfnSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, Scoring};
 use crate::error::{ModelError, Stage};
 use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
-use crate::kv_cache::KvLayer;
+use crate::kda::KdaMixer;
 use crate::mla::{MlaAttention, QueryProj};
 use crate::mlp::{load_mlp, Mlp};
 use crate::moe::{MoeBlock, SharedExpert};
 use crate::rope::Rope;
-use crate::state::{LayerState, SequenceState};
+use crate::state::SequenceState;
 
 /// The feed-forward half of a layer.
 // One per layer, so the size difference between variants does not matter.
@@ -40,7 +41,7 @@ pub enum Ffn {
 /// One decoder layer.
 pub struct DecoderLayer {
     pub input_norm: Vec<f32>,
-    pub attention: Attention,
+    pub mixer: Mixer,
     pub post_attention_norm: Vec<f32>,
     pub ffn: Ffn,
 }
@@ -105,7 +106,7 @@ impl DecoderModel {
         let mut in_memory = Vec::with_capacity(spec.layers.len());
         for (l, ls) in spec.layers.iter().enumerate() {
             let p = format!("model.layers.{l}");
-            let attention = load_attention(&spec, ckpt, &p, ls.sliding_window)?;
+            let mixer = load_mixer(&spec, ls, ckpt, &p)?;
             let (ffn, layer_experts) = match &ls.ffn {
                 FfnSpec::Dense { intermediate } => (
                     Ffn::Dense(load_mlp(
@@ -181,7 +182,7 @@ impl DecoderModel {
             };
             layers.push(DecoderLayer {
                 input_norm: ckpt.vector(&format!("{p}.input_layernorm.weight"), h)?,
-                attention,
+                mixer,
                 post_attention_norm: ckpt.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 ffn,
             });
@@ -205,19 +206,21 @@ impl DecoderModel {
     }
 
     /// A fresh, empty state for one sequence of this model: per layer, its
-    /// mixer's state (keys and values for GQA and MLA).
+    /// mixer's state (keys and values for GQA and MLA, a zero recurrent
+    /// state for KDA).
     pub fn new_state(&self) -> SequenceState {
-        let (k, v) = match &self.spec.attention {
-            AttentionSpec::Gqa => {
-                let d = self.spec.num_kv_heads * self.spec.head_dim;
-                (d, d)
-            }
-            AttentionSpec::Mla(m) => (
-                self.spec.num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim),
-                self.spec.num_heads * m.v_head_dim,
-            ),
-        };
-        SequenceState::new(self.layers.iter().map(|_| LayerState::Kv(KvLayer::new(k, v))).collect())
+        SequenceState::new(self.layers.iter().map(|l| l.mixer.new_state()).collect())
+    }
+
+    /// Whether `state` has this model's layers and widths (made by
+    /// [`new_state`](Self::new_state) of this model or one of its shape).
+    fn fits(&self, state: &SequenceState) -> bool {
+        state.num_layers() == self.layers.len()
+            && self
+                .layers
+                .iter()
+                .enumerate()
+                .all(|(l, layer)| state.layer(l).is_some_and(|s| layer.mixer.fits(s)))
     }
 
     /// Checks ids against the vocabulary and the context length.
@@ -306,9 +309,8 @@ impl DecoderModel {
         if seqs.is_empty() {
             return Ok(Vec::new());
         }
-        let fresh = self.new_state();
         for (i, s) in seqs.iter().enumerate() {
-            if !s.state.same_shape(&fresh) {
+            if !self.fits(s.state) {
                 let msg = "its state was made by another model (layers or widths differ); make it with new_state()";
                 return Err((Some(i), ModelError::State(msg.into())));
             }
@@ -319,7 +321,7 @@ impl DecoderModel {
             match &result {
                 Ok(_) => {
                     let len = s.state.len() + s.ids.len();
-                    s.state.set_len(len);
+                    s.state.commit(len);
                 }
                 Err(_) => s.state.discard_uncommitted(),
             }
@@ -327,8 +329,9 @@ impl DecoderModel {
         result
     }
 
-    /// The pass itself, inputs checked. Appends to the layer states but
-    /// leaves each state's length to the caller.
+    /// The pass itself, inputs checked. Appends to the layer states (recurrent
+    /// layers uncommitted) but leaves each state's length and commit to the
+    /// caller.
     fn run_checked(
         &self,
         seqs: &mut [BatchSeq<'_>],
@@ -359,7 +362,10 @@ impl DecoderModel {
                     .state
                     .layer_mut(l)
                     .ok_or_else(|| (Some(i), ModelError::State(format!("it has no state for layer {l}"))))?;
-                let a = layer.attention.forward(&sp.slice(&normed), sp.pos, &self.rope, state);
+                let a = layer
+                    .mixer
+                    .forward(&sp.slice(&normed), sp.pos, &self.rope, state)
+                    .map_err(|e| (Some(i), e))?;
                 attn.as_mut_slice()[sp.row * h..(sp.row + sp.rows) * h].copy_from_slice(a.as_slice());
             }
             x.add_assign(&attn);
@@ -501,10 +507,16 @@ impl DecoderModel {
     }
 }
 
-fn load_attention(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_window: Option<usize>) -> Result<Attention, ModelError> {
-    if let AttentionSpec::Mla(m) = &spec.attention {
-        return load_mla(spec, m, ckpt, prefix).map(Attention::Mla);
+/// The token mixer of layer `prefix` as `layer` says.
+fn load_mixer(spec: &ModelSpec, layer: &LayerSpec, ckpt: &Checkpoint, prefix: &str) -> Result<Mixer, ModelError> {
+    match &layer.mixer {
+        MixerSpec::Gqa => load_gqa(spec, ckpt, prefix, layer.sliding_window).map(Mixer::Gqa),
+        MixerSpec::Mla(m) => load_mla(spec, m, ckpt, prefix).map(Mixer::Mla),
+        MixerSpec::Kda(k) => KdaMixer::load(ckpt, &format!("{prefix}.self_attn"), k, spec.hidden_size, spec.rms_norm_eps).map(Mixer::Kda),
     }
+}
+
+fn load_gqa(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_window: Option<usize>) -> Result<GqaAttention, ModelError> {
     let (h, hd) = (spec.hidden_size, spec.head_dim);
     let (nq, nkv) = (spec.num_heads * hd, spec.num_kv_heads * hd);
     let a = format!("{prefix}.self_attn");
@@ -525,7 +537,7 @@ fn load_attention(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_win
     } else {
         None
     };
-    Ok(Attention::Gqa(GqaAttention {
+    Ok(GqaAttention {
         q_proj: lin("q_proj", nq, h, spec.qkv_bias)?,
         k_proj: lin("k_proj", nkv, h, spec.qkv_bias)?,
         v_proj: lin("v_proj", nkv, h, spec.qkv_bias)?,
@@ -536,7 +548,7 @@ fn load_attention(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_win
         head_dim: hd,
         rms_norm_eps: spec.rms_norm_eps,
         sliding_window,
-    }))
+    })
 }
 
 fn load_mla(spec: &ModelSpec, m: &MlaSpec, ckpt: &Checkpoint, prefix: &str) -> Result<MlaAttention, ModelError> {
@@ -567,7 +579,8 @@ fn load_mla(spec: &ModelSpec, m: &MlaSpec, ckpt: &Checkpoint, prefix: &str) -> R
         kv_lora_rank: m.kv_lora_rank,
         softmax_scale: m.softmax_scale,
         interleave: m.rope_interleave,
-        rms_norm_eps: spec.rms_norm_eps,
+        rotary: m.rotary,
+        latent_norm_eps: m.latent_norm_eps,
     })
 }
 

@@ -6,7 +6,8 @@
 //! - [`checkpoint`] opens safetensors files (single or sharded) and hands out
 //!   weights without converting them;
 //! - [`decoder`] is the transformer shared by every architecture, built from
-//!   [`attention`] (+ [`rope`], [`kv_cache`]), [`mlp`] and [`moe`]; it runs
+//!   per-layer mixers ([`attention`] + [`rope`], [`kv_cache`] for GQA and
+//!   [`mla`]; [`kda`] for Kimi Linear's linear attention), [`mlp`] and [`moe`]; it runs
 //!   many sequences at once ([`DecoderModel::forward_batch`]), each with its
 //!   own [`state`];
 //! - routed experts come from an [`ExpertProvider`]; the model never knows
@@ -19,6 +20,7 @@ pub mod config;
 pub mod decoder;
 pub mod error;
 pub mod expert;
+pub mod kda;
 pub mod kv_cache;
 pub mod mla;
 pub mod mlp;
@@ -34,4 +36,4 @@ pub use decoder::{BatchSeq, DecoderModel, RouteTrace, Wanted};
 pub use error::ModelError;
 pub use expert::{expert_layers, expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
 pub use kv_cache::KvLayer;
-pub use state::{LayerState, SequenceState, StateSnapshot};
+pub use state::{LayerState, RecurrentLayer, RecurrentValues, SequenceState, StateSnapshot};

@@ -8,7 +8,11 @@
 //!   into each head's `[k_nope | v]`;
 //! - RoPE on the rope parts (interleaved pairs by default, de-interleaved on
 //!   output as transformers does), softmax scale `qk_head_dim^-0.5` times
-//!   YaRN's `mscale^2`.
+//!   YaRN's `mscale^2`; Kimi Linear applies no RoPE (`rotary: false`: the
+//!   rope parts enter the dot product as projected);
+//! - the latent RMSNorms use their own epsilon (`latent_norm_eps`: Kimi
+//!   Linear's is 1e-6 whatever `rms_norm_eps` is; DeepSeek-V3 and Kimi-K2
+//!   use `rms_norm_eps`, 1e-6 in their configs).
 //!
 //! The KV cache holds the **expanded** keys (`heads x (nope + rope)`) and
 //! values (`heads x v`) per position: exact, and no up-projection per step.
@@ -43,7 +47,10 @@ pub struct MlaAttention {
     pub kv_lora_rank: usize,
     pub softmax_scale: f32,
     pub interleave: bool,
-    pub rms_norm_eps: f32,
+    /// Apply RoPE to the rope parts (false: Kimi Linear).
+    pub rotary: bool,
+    /// Epsilon of `q_a_layernorm` and `kv_a_layernorm`.
+    pub latent_norm_eps: f32,
 }
 
 impl MlaAttention {
@@ -58,6 +65,9 @@ impl MlaAttention {
     }
 
     fn rotate(&self, x: &mut [f32], cos: &[f32], sin: &[f32], scratch: &mut Vec<f32>) {
+        if !self.rotary {
+            return;
+        }
         if self.interleave {
             Rope::apply_interleaved(x, cos, sin, scratch);
         } else {
@@ -74,7 +84,7 @@ impl MlaAttention {
             QueryProj::LowRank { a, norm, b } => {
                 let mut t = a.forward(x);
                 let width = t.cols();
-                rms_norm_chunks_in_place(t.as_mut_slice(), width, norm, self.rms_norm_eps);
+                rms_norm_chunks_in_place(t.as_mut_slice(), width, norm, self.latent_norm_eps);
                 b.forward(&t)
             }
         };
@@ -83,14 +93,18 @@ impl MlaAttention {
         for r in 0..x.rows() {
             latent.row_mut(r).copy_from_slice(&ckv.row(r)[..rank]);
         }
-        rms_norm_chunks_in_place(latent.as_mut_slice(), rank, &self.kv_norm, self.rms_norm_eps);
+        rms_norm_chunks_in_place(latent.as_mut_slice(), rank, &self.kv_norm, self.latent_norm_eps);
         let kv = self.kv_b.forward(&latent);
 
         debug_assert_eq!(cache.len(), start);
         let mut scratch = Vec::new();
         let (mut key, mut value) = (vec![0.0f32; heads * qk], vec![0.0f32; heads * vd]);
         for r in 0..x.rows() {
-            let (cos, sin) = rope.cos_sin(start + r);
+            let (cos, sin) = if self.rotary {
+                rope.cos_sin(start + r)
+            } else {
+                (Vec::new(), Vec::new())
+            };
             let mut k_rot = ckv.row(r)[rank..rank + rd].to_vec();
             self.rotate(&mut k_rot, &cos, &sin, &mut scratch);
             for head in q.row_mut(r).chunks_exact_mut(qk) {

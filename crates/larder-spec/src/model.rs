@@ -62,11 +62,11 @@ impl ModelDrafter {
     /// are kept: `keep`, or 0 when the context left what was run before the
     /// last guesses and the state cannot roll back that far.
     fn go_back(&mut self, keep: usize) -> Result<usize, SpecError> {
-        let snap = self.before_guesses;
+        let snap = &self.before_guesses;
         let keep = if keep >= snap.len() {
             let (model, resident_only) = (&self.model, self.resident_only);
             let guesses = &self.fed[snap.len()..];
-            rewind(&mut self.state, &snap, guesses, keep, |ids, state| {
+            rewind(&mut self.state, snap, guesses, keep, |ids, state| {
                 run(model, resident_only, ids, state).map(drop)
             })?;
             keep

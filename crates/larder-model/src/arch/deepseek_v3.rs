@@ -9,7 +9,7 @@
 //! layer index `num_hidden_layers` and up) are not loaded: the main model
 //! runs without them; they stay addressable in the checkpoint for drafting.
 
-use crate::config::{AttentionSpec, ConfigJson, FfnSpec, LayerSpec, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec};
+use crate::config::{ConfigJson, FfnSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec};
 use crate::error::ModelError;
 use crate::rope::{RopeScaling, RopeSpec};
 
@@ -56,10 +56,9 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         qk_norm: false,
         layers: Vec::new(),
         moe_names: MoeNames::DEEPSEEK,
-        attention: AttentionSpec::Mla(mla),
         fp8_block: fp8_block(cfg)?,
     };
-    let layers = layer_plan(cfg)?;
+    let layers = layer_plan(cfg, &MixerSpec::Mla(mla))?;
     super::finish(cfg, spec, layers)
 }
 
@@ -80,11 +79,14 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
         v_head_dim: cfg.usize("v_head_dim")?,
         rope_interleave: cfg.opt_bool("rope_interleave")?.unwrap_or(true),
         softmax_scale: 1.0,
+        rotary: true,
+        latent_norm_eps: cfg.rms_norm_eps()?,
     })
 }
 
-/// Dense or MoE per layer, as DeepSeek's reference code decides.
-fn layer_plan(cfg: &ConfigJson) -> Result<Vec<LayerSpec>, ModelError> {
+/// Dense or MoE per layer, as DeepSeek's reference code decides; every
+/// layer mixes with `mixer`.
+fn layer_plan(cfg: &ConfigJson, mixer: &MixerSpec) -> Result<Vec<LayerSpec>, ModelError> {
     let n = cfg.num_layers()?;
     let dense = FfnSpec::Dense {
         intermediate: cfg.usize("intermediate_size")?,
@@ -100,6 +102,7 @@ fn layer_plan(cfg: &ConfigJson) -> Result<Vec<LayerSpec>, ModelError> {
     }
     Ok((0..n)
         .map(|l| LayerSpec {
+            mixer: mixer.clone(),
             sliding_window: None,
             ffn: match &moe {
                 Some(m) if l >= first_dense && l % freq == 0 => FfnSpec::Moe(m.clone()),
@@ -156,7 +159,7 @@ fn moe_spec(cfg: &ConfigJson, num_experts: usize) -> Result<MoeSpec, ModelError>
 }
 
 /// `quantization_config` of an fp8 checkpoint: its block size.
-fn fp8_block(cfg: &ConfigJson) -> Result<Option<(usize, usize)>, ModelError> {
+pub(crate) fn fp8_block(cfg: &ConfigJson) -> Result<Option<(usize, usize)>, ModelError> {
     let Some(q) = cfg.raw("quantization_config") else { return Ok(None) };
     let field = "quantization_config";
     let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");

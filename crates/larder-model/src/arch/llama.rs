@@ -1,7 +1,7 @@
 //! Llama (and Mistral): dense SwiGLU decoders, e.g. SmolLM2, Llama 3.x.
 //! Used for real-text tests and as draft models.
 
-use crate::config::{ConfigJson, FfnSpec, LayerSpec, ModelSpec, MoeNames};
+use crate::config::{ConfigJson, FfnSpec, LayerSpec, MixerSpec, ModelSpec, MoeNames};
 use crate::error::ModelError;
 
 /// `model_type: llama`.
@@ -21,6 +21,7 @@ fn dense(cfg: &ConfigJson, window: Option<usize>) -> Result<ModelSpec, ModelErro
     let intermediate = cfg.usize("intermediate_size")?;
     let layers = (0..n)
         .map(|_| LayerSpec {
+            mixer: MixerSpec::Gqa,
             sliding_window: window,
             ffn: FfnSpec::Dense { intermediate },
         })

@@ -2,7 +2,7 @@
 //! (`block_sparse_moe`, experts `w1`/`w3`/`w2`), softmax top-k, always
 //! renormalised.
 
-use crate::config::{check_top_k, ConfigJson, FfnSpec, LayerSpec, ModelSpec, MoeNames, MoeSpec};
+use crate::config::{check_top_k, ConfigJson, FfnSpec, LayerSpec, MixerSpec, ModelSpec, MoeNames, MoeSpec};
 use crate::error::ModelError;
 
 const NAMES: MoeNames = MoeNames {
@@ -31,6 +31,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     let window = cfg.opt_usize("sliding_window")?;
     let layers = (0..n)
         .map(|_| LayerSpec {
+            mixer: MixerSpec::Gqa,
             sliding_window: window,
             ffn: FfnSpec::Moe(moe.clone()),
         })

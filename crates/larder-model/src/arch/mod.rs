@@ -2,6 +2,7 @@
 //! [`ModelSpec`]; [`load_model`] picks the file by `model_type`.
 
 pub mod deepseek_v3;
+pub mod kimi_linear;
 pub mod llama;
 pub mod mixtral;
 pub mod qwen2_moe;
@@ -29,6 +30,7 @@ const ARCHITECTURES: &[(&str, SpecReader)] = &[
     ("mixtral", mixtral::spec),
     ("deepseek_v3", deepseek_v3::spec),
     ("kimi_k2", deepseek_v3::spec),
+    ("kimi_linear", kimi_linear::spec),
 ];
 
 /// Names of the supported `model_type`s.
@@ -93,7 +95,6 @@ pub(crate) fn base_spec(
         qk_norm: false,
         layers: Vec::new(),
         moe_names,
-        attention: crate::config::AttentionSpec::Gqa,
         fp8_block: None,
     })
 }

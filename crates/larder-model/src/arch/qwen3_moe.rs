@@ -2,7 +2,7 @@
 //! optional `norm_topk_prob`, MoE on every `decoder_sparse_step`-th layer
 //! except `mlp_only_layers`, which are dense.
 
-use crate::config::{check_top_k, ConfigJson, FfnSpec, LayerSpec, ModelSpec, MoeNames, MoeSpec};
+use crate::config::{check_top_k, ConfigJson, FfnSpec, LayerSpec, MixerSpec, ModelSpec, MoeNames, MoeSpec};
 use crate::error::ModelError;
 
 /// `model_type: qwen3_moe`.
@@ -56,6 +56,7 @@ pub(crate) fn qwen_moe_layers(cfg: &ConfigJson, shared: Option<crate::config::Sh
                 _ => dense()?,
             };
             Ok(LayerSpec {
+                mixer: MixerSpec::Gqa,
                 sliding_window: windows[l],
                 ffn,
             })

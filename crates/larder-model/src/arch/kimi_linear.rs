@@ -1,0 +1,334 @@
+//! Kimi Linear (`model_type: kimi_linear`, `KimiLinearForCausalLM`), as
+//! transformers 5.24.0 reads its config (docs/kimi_linear.md): per layer a
+//! KDA mixer (`linear_attn_config.kda_layers`, 1-based) or MLA without RoPE
+//! (`full_attn_layers`); dense MLPs (`mlp.`) in the first
+//! `first_k_dense_replace` layers, DeepSeek-style MoE (`block_sparse_moe.`,
+//! experts `w1`/`w3`/`w2`, sigmoid routing with a selection-only correction
+//! bias, groups, `routed_scaling_factor`, `num_shared_experts` shared
+//! experts) in the others. Defaults are transformers' (they differ from
+//! Moonshot's remote code where a field is absent).
+//!
+//! Fields transformers ignores are accepted only with the value it computes
+//! (`mla_use_nope: true`, `moe_layer_freq: 1`,
+//! `moe_router_activation_func: sigmoid`): no reference exists for others.
+
+use serde_json::Value;
+
+use crate::config::{
+    ConfigJson, FfnSpec, KdaSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec, MAX_CONFIG_INT,
+};
+use crate::error::ModelError;
+use crate::rope::{RopeScaling, RopeSpec};
+
+/// Kimi Linear's MoE tensor names.
+const NAMES: MoeNames = MoeNames {
+    block: "block_sparse_moe",
+    router: "gate",
+    expert_proj: ["w1", "w3", "w2"],
+    shared_expert: "shared_experts",
+    shared_expert_gate: "shared_expert_gate",
+};
+
+/// Epsilon of MLA's latent norms (transformers' `KimiLinearRMSNorm` default).
+const LATENT_NORM_EPS: f32 = 1e-6;
+
+/// `model_type: kimi_linear`.
+pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+    cfg.require_silu()?;
+    refuse_unsupported(cfg)?;
+    let hidden = cfg.usize("hidden_size")?;
+    let mla = mla_spec(cfg)?;
+    let spec = ModelSpec {
+        model_type: "kimi_linear".into(),
+        hidden_size: hidden,
+        vocab_size: cfg.usize("vocab_size")?,
+        num_heads: cfg.usize("num_attention_heads")?,
+        num_kv_heads: cfg.usize("num_attention_heads")?,
+        head_dim: mla.qk_rope_head_dim,
+        rms_norm_eps: rms_norm_eps(cfg)?,
+        max_position_embeddings: match cfg.opt_usize("model_max_length")? {
+            Some(n) => n,
+            None => cfg.opt_usize("max_position_embeddings")?.unwrap_or(1 << 20),
+        },
+        // Never applied (no layer rotates); only sizes the unused table.
+        rope: RopeSpec {
+            theta: 10000.0,
+            scaling: RopeScaling::None,
+        },
+        tie_word_embeddings: false,
+        qkv_bias: false,
+        o_bias: false,
+        qk_norm: false,
+        layers: Vec::new(),
+        moe_names: NAMES,
+        fp8_block: super::deepseek_v3::fp8_block(cfg)?,
+    };
+    let kda = MixerSpec::Kda(kda_spec(cfg)?);
+    let mla = MixerSpec::Mla(mla);
+    let ffns = ffn_plan(cfg)?;
+    let layers = mixer_plan(cfg)?
+        .into_iter()
+        .zip(ffns)
+        .map(|(is_kda, ffn)| LayerSpec {
+            mixer: if is_kda { kda.clone() } else { mla.clone() },
+            sliding_window: None,
+            ffn,
+        })
+        .collect();
+    super::finish(cfg, spec, layers)
+}
+
+/// Fields whose other values transformers cannot run.
+fn refuse_unsupported(cfg: &ConfigJson) -> Result<(), ModelError> {
+    if cfg.opt_bool("attention_bias")?.unwrap_or(false) {
+        return Err(cfg.err("attention_bias", "true (biases on MLA's projections) is not supported"));
+    }
+    if cfg.opt_bool("tie_word_embeddings")?.unwrap_or(false) {
+        return Err(cfg.err(
+            "tie_word_embeddings",
+            "true is not supported: transformers 5.24.0 never ties kimi_linear's lm_head to the embedding",
+        ));
+    }
+    if !cfg.opt_bool("mla_use_nope")?.unwrap_or(true) {
+        return Err(cfg.err(
+            "mla_use_nope",
+            "false (RoPE in Kimi Linear's MLA) is not supported: no reference implementation computes it",
+        ));
+    }
+    if let Some(freq) = cfg.opt_usize("moe_layer_freq")? {
+        if freq != 1 {
+            return Err(cfg.err(
+                "moe_layer_freq",
+                format!("{freq} is not supported (only 1: transformers makes every layer from first_k_dense_replace on MoE)"),
+            ));
+        }
+    }
+    match cfg.opt_str("moe_router_activation_func")?.unwrap_or("sigmoid") {
+        "sigmoid" => Ok(()),
+        other => Err(cfg.err("moe_router_activation_func", format!("{other:?} is not supported (only sigmoid)"))),
+    }
+}
+
+/// `rms_norm_eps`, transformers' kimi_linear default 1e-5.
+fn rms_norm_eps(cfg: &ConfigJson) -> Result<f32, ModelError> {
+    let eps = cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-5);
+    if !(eps > 0.0 && eps < 1.0) {
+        return Err(cfg.err("rms_norm_eps", format!("{eps} out of range (0, 1)")));
+    }
+    Ok(eps as f32)
+}
+
+/// MLA without RoPE: scale `(nope + rope)^-0.5`, latent norms at eps 1e-6.
+fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
+    let heads = cfg.usize("num_attention_heads")?;
+    let kv_heads = cfg.opt_usize("num_key_value_heads")?.unwrap_or(heads);
+    if kv_heads != heads {
+        return Err(cfg.err(
+            "num_key_value_heads",
+            format!("{kv_heads} must equal num_attention_heads ({heads}): MLA has one key and value per head"),
+        ));
+    }
+    let q_lora_rank = match cfg.raw("q_lora_rank") {
+        None => None,
+        Some(_) => Some(cfg.usize("q_lora_rank")?),
+    };
+    let field = |name: &str, default: usize| -> Result<usize, ModelError> {
+        match cfg.opt_usize(name)? {
+            Some(0) => Err(cfg.err(name, "must be positive")),
+            Some(v) => Ok(v),
+            None => Ok(default),
+        }
+    };
+    let (nope, rope) = (field("qk_nope_head_dim", 128)?, field("qk_rope_head_dim", 64)?);
+    Ok(MlaSpec {
+        q_lora_rank,
+        kv_lora_rank: field("kv_lora_rank", 512)?,
+        qk_nope_head_dim: nope,
+        qk_rope_head_dim: rope,
+        v_head_dim: field("v_head_dim", 128)?,
+        rope_interleave: false,
+        softmax_scale: ((nope + rope) as f64).powf(-0.5) as f32,
+        rotary: false,
+        latent_norm_eps: LATENT_NORM_EPS,
+    })
+}
+
+/// `linear_attn_config` as an object (absent: every default).
+fn linear_config(cfg: &ConfigJson) -> Result<Option<&serde_json::Map<String, Value>>, ModelError> {
+    match cfg.raw("linear_attn_config") {
+        None => Ok(None),
+        Some(Value::Object(m)) => Ok(Some(m)),
+        Some(v) => Err(cfg.err("linear_attn_config", format!("expected an object, found {v}"))),
+    }
+}
+
+/// `linear_attn_config.{key}` as an integer in `0..=MAX_CONFIG_INT`.
+fn linear_int(cfg: &ConfigJson, value: &Value, key: &str) -> Result<usize, ModelError> {
+    match value.as_u64() {
+        Some(u) if u <= MAX_CONFIG_INT => Ok(u as usize),
+        _ => Err(cfg.err(
+            &format!("linear_attn_config.{key}"),
+            format!("expected an integer from 0 to {MAX_CONFIG_INT}, found {value}"),
+        )),
+    }
+}
+
+/// KDA dimensions from `linear_attn_config` (transformers' defaults 32, 128, 4).
+fn kda_spec(cfg: &ConfigJson) -> Result<KdaSpec, ModelError> {
+    let lin = linear_config(cfg)?;
+    let positive = |key: &str, default: usize| -> Result<usize, ModelError> {
+        let v = match lin.and_then(|m| m.get(key)).filter(|v| !v.is_null()) {
+            None => default,
+            Some(v) => linear_int(cfg, v, key)?,
+        };
+        if v == 0 {
+            return Err(cfg.err(&format!("linear_attn_config.{key}"), "must be positive"));
+        }
+        Ok(v)
+    };
+    Ok(KdaSpec {
+        num_heads: positive("num_heads", 32)?,
+        head_dim: positive("head_dim", 128)?,
+        conv_kernel: positive("short_conv_kernel_size", 4)?,
+    })
+}
+
+/// Per layer (0-based), whether it is KDA (else MLA): an explicit
+/// `layer_types`, else both 1-based lists of `linear_attn_config`, else
+/// transformers' default (MLA at `i > 0 && i % 4 == 0`).
+fn mixer_plan(cfg: &ConfigJson) -> Result<Vec<bool>, ModelError> {
+    let n = cfg.num_layers()?;
+    if let Some(types) = cfg.raw("layer_types") {
+        let types = types
+            .as_array()
+            .filter(|t| t.len() == n)
+            .ok_or_else(|| cfg.err("layer_types", format!("expected a list of {n} entries (one per layer)")))?;
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("linear_attention") => Ok(true),
+                Some("full_attention") => Ok(false),
+                _ => Err(cfg.err(
+                    "layer_types",
+                    format!("unsupported layer type {t} (linear_attention or full_attention)"),
+                )),
+            })
+            .collect();
+    }
+    let lin = linear_config(cfg)?;
+    let list = |key: &str| -> Result<Option<Vec<usize>>, ModelError> {
+        let field = format!("linear_attn_config.{key}");
+        match lin.and_then(|m| m.get(key)).filter(|v| !v.is_null()) {
+            None => Ok(None),
+            Some(Value::Array(items)) => {
+                let layers = items.iter().map(|v| linear_int(cfg, v, key)).collect::<Result<Vec<_>, _>>()?;
+                match layers.iter().find(|&&l| l == 0 || l > n) {
+                    Some(bad) => Err(cfg.err(&field, format!("layer {bad} is not in 1..={n} (layers are 1-based)"))),
+                    None => Ok(Some(layers)),
+                }
+            }
+            Some(v) => Err(cfg.err(&field, format!("expected a list of layer numbers, found {v}"))),
+        }
+    };
+    let (Some(kda), Some(full)) = (list("kda_layers")?, list("full_attn_layers")?) else {
+        return Ok((0..n).map(|i| !(i > 0 && i % 4 == 0)).collect());
+    };
+    (1..=n)
+        .map(|l| match (kda.contains(&l), full.contains(&l)) {
+            (true, false) => Ok(true),
+            (false, true) => Ok(false),
+            (true, true) => Err(cfg.err(
+                "linear_attn_config.kda_layers",
+                format!("layer {l} is also in full_attn_layers; each layer is either KDA or MLA"),
+            )),
+            (false, false) => Err(cfg.err(
+                "linear_attn_config.kda_layers",
+                format!("layer {l} is in neither kda_layers nor full_attn_layers"),
+            )),
+        })
+        .collect()
+}
+
+/// Dense or MoE per layer: an explicit `mlp_layer_types`, else dense below
+/// `first_k_dense_replace` (default 1), MoE from there on.
+fn ffn_plan(cfg: &ConfigJson) -> Result<Vec<FfnSpec>, ModelError> {
+    let n = cfg.num_layers()?;
+    let intermediate = cfg.opt_usize("intermediate_size")?.unwrap_or(9216);
+    if intermediate == 0 {
+        return Err(cfg.err("intermediate_size", "must be positive"));
+    }
+    let dense = FfnSpec::Dense { intermediate };
+    let moe = FfnSpec::Moe(moe_spec(cfg)?);
+    if let Some(types) = cfg.raw("mlp_layer_types") {
+        let types = types
+            .as_array()
+            .filter(|t| t.len() == n)
+            .ok_or_else(|| cfg.err("mlp_layer_types", format!("expected a list of {n} entries (one per layer)")))?;
+        return types
+            .iter()
+            .map(|t| match t.as_str() {
+                Some("dense") => Ok(dense.clone()),
+                Some("sparse") => Ok(moe.clone()),
+                _ => Err(cfg.err("mlp_layer_types", format!("unsupported entry {t} (dense or sparse)"))),
+            })
+            .collect();
+    }
+    let first_moe = cfg.opt_usize("first_k_dense_replace")?.unwrap_or(1);
+    Ok((0..n).map(|l| if l < first_moe { dense.clone() } else { moe.clone() }).collect())
+}
+
+/// The MoE block: sigmoid routing, groups, renormalisation, scaling, shared experts.
+fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
+    let num_experts = cfg.opt_usize("num_experts")?.unwrap_or(256);
+    let top_k = cfg.opt_usize("num_experts_per_token")?.unwrap_or(8);
+    if num_experts == 0 {
+        return Err(cfg.err("num_experts", "must be positive"));
+    }
+    if top_k == 0 || top_k > num_experts {
+        return Err(cfg.err(
+            "num_experts_per_token",
+            format!("{top_k} must be between 1 and num_experts ({num_experts})"),
+        ));
+    }
+    let n_group = cfg.opt_usize("num_expert_group")?.unwrap_or(1);
+    if n_group == 0 || !num_experts.is_multiple_of(n_group) || (n_group > 1 && num_experts / n_group < 2) {
+        return Err(cfg.err(
+            "num_expert_group",
+            format!("{n_group} must divide num_experts ({num_experts}) into groups of at least 2 experts"),
+        ));
+    }
+    let topk_group = cfg.opt_usize("topk_group")?.unwrap_or(1);
+    if topk_group == 0 || topk_group > n_group {
+        return Err(cfg.err(
+            "topk_group",
+            format!("{topk_group} must be between 1 and num_expert_group ({n_group})"),
+        ));
+    }
+    let intermediate = cfg.opt_usize("moe_intermediate_size")?.unwrap_or(1024);
+    if intermediate == 0 {
+        return Err(cfg.err("moe_intermediate_size", "must be positive"));
+    }
+    let shared_expert = match cfg.opt_usize("num_shared_experts")?.unwrap_or(1) {
+        0 => None,
+        k => Some(SharedExpertSpec {
+            intermediate: intermediate * k,
+            sigmoid_gate: false,
+        }),
+    };
+    let scaling = cfg.opt_f64("routed_scaling_factor")?.unwrap_or(2.446);
+    if !scaling.is_finite() {
+        return Err(cfg.err("routed_scaling_factor", format!("{scaling} is not a finite number")));
+    }
+    Ok(MoeSpec {
+        num_experts,
+        top_k,
+        renormalize: cfg.opt_bool("moe_renormalize")?.unwrap_or(true),
+        expert_intermediate: intermediate,
+        shared_expert,
+        scoring: Scoring::SigmoidGroups {
+            n_group,
+            topk_group,
+            scaling: scaling as f32,
+        },
+    })
+}
