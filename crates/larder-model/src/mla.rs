@@ -10,9 +10,10 @@
 //!   output as transformers does), softmax scale `qk_head_dim^-0.5` times
 //!   YaRN's `mscale^2`; Kimi Linear applies no RoPE (`rotary: false`: the
 //!   rope parts enter the dot product as projected);
-//! - the latent RMSNorms use their own epsilon (`latent_norm_eps`: Kimi
-//!   Linear's is 1e-6 whatever `rms_norm_eps` is; DeepSeek-V3 and Kimi-K2
-//!   use `rms_norm_eps`, 1e-6 in their configs).
+//! - the latent RMSNorms (`q_a_layernorm`, `kv_a_layernorm`) use their own
+//!   epsilon, [`LATENT_NORM_EPS`] = 1e-6 whatever `rms_norm_eps` is: both
+//!   transformers' `DeepseekV3Attention` and `KimiLinear`'s MLA build them
+//!   with the RMSNorm's default eps.
 //!
 //! The KV cache holds the **expanded** keys (`heads x (nope + rope)`) and
 //! values (`heads x v`) per position: exact, and no up-projection per step.
@@ -26,6 +27,10 @@ use larder_tensor::{Linear, Mat};
 
 use crate::kv_cache::KvLayer;
 use crate::rope::Rope;
+
+/// Epsilon of MLA's latent RMSNorms (transformers' RMSNorm default, not
+/// `rms_norm_eps`, in DeepSeek-V3, Kimi-K2 and Kimi Linear alike).
+pub const LATENT_NORM_EPS: f32 = 1e-6;
 
 /// How queries are projected.
 pub enum QueryProj {

@@ -134,3 +134,21 @@ fn multi_token_prediction_layers_are_not_loaded() {
     let lb = b.forward(&ids, &mut b.new_state(), None).unwrap();
     assert_eq!(la, lb);
 }
+
+/// transformers builds MLA's latent norms with the RMSNorm default eps
+/// (1e-6), not `rms_norm_eps`: a config with another `rms_norm_eps` keeps
+/// 1e-6 there and uses its own value for the layer norms.
+#[test]
+fn latent_norms_keep_their_own_epsilon() {
+    let dir = copy_fixture("deepseek_v3_tiny", "eps");
+    edit(&dir, |c| c["rms_norm_eps"] = serde_json::json!(1e-2));
+    let spec = larder_model::arch::read_spec(&dir).unwrap();
+    assert_eq!(spec.rms_norm_eps, 1e-2);
+    for layer in &spec.layers {
+        match &layer.mixer {
+            larder_model::config::MixerSpec::Mla(m) => assert_eq!(m.latent_norm_eps, 1e-6),
+            other => panic!("deepseek_v3 layers are MLA: {other:?}"),
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -80,7 +80,7 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
         rope_interleave: cfg.opt_bool("rope_interleave")?.unwrap_or(true),
         softmax_scale: 1.0,
         rotary: true,
-        latent_norm_eps: cfg.rms_norm_eps()?,
+        latent_norm_eps: crate::mla::LATENT_NORM_EPS,
     })
 }
 

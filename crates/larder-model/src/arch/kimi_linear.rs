@@ -29,9 +29,6 @@ const NAMES: MoeNames = MoeNames {
     shared_expert_gate: "shared_expert_gate",
 };
 
-/// Epsilon of MLA's latent norms (transformers' `KimiLinearRMSNorm` default).
-const LATENT_NORM_EPS: f32 = 1e-6;
-
 /// `model_type: kimi_linear`.
 pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     cfg.require_silu()?;
@@ -149,7 +146,7 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
         rope_interleave: false,
         softmax_scale: ((nope + rope) as f64).powf(-0.5) as f32,
         rotary: false,
-        latent_norm_eps: LATENT_NORM_EPS,
+        latent_norm_eps: crate::mla::LATENT_NORM_EPS,
     })
 }
 
