@@ -8,9 +8,14 @@
 //! experts) in the others. Defaults are transformers' (they differ from
 //! Moonshot's remote code where a field is absent).
 //!
-//! Fields transformers ignores are accepted only with the value it computes
+//! Fails closed on fields: every config.json key is either read here
+//! (`IMPLEMENTED`, with transformers' aliases and derived fields), known
+//! to have no effect on the logits (`NO_EFFECT`), or refused naming it;
+//! K3 extension fields (`K3_EXTENSIONS`) are refused as such. Fields
+//! transformers ignores are accepted only with the value it computes
 //! (`mla_use_nope: true`, `moe_layer_freq: 1`,
-//! `moe_router_activation_func: sigmoid`): no reference exists for others.
+//! `moe_router_activation_func: sigmoid`, `topk_method: noaux_tc`, ...): no
+//! reference exists for others. The lists are in docs/architectures.md.
 
 use serde_json::Value;
 
@@ -29,10 +34,175 @@ const NAMES: MoeNames = MoeNames {
     shared_expert_gate: "shared_expert_gate",
 };
 
+/// Fields this file reads (each value is checked where it is read), with
+/// transformers' aliases (`attribute_map`) and the derived fields a
+/// transformers-saved config carries.
+const IMPLEMENTED: &[&str] = &[
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "hidden_act",
+    "rms_norm_eps",
+    "attention_bias",
+    "tie_word_embeddings",
+    "model_max_length",
+    "max_position_embeddings",
+    "quantization_config",
+    "linear_attn_config",
+    "linear_num_heads",
+    "linear_head_dim",
+    "linear_conv_kernel_dim",
+    "layer_types",
+    "q_lora_rank",
+    "kv_lora_rank",
+    "qk_nope_head_dim",
+    "qk_rope_head_dim",
+    "v_head_dim",
+    "head_dim",
+    "qk_head_dim",
+    "mla_use_nope",
+    "rope_theta",
+    "rope_scaling",
+    "rope_parameters",
+    "intermediate_size",
+    "first_k_dense_replace",
+    "mlp_layer_types",
+    "moe_layer_freq",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_token",
+    "num_experts_per_tok",
+    "num_shared_experts",
+    "n_shared_experts",
+    "moe_renormalize",
+    "norm_topk_prob",
+    "num_expert_group",
+    "n_group",
+    "topk_group",
+    "routed_scaling_factor",
+    "moe_router_activation_func",
+    "use_grouped_topk",
+    "topk_method",
+    "num_nextn_predict_layers",
+];
+
+/// Fields with no effect on the logits (metadata, training-only settings,
+/// output switches of transformers' `forward`), accepted with any value.
+const NO_EFFECT: &[&str] = &[
+    "architectures",
+    "auto_map",
+    "dtype",
+    "torch_dtype",
+    "transformers_version",
+    "_name_or_path",
+    "use_cache",
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "initializer_range",
+    "attention_dropout",
+    "output_router_logits",
+    "router_aux_loss_coef",
+    "pretraining_tp",
+    "output_attentions",
+    "output_hidden_states",
+    "return_dict",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "id2label",
+    "label2id",
+    "problem_type",
+    "tokenizer_class",
+];
+
+/// `linear_attn_config` keys larder reads.
+const LINEAR_KEYS: &[&str] = &["kda_layers", "full_attn_layers", "num_heads", "head_dim", "short_conv_kernel_size"];
+
+/// K3 extension fields larder does not implement: (field, extension). Names
+/// are those of the public reference models (transformers 5.24.0
+/// `glm5_next`, `bailing_hybrid`, `inkling2`, `nemotron_h`) and those seen in
+/// public code written against K3's config; `linear_attn_config.` marks a key
+/// inside that object. A boolean switch set to `false` means the plain
+/// kimi_linear computation and is accepted (see `switch_off`).
+const K3_EXTENSIONS: &[(&str, &str)] = &[
+    ("linear_lower_bound", "the lower-bounded KDA forget gate"),
+    ("kda_lower_bound", "the lower-bounded KDA forget gate"),
+    ("kda_safe_gate", "the lower-bounded KDA forget gate"),
+    ("linear_attn_config.gate_lower_bound", "the lower-bounded KDA forget gate"),
+    ("linear_attn_config.lower_bound", "the lower-bounded KDA forget gate"),
+    ("linear_attn_config.safe_gate", "the lower-bounded KDA forget gate"),
+    ("mla_use_output_gate", "the MLA output gate"),
+    ("linear_attn_config.use_full_rank_gate", "the full-rank KDA output gate"),
+    ("activation_situ_beta", "SiTU activations"),
+    ("activation_situ_linear_beta", "SiTU activations"),
+    ("attn_res_block_size", "attention-residual blocks"),
+    ("n_layers_per_attn_res_block", "attention-residual blocks"),
+    ("routed_expert_hidden_size", "latent-space experts"),
+    ("latent_moe_use_norm", "latent-space experts"),
+    ("moe_latent_size", "latent-space experts"),
+];
+
+/// K3 switches whose `false` is the plain kimi_linear computation.
+const K3_SWITCHES: &[&str] = &["kda_safe_gate", "mla_use_output_gate", "linear_attn_config.use_full_rank_gate"];
+
+/// The error for a K3 extension field.
+fn k3_refusal(cfg: &ConfigJson, field: &str, extension: &str) -> ModelError {
+    cfg.err(
+        field,
+        format!("is {extension}, a K3 extension larder does not implement; see docs/architectures.md (Kimi Linear)"),
+    )
+}
+
+/// Whether `value` of `field` is a K3 switch turned off (or null).
+fn switch_off(field: &str, value: &Value) -> bool {
+    value.is_null() || (K3_SWITCHES.contains(&field) && value == &Value::Bool(false))
+}
+
+/// Refuses every field larder neither implements nor knows to be without
+/// effect, naming it; K3 extensions are named as such.
+fn check_fields(cfg: &ConfigJson) -> Result<(), ModelError> {
+    let top = cfg.value.as_object().into_iter().flatten();
+    let nested = match cfg.value.get("linear_attn_config") {
+        Some(Value::Object(m)) => Some(m.iter().map(|(k, v)| (format!("linear_attn_config.{k}"), v))),
+        _ => None,
+    };
+    let fields = top.map(|(k, v)| (k.clone(), v)).chain(nested.into_iter().flatten());
+    for (field, value) in fields {
+        if let Some((_, extension)) = K3_EXTENSIONS.iter().find(|(name, _)| *name == field) {
+            if switch_off(&field, value) {
+                continue;
+            }
+            return Err(k3_refusal(cfg, &field, extension));
+        }
+        let known = match field.strip_prefix("linear_attn_config.") {
+            Some(key) => LINEAR_KEYS.contains(&key),
+            None => IMPLEMENTED.contains(&field.as_str()) || NO_EFFECT.contains(&field.as_str()),
+        };
+        if !known {
+            return Err(cfg.err(
+                &field,
+                "is not a kimi_linear field larder implements (an unknown field, or a K3 extension larder does not \
+                 implement); see docs/architectures.md (Kimi Linear)",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// `model_type: kimi_linear`.
 pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+    check_fields(cfg)?;
+    if cfg.opt_str("hidden_act")? == Some("situ") {
+        return Err(k3_refusal(cfg, "hidden_act", "SiTU activations (\"situ\")"));
+    }
     cfg.require_silu()?;
     refuse_unsupported(cfg)?;
+    refuse_unsupported_routing(cfg)?;
+    refuse_rope(cfg)?;
     let hidden = cfg.usize("hidden_size")?;
     let mla = mla_spec(cfg)?;
     let spec = ModelSpec {
@@ -43,10 +213,9 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         num_kv_heads: cfg.usize("num_attention_heads")?,
         head_dim: mla.qk_rope_head_dim,
         rms_norm_eps: rms_norm_eps(cfg)?,
-        max_position_embeddings: match cfg.opt_usize("model_max_length")? {
-            Some(n) => n,
-            None => cfg.opt_usize("max_position_embeddings")?.unwrap_or(1 << 20),
-        },
+        max_position_embeddings: cfg
+            .opt_usize(aliased(cfg, "model_max_length", "max_position_embeddings")?)?
+            .unwrap_or(1 << 20),
         // Never applied (no layer rotates); only sizes the unused table.
         rope: RopeSpec {
             theta: 10000.0,
@@ -73,6 +242,74 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         })
         .collect();
     super::finish(cfg, spec, layers)
+}
+
+/// Which of a field's two spellings config.json uses: the Hub name or
+/// transformers' alias (`attribute_map`); both with different values is an
+/// error naming both.
+fn aliased<'a>(cfg: &ConfigJson, hub: &'a str, alias: &'a str) -> Result<&'a str, ModelError> {
+    match (cfg.raw(hub), cfg.raw(alias)) {
+        (Some(a), Some(b)) if a != b => Err(cfg.err(hub, format!("{a} disagrees with its alias {alias} ({b}); give one of them"))),
+        (None, Some(_)) => Ok(alias),
+        _ => Ok(hub),
+    }
+}
+
+/// Router settings Moonshot's config spells that transformers ignores:
+/// only the values transformers computes are accepted.
+fn refuse_unsupported_routing(cfg: &ConfigJson) -> Result<(), ModelError> {
+    let groups = cfg.opt_usize(aliased(cfg, "num_expert_group", "n_group")?)?.unwrap_or(1);
+    if cfg.opt_bool("use_grouped_topk")? == Some(false) && groups != 1 {
+        return Err(cfg.err(
+            "use_grouped_topk",
+            format!("false with num_expert_group {groups} is not supported (transformers always routes group-limited)"),
+        ));
+    }
+    match cfg.opt_str("topk_method")? {
+        None | Some("noaux_tc") => {}
+        Some(other) => {
+            return Err(cfg.err(
+                "topk_method",
+                format!("{other:?} is not supported (only noaux_tc: sigmoid scores, correction bias for selection)"),
+            ))
+        }
+    }
+    match cfg.opt_usize("num_nextn_predict_layers")? {
+        None | Some(0) => Ok(()),
+        Some(n) => Err(cfg.err(
+            "num_nextn_predict_layers",
+            format!("{n} is not supported (only 0: multi-token-prediction layers are not implemented)"),
+        )),
+    }
+}
+
+/// Kimi Linear's MLA applies no RoPE: `rope_theta` has no effect and is
+/// accepted; a RoPE scaling is refused rather than silently ignored.
+fn refuse_rope(cfg: &ConfigJson) -> Result<(), ModelError> {
+    if let Some(theta) = cfg.opt_f64("rope_theta")? {
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(cfg.err("rope_theta", format!("{theta} is not a positive number")));
+        }
+    }
+    if let Some(v) = cfg.raw("rope_scaling") {
+        return Err(cfg.err(
+            "rope_scaling",
+            format!("{v} is not supported: kimi_linear's MLA applies no RoPE (only null)"),
+        ));
+    }
+    match cfg.raw("rope_parameters") {
+        None => Ok(()),
+        Some(Value::Object(m))
+            if m.get("rope_type").and_then(Value::as_str).is_none_or(|t| t == "default")
+                && m.keys().all(|k| k == "rope_type" || k == "rope_theta") =>
+        {
+            Ok(())
+        }
+        Some(v) => Err(cfg.err(
+            "rope_parameters",
+            format!("{v} is not supported: kimi_linear's MLA applies no RoPE (only rope_type default)"),
+        )),
+    }
 }
 
 /// Fields whose other values transformers cannot run.
@@ -137,6 +374,8 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
         }
     };
     let (nope, rope) = (field("qk_nope_head_dim", 128)?, field("qk_rope_head_dim", 64)?);
+    derived(cfg, "head_dim", rope, "qk_rope_head_dim")?;
+    derived(cfg, "qk_head_dim", nope + rope, "qk_nope_head_dim + qk_rope_head_dim")?;
     Ok(MlaSpec {
         q_lora_rank,
         kv_lora_rank: field("kv_lora_rank", 512)?,
@@ -148,6 +387,15 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
         rotary: false,
         latent_norm_eps: crate::mla::LATENT_NORM_EPS,
     })
+}
+
+/// A field transformers derives (`head_dim`, `qk_head_dim`): accepted only
+/// with the value it computes.
+fn derived(cfg: &ConfigJson, name: &str, want: usize, from: &str) -> Result<(), ModelError> {
+    match cfg.opt_usize(name)? {
+        Some(v) if v != want => Err(cfg.err(name, format!("{v} is not supported (must equal {from}, {want})"))),
+        _ => Ok(()),
+    }
 }
 
 /// `linear_attn_config` as an object (absent: every default).
@@ -173,20 +421,21 @@ fn linear_int(cfg: &ConfigJson, value: &Value, key: &str) -> Result<usize, Model
 /// KDA dimensions from `linear_attn_config` (transformers' defaults 32, 128, 4).
 fn kda_spec(cfg: &ConfigJson) -> Result<KdaSpec, ModelError> {
     let lin = linear_config(cfg)?;
-    let positive = |key: &str, default: usize| -> Result<usize, ModelError> {
-        let v = match lin.and_then(|m| m.get(key)).filter(|v| !v.is_null()) {
-            None => default,
-            Some(v) => linear_int(cfg, v, key)?,
+    // transformers: `linear_attn_config.{key}`, else the top-level field, else the default.
+    let positive = |key: &str, top: &str, default: usize| -> Result<usize, ModelError> {
+        let (v, field) = match lin.and_then(|m| m.get(key)).filter(|v| !v.is_null()) {
+            Some(v) => (linear_int(cfg, v, key)?, format!("linear_attn_config.{key}")),
+            None => (cfg.opt_usize(top)?.unwrap_or(default), top.to_string()),
         };
         if v == 0 {
-            return Err(cfg.err(&format!("linear_attn_config.{key}"), "must be positive"));
+            return Err(cfg.err(&field, "must be positive"));
         }
         Ok(v)
     };
     Ok(KdaSpec {
-        num_heads: positive("num_heads", 32)?,
-        head_dim: positive("head_dim", 128)?,
-        conv_kernel: positive("short_conv_kernel_size", 4)?,
+        num_heads: positive("num_heads", "linear_num_heads", 32)?,
+        head_dim: positive("head_dim", "linear_head_dim", 128)?,
+        conv_kernel: positive("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?,
     })
 }
 
@@ -276,21 +525,21 @@ fn ffn_plan(cfg: &ConfigJson) -> Result<Vec<FfnSpec>, ModelError> {
 
 /// The MoE block: sigmoid routing, groups, renormalisation, scaling, shared experts.
 fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
-    let num_experts = cfg.opt_usize("num_experts")?.unwrap_or(256);
-    let top_k = cfg.opt_usize("num_experts_per_token")?.unwrap_or(8);
+    let experts_field = aliased(cfg, "num_experts", "num_local_experts")?;
+    let top_k_field = aliased(cfg, "num_experts_per_token", "num_experts_per_tok")?;
+    let num_experts = cfg.opt_usize(experts_field)?.unwrap_or(256);
+    let top_k = cfg.opt_usize(top_k_field)?.unwrap_or(8);
     if num_experts == 0 {
-        return Err(cfg.err("num_experts", "must be positive"));
+        return Err(cfg.err(experts_field, "must be positive"));
     }
     if top_k == 0 || top_k > num_experts {
-        return Err(cfg.err(
-            "num_experts_per_token",
-            format!("{top_k} must be between 1 and num_experts ({num_experts})"),
-        ));
+        return Err(cfg.err(top_k_field, format!("{top_k} must be between 1 and num_experts ({num_experts})")));
     }
-    let n_group = cfg.opt_usize("num_expert_group")?.unwrap_or(1);
+    let group_field = aliased(cfg, "num_expert_group", "n_group")?;
+    let n_group = cfg.opt_usize(group_field)?.unwrap_or(1);
     if n_group == 0 || !num_experts.is_multiple_of(n_group) || (n_group > 1 && num_experts / n_group < 2) {
         return Err(cfg.err(
-            "num_expert_group",
+            group_field,
             format!("{n_group} must divide num_experts ({num_experts}) into groups of at least 2 experts"),
         ));
     }
@@ -305,7 +554,7 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
     if intermediate == 0 {
         return Err(cfg.err("moe_intermediate_size", "must be positive"));
     }
-    let shared_expert = match cfg.opt_usize("num_shared_experts")?.unwrap_or(1) {
+    let shared_expert = match cfg.opt_usize(aliased(cfg, "num_shared_experts", "n_shared_experts")?)?.unwrap_or(1) {
         0 => None,
         k => Some(SharedExpertSpec {
             intermediate: intermediate * k,
@@ -319,7 +568,7 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
     Ok(MoeSpec {
         num_experts,
         top_k,
-        renormalize: cfg.opt_bool("moe_renormalize")?.unwrap_or(true),
+        renormalize: cfg.opt_bool(aliased(cfg, "moe_renormalize", "norm_topk_prob")?)?.unwrap_or(true),
         expert_intermediate: intermediate,
         shared_expert,
         scoring: Scoring::SigmoidGroups {

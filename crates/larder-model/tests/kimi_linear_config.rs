@@ -1,0 +1,264 @@
+//! Kimi Linear config.json fields (`crates/larder-model/src/arch/kimi_linear.rs`):
+//! both fixtures' configs load; transformers' aliases, derived fields and
+//! fields without effect read as the Hub spelling does; every unknown field,
+//! every K3 extension field and every unsupported value is refused with an
+//! error naming the field and config.json.
+
+use std::path::{Path, PathBuf};
+
+use larder_model::arch::read_spec;
+use serde_json::{json, Value};
+
+const FIXTURES: [&str; 2] = ["kimi_linear_tiny", "kimi_linear_mla_first"];
+
+fn fixture_config(name: &str) -> Value {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../fixtures")
+        .join(name)
+        .join("config.json");
+    serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
+/// A folder holding only `config`, unique per test case.
+fn config_dir(config: &Value, tag: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("larder-kimi-linear-config-{}-{tag}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// The spec's Debug form (ModelSpec has no PartialEq), or the error text.
+fn read(config: &Value, tag: &str) -> Result<String, String> {
+    let dir = config_dir(config, tag);
+    let out = read_spec(&dir).map(|s| format!("{s:?}")).map_err(|e| e.to_string());
+    std::fs::remove_dir_all(&dir).unwrap();
+    out
+}
+
+/// `config` with `field` (`linear_attn_config.KEY` for a nested key) set to `value`.
+fn with(mut config: Value, field: &str, value: Value) -> Value {
+    match field.strip_prefix("linear_attn_config.") {
+        Some(key) => config["linear_attn_config"][key] = value,
+        None => config[field] = value,
+    }
+    config
+}
+
+/// `config` without `field` (a top-level field).
+fn without(mut config: Value, field: &str) -> Value {
+    config.as_object_mut().unwrap().remove(field);
+    config
+}
+
+fn assert_refused(config: &Value, tag: &str, want: &[&str]) {
+    let msg = match read(config, tag) {
+        Ok(_) => panic!("{tag}: should be refused"),
+        Err(e) => e,
+    };
+    assert!(msg.contains("config.json"), "{tag}: {msg}");
+    for w in want {
+        assert!(msg.contains(w), "{tag}: {msg} should contain {w:?}");
+    }
+}
+
+#[test]
+fn both_fixture_configs_load() {
+    for name in FIXTURES {
+        read(&fixture_config(name), name).unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+}
+
+#[test]
+fn an_unknown_field_is_refused_by_name() {
+    let base = fixture_config("kimi_linear_tiny");
+    for (i, field) in ["use_fancy_attention", "text_config", "mlp_bias", "linear_attn_config.chunk_size"]
+        .into_iter()
+        .enumerate()
+    {
+        let cfg = with(base.clone(), field, json!(1));
+        assert_refused(&cfg, &format!("unknown{i}"), &[field, "not a kimi_linear field larder implements"]);
+    }
+    // Unknown even when null: a field larder cannot interpret is never ignored.
+    assert_refused(&with(base, "some_future_flag", Value::Null), "unknown-null", &["some_future_flag"]);
+}
+
+#[test]
+fn every_k3_extension_field_is_refused_naming_the_extension() {
+    let base = fixture_config("kimi_linear_tiny");
+    let cases: &[(&str, Value, &str)] = &[
+        ("linear_lower_bound", json!(-5.0), "lower-bounded KDA forget gate"),
+        ("kda_lower_bound", json!(-5.0), "lower-bounded KDA forget gate"),
+        ("kda_safe_gate", json!(true), "lower-bounded KDA forget gate"),
+        ("linear_attn_config.gate_lower_bound", json!(-5.0), "lower-bounded KDA forget gate"),
+        ("linear_attn_config.lower_bound", json!(-5.0), "lower-bounded KDA forget gate"),
+        ("linear_attn_config.safe_gate", json!(true), "lower-bounded KDA forget gate"),
+        ("mla_use_output_gate", json!(true), "MLA output gate"),
+        ("linear_attn_config.use_full_rank_gate", json!(true), "full-rank KDA output gate"),
+        ("hidden_act", json!("situ"), "SiTU"),
+        ("activation_situ_beta", json!(4.0), "SiTU"),
+        ("activation_situ_linear_beta", json!(25.0), "SiTU"),
+        ("attn_res_block_size", json!(12), "attention-residual blocks"),
+        ("n_layers_per_attn_res_block", json!(6), "attention-residual blocks"),
+        ("routed_expert_hidden_size", json!(32), "latent-space experts"),
+        ("latent_moe_use_norm", json!(true), "latent-space experts"),
+        ("moe_latent_size", json!(32), "latent-space experts"),
+    ];
+    for (i, (field, value, extension)) in cases.iter().enumerate() {
+        let cfg = with(base.clone(), field, value.clone());
+        assert_refused(
+            &cfg,
+            &format!("k3-{i}"),
+            &[field, extension, "K3 extension", "docs/architectures.md"],
+        );
+    }
+}
+
+#[test]
+fn k3_switches_turned_off_are_the_plain_model() {
+    let base = fixture_config("kimi_linear_tiny");
+    let want = read(&base, "off-base").unwrap();
+    let off = [
+        ("kda_safe_gate", json!(false)),
+        ("mla_use_output_gate", json!(false)),
+        ("linear_attn_config.use_full_rank_gate", json!(false)),
+        ("moe_latent_size", Value::Null),
+    ];
+    for (i, (field, value)) in off.into_iter().enumerate() {
+        let got = read(&with(base.clone(), field, value), &format!("off{i}"));
+        assert_eq!(got.as_ref(), Ok(&want), "{field}");
+    }
+}
+
+#[test]
+fn unsupported_values_are_refused_by_name() {
+    let base = fixture_config("kimi_linear_tiny");
+    let cases: &[(&str, Value, &[&str])] = &[
+        ("hidden_act", json!("gelu"), &["hidden_act", "gelu"]),
+        ("use_grouped_topk", json!(false), &["use_grouped_topk", "num_expert_group 4"]),
+        ("topk_method", json!("greedy"), &["topk_method", "greedy"]),
+        ("num_nextn_predict_layers", json!(1), &["num_nextn_predict_layers", "1"]),
+        ("rope_scaling", json!({"type": "yarn", "factor": 4.0}), &["rope_scaling", "no RoPE"]),
+        (
+            "rope_parameters",
+            json!({"rope_type": "yarn", "factor": 4.0}),
+            &["rope_parameters", "no RoPE"],
+        ),
+        ("rope_theta", json!(-1.0), &["rope_theta"]),
+        ("head_dim", json!(9), &["head_dim", "qk_rope_head_dim"]),
+        ("qk_head_dim", json!(9), &["qk_head_dim", "24"]),
+        ("n_group", json!(2), &["num_expert_group", "n_group"]),
+        ("num_experts_per_tok", json!(3), &["num_experts_per_token", "num_experts_per_tok"]),
+        ("linear_num_heads", json!(0), &[]),
+        ("mla_use_nope", json!(false), &["mla_use_nope"]),
+        ("moe_layer_freq", json!(2), &["moe_layer_freq"]),
+        ("moe_router_activation_func", json!("softmax"), &["moe_router_activation_func"]),
+        ("tie_word_embeddings", json!(true), &["tie_word_embeddings"]),
+        ("attention_bias", json!(true), &["attention_bias"]),
+        (
+            "quantization_config",
+            json!({"quant_method": "compressed-tensors"}),
+            &["quantization_config"],
+        ),
+    ];
+    for (i, (field, value, want)) in cases.iter().enumerate() {
+        let cfg = with(base.clone(), field, value.clone());
+        if *field == "linear_num_heads" {
+            // The nested key wins (transformers' order), so 0 here is only read without it.
+            let mut cfg = cfg;
+            cfg["linear_attn_config"].as_object_mut().unwrap().remove("num_heads");
+            assert_refused(&cfg, &format!("value{i}"), &["linear_num_heads", "positive"]);
+            continue;
+        }
+        assert_refused(&cfg, &format!("value{i}"), want);
+    }
+}
+
+#[test]
+fn fields_without_effect_and_derived_fields_are_accepted() {
+    for name in FIXTURES {
+        let base = fixture_config(name);
+        let want = read(&base, &format!("{name}-noeffect-base")).unwrap();
+        let rope = base["qk_rope_head_dim"].as_u64().unwrap();
+        let nope = base["qk_nope_head_dim"].as_u64().unwrap();
+        let mut cfg = base.clone();
+        let extra = json!({
+            "auto_map": {"AutoConfig": "configuration_kimi.KimiLinearConfig"},
+            "torch_dtype": "bfloat16",
+            "_name_or_path": "moonshotai/Kimi-Linear-48B-A3B-Instruct",
+            "router_aux_loss_coef": 0.01,
+            "id2label": {"0": "LABEL_0"},
+            "label2id": {"LABEL_0": 0},
+            "output_attentions": false,
+            "output_hidden_states": false,
+            "return_dict": true,
+            "chunk_size_feed_forward": 0,
+            "is_encoder_decoder": false,
+            "problem_type": null,
+            "rope_theta": 10000.0,
+            "rope_scaling": null,
+            "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+            "head_dim": rope,
+            "qk_head_dim": rope + nope,
+            "use_grouped_topk": true,
+            "topk_method": "noaux_tc",
+            "num_nextn_predict_layers": 0,
+            "kda_safe_gate": false,
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            cfg[k] = v.clone();
+        }
+        assert_eq!(read(&cfg, &format!("{name}-noeffect")), Ok(want), "{name}");
+    }
+}
+
+#[test]
+fn transformers_aliases_read_as_the_hub_names() {
+    let aliases = [
+        ("num_experts", "num_local_experts"),
+        ("num_experts_per_token", "num_experts_per_tok"),
+        ("num_shared_experts", "n_shared_experts"),
+        ("moe_renormalize", "norm_topk_prob"),
+        ("num_expert_group", "n_group"),
+        ("model_max_length", "max_position_embeddings"),
+    ];
+    for name in FIXTURES {
+        let base = fixture_config(name);
+        let want = read(&base, &format!("{name}-alias-base")).unwrap();
+        let mut renamed = base.clone();
+        for (hub, alias) in aliases {
+            let value = renamed[hub].clone();
+            renamed = with(without(renamed, hub), alias, value);
+        }
+        assert_eq!(read(&renamed, &format!("{name}-alias")), Ok(want.clone()), "{name}");
+        // Both spellings with the same value are fine too.
+        let mut both = base.clone();
+        for (hub, alias) in aliases {
+            both[alias] = base[hub].clone();
+        }
+        assert_eq!(read(&both, &format!("{name}-alias-both")), Ok(want), "{name}");
+    }
+}
+
+#[test]
+fn top_level_kda_dims_are_read_when_linear_attn_config_lacks_them() {
+    for name in FIXTURES {
+        let base = fixture_config(name);
+        let want = read(&base, &format!("{name}-lin-base")).unwrap();
+        let mut cfg = base.clone();
+        let lin = cfg["linear_attn_config"].as_object_mut().unwrap();
+        let pairs = [
+            ("num_heads", "linear_num_heads"),
+            ("head_dim", "linear_head_dim"),
+            ("short_conv_kernel_size", "linear_conv_kernel_dim"),
+        ];
+        let moved: Vec<(&str, Value)> = pairs.iter().map(|(key, top)| (*top, lin.remove(*key).unwrap())).collect();
+        for (top, value) in moved {
+            cfg[top] = value;
+        }
+        assert_eq!(read(&cfg, &format!("{name}-lin")), Ok(want.clone()), "{name}");
+        // transformers reads linear_attn_config first: a disagreeing top-level value is unused.
+        let mut both = base.clone();
+        both["linear_num_heads"] = json!(99);
+        assert_eq!(read(&both, &format!("{name}-lin-both")), Ok(want), "{name}");
+    }
+}
