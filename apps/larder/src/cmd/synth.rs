@@ -16,7 +16,12 @@ use serde_json::json;
 #[derive(clap::Args)]
 #[command(after_help = "Presets: tiny (hidden 64, 16 experts, top-2) and k3-mini (hidden 2048, expert \
 intermediate 1408 in bf16 = 17.3 MB per expert like the Kimi-class target, top-8 of 64). With \
---experts-gib the layer count is chosen to reach that size of routed experts.\n\n\
+--experts-gib the layer count is chosen to reach that size of routed experts (whole MoE layers, plus the \
+dense first layer of deepseek_v3 and kimi_linear).\n\n\
+kimi_linear (Kimi Linear / K3 layout): KDA layers with MLA every 4th layer (1-based 4, 8, ...: the K3 \
+ratio of 3 KDA to 1 MLA), a dense first layer, DeepSeek-style MoE (shared expert, sigmoid routing with \
+correction bias, 8 groups of which 4 eligible in k3-mini); k3-mini's attention is Kimi-Linear-48B's scaled \
+to hidden 2048 (28 KDA heads x 128, 28 MLA heads, no q LoRA); tiny has 5 layers (KDA x3, MLA, KDA).\n\n\
 After writing, a short greedy decode measures the mean share of experts a token shares with the previous \
 token (uniform routing: about top_k/experts); skip it with --measure-tokens 0.\n\n\
 With --from-dense DIR, a real dense checkpoint (llama or mistral -> mixtral layout, qwen3 -> qwen3_moe) \
@@ -27,10 +32,12 @@ streaming real text, not a trained MoE. Every other tensor is copied byte-for-by
 tokenizer, chat template and generation config are copied.\n\n\
 Examples:\n  larder synth --arch qwen3_moe --preset k3-mini --experts-gib 8 --out ./k3mini\n  \
 larder synth --arch deepseek_v3 --preset k3-mini --experts-gib 8 --out ./k3mini-ds\n  \
+larder synth --arch kimi_linear --preset k3-mini --experts-gib 8 --out ./k3mini-kimi\n  \
 larder synth --from-dense ~/.cache/larder/smollm2/checkpoint --experts 8 --top-k 2 --out ./smollm2-moe")]
 pub struct Args {
-    /// Architecture: qwen3_moe or deepseek_v3 (MLA, dense first layer, shared expert, grouped sigmoid routing).
-    #[arg(long, default_value = "qwen3_moe", value_parser = ["qwen3_moe", "deepseek_v3"])]
+    /// Architecture: qwen3_moe, deepseek_v3 (MLA, dense first layer, shared expert, grouped sigmoid routing)
+    /// or kimi_linear (deepseek_v3's MoE with KDA layers and MLA every 4th layer).
+    #[arg(long, default_value = "qwen3_moe", value_parser = larder_model::synth::ARCHITECTURES)]
     arch: String,
     /// Shape preset: tiny or k3-mini.
     #[arg(long, default_value = "tiny")]

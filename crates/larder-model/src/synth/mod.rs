@@ -1,0 +1,252 @@
+//! Synthetic checkpoints: real layouts (config.json, sharded safetensors with
+//! the architecture's tensor names, index.json), random weights, any size.
+//! This is how larder tests scale without downloading terabytes.
+//! Architectures: `qwen3_moe`, `deepseek_v3` and `kimi_linear` (KDA and MLA
+//! layers in the K3 ratio 3:1, DeepSeek-style MoE); this module owns the
+//! shapes and presets, [`config`] the config.json of each, [`tensors`] the
+//! tensor list and [`write`](mod@write) the files.
+//!
+//! Scales are chosen so routing behaves like a trained model's would in the
+//! case being tested, rather than collapsing (random matrices at one small
+//! std make consecutive tokens reuse most experts, turning any I/O benchmark
+//! into a page-cache benchmark):
+//! - embeddings ~ U(std 1) and an **untied** random LM head, so each token's
+//!   residual stream is its own and greedy decoding walks a random sequence;
+//! - attention and expert output projections small (std 0.002), so the
+//!   residual stays dominated by the current token;
+//! - router rows with std 1/sqrt(hidden) (unit-variance logits).
+//!
+//! Under [`Routing::Uniform`] every token picks experts independently and
+//! uniformly (consecutive-token overlap ~ k/E). [`Routing::Skewed`] adds a
+//! Zipf-like popularity (a direction shared by every embedding, weighted per
+//! expert by 1/rank in the router) and temporal locality (tokens fall into
+//! clusters of 64 ids that share an embedding component, and the LM head
+//! prefers tokens of the current cluster).
+//!
+//! Files are written under `.partial` names and renamed when complete;
+//! `config.json` is written last, so an interrupted synth is not loadable.
+
+mod config;
+mod tensors;
+mod write;
+
+use serde::Serialize;
+
+pub(crate) use write::unit;
+pub use write::write;
+
+/// The architectures [`SynthSpec::preset`] writes.
+pub const ARCHITECTURES: [&str; 3] = ["qwen3_moe", "deepseek_v3", "kimi_linear"];
+
+/// How routing should behave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Routing {
+    Uniform,
+    Skewed,
+}
+
+/// The shape of a synthetic checkpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct SynthSpec {
+    pub arch: String,
+    pub preset: String,
+    pub hidden: usize,
+    pub expert_intermediate: usize,
+    pub experts: usize,
+    pub top_k: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub vocab: usize,
+    pub seed: u64,
+    pub routing: Routing,
+    /// DeepSeek-V3 layout: MLA, a dense first layer, shared experts, grouped
+    /// sigmoid routing (also the MLA and MoE of `kimi_linear`).
+    pub deepseek: Option<DeepseekShape>,
+    /// Kimi Linear: KDA mixers in every layer but each `mla_every`-th.
+    pub kda: Option<KdaShape>,
+}
+
+/// The DeepSeek-V3-specific dimensions of a synthetic checkpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeepseekShape {
+    /// Rank of `q_a_proj`; `None` is one `q_proj` (Kimi Linear's MLA, `q_lora_rank: null`).
+    pub q_lora_rank: Option<usize>,
+    pub kv_lora_rank: usize,
+    pub qk_nope_head_dim: usize,
+    pub qk_rope_head_dim: usize,
+    pub v_head_dim: usize,
+    pub n_shared_experts: usize,
+    pub first_k_dense_replace: usize,
+    pub n_group: usize,
+    pub topk_group: usize,
+}
+
+/// The KDA (Kimi Delta Attention) dimensions of a synthetic `kimi_linear` checkpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct KdaShape {
+    /// `linear_attn_config.num_heads` (H).
+    pub heads: usize,
+    /// `linear_attn_config.head_dim` (D, also the rank of `f_a`/`g_a`).
+    pub head_dim: usize,
+    /// `linear_attn_config.short_conv_kernel_size`.
+    pub conv_kernel: usize,
+    /// MLA in the 1-based layers `mla_every`, `2 * mla_every`, ... (K3: 4, three KDA to one MLA).
+    pub mla_every: usize,
+}
+
+impl KdaShape {
+    /// Whether 0-based layer `l` is KDA (else MLA).
+    pub fn is_kda(&self, l: usize) -> bool {
+        !(l + 1).is_multiple_of(self.mla_every)
+    }
+}
+
+impl SynthSpec {
+    /// A preset (`tiny`, `k3-mini`) of `arch` (one of [`ARCHITECTURES`]);
+    /// with `experts_gib`, the layer count is chosen so routed experts total
+    /// about that many GiB (rounded to whole MoE layers, plus the dense ones).
+    pub fn preset(arch: &str, preset: &str, experts_gib: Option<f64>) -> Result<SynthSpec, String> {
+        if !ARCHITECTURES.contains(&arch) {
+            return Err(format!(
+                "--arch {arch}: synthetic checkpoints are available for {}",
+                ARCHITECTURES.join(", ")
+            ));
+        }
+        let mut s = match preset {
+            "tiny" => tiny(arch),
+            "k3-mini" => k3_mini(arch),
+            other => return Err(format!("unknown preset {other:?} (tiny, k3-mini)")),
+        };
+        if let Some(gib) = experts_gib {
+            if !(gib.is_finite() && gib > 0.0) {
+                return Err("--experts-gib must be positive".into());
+            }
+            let per_layer = (s.experts * s.expert_bytes()) as f64;
+            let dense = s.deepseek.as_ref().map_or(0, |d| d.first_k_dense_replace);
+            s.layers = ((gib * (1u64 << 30) as f64 / per_layer).round() as usize).max(1) + dense;
+        }
+        Ok(s)
+    }
+
+    /// Bytes of one routed expert (bf16 gate, up, down).
+    pub fn expert_bytes(&self) -> usize {
+        3 * self.hidden * self.expert_intermediate * 2
+    }
+
+    /// Layers with routed experts.
+    pub fn moe_layers(&self) -> usize {
+        self.layers - self.deepseek.as_ref().map_or(0, |d| d.first_k_dense_replace.min(self.layers))
+    }
+
+    pub fn total_expert_bytes(&self) -> u64 {
+        (self.moe_layers() * self.experts * self.expert_bytes()) as u64
+    }
+
+    /// Bytes of every tensor [`write`](write()) writes (the total its progress counts):
+    /// embeddings, final norm, LM head and every layer, experts included.
+    pub fn total_bytes(&self) -> u64 {
+        let top = (2 * self.vocab * self.hidden + self.hidden) as u64 * 2;
+        top + (0..self.layers)
+            .flat_map(|l| tensors::layer_tensors(self, l))
+            .map(|t| t.bytes())
+            .sum::<u64>()
+    }
+}
+
+/// hidden 64, 16 experts, top-2; kimi_linear: 5 layers (KDA x3, MLA, KDA).
+fn tiny(arch: &str) -> SynthSpec {
+    let kimi = arch == "kimi_linear";
+    SynthSpec {
+        arch: arch.into(),
+        preset: "tiny".into(),
+        hidden: 64,
+        expert_intermediate: 32,
+        experts: 16,
+        top_k: 2,
+        layers: if kimi { 5 } else { 3 },
+        heads: 4,
+        kv_heads: if kimi { 4 } else { 2 },
+        head_dim: 16,
+        vocab: 512,
+        seed: 0,
+        routing: Routing::Uniform,
+        deepseek: (arch != "qwen3_moe").then_some(DeepseekShape {
+            // Moonshot's Kimi Linear MLA has no q LoRA (`q_lora_rank: null`).
+            q_lora_rank: (!kimi).then_some(48),
+            kv_lora_rank: 32,
+            qk_nope_head_dim: 16,
+            qk_rope_head_dim: 8,
+            v_head_dim: 16,
+            n_shared_experts: 1,
+            first_k_dense_replace: 1,
+            n_group: 4,
+            topk_group: 2,
+        }),
+        kda: kimi.then_some(KdaShape {
+            heads: 2,
+            head_dim: 16,
+            conv_kernel: 4,
+            mla_every: 4,
+        }),
+    }
+}
+
+/// Kimi-class expert size (~17.3 MB in bf16), top-8 of 64, hidden 2048.
+/// kimi_linear: Kimi-Linear-48B-A3B's attention (hidden 2304: KDA 32 heads x
+/// 128, MLA 32 heads, nope 128, rope 64, v 128, kv rank 512, no q LoRA)
+/// scaled to hidden 2048: 28 heads of each (32 x 2048/2304 = 28.4), head
+/// dims kept (the KDA state is H x 128 x 128 per layer, as in the real model).
+fn k3_mini(arch: &str) -> SynthSpec {
+    let kimi = arch == "kimi_linear";
+    let heads = if kimi { 28 } else { 16 };
+    SynthSpec {
+        arch: arch.into(),
+        preset: "k3-mini".into(),
+        hidden: 2048,
+        expert_intermediate: 1408,
+        experts: 64,
+        top_k: 8,
+        layers: 24,
+        heads,
+        kv_heads: if kimi { heads } else { 4 },
+        head_dim: 128,
+        vocab: 32000,
+        seed: 0,
+        routing: Routing::Uniform,
+        // DeepSeek-V3's proportions at hidden 2048: 8 groups, 4 eligible.
+        deepseek: match arch {
+            "deepseek_v3" => Some(DeepseekShape {
+                q_lora_rank: Some(512),
+                kv_lora_rank: 256,
+                qk_nope_head_dim: 64,
+                qk_rope_head_dim: 32,
+                v_head_dim: 64,
+                n_shared_experts: 1,
+                first_k_dense_replace: 1,
+                n_group: 8,
+                topk_group: 4,
+            }),
+            "kimi_linear" => Some(DeepseekShape {
+                q_lora_rank: None,
+                kv_lora_rank: 512,
+                qk_nope_head_dim: 128,
+                qk_rope_head_dim: 64,
+                v_head_dim: 128,
+                n_shared_experts: 1,
+                first_k_dense_replace: 1,
+                n_group: 8,
+                topk_group: 4,
+            }),
+            _ => None,
+        },
+        kda: kimi.then_some(KdaShape {
+            heads,
+            head_dim: 128,
+            conv_kernel: 4,
+            mla_every: 4,
+        }),
+    }
+}

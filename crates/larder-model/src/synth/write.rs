@@ -1,0 +1,164 @@
+//! Writing a synthetic checkpoint: one safetensors shard per layer (plus one
+//! for embeddings, final norm and LM head), index, generation config and
+//! config.json last; each file under a `.partial` name until complete.
+//! Values are drawn per row from seeded SplitMix64 streams, in parallel, so
+//! the same spec and seed always give the same bytes.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use rayon::prelude::*;
+
+use super::tensors::{layer_tensors, top_tensors, Dtype, Init, TensorPlan};
+use super::{Routing, SynthSpec};
+use crate::error::ModelError;
+
+/// Writes the checkpoint; `progress(bytes)` as tensors are written.
+pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Result<Vec<PathBuf>, ModelError> {
+    let io = |p: &Path, e: std::io::Error| ModelError::Io {
+        path: p.to_path_buf(),
+        source: e,
+    };
+    std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
+    // Shard 0: embeddings, final norm, LM head; shard l+1: layer l.
+    let mut shards: Vec<Vec<TensorPlan>> = vec![top_tensors(spec)];
+    for l in 0..spec.layers {
+        shards.push(layer_tensors(spec, l));
+    }
+    let n = shards.len();
+    let mut weight_map = serde_json::Map::new();
+    let mut files = Vec::new();
+    let mut seed_index = 0u64;
+    for (s, tensors) in shards.iter().enumerate() {
+        let name = format!("model-{:05}-of-{:05}.safetensors", s + 1, n);
+        let path = out.join(&name);
+        let tmp = out.join(format!("{name}.partial"));
+        write_shard(spec, &tmp, tensors, &mut seed_index, progress).map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        for tp in tensors {
+            weight_map.insert(tp.name.clone(), serde_json::Value::String(name.clone()));
+        }
+        files.push(path);
+    }
+    let total: u64 = shards.iter().flatten().map(|t| t.bytes()).sum();
+    let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
+    let write_json = |name: &str, v: &serde_json::Value| -> Result<(), ModelError> {
+        let path = out.join(name);
+        let tmp = out.join(format!("{name}.partial"));
+        let text = serde_json::to_vec_pretty(v).map_err(|e| ModelError::Experts(e.to_string()))?;
+        std::fs::write(&tmp, text).map_err(|e| io(&tmp, e))?;
+        std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
+    };
+    write_json("model.safetensors.index.json", &index)?;
+    write_json(
+        "generation_config.json",
+        &serde_json::json!({"bos_token_id": 0, "eos_token_id": spec.vocab - 1}),
+    )?;
+    write_json("config.json", &spec.config())?;
+    Ok(files)
+}
+
+fn write_shard(
+    spec: &SynthSpec,
+    path: &Path,
+    tensors: &[TensorPlan],
+    seed_index: &mut u64,
+    progress: &mut dyn FnMut(u64),
+) -> std::io::Result<()> {
+    let mut header = serde_json::Map::new();
+    let mut at = 0u64;
+    for tp in tensors {
+        header.insert(
+            tp.name.clone(),
+            serde_json::json!({"dtype": tp.dtype.name(), "shape": tp.shape, "data_offsets": [at, at + tp.bytes()]}),
+        );
+        at += tp.bytes();
+    }
+    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
+    let mut text = serde_json::to_vec(&serde_json::Value::Object(header))?;
+    while text.len() % 8 != 0 {
+        text.push(b' ');
+    }
+    let mut f = std::io::BufWriter::with_capacity(16 << 20, std::fs::File::create(path)?);
+    f.write_all(&(text.len() as u64).to_le_bytes())?;
+    f.write_all(&text)?;
+    for tp in tensors {
+        *seed_index += 1;
+        let rows = if tp.shape.len() == 2 { tp.shape[0] } else { 1 };
+        let cols = tp.shape.iter().product::<usize>() / rows;
+        let data = generate(
+            spec,
+            tp.kind,
+            tp.dtype,
+            rows,
+            cols,
+            spec.seed.wrapping_mul(0x9e37_79b9).wrapping_add(*seed_index),
+        );
+        f.write_all(&data)?;
+        progress(data.len() as u64);
+    }
+    let f = f.into_inner().map_err(|e| e.into_error())?;
+    f.sync_all()
+}
+
+/// SplitMix64: a tiny, fast, seedable generator (weights need speed, not quality).
+fn splitmix(x: &mut u64) -> u64 {
+    *x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    let mut z = *x;
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
+}
+
+/// Uniform in [-sqrt(3), sqrt(3)) (unit variance).
+pub(crate) fn unit(x: &mut u64) -> f32 {
+    let u = (splitmix(x) >> 40) as f32 / (1u64 << 24) as f32;
+    (u * 2.0 - 1.0) * 1.732_050_8
+}
+
+/// Deterministic per-row seeds; rows are generated in parallel.
+fn generate(spec: &SynthSpec, kind: Init, dtype: Dtype, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
+    let size = dtype.size();
+    let mut out = vec![0u8; rows * cols * size];
+    let skewed = spec.routing == Routing::Skewed;
+    out.par_chunks_mut(cols * size).enumerate().for_each(|(r, row)| {
+        let mut s = seed.wrapping_mul(0x1000_0000_01b3) ^ (r as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        let cluster = (r / 64) as u64;
+        let mut pop = spec.seed ^ 0xabcd_ef01;
+        let mut clu = spec.seed ^ 0x1234_5678 ^ cluster.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        // `pop` and `clu` replay the same sequences in every row: the shared
+        // popularity direction and this row's cluster direction.
+        for b in row.chunks_exact_mut(size) {
+            let z = unit(&mut s);
+            let v = match kind {
+                Init::Ones => 1.0,
+                Init::Zeros => 0.0,
+                Init::Const(c) => c,
+                Init::Uniform(std) => z * std,
+                Init::Embedding if skewed => {
+                    // 0.6 own + 0.6 cluster + 0.5 popularity direction.
+                    let (p, cl) = (unit(&mut pop), unit(&mut clu));
+                    0.6 * z + 0.6 * cl + 0.5 * p
+                }
+                Init::Embedding => z,
+                Init::LmHead if skewed => {
+                    let cl = unit(&mut clu);
+                    (0.5 * z + cl) / (cols as f32).sqrt()
+                }
+                Init::LmHead => z / (cols as f32).sqrt(),
+                Init::Router if skewed => {
+                    // Expert r leans on the popularity direction in proportion to
+                    // 1/(r+1): a logit bias of about 2.5/(r+1) for every token.
+                    let p = unit(&mut pop);
+                    (z + 5.0 / (cols as f32).sqrt() * p / (r as f32 + 1.0)) / (cols as f32).sqrt()
+                }
+                Init::Router => z / (cols as f32).sqrt(),
+            };
+            match dtype {
+                Dtype::Bf16 => b.copy_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes()),
+                Dtype::F32 => b.copy_from_slice(&v.to_le_bytes()),
+            }
+        }
+    });
+    out
+}
