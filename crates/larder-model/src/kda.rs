@@ -62,6 +62,10 @@ pub struct KdaMixer {
     /// `exp(A_log)` per head.
     decay_rate: Vec<f32>,
     dt_bias: Vec<f32>,
+    /// The K3 lower-bounded forget gate's bound (see [`forget_log_decay`]);
+    /// `None` (transformers 5.24.0's kimi_linear) until `KdaSpec` carries
+    /// `linear_attn_config.gate_lower_bound` (docs/architectures.md).
+    gate_lower_bound: Option<f32>,
     b_proj: Linear,
     g_a: Linear,
     g_b: Linear,
@@ -108,6 +112,7 @@ impl KdaMixer {
             f_b: lin("f_b_proj", hd, d)?,
             decay_rate: a_log.iter().map(|a| a.exp()).collect(),
             dt_bias: tensor(ckpt, &format!("{prefix}.dt_bias"), &[&[hd]])?,
+            gate_lower_bound: None,
             b_proj: lin("b_proj", h, hidden)?,
             g_a: lin("g_a_proj", d, hidden)?,
             g_b: lin("g_b_proj", hd, d)?,
@@ -205,10 +210,11 @@ impl KdaMixer {
         let d = self.head_dim;
         inputs.decay = (0..f.rows())
             .flat_map(|r| {
-                f.row(r).iter().zip(&self.dt_bias).enumerate().map(move |(c, (&u, &bias))| {
-                    let g = -self.decay_rate[c / d] * softplus(u + bias);
-                    g.exp()
-                })
+                f.row(r)
+                    .iter()
+                    .zip(&self.dt_bias)
+                    .enumerate()
+                    .map(move |(c, (&u, &bias))| forget_log_decay(self.decay_rate[c / d], u + bias, self.gate_lower_bound).exp())
             })
             .collect();
         inputs.beta = b.as_slice().iter().map(|&v| sigmoid(v)).collect();
@@ -295,6 +301,20 @@ fn delta_rule_step(s: &mut [f32], from: Option<&[f32]>, t: &Token<'_>, o: &mut [
         for (oj, &x) in o.iter_mut().zip(row.iter()) {
             *oj += x * t.q[i];
         }
+    }
+}
+
+/// Step 4's log decay `g` of one channel from its head's `decay_rate =
+/// exp(A_log[h])` and `u = f_b(f_a x) + dt_bias`: without a bound,
+/// transformers 5.24.0 kimi_linear's `-decay_rate · softplus(u)`; with
+/// `lower_bound` (the K3 lower-bounded gate), transformers 5.24.0
+/// glm5_next's `Glm5NextTextForgetGate`: `lower_bound · sigmoid(decay_rate ·
+/// u)`, so `g` stays in `(lower_bound, 0)`. Checked against that module's
+/// outputs in `tests/kimi_linear_config.rs`.
+pub fn forget_log_decay(decay_rate: f32, u: f32, lower_bound: Option<f32>) -> f32 {
+    match lower_bound {
+        Some(bound) => bound * sigmoid(decay_rate * u),
+        None => -decay_rate * softplus(u),
     }
 }
 

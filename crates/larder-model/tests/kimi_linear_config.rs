@@ -262,3 +262,35 @@ fn top_level_kda_dims_are_read_when_linear_attn_config_lacks_them() {
         assert_eq!(read(&both, &format!("{name}-lin-both")), Ok(want), "{name}");
     }
 }
+
+/// A JSON list of numbers as f32 (the reference wrote f32 values, so exact).
+fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
+}
+
+/// The lower-bounded KDA forget gate (`larder_model::kda::forget_log_decay`)
+/// against transformers 5.24.0 glm5_next's `Glm5NextTextForgetGate` on the
+/// same projections (fixtures/kimi_linear_k3_gate, scripts/fixtures_k3_ext.py).
+/// Not yet reachable from a config (refused above): the gate function only.
+#[test]
+fn lower_bound_gate_matches_glm5_next() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/kimi_linear_k3_gate/lower_bound_gate.json");
+    let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut max_diff = 0f32;
+    for case in doc["cases"].as_array().unwrap() {
+        let head_dim = case["head_dim"].as_u64().unwrap() as usize;
+        let bound = case["lower_bound"].as_f64().unwrap() as f32;
+        let rates: Vec<f32> = f32s(&case["A_log"]).iter().map(|a| a.exp()).collect();
+        let dt_bias = f32s(&case["dt_bias"]);
+        let rows = case["f"].as_array().unwrap().iter().zip(case["g"].as_array().unwrap());
+        for (f, g) in rows {
+            for (c, ((f, bias), want)) in f32s(f).into_iter().zip(&dt_bias).zip(f32s(g)).enumerate() {
+                let got = larder_model::kda::forget_log_decay(rates[c / head_dim], f + bias, Some(bound));
+                assert!(got > bound && got < 0.0 || got == bound || got == 0.0, "{got} outside [{bound}, 0]");
+                max_diff = max_diff.max((got - want).abs());
+            }
+        }
+    }
+    println!("lower-bounded gate: max |larder - glm5_next| = {max_diff:e}");
+    assert!(max_diff <= 1e-6, "max diff {max_diff:e}");
+}
