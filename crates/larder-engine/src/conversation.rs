@@ -6,6 +6,9 @@
 //! token prefix with what the conversation already holds (prefix reuse: only
 //! the rest of the prompt is prefilled; batch invariance makes the output
 //! bit-identical to a fresh run) and reports how many prompt tokens it reused.
+//! A state that cannot roll back (a recurrent layer, Kimi Linear) returns to
+//! the nearest snapshot it kept at or before that prefix: at the end of each
+//! turn and before each prompt's last token ([`crate::return_points`]).
 //!
 //! [`Conversation::run`] takes a [`Request`] (prompt ids, [`GenerateOptions`],
 //! stop strings, a [`Drafting`], a cancel flag) and streams [`RequestEvent`]s
@@ -22,6 +25,7 @@ use larder_model::SequenceState;
 use crate::drafting::Drafting;
 use crate::engine::{Engine, FinishReason, GenerateOptions};
 use crate::error::EngineError;
+use crate::return_points::ReturnPoints;
 use crate::stats::Stats;
 use crate::tokenizer::StreamDecoder;
 
@@ -83,6 +87,8 @@ pub struct Outcome {
 pub struct Conversation {
     tokens: Vec<u32>,
     state: SequenceState,
+    /// Snapshots to return to when the state cannot roll back (recurrent layers).
+    points: ReturnPoints,
 }
 
 impl Conversation {
@@ -91,6 +97,7 @@ impl Conversation {
         Conversation {
             tokens: Vec::new(),
             state: engine.model().new_state(),
+            points: ReturnPoints::new(),
         }
     }
 
@@ -99,9 +106,15 @@ impl Conversation {
         &self.tokens
     }
 
-    /// Bytes of model state the conversation holds.
+    /// Bytes of model state the conversation holds (its snapshots included).
     pub fn state_bytes(&self) -> usize {
-        self.state.bytes()
+        self.state.bytes() + self.points.bytes()
+    }
+
+    /// Lengths (positions) of the snapshots kept to return to, ascending:
+    /// none for a model whose state rolls back (see [`crate::return_points`]).
+    pub fn return_points(&self) -> Vec<usize> {
+        self.points.lengths()
     }
 
     /// How many leading tokens of `prompt` the conversation already holds.
@@ -145,6 +158,7 @@ impl Conversation {
         let g = engine.generate_in(
             request.prompt,
             &mut self.state,
+            Some(&mut self.points),
             cached,
             request.options,
             &mut on_token,

@@ -18,6 +18,7 @@ use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::EngineError;
 use crate::experts::{direct_index, packed_index, store_err, StoreExperts};
 use crate::generation::GenerationConfig;
+use crate::return_points::ReturnPoints;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stats::{ExpertStats, Stats};
 use larder_spec::Drafter;
@@ -275,7 +276,7 @@ impl Engine {
         trace: Option<&mut RouteTrace>,
     ) -> Result<Generation, EngineError> {
         let mut state = self.model.new_state();
-        self.generate_in(prompt, &mut state, 0, opts, on_token, trace, None)
+        self.generate_in(prompt, &mut state, None, 0, opts, on_token, trace, None)
     }
 
     /// [`generate`](Self::generate) with speculative decoding: `drafter`
@@ -290,7 +291,7 @@ impl Engine {
         on_token: &mut dyn FnMut(u32) -> bool,
     ) -> Result<Generation, EngineError> {
         let mut state = self.model.new_state();
-        self.generate_in(prompt, &mut state, 0, opts, on_token, None, Some(drafter))
+        self.generate_in(prompt, &mut state, None, 0, opts, on_token, None, Some(drafter))
     }
 
     /// The one generation loop behind every entry point: continues from
@@ -298,14 +299,20 @@ impl Engine {
     /// (prefix reuse, as [`Conversation::run`](crate::Conversation::run)
     /// does: only the rest is prefilled, and batch invariance makes the
     /// result identical to a fresh prefill); records routes into `trace`;
-    /// drafts with `drafter` when given. Afterwards `state` holds every token
-    /// fed to the model: the prompt and all new ids but the last
-    /// (`Stats::cached_tokens` says how many prompt tokens were reused).
+    /// drafts with `drafter` when given. A state that cannot roll back (a
+    /// recurrent layer) goes back to the nearest of `points`' snapshots, and
+    /// new ones are kept at the prompt minus its last token and at the end
+    /// (see [`crate::return_points`]); without `points` it reuses its
+    /// positions only when it holds no more than the shared prefix.
+    /// Afterwards `state` holds every token fed to the model: the prompt and
+    /// all new ids but the last (`Stats::cached_tokens` says how many prompt
+    /// tokens were reused).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn generate_in(
         &self,
         prompt: &[u32],
         state: &mut SequenceState,
+        mut points: Option<&mut ReturnPoints>,
         cached: usize,
         opts: &GenerateOptions,
         on_token: &mut dyn FnMut(u32) -> bool,
@@ -317,32 +324,56 @@ impl Engine {
         let mut sampler = Sampler::new(opts.sampling)?;
         self.model.check_ids(prompt, 0)?;
         // At least the last prompt token runs, for its logits.
-        let reuse = keep_prefix(state, cached.min(prompt.len() - 1))?;
+        let wanted = cached.min(prompt.len() - 1);
+        let reuse = match points.as_deref_mut() {
+            Some(p) => p.keep_prefix(state, wanted)?,
+            None => ReturnPoints::new().keep_prefix(state, wanted)?,
+        };
         let mut stats = Stats {
             prompt_tokens: prompt.len(),
             cached_tokens: reuse,
             ..Stats::default()
         };
-        let mut logits = self.prefill(&prompt[reuse..], state, trace.as_deref_mut())?;
+        let logits = self.prefill(&prompt[reuse..], state, trace.as_deref_mut(), points.as_deref_mut())?;
         stats.prefill_s = started.elapsed().as_secs_f64();
 
-        if let Some(drafter) = drafter {
-            let run = speculative::Run {
-                engine: self,
-                prompt,
-                opts,
-                started,
-            };
-            let (ids, finish) = run.decode(drafter, &mut sampler, state, logits, &mut stats, on_token, trace)?;
-            if let (Some(store), Some(before)) = (&self.store, store_before) {
-                stats.experts = Some(ExpertStats::from_store(store.backend().name(), &store.stats().since(&before)));
+        let (ids, finish_reason) = match drafter {
+            Some(drafter) => {
+                let run = speculative::Run {
+                    engine: self,
+                    prompt,
+                    opts,
+                    started,
+                };
+                run.decode(drafter, &mut sampler, state, logits, &mut stats, on_token, trace)?
             }
-            return Ok(Generation {
-                ids,
-                finish_reason: finish,
-                stats,
-            });
+            None => self.decode_plain(&mut sampler, state, logits, opts, started, &mut stats, on_token, trace)?,
+        };
+        // The end of the turn: a later request may return here.
+        let snapshot_bytes = points.map_or(0, |p| {
+            p.record(state);
+            p.bytes()
+        });
+        stats.record_state(state, snapshot_bytes);
+        if let (Some(store), Some(before)) = (&self.store, store_before) {
+            stats.experts = Some(ExpertStats::from_store(store.backend().name(), &store.stats().since(&before)));
         }
+        Ok(Generation { ids, finish_reason, stats })
+    }
+
+    /// Plain decoding: one forward per token after the prompt's logits.
+    #[allow(clippy::too_many_arguments)]
+    fn decode_plain(
+        &self,
+        sampler: &mut Sampler,
+        state: &mut SequenceState,
+        mut logits: Vec<f32>,
+        opts: &GenerateOptions,
+        started: Instant,
+        stats: &mut Stats,
+        on_token: &mut dyn FnMut(u32) -> bool,
+        mut trace: Option<&mut RouteTrace>,
+    ) -> Result<(Vec<u32>, FinishReason), EngineError> {
         let max_ctx = self.model.spec().max_position_embeddings;
         let mut ids = Vec::new();
         let mut finish = FinishReason::Length;
@@ -371,40 +402,36 @@ impl Engine {
         }
         stats.new_tokens = ids.len();
         stats.finish(decode_steps);
-        if let (Some(store), Some(before)) = (&self.store, store_before) {
-            stats.experts = Some(ExpertStats::from_store(store.backend().name(), &store.stats().since(&before)));
-        }
-        Ok(Generation {
-            ids,
-            finish_reason: finish,
-            stats,
-        })
+        Ok((ids, finish))
     }
 
-    /// Runs the prompt in chunks, returning the last position's logits.
-    fn prefill(&self, prompt: &[u32], state: &mut SequenceState, mut trace: Option<&mut RouteTrace>) -> Result<Vec<f32>, EngineError> {
+    /// Runs the rest of the prompt in chunks, returning the last position's
+    /// logits. With `points` and a state that cannot roll back, the last
+    /// token runs on its own after a snapshot of the positions before it
+    /// (the return point of a later turn sharing the prompt).
+    fn prefill(
+        &self,
+        rest: &[u32],
+        state: &mut SequenceState,
+        mut trace: Option<&mut RouteTrace>,
+        points: Option<&mut ReturnPoints>,
+    ) -> Result<Vec<f32>, EngineError> {
+        let rest = match points {
+            Some(points) if !state.can_rollback() => {
+                let (head, last_token) = rest.split_at(rest.len().saturating_sub(1));
+                for chunk in head.chunks(PREFILL_CHUNK) {
+                    self.model.forward_last(chunk, state, trace.as_deref_mut())?;
+                }
+                points.record(state);
+                last_token
+            }
+            _ => rest,
+        };
         let mut last = Vec::new();
-        for chunk in prompt.chunks(PREFILL_CHUNK) {
+        for chunk in rest.chunks(PREFILL_CHUNK) {
             last = self.model.forward_last(chunk, state, trace.as_deref_mut())?;
         }
         Ok(last)
-    }
-}
-
-/// Takes `state` back to its first `wanted` positions (fewer when it holds
-/// fewer) for prefix reuse and returns how many it keeps. A state that cannot
-/// roll back (a recurrent layer) keeps its positions only when it holds no
-/// more than `wanted`; otherwise it starts empty.
-fn keep_prefix(state: &mut SequenceState, wanted: usize) -> Result<usize, EngineError> {
-    let keep = wanted.min(state.len());
-    if keep == state.len() {
-        Ok(keep)
-    } else if state.can_rollback() {
-        state.rollback(keep)?;
-        Ok(keep)
-    } else {
-        state.clear();
-        Ok(0)
     }
 }
 

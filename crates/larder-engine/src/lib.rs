@@ -8,6 +8,8 @@
 //! - [`scheduler`] decodes many sequences together in batched steps, each
 //!   bit-identical to running alone (queue, KV budget with preemption,
 //!   chunked prefill, a prefix cache of finished conversations);
+//! - [`return_points`] keeps the snapshots a sequence whose state cannot
+//!   roll back (a recurrent layer) returns to for prefix reuse;
 //! - [`drafting`] resolves the drafter a user names (speculative decoding);
 //! - [`tokenizer`] wraps `tokenizer.json` and decodes streams incrementally;
 //! - [`chat`] renders `tokenizer_config.json` chat templates like transformers;
@@ -30,6 +32,7 @@ pub mod generation;
 pub mod integrity;
 pub mod pack;
 pub mod plan;
+pub mod return_points;
 pub mod sampling;
 pub mod scheduler;
 pub mod stats;
@@ -44,6 +47,7 @@ pub use generation::GenerationConfig;
 /// Expert-store counters and sizes, for clients of the engine (the server's
 /// `/metrics` and ready line) that depend on no other larder crate.
 pub use larder_store::{format_size, StoreStats};
+pub use return_points::ReturnPoints;
 pub use sampling::{Sampler, SamplingParams};
 pub use scheduler::{Failure, Job, Scheduler, SchedulerConfig, StepReport};
 pub use stats::{ExpertStats, SpeculativeStats, Stats};

@@ -16,8 +16,9 @@
 //!
 //! **KV budget** (`kv_budget`): the bytes of every sequence's state plus the
 //! prefix cache's never exceed it (per position: every layer's keys and
-//! values, f32; per sequence: recurrent layers' fixed-size states; the
-//! allocator's slack is not counted).
+//! values, f32; per sequence: recurrent layers' fixed-size states, and the
+//! snapshots kept to return to, below; the allocator's slack is not
+//! counted).
 //! - A request whose worst case alone, `fixed + (prompt + max_new) x bytes
 //!   per position`, exceeds the budget is refused at [`submit`](Scheduler::submit)
 //!   with [`EngineError::KvBudget`], before anything runs. So any one
@@ -51,6 +52,18 @@
 //! reused. Cached states count against the KV budget and are evicted before
 //! any sequence is preempted.
 //!
+//! **Snapshots** (models whose state cannot roll back: a recurrent layer,
+//! Kimi Linear's KDA; `crate::return_points`). A KV-only sequence goes back
+//! to any earlier length by truncation and keeps none. A recurrent one stops
+//! its prefill chunk at its prompt minus the last token and, before the next
+//! pass, keeps a snapshot there (a copy of the recurrent state), the point a
+//! later request sharing the prompt returns to from the prefix cache; its
+//! last prompt token then runs alone (one more step, identical logits by
+//! batch invariance). The end of a sequence needs no snapshot: the cached
+//! entry is that state. A snapshot is taken only when it fits the budget
+//! with everything else; under pressure, running sequences' snapshots are
+//! dropped after the prefix cache is evicted and before any preemption.
+//!
 //! Cancelled sequences (flag or sink) are retired at the next step in any
 //! phase (queued, prefilling, decoding, preempted and queued); when nothing
 //! runs or waits, [`state_bytes`](Scheduler::state_bytes) is 0.
@@ -71,6 +84,7 @@ use larder_model::{BatchSeq, LayerState, SequenceState, Wanted};
 use crate::conversation::{RequestSink, StopFilter};
 use crate::engine::{Engine, FinishReason, GenerateOptions};
 use crate::error::EngineError;
+use crate::return_points::ReturnPoints;
 use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::tokenizer::StreamDecoder;
@@ -189,6 +203,12 @@ impl<'e> Scheduler<'e> {
         self.bytes_per_token
     }
 
+    /// Bytes every sequence's state holds whatever its length (recurrent
+    /// layers' fixed-size states, both buffers; 0 for a KV-only model).
+    pub fn bytes_per_sequence(&self) -> usize {
+        self.bytes_per_sequence
+    }
+
     /// Checks `job` (prompt, context, sampling, stop strings, KV budget) and
     /// queues it; returns its id. Nothing is generated on an error.
     pub fn submit(&mut self, job: Job) -> Result<u64, EngineError> {
@@ -224,6 +244,7 @@ impl<'e> Scheduler<'e> {
             // Made at admission: a queued request holds no state (a
             // recurrent layer's would take its fixed size at once).
             state: SequenceState::default(),
+            points: ReturnPoints::new(),
             sampler,
             stops,
             decoder: StreamDecoder::new(),
@@ -255,10 +276,14 @@ impl<'e> Scheduler<'e> {
         self.running.is_empty() && self.queue.is_empty()
     }
 
-    /// Bytes of model state all sequences hold now (the prefix cache's are
-    /// [`kept_bytes`](Self::kept_bytes)).
+    /// Bytes of model state all sequences hold now, their snapshots
+    /// included (the prefix cache's are [`kept_bytes`](Self::kept_bytes)).
     pub fn state_bytes(&self) -> usize {
-        self.running.iter().chain(&self.queue).map(|s| s.state.bytes()).sum()
+        self.running
+            .iter()
+            .chain(&self.queue)
+            .map(|s| s.state.bytes() + s.points.bytes())
+            .sum()
     }
 
     /// Sequences preempted so far (each time counts).
@@ -294,6 +319,7 @@ impl<'e> Scheduler<'e> {
         self.retire_cancelled(&mut report);
         self.admit();
         self.make_room(&mut report);
+        self.take_snapshots();
         if self.running.is_empty() {
             return report;
         }
@@ -373,11 +399,32 @@ impl<'e> Scheduler<'e> {
         }
     }
 
-    /// Bytes the running sequences will hold after this step's forward pass.
+    /// Bytes the running sequences will hold after this step's forward pass
+    /// (their snapshots included).
     fn step_bytes(&self) -> usize {
         let chunk = self.config.prefill_chunk;
         let positions: usize = self.running.iter().map(|s| s.state.len() + s.rows(chunk)).sum();
-        self.running.len() * self.bytes_per_sequence + positions * self.bytes_per_token
+        let snapshots: usize = self.running.iter().map(|s| s.points.bytes()).sum();
+        self.running.len() * self.bytes_per_sequence + positions * self.bytes_per_token + snapshots
+    }
+
+    /// Keeps a snapshot of each running sequence at its return point (see
+    /// the module docs), when it fits the KV budget with everything else.
+    fn take_snapshots(&mut self) {
+        for i in 0..self.running.len() {
+            if !self.running[i].wants_snapshot() {
+                continue;
+            }
+            let size = self.running[i].state.snapshot().bytes();
+            let fits = self
+                .config
+                .kv_budget
+                .is_none_or(|b| self.step_bytes() + self.cache.bytes() + size <= b);
+            if fits {
+                let s = &mut self.running[i];
+                s.points.record(&s.state);
+            }
+        }
     }
 
     /// Bytes `s` holds after its first forward pass when it reuses `reuse` positions.
@@ -398,9 +445,10 @@ impl<'e> Scheduler<'e> {
                     break; // it waits for room
                 }
                 let own = hit.map_or(0, |h| h.reuse);
+                let carried = hit.map_or(0, |h| h.carried_bytes);
                 let moved = hit.filter(|h| h.whole).map_or(0, |h| h.entry_bytes);
                 let kept = self.cache.bytes() - moved;
-                if running + self.first_pass_bytes(front, own) + kept > budget {
+                if running + self.first_pass_bytes(front, own) + carried + kept > budget {
                     if self.cache.evict_lru() {
                         continue;
                     }
@@ -417,9 +465,9 @@ impl<'e> Scheduler<'e> {
     fn start(&mut self, s: &mut Seq, hit: Option<Hit>) {
         s.admitted = self.admissions;
         self.admissions += 1;
-        if let Some(state) = hit.and_then(|hit| self.cache.take(hit).map(|state| (hit, state))) {
-            let (hit, state) = state;
+        if let Some((hit, (state, points))) = hit.and_then(|hit| self.cache.take(hit).map(|taken| (hit, taken))) {
             s.state = state;
+            s.points = points;
             s.fed = hit.reuse;
             if !s.resumed() {
                 s.stats.cached_tokens = hit.reuse;
@@ -431,12 +479,20 @@ impl<'e> Scheduler<'e> {
 
     /// Before a forward pass: while the step's need and the prefix cache
     /// exceed the KV budget, evicts the least recently used cached
-    /// conversation, else preempts the most recently admitted running
-    /// sequence (never the last one, which fits alone).
+    /// conversation, else drops a running sequence's snapshots (the most
+    /// recently admitted one's first), else preempts the most recently
+    /// admitted running sequence (never the last one, which fits alone).
     fn make_room(&mut self, report: &mut StepReport) {
         let Some(budget) = self.config.kv_budget else { return };
         while self.step_bytes() + self.cache.bytes() > budget {
             if self.cache.evict_lru() {
+                continue;
+            }
+            let with_snapshots = (0..self.running.len())
+                .filter(|&i| !self.running[i].points.is_empty())
+                .max_by_key(|&i| self.running[i].admitted);
+            if let Some(i) = with_snapshots {
+                self.running[i].points.clear();
                 continue;
             }
             if self.running.len() <= 1 {
@@ -454,8 +510,8 @@ impl<'e> Scheduler<'e> {
 
     /// Ends `s` (see [`finish`]) and keeps its conversation for prefix reuse.
     fn end(&mut self, s: Seq, reason: FinishReason) {
-        let (tokens, state) = finish(s, reason);
-        self.cache.insert(tokens, state);
+        let (tokens, state, points) = finish(s, reason);
+        self.cache.insert(tokens, state, points);
     }
 
     /// One forward pass over every running sequence; per sequence the logits

@@ -6,7 +6,8 @@ use serde::Serialize;
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
 pub struct Stats {
     pub prompt_tokens: usize,
-    /// Prompt tokens whose KV state was reused instead of prefilled.
+    /// Prompt tokens whose state was reused instead of prefilled (by
+    /// rollback, or for a recurrent model by restoring a snapshot).
     pub cached_tokens: usize,
     pub new_tokens: usize,
     /// Time to run the prompt through the model (to the first token's logits).
@@ -22,6 +23,17 @@ pub struct Stats {
     /// The process's peak resident memory so far (`VmHWM`, Linux; 0 where
     /// unknown): model, RAM cache, buffers, everything.
     pub peak_rss_bytes: u64,
+    /// Bytes of the sequence's model state at the end of the request:
+    /// `state_fixed_bytes + positions x state_bytes_per_position`.
+    pub state_bytes: usize,
+    /// Bytes a sequence holds whatever its length (recurrent layers' states,
+    /// both buffers; 0 for a KV-only model).
+    pub state_fixed_bytes: usize,
+    /// Bytes each position adds (every attention layer's keys and values, f32).
+    pub state_bytes_per_position: usize,
+    /// Bytes of the snapshots kept at the end of the request to return to
+    /// (`crate::return_points`; 0 for a KV-only model).
+    pub snapshot_bytes: usize,
     /// Expert streaming counters (absent when every expert is in RAM).
     #[serde(flatten, skip_serializing_if = "Option::is_none")]
     pub experts: Option<ExpertStats>,
@@ -129,6 +141,18 @@ impl ExpertStats {
 }
 
 impl Stats {
+    /// Records the size of a sequence's state (and its kept snapshots) at
+    /// the end of a request.
+    pub fn record_state(&mut self, state: &larder_model::SequenceState, snapshot_bytes: usize) {
+        self.state_bytes = state.bytes();
+        self.state_bytes_per_position = (0..state.num_layers())
+            .filter_map(|l| state.layer(l))
+            .map(larder_model::LayerState::bytes_per_position)
+            .sum();
+        self.state_fixed_bytes = self.state_bytes - state.len() * self.state_bytes_per_position;
+        self.snapshot_bytes = snapshot_bytes;
+    }
+
     /// Fills the derived rates.
     pub fn finish(&mut self, decode_steps: usize) {
         self.prefill_tok_per_s = rate(self.prompt_tokens - self.cached_tokens, self.prefill_s);

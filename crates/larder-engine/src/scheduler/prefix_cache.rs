@@ -1,29 +1,36 @@
 //! The scheduler's prefix cache: finished conversations (the tokens fed to
-//! the model and their [`SequenceState`]) kept so that a later request
-//! sharing a prefix with one of them prefills only the rest.
+//! the model, their [`SequenceState`] and its [`ReturnPoints`]) kept so that
+//! a later request sharing a prefix with one of them prefills only the rest.
 //!
 //! - **Lookup** picks the entry with the longest common prefix with the
 //!   request's feed, capped so the request still feeds at least its last
-//!   token (its logits must be computed).
+//!   token (its logits must be computed). A state that cannot roll back (a
+//!   recurrent layer, Kimi Linear) reuses either the whole entry or only as
+//!   far as the nearest snapshot it kept at or before the shared prefix (its
+//!   prompt minus the last token, `crate::return_points`); an entry with no
+//!   such snapshot gives no hit.
 //! - **Take-over or copy.** When the reused length is the whole entry, the
-//!   request takes the state over (moved, no copy): the request extends that
-//!   conversation, and when it finishes its own, longer conversation replaces
-//!   it. When only a part is reused (two conversations sharing a system
-//!   prompt, say), the request gets a **copy** rolled back to the shared
-//!   length and the entry stays: the next request sharing it (the other
-//!   conversation's next turn) still finds it whole. Each copy is counted
-//!   ([`PrefixCache::copies`]). The copy clones the whole entry and then
-//!   rolls back; the dropped tail's capacity stays allocated and uncounted,
-//!   like the allocator's growth slack.
+//!   request takes the state over with its snapshots (moved, no copy): the
+//!   request extends that conversation, and when it finishes its own, longer
+//!   conversation replaces it. When only a part is reused (two conversations
+//!   sharing a system prompt, say), the request gets a **copy** taken back to
+//!   the shared length (rolled back, or its snapshot restored; the copy takes
+//!   no snapshot) and the entry stays: the next request sharing it (the
+//!   other conversation's next turn) still finds it whole. Each copy is
+//!   counted ([`PrefixCache::copies`]). The copy clones the whole entry and
+//!   then rolls back; the dropped tail's capacity stays allocated and
+//!   uncounted, like the allocator's growth slack.
 //! - **Insert.** A finished conversation replaces every entry it extends
 //!   (whose tokens are a prefix of its tokens); one that an entry already
 //!   extends adds nothing.
 //! - **Eviction** is least recently used first (a hit or an insert counts as
 //!   a use). The scheduler evicts when the KV budget needs the room (the
-//!   cached bytes count against it), before it preempts any sequence; at most
-//!   `capacity` conversations are kept.
+//!   cached bytes, snapshots included, count against it), before it
+//!   preempts any sequence; at most `capacity` conversations are kept.
 
 use larder_model::SequenceState;
+
+use crate::return_points::ReturnPoints;
 
 /// Finished conversations kept for prefix reuse; see the module docs.
 pub(super) struct PrefixCache {
@@ -38,7 +45,15 @@ struct Entry {
     /// The tokens the state holds, one per position.
     tokens: Vec<u32>,
     state: SequenceState,
+    /// Snapshots of `state` to return to (only when it cannot roll back).
+    points: ReturnPoints,
     last_used: u64,
+}
+
+impl Entry {
+    fn bytes(&self) -> usize {
+        self.state.bytes() + self.points.bytes()
+    }
 }
 
 /// What a request would reuse from the cache.
@@ -49,8 +64,10 @@ pub(super) struct Hit {
     pub reuse: usize,
     /// Whether the whole entry is reused (taken over, not copied).
     pub whole: bool,
-    /// Bytes the entry holds.
+    /// Bytes the entry holds (state and snapshots).
     pub entry_bytes: usize,
+    /// Bytes of the snapshots the request takes over with a whole entry (0 for a copy).
+    pub carried_bytes: usize,
 }
 
 impl PrefixCache {
@@ -64,9 +81,9 @@ impl PrefixCache {
         }
     }
 
-    /// Bytes of every kept state.
+    /// Bytes of every kept state and snapshot.
     pub(super) fn bytes(&self) -> usize {
-        self.entries.iter().map(|e| e.state.bytes()).sum()
+        self.entries.iter().map(Entry::bytes).sum()
     }
 
     /// Conversations kept.
@@ -102,39 +119,45 @@ impl PrefixCache {
             .enumerate()
             .map(|(i, e)| {
                 let common = e.tokens.iter().zip(feed).take_while(|(a, b)| a == b).count();
-                (i, common.min(limit).min(e.state.len()))
+                (i, e.points.reachable(&e.state, common.min(limit)))
             })
             .max_by_key(|&(i, reuse)| (reuse, self.entries[i].last_used))?;
+        let e = &self.entries[entry];
+        let whole = reuse == e.state.len();
         (reuse > 0).then(|| Hit {
             entry,
             reuse,
-            whole: reuse == self.entries[entry].state.len(),
-            entry_bytes: self.entries[entry].state.bytes(),
+            whole,
+            entry_bytes: e.bytes(),
+            carried_bytes: if whole { e.points.bytes() } else { 0 },
         })
     }
 
     /// The state for `hit` (from [`lookup`](Self::lookup), the cache
-    /// unchanged since): the entry itself when whole, else a copy rolled back
-    /// to `hit.reuse` positions. `None` when the state cannot roll back (the
-    /// request then prefills from the start).
-    pub(super) fn take(&mut self, hit: Hit) -> Option<SequenceState> {
+    /// unchanged since): the entry itself with its snapshots when whole, else
+    /// a copy taken back to `hit.reuse` positions (rolled back, or its
+    /// snapshot restored) with none. `None` when that fails (the request
+    /// then prefills from the start).
+    pub(super) fn take(&mut self, hit: Hit) -> Option<(SequenceState, ReturnPoints)> {
         if hit.entry >= self.entries.len() {
             return None;
         }
         if hit.whole {
-            return Some(self.entries.swap_remove(hit.entry).state);
+            let e = self.entries.swap_remove(hit.entry);
+            return Some((e.state, e.points));
         }
         self.clock += 1;
         let entry = &mut self.entries[hit.entry];
         entry.last_used = self.clock;
         let mut copy = entry.state.clone();
         self.copies += 1;
-        copy.rollback(hit.reuse).is_ok().then_some(copy)
+        let kept = entry.points.up_to(hit.reuse).keep_prefix(&mut copy, hit.reuse);
+        (kept.ok() == Some(hit.reuse)).then(|| (copy, ReturnPoints::new()))
     }
 
     /// Keeps a finished conversation (`tokens` one per position of `state`);
     /// see the module docs for what it replaces.
-    pub(super) fn insert(&mut self, tokens: Vec<u32>, state: SequenceState) {
+    pub(super) fn insert(&mut self, tokens: Vec<u32>, state: SequenceState, points: ReturnPoints) {
         if self.capacity == 0 || state.is_empty() || tokens.len() != state.len() {
             return;
         }
@@ -150,6 +173,7 @@ impl PrefixCache {
         self.entries.push(Entry {
             tokens,
             state,
+            points,
             last_used: self.clock,
         });
     }

@@ -1,11 +1,14 @@
 //! One sequence the scheduler owns ([`Seq`]): its request, model state,
-//! sampler, stop filter and progress, how it is preempted (state dropped, to
-//! be fed again), how it samples a token and how it ends.
+//! sampler, stop filter, snapshots to return to and progress, how it is
+//! preempted (state dropped, to be fed again), how it samples a token and
+//! how it ends.
 
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use larder_model::SequenceState;
+
+use crate::return_points::ReturnPoints;
 
 use super::Job;
 use crate::conversation::{Outcome, RequestEvent, StopFilter};
@@ -20,6 +23,8 @@ pub(super) struct Seq {
     pub job: Job,
     pub max_new: usize,
     pub state: SequenceState,
+    /// Snapshots of `state` to return to (only when it cannot roll back).
+    pub points: ReturnPoints,
     pub sampler: Sampler,
     pub stops: StopFilter,
     pub decoder: StreamDecoder,
@@ -46,8 +51,29 @@ impl Seq {
     pub fn rows(&self, chunk: usize) -> usize {
         match self.next {
             Some(_) => 1,
-            None => chunk.min(self.feed.len() - self.fed),
+            None => {
+                // A prefill chunk stops at the return point, to snapshot it.
+                let end = self.return_point().filter(|&p| self.fed < p).unwrap_or(self.feed.len());
+                chunk.min(end - self.fed)
+            }
         }
+    }
+
+    /// Where a state that cannot roll back (a recurrent layer) is
+    /// snapshotted: after the prompt minus its last token, the point a later
+    /// request sharing the prompt returns to (crate::return_points).
+    /// `None` for a state that rolls back, or a one-token prompt.
+    pub fn return_point(&self) -> Option<usize> {
+        let point = self.job.prompt.len() - 1;
+        (!self.state.can_rollback() && point > 0).then_some(point)
+    }
+
+    /// Whether its state is now at its return point with no snapshot there yet.
+    pub fn wants_snapshot(&self) -> bool {
+        self.next.is_none()
+            && self.return_point() == Some(self.fed)
+            && self.state.len() == self.fed
+            && !self.points.lengths().contains(&self.fed)
     }
 
     /// The ids of its next forward pass, and whether its last row's logits
@@ -74,6 +100,7 @@ impl Seq {
     /// have computed, and it samples on as if never stopped.
     pub fn preempt(&mut self, fresh: SequenceState) {
         self.state = fresh;
+        self.points.clear();
         self.feed = self.job.prompt.iter().chain(&self.ids).copied().collect();
         self.fed = 0;
         self.next = None;
@@ -139,8 +166,9 @@ pub(super) fn sample_one(engine: &Engine, s: &mut Seq, logits: &[f32]) -> Option
 }
 
 /// Ends `s`: releases held text, sends `Finished`; returns the tokens its
-/// state holds (one per position) and the state, for the prefix cache.
-pub(super) fn finish(mut s: Seq, reason: FinishReason) -> (Vec<u32>, SequenceState) {
+/// state holds (one per position), the state and its snapshots, for the
+/// prefix cache.
+pub(super) fn finish(mut s: Seq, reason: FinishReason) -> (Vec<u32>, SequenceState, ReturnPoints) {
     let tail = s.stops.finish();
     if !tail.is_empty() {
         s.text.push_str(&tail);
@@ -148,6 +176,7 @@ pub(super) fn finish(mut s: Seq, reason: FinishReason) -> (Vec<u32>, SequenceSta
     }
     s.stats.new_tokens = s.ids.len();
     s.stats.finish(s.decode_steps);
+    s.stats.record_state(&s.state, s.points.bytes());
     let outcome = Outcome {
         finish_reason: reason,
         stop_string: s.stops.matched().map(str::to_string),
@@ -159,5 +188,5 @@ pub(super) fn finish(mut s: Seq, reason: FinishReason) -> (Vec<u32>, SequenceSta
     };
     s.job.sink.event(RequestEvent::Finished(&outcome));
     let tokens = s.job.prompt.iter().chain(&outcome.ids).copied().take(s.state.len()).collect();
-    (tokens, s.state)
+    (tokens, s.state, s.points)
 }
