@@ -374,7 +374,9 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
         }
     };
     let (nope, rope) = (field("qk_nope_head_dim", 128)?, field("qk_rope_head_dim", 64)?);
-    derived(cfg, "head_dim", rope, "qk_rope_head_dim")?;
+    // `head_dim` has no effect: transformers overwrites it with qk_rope_head_dim
+    // (Kimi-Linear-48B's config.json says 72 = hidden / heads). Only its type is checked.
+    cfg.opt_usize("head_dim")?;
     derived(cfg, "qk_head_dim", nope + rope, "qk_nope_head_dim + qk_rope_head_dim")?;
     Ok(MlaSpec {
         q_lora_rank,
@@ -389,8 +391,8 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
     })
 }
 
-/// A field transformers derives (`head_dim`, `qk_head_dim`): accepted only
-/// with the value it computes.
+/// A field transformers derives (`qk_head_dim`): accepted only with the
+/// value it computes.
 fn derived(cfg: &ConfigJson, name: &str, want: usize, from: &str) -> Result<(), ModelError> {
     match cfg.opt_usize(name)? {
         Some(v) if v != want => Err(cfg.err(name, format!("{v} is not supported (must equal {from}, {want})"))),
