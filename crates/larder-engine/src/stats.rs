@@ -149,7 +149,7 @@ impl Stats {
             .filter_map(|l| state.layer(l))
             .map(larder_model::LayerState::bytes_per_position)
             .sum();
-        self.state_fixed_bytes = self.state_bytes - state.len() * self.state_bytes_per_position;
+        self.state_fixed_bytes = self.state_bytes.saturating_sub(state.len() * self.state_bytes_per_position);
         self.snapshot_bytes = snapshot_bytes;
     }
 

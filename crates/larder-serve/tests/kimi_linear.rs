@@ -1,0 +1,179 @@
+//! Kimi Linear (KDA + MLA, a recurrent state) over real HTTP: concurrent
+//! streaming completions on kimi_linear_tiny (greedy and seeded, different
+//! lengths) each get exactly the text their request gets alone from the
+//! engine, twice over (the second round reuses the first's conversations
+//! through the prefix cache's snapshots), also under a KV budget that
+//! forces preemption; afterwards nothing runs or waits and no sequence
+//! state is in use. The fixture ships no tokenizer: a copy gets a
+//! word-level one (`t<id>` per id) so that text names every id.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use larder_engine::{Conversation, Drafting, Engine, GenerateOptions, Request, SamplingParams, Scheduler, SchedulerConfig};
+use larder_serve::{start, ServerConfig};
+use serde_json::{json, Value};
+
+mod common;
+use common::*;
+
+/// kimi_linear_tiny's model files with a word-level tokenizer over its 512 ids.
+fn model_with_tokenizer(tag: &str) -> PathBuf {
+    let dir = fixture_copy("kimi_linear_tiny", tag);
+    let vocab: serde_json::Map<String, Value> = (0..512).map(|i| (format!("t{i}"), json!(i))).collect();
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [], "normalizer": null,
+        "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null, "decoder": null,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "t0"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    dir
+}
+
+struct Case {
+    prompt: Vec<u32>,
+    max_tokens: usize,
+    /// `(temperature, seed)`; `None`: greedy.
+    sampled: Option<(f32, u64)>,
+}
+
+fn cases() -> Vec<Case> {
+    let ids = |n: u32, k: u32| (0..n).map(|i| (i * 37 + k * 101 + 5) % 500 + 3).collect::<Vec<u32>>();
+    vec![
+        Case {
+            prompt: ids(9, 1),
+            max_tokens: 12,
+            sampled: None,
+        },
+        Case {
+            prompt: ids(21, 2),
+            max_tokens: 16,
+            sampled: Some((0.9, 5)),
+        },
+        Case {
+            prompt: ids(3, 3),
+            max_tokens: 7,
+            sampled: Some((1.3, 77)),
+        },
+        Case {
+            prompt: ids(14, 4),
+            max_tokens: 10,
+            sampled: None,
+        },
+    ]
+}
+
+fn sampling(c: &Case) -> SamplingParams {
+    let (temperature, seed) = c.sampled.unwrap_or((0.0, 0));
+    SamplingParams {
+        temperature,
+        top_p: 1.0,
+        top_k: 0,
+        seed,
+    }
+}
+
+fn body(c: &Case) -> Value {
+    let s = sampling(c);
+    json!({"model": "tiny", "prompt": c.prompt, "max_tokens": c.max_tokens, "temperature": s.temperature,
+           "top_p": 1.0, "top_k": 0, "seed": s.seed, "stream": true})
+}
+
+/// The text `c` gets alone, through the engine's request loop.
+fn alone(engine: &Engine, c: &Case) -> String {
+    let options = GenerateOptions {
+        max_new: c.max_tokens,
+        sampling: sampling(c),
+        ..GenerateOptions::default()
+    };
+    let request = Request {
+        prompt: &c.prompt,
+        options: &options,
+        stop: &[],
+        drafting: &Drafting::off(),
+        cancel: None,
+    };
+    let mut conv = Conversation::new(engine);
+    conv.run(engine, &request, &mut |_: larder_engine::RequestEvent<'_>| true)
+        .unwrap()
+        .text
+}
+
+fn streamed_text(body: &str) -> String {
+    let ev = events(body);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{body}");
+    ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
+        .collect()
+}
+
+fn metric(a: std::net::SocketAddr, name: &str) -> u64 {
+    let m = send(a, "GET", "/metrics", &[], "").body;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("{name} missing from /metrics: {m}"))
+        .parse()
+        .unwrap()
+}
+
+fn check_concurrent_streams(model: &Path, kv_budget: Option<usize>) {
+    let engine = Engine::load(model).unwrap();
+    let expected: Vec<String> = cases().iter().map(|c| alone(&engine, c)).collect();
+    assert!(expected.iter().all(|t| t.starts_with('t')), "the tokenizer names ids: {expected:?}");
+    let config = ServerConfig {
+        port: 0,
+        served_name: "tiny".into(),
+        max_batch: 3,
+        kv_budget,
+        ..ServerConfig::default()
+    };
+    let srv = start(engine, config).unwrap();
+    let a = srv.addr;
+    for round in 0..2 {
+        let handles: Vec<_> = cases()
+            .into_iter()
+            .map(|c| std::thread::spawn(move || post(a, "/v1/completions", &body(&c))))
+            .collect();
+        for (i, h) in handles.into_iter().enumerate() {
+            let r = h.join().unwrap();
+            assert_eq!(r.status, 200, "{}", r.body);
+            assert_eq!(
+                streamed_text(&r.body),
+                expected[i],
+                "budget {kv_budget:?} round {round} request {i}"
+            );
+        }
+    }
+    let t = Instant::now();
+    while metric(a, "larder_queue_depth") != 0 || metric(a, "larder_running_sequences") != 0 {
+        assert!(t.elapsed() < Duration::from_secs(10), "requests still counted after they ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(a, "larder_kv_bytes_in_use"), 0, "sequence state left when idle");
+    if kv_budget.is_some() {
+        assert!(metric(a, "larder_preemptions_total") > 0, "the budget forced no preemption");
+    }
+}
+
+#[test]
+fn concurrent_kimi_linear_streams_each_equal_their_solo_text() {
+    let model = model_with_tokenizer("kimi-linear-batching");
+    check_concurrent_streams(&model, None);
+    let _ = std::fs::remove_dir_all(&model);
+}
+
+#[test]
+fn kimi_linear_streams_under_a_preempting_kv_budget_equal_their_solo_text() {
+    let model = model_with_tokenizer("kimi-linear-preemption");
+    let engine = Engine::load(&model).unwrap();
+    let sched = Scheduler::new(&engine, SchedulerConfig::default()).unwrap();
+    let largest = cases().iter().map(|c| c.prompt.len() + c.max_tokens).max().unwrap();
+    // Room for two sequences' fixed states and the largest one's positions:
+    // two run together until they outgrow it.
+    let budget = 2 * sched.bytes_per_sequence() + (largest + 4) * sched.bytes_per_token();
+    drop(sched);
+    check_concurrent_streams(&model, Some(budget));
+    let _ = std::fs::remove_dir_all(&model);
+}
