@@ -11,7 +11,8 @@
 //! - the scheduler: concurrent requests (greedy and seeded, one cancelled)
 //!   each equal their solo run, also under a KV budget that forces
 //!   preemption (the budget, snapshots included, holds after every step),
-//!   and the prefix cache hits through a snapshot.
+//!   the prefix cache hits through a snapshot, and a snapshot is kept only
+//!   when it fits the budget.
 
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -315,5 +316,29 @@ fn the_prefix_cache_hits_through_snapshots() {
         );
         assert_eq!(got.ids, solo(&engine, &again).ids, "{name}: same prompt, sampled");
         assert_eq!(sched.prefix_copies(), copies + 1, "{name}: a copy of the entry");
+    }
+}
+
+#[test]
+fn a_snapshot_is_kept_only_when_it_fits_the_budget() {
+    for name in FIXTURES {
+        let engine = Engine::load(&fixture(name)).unwrap();
+        let s = spec(PROMPT.to_vec(), 6, 0.0, 0, 0);
+        let alone = solo(&engine, &s).ids;
+        let sched = Scheduler::new(&engine, SchedulerConfig::default()).unwrap();
+        let (fixed, per) = (sched.bytes_per_sequence(), sched.bytes_per_token());
+        drop(sched);
+        let exact = fixed + (PROMPT.len() + 6) * per;
+        for (budget, snapshot) in [(exact, false), (exact + fixed / 2, true)] {
+            let config = SchedulerConfig {
+                prefix_cache: 0,
+                kv_budget: Some(budget),
+                ..SchedulerConfig::default()
+            };
+            let mut sched = Scheduler::new(&engine, config).unwrap();
+            let out = run_one(&mut sched, &s, Some(budget));
+            assert_eq!(out.ids, alone, "{name} budget {budget}");
+            assert_eq!(out.stats.snapshot_bytes > 0, snapshot, "{name} budget {budget}: {:?}", out.stats);
+        }
     }
 }
