@@ -84,4 +84,11 @@ fn synth_names_kimi_linear_among_the_architectures() {
         s(&tmp.path().join("y")),
     ]);
     assert!(err.contains("k3-mini"), "{err}");
+    // Grouped routing: experts in whole groups, refused before anything is written.
+    let out = tmp.path().join("z");
+    let err = fails(&["synth", "--arch", "kimi_linear", "--experts", "10", "--out", s(&out)]);
+    assert!(err.contains("--experts 10") && err.contains("4 expert groups"), "{err}");
+    let err = fails(&["synth", "--arch", "kimi_linear", "--top-k", "9", "--out", s(&out)]);
+    assert!(err.contains("--top-k 9"), "{err}");
+    assert!(!out.exists(), "nothing written");
 }

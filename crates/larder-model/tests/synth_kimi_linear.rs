@@ -7,7 +7,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use larder_model::config::MixerSpec;
-use larder_model::synth::{write, SynthSpec};
+use larder_model::synth::{write, Routing, SynthSpec};
 use larder_model::{load_model, RouteTrace};
 
 fn scratch(name: &str) -> PathBuf {
@@ -95,6 +95,33 @@ fn tiny_kimi_linear_loads_with_the_k3_layer_ratio_and_runs() {
     let (overlap, _) = trace.consecutive_overlap();
     assert!(overlap < 3.0 * 2.0 / 16.0, "consecutive tokens share few experts: {overlap}");
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+/// Mean consecutive-token expert overlap over 32 greedy tokens.
+fn overlap(dir: &Path) -> f64 {
+    let model = load_model(dir, None).unwrap();
+    let mut state = model.new_state();
+    let mut trace = RouteTrace::default();
+    let mut tok = 9u32;
+    for _ in 0..32 {
+        let logits = model.forward_last(&[tok], &mut state, Some(&mut trace)).unwrap();
+        tok = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
+    }
+    trace.consecutive_overlap().0
+}
+
+#[test]
+fn skewed_routing_reuses_more_experts_than_uniform() {
+    let (u, k) = (scratch("uniform"), scratch("skewed"));
+    write(&tiny(1), &u, &mut |_| {}).unwrap();
+    let mut skewed = tiny(1);
+    skewed.routing = Routing::Skewed;
+    write(&skewed, &k, &mut |_| {}).unwrap();
+    let (ou, ok) = (overlap(&u), overlap(&k));
+    assert!(ok > ou, "skewed {ok} > uniform {ou}");
+    for d in [u, k] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
 }
 
 #[test]

@@ -120,6 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "--top-k must be between 1 and the number of experts ({})",
         spec.experts
     );
+    check_groups(&spec)?;
     spec.seed = args.seed;
     spec.routing = if args.routing == "skewed" {
         Routing::Skewed
@@ -175,6 +176,30 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some((mean, _)) = overlap {
         eprintln!("[larder] consecutive-token expert overlap {mean:.3} (uniform routing expects {expected:.3})");
     }
+    Ok(())
+}
+
+/// Grouped routing (deepseek_v3, kimi_linear) needs `--experts` in whole groups of at
+/// least 2 and enough experts in the eligible groups for `--top-k`: refused before
+/// anything is written rather than when the written checkpoint is loaded.
+fn check_groups(spec: &SynthSpec) -> anyhow::Result<()> {
+    let Some(d) = &spec.deepseek else {
+        return Ok(());
+    };
+    anyhow::ensure!(
+        spec.experts.is_multiple_of(d.n_group) && spec.experts / d.n_group >= 2,
+        "--experts {} must be a multiple of the preset's {} expert groups with at least 2 experts per group",
+        spec.experts,
+        d.n_group
+    );
+    let eligible = spec.experts / d.n_group * d.topk_group;
+    anyhow::ensure!(
+        spec.top_k <= eligible,
+        "--top-k {} is more than the {eligible} experts of the {} groups routing may choose (--experts {})",
+        spec.top_k,
+        d.topk_group,
+        spec.experts
+    );
     Ok(())
 }
 
