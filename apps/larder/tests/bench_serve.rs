@@ -7,14 +7,18 @@ use std::process::Command;
 
 use serde_json::Value;
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tok")
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
 }
 
 fn bench(clients: &str) -> std::process::Output {
+    bench_on("qwen3_moe_tok", clients)
+}
+
+fn bench_on(model: &str, clients: &str) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_larder"))
         .args(["bench", "serve", "--model"])
-        .arg(fixture())
+        .arg(fixture(model))
         .args(["--clients", clients, "--max-new", "4", "--repeats", "2", "--json"])
         .output()
         .unwrap()
@@ -55,6 +59,22 @@ fn json_has_the_documented_keys_and_positive_rates() {
     }
     for key in ["ttft_alone_ms", "ttft_beside_ms"] {
         assert!(doc["second_client"][key].as_f64().unwrap() > 0.0, "{key}: {doc}");
+    }
+}
+
+/// A checkpoint without a tokenizer (as synthetic ones are) is driven with
+/// token-id prompts; every token is counted.
+#[test]
+fn a_model_without_a_tokenizer_gets_token_id_prompts() {
+    let out = bench_on("qwen3_moe_tiny", "1,3");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: Value = serde_json::from_slice(&out.stdout).unwrap();
+    for (run, c) in doc["runs"].as_array().unwrap().iter().zip([1u64, 3]) {
+        assert_eq!(run["tokens"], 2 * 4 * c, "{run}");
+        assert!(
+            run["ttft_ms_max"].as_f64().unwrap() <= run["wall_s"].as_f64().unwrap() * 1e3,
+            "{run}"
+        );
     }
 }
 

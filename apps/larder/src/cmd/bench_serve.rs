@@ -1,6 +1,7 @@
 //! `larder bench serve`: the real server, in-process on a loopback port,
 //! driven over HTTP by C concurrent streaming completion clients per
-//! `--clients` value. Reports aggregate and per-client decode tok/s, time to
+//! `--clients` value (text prompts, or token ids when the model has no
+//! tokenizer, as synthetic checkpoints do). Reports aggregate and per-client decode tok/s, time to
 //! first token, expert bytes read per generated token (from `/metrics`, when
 //! experts stream), and a second client's TTFT while a first one generates.
 //!
@@ -91,7 +92,7 @@ impl Sample {
 
 /// Sends a streaming completion request and reads it to its end. `first`
 /// is called once when the first token event arrives.
-fn stream(addr: SocketAddr, prompt: &str, max_new: usize, first: &mut dyn FnMut()) -> anyhow::Result<Sample> {
+fn stream(addr: SocketAddr, prompt: &Value, max_new: usize, first: &mut dyn FnMut()) -> anyhow::Result<Sample> {
     let body = json!({"model": "bench", "prompt": prompt, "max_tokens": max_new, "temperature": 0,
         "stream": true, "stream_options": {"include_usage": true}})
     .to_string();
@@ -111,7 +112,9 @@ fn stream(addr: SocketAddr, prompt: &str, max_new: usize, first: &mut dyn FnMut(
             break;
         }
         raw.extend_from_slice(&buf[..n]);
-        if ttft.is_none() && contains(&raw, b"\"text\"") {
+        // A token's event: its text, or the SSE comment the server sends
+        // for a token that adds no text yet (or when the model has no tokenizer).
+        if ttft.is_none() && (contains(&raw, b"\"text\"") || contains(&raw, b": \n\n")) {
             ttft = Some(start.elapsed());
             first();
         }
@@ -150,30 +153,50 @@ fn expert_bytes(addr: SocketAddr) -> anyhow::Result<Option<u64>> {
         .and_then(|v| v.trim().parse().ok()))
 }
 
-fn prompt(i: usize) -> String {
-    const TOPICS: [&str; 8] = ["the sea", "a city", "bread", "winter", "a library", "rivers", "the moon", "trains"];
-    format!(
-        "Client {i} writes a long story about {}. Once upon a time",
-        TOPICS[i % TOPICS.len()]
-    )
+/// What the clients send: text when the model has a tokenizer, else token
+/// ids (a synthetic checkpoint has none).
+#[derive(Clone, Copy)]
+enum Prompts {
+    Text,
+    Ids { vocab: u32 },
 }
 
+impl Prompts {
+    /// Client `i`'s prompt: a different one per client, about 16 tokens.
+    fn get(self, i: usize) -> Value {
+        const TOPICS: [&str; 8] = ["the sea", "a city", "bread", "winter", "a library", "rivers", "the moon", "trains"];
+        match self {
+            Prompts::Text => json!(format!(
+                "Client {i} writes a long story about {}. Once upon a time",
+                TOPICS[i % TOPICS.len()]
+            )),
+            Prompts::Ids { vocab } => {
+                let ids: Vec<u32> = (0..16u64)
+                    .map(|j| ((i as u64 * 7919 + j * 104_729 + 13) % u64::from(vocab.max(1))) as u32)
+                    .collect();
+                json!(ids)
+            }
+        }
+    }
+}
+
+/// The median (the mean of the middle two for an even count; 0 when empty).
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
-    if v.is_empty() {
-        0.0
-    } else {
-        v[v.len() / 2]
+    match v.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => v[n / 2],
+        n => (v[n / 2 - 1] + v[n / 2]) / 2.0,
     }
 }
 
 /// C clients at once: one JSON row.
-fn run_clients(addr: SocketAddr, c: usize, max_new: usize) -> anyhow::Result<Value> {
+fn run_clients(addr: SocketAddr, prompts: Prompts, c: usize, max_new: usize) -> anyhow::Result<Value> {
     let before = expert_bytes(addr)?;
     let start = Instant::now();
     let samples = std::thread::scope(|sc| {
         let handles: Vec<_> = (0..c)
-            .map(|i| sc.spawn(move || stream(addr, &prompt(i), max_new, &mut || {})))
+            .map(|i| sc.spawn(move || stream(addr, &prompts.get(i), max_new, &mut || {})))
             .collect();
         handles
             .into_iter()
@@ -201,25 +224,26 @@ fn run_clients(addr: SocketAddr, c: usize, max_new: usize) -> anyhow::Result<Val
 }
 
 /// Client B's TTFT alone, then B started once A (asking for 4x as many tokens) has its first token.
-fn second_client(addr: SocketAddr, max_new: usize) -> anyhow::Result<Value> {
-    let alone = stream(addr, &prompt(101), max_new, &mut || {})?.ttft;
+fn second_client(addr: SocketAddr, prompts: Prompts, max_new: usize) -> anyhow::Result<Value> {
+    let alone = stream(addr, &prompts.get(101), max_new, &mut || {})?.ttft;
     let (tx, rx) = std::sync::mpsc::channel();
     let beside = std::thread::scope(|sc| -> anyhow::Result<Duration> {
         let a = sc.spawn(move || {
-            stream(addr, &prompt(100), max_new * 4, &mut || {
+            stream(addr, &prompts.get(100), max_new * 4, &mut || {
                 let _ = tx.send(());
             })
         });
         rx.recv().map_err(|_| anyhow::anyhow!("client A ended before its first token"))?;
-        let b = stream(addr, &prompt(101), max_new, &mut || {})?.ttft;
+        let b = stream(addr, &prompts.get(101), max_new, &mut || {})?.ttft;
         a.join().map_err(|_| anyhow::anyhow!("client A's thread panicked"))??;
         Ok(b)
     })?;
     Ok(json!({"ttft_alone_ms": alone.as_secs_f64() * 1e3, "ttft_beside_ms": beside.as_secs_f64() * 1e3}))
 }
 
-/// The server with the model attached, and the model's routing shape.
-fn start_server(args: &ServeArgs) -> anyhow::Result<(RunningServer, Option<(usize, usize)>)> {
+/// The server with the model attached, the model's routing shape, and the
+/// prompts its clients send.
+fn start_server(args: &ServeArgs) -> anyhow::Result<(RunningServer, Option<(usize, usize)>, Prompts)> {
     let config = ServerConfig {
         port: 0,
         served_name: "bench".into(),
@@ -229,9 +253,15 @@ fn start_server(args: &ServeArgs) -> anyhow::Result<(RunningServer, Option<(usiz
     };
     let engine = super::load_engine_with(&args.model, &args.experts, args.json)?;
     let shape = routing_shape(&engine);
+    let prompts = match engine.tokenizer() {
+        Ok(_) => Prompts::Text,
+        Err(_) => Prompts::Ids {
+            vocab: u32::try_from(engine.model().spec().vocab_size).unwrap_or(u32::MAX),
+        },
+    };
     let server = bind(config).context("cannot start the server on a loopback port")?;
     server.attach(engine);
-    Ok((server, shape))
+    Ok((server, shape, prompts))
 }
 
 /// The routed experts' count and top-k of the model's first MoE layer.
@@ -272,10 +302,10 @@ fn summarise(c: usize, rounds: Vec<Value>, shape: Option<(usize, usize)>) -> Val
 
 pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let counts = parse_clients(&args.clients)?;
-    let (server, shape) = start_server(&args)?;
+    let (server, shape, prompts) = start_server(&args)?;
     let addr = server.addr;
     // Warm-up: one short request (first-touch allocations, the expert cache's first fill).
-    stream(addr, &prompt(0), 2, &mut || {})?;
+    stream(addr, &prompts.get(0), 2, &mut || {})?;
     let arms = (counts.len() * args.repeats) as u64;
     let progress = Progress::new("bench serve", arms + 1, Unit::Count, args.json);
     let mut rounds: Vec<Vec<Value>> = vec![Vec::new(); counts.len()];
@@ -287,13 +317,13 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         };
         for i in order {
             progress.set_message(&format!("{} clients (round {})", counts[i], round + 1));
-            rounds[i].push(run_clients(addr, counts[i], args.max_new)?);
+            rounds[i].push(run_clients(addr, prompts, counts[i], args.max_new)?);
             progress.inc(1);
         }
     }
     let runs: Vec<Value> = counts.iter().zip(rounds).map(|(&c, r)| summarise(c, r, shape)).collect();
     progress.set_message("second client's TTFT");
-    let second = second_client(addr, args.max_new)?;
+    let second = second_client(addr, prompts, args.max_new)?;
     progress.finish();
     server.shutdown(Duration::from_secs(5));
     let doc = json!({"model": args.model.display().to_string(), "max_new": args.max_new,
