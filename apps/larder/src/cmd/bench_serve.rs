@@ -241,9 +241,12 @@ fn second_client(addr: SocketAddr, prompts: Prompts, max_new: usize) -> anyhow::
     Ok(json!({"ttft_alone_ms": alone.as_secs_f64() * 1e3, "ttft_beside_ms": beside.as_secs_f64() * 1e3}))
 }
 
+/// The experts and top-k of the model's first MoE layer (None: dense).
+type RoutingShape = Option<(usize, usize)>;
+
 /// The server with the model attached, the model's routing shape, and the
 /// prompts its clients send.
-fn start_server(args: &ServeArgs) -> anyhow::Result<(RunningServer, Option<(usize, usize)>, Prompts)> {
+fn start_server(args: &ServeArgs) -> anyhow::Result<(RunningServer, RoutingShape, Prompts)> {
     let config = ServerConfig {
         port: 0,
         served_name: "bench".into(),
@@ -265,7 +268,7 @@ fn start_server(args: &ServeArgs) -> anyhow::Result<(RunningServer, Option<(usiz
 }
 
 /// The routed experts' count and top-k of the model's first MoE layer.
-fn routing_shape(engine: &larder_engine::Engine) -> Option<(usize, usize)> {
+fn routing_shape(engine: &larder_engine::Engine) -> RoutingShape {
     engine.model().spec().layers.iter().find_map(|l| match &l.ffn {
         larder_model::FfnSpec::Moe(m) => Some((m.num_experts, m.top_k)),
         larder_model::FfnSpec::Dense { .. } => None,
@@ -280,7 +283,7 @@ fn uniform_reads_per_route(e: usize, k: usize, c: usize) -> f64 {
 }
 
 /// One row per client count from its rounds: medians, the spread, the rounds.
-fn summarise(c: usize, rounds: Vec<Value>, shape: Option<(usize, usize)>) -> Value {
+fn summarise(c: usize, rounds: Vec<Value>, shape: RoutingShape) -> Value {
     let field = |k: &str| -> Vec<f64> { rounds.iter().filter_map(|r| r[k].as_f64()).collect() };
     let agg = field("aggregate_tok_s");
     let bytes = field("expert_bytes_per_token");
