@@ -83,25 +83,6 @@ fn alone(engine: &Engine, c: &Case) -> String {
         .text
 }
 
-fn streamed_text(body: &str) -> String {
-    let ev = events(body);
-    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{body}");
-    ev[..ev.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str::<Value>(e).unwrap())
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
-        .collect()
-}
-
-fn metric(a: std::net::SocketAddr, name: &str) -> u64 {
-    let m = send(a, "GET", "/metrics", &[], "").body;
-    m.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("{name} missing from /metrics: {m}"))
-        .parse()
-        .unwrap()
-}
-
 #[test]
 fn concurrent_streams_each_equal_their_solo_run() {
     let model = fixture("qwen3_moe_tok");

@@ -8,7 +8,6 @@
 //! word-level one (`t<id>` per id) so that text names every id.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
 
 use larder_engine::{Conversation, Drafting, Engine, GenerateOptions, Request, SamplingParams, Scheduler, SchedulerConfig};
 use larder_serve::{start, ServerConfig};
@@ -99,25 +98,6 @@ fn alone(engine: &Engine, c: &Case) -> String {
         .text
 }
 
-fn streamed_text(body: &str) -> String {
-    let ev = events(body);
-    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{body}");
-    ev[..ev.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str::<Value>(e).unwrap())
-        .filter_map(|c| c["choices"][0]["text"].as_str().map(str::to_string))
-        .collect()
-}
-
-fn metric(a: std::net::SocketAddr, name: &str) -> u64 {
-    let m = send(a, "GET", "/metrics", &[], "").body;
-    m.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("{name} missing from /metrics: {m}"))
-        .parse()
-        .unwrap()
-}
-
 fn check_concurrent_streams(model: &Path, kv_budget: Option<usize>) {
     let engine = Engine::load(model).unwrap();
     let expected: Vec<String> = cases().iter().map(|c| alone(&engine, c)).collect();
@@ -146,12 +126,7 @@ fn check_concurrent_streams(model: &Path, kv_budget: Option<usize>) {
             );
         }
     }
-    let t = Instant::now();
-    while metric(a, "larder_queue_depth") != 0 || metric(a, "larder_running_sequences") != 0 {
-        assert!(t.elapsed() < Duration::from_secs(10), "requests still counted after they ended");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(metric(a, "larder_kv_bytes_in_use"), 0, "sequence state left when idle");
+    assert_idle_with_no_state(a);
     if kv_budget.is_some() {
         assert!(metric(a, "larder_preemptions_total") > 0, "the budget forced no preemption");
     }

@@ -77,36 +77,6 @@ fn alone(engine: &Engine, c: &Case) -> String {
         .text
 }
 
-fn streamed_text(body: &str) -> String {
-    let ev = events(body);
-    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{body}");
-    ev[..ev.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str::<Value>(e).unwrap())
-        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
-        .collect()
-}
-
-fn metric(a: SocketAddr, name: &str) -> u64 {
-    let m = send(a, "GET", "/metrics", &[], "").body;
-    m.lines()
-        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
-        .unwrap_or_else(|| panic!("{name} missing from /metrics: {m}"))
-        .parse()
-        .unwrap()
-}
-
-/// Waits until no request is queued or running, then checks no KV bytes are in use.
-fn assert_idle_with_no_state(a: SocketAddr) {
-    let t = Instant::now();
-    while metric(a, "larder_queue_depth") != 0 || metric(a, "larder_running_sequences") != 0 {
-        assert!(t.elapsed() < Duration::from_secs(30), "requests still counted after they ended");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    assert_eq!(metric(a, "larder_queued_sequences"), 0);
-    assert_eq!(metric(a, "larder_kv_bytes_in_use"), 0, "sequence state left when idle");
-}
-
 #[test]
 fn concurrent_streams_under_preemption_each_equal_their_solo_run() {
     let model = fixture("qwen3_moe_tok");

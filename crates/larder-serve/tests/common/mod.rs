@@ -109,6 +109,42 @@ pub fn events(body: &str) -> Vec<String> {
         .collect()
 }
 
+/// The text of a streamed chat completion (its deltas' content) or text
+/// completion (its `text`s), which must end with `[DONE]`.
+pub fn streamed_text(body: &str) -> String {
+    let ev = events(body);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{body}");
+    ev[..ev.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| {
+            let choice = &c["choices"][0];
+            choice["delta"]["content"].as_str().or(choice["text"].as_str()).map(str::to_string)
+        })
+        .collect()
+}
+
+/// The value of the `/metrics` line `name`.
+pub fn metric(a: SocketAddr, name: &str) -> u64 {
+    let m = send(a, "GET", "/metrics", &[], "").body;
+    m.lines()
+        .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
+        .unwrap_or_else(|| panic!("{name} missing from /metrics: {m}"))
+        .parse()
+        .unwrap()
+}
+
+/// Waits until no request is queued or running, then checks no KV bytes are in use.
+pub fn assert_idle_with_no_state(a: SocketAddr) {
+    let t = std::time::Instant::now();
+    while metric(a, "larder_queue_depth") != 0 || metric(a, "larder_running_sequences") != 0 {
+        assert!(t.elapsed() < Duration::from_secs(30), "requests still counted after they ended");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(metric(a, "larder_queued_sequences"), 0);
+    assert_eq!(metric(a, "larder_kv_bytes_in_use"), 0, "sequence state left when idle");
+}
+
 /// A synthetic model with a long context (room for long generations).
 pub fn long_model(tag: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("larder-serve-{tag}-{}", std::process::id()));
