@@ -9,7 +9,7 @@
 //! the whole spine plus the chosen experts are read from RAM once per token.
 //! Everything here is pure arithmetic so a later planner can refine it.
 
-use larder_model::config::{FfnSpec, MixerSpec, ModelSpec};
+use larder_model::config::{FfnSpec, KdaOutputGate, MixerSpec, ModelSpec};
 
 /// RAM kept free for the KV cache, activations, the OS and the page cache:
 /// the larger of this and [`HEADROOM_FRACTION`] of the RAM available.
@@ -207,20 +207,29 @@ fn mixer_bytes(spec: &ModelSpec, mixer: &MixerSpec, s: Storage) -> u64 {
                 .linear(m.kv_lora_rank + m.qk_rope_head_dim, h)
                 .saturating_add(s.plain(m.kv_lora_rank as u64));
             let kv_b = s.linear(heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank);
+            let gate = if m.output_gate { s.linear(heads, h) } else { 0 };
             q.saturating_add(kv_a)
                 .saturating_add(kv_b)
                 .saturating_add(s.linear(h, heads * m.v_head_dim))
+                .saturating_add(gate)
         }
         MixerSpec::Kda(k) => {
-            // q, k, v [HD, h]; o [h, HD]; the low-rank gates f_a, g_a [D, h] and
-            // f_b, g_b [HD, D]; beta's b [H, h]; three depthwise convolutions of
-            // K taps over HD channels; A_log [H], dt_bias [HD], the output norm [D].
+            // q, k, v [HD, h]; o [h, HD]; the low-rank forget gate f_a [D, h],
+            // f_b [HD, D]; the output gate g_a [D, h] + g_b [HD, D], or one
+            // full-rank g_proj [HD, h]; beta's b [H, h]; three depthwise
+            // convolutions of K taps over HD channels; A_log [H], dt_bias [HD],
+            // the output norm [D].
             let (hd, d) = (k.num_heads * k.head_dim, k.head_dim);
             let small = 3 * hd * k.conv_kernel + k.num_heads + hd + d;
+            let output_gate = match k.output_gate {
+                KdaOutputGate::LowRank => s.linear(d, h).saturating_add(s.linear(hd, d)),
+                KdaOutputGate::FullRank => s.linear(hd, h),
+            };
             mul(s.linear(hd, h), 3)
                 .saturating_add(s.linear(h, hd))
-                .saturating_add(mul(s.linear(d, h), 2))
-                .saturating_add(mul(s.linear(hd, d), 2))
+                .saturating_add(s.linear(d, h))
+                .saturating_add(s.linear(hd, d))
+                .saturating_add(output_gate)
                 .saturating_add(s.linear(k.num_heads, h))
                 .saturating_add(s.plain(small as u64))
         }

@@ -29,7 +29,7 @@ mod scheduler_support;
 use common::{drive_dirs, pack_store, scratch_dir};
 use scheduler_support::{batched, check_against_alone, check_model, job, solo, spec, specs, Results, Spec};
 
-const FIXTURES: [&str; 2] = ["kimi_linear_tiny", "kimi_linear_mla_first"];
+const FIXTURES: [&str; 3] = ["kimi_linear_tiny", "kimi_linear_mla_first", "kimi_linear_k3_gates"];
 const PROMPT: &[u32] = &[360, 386, 74, 15, 315, 217, 285, 254, 415, 327, 283];
 
 fn fixture(name: &str) -> std::path::PathBuf {

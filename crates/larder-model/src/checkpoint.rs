@@ -118,6 +118,15 @@ impl Checkpoint {
         Ok(ckpt)
     }
 
+    /// The config.json beside the checkpoint's files (where errors about a
+    /// tensor that a config field sets point).
+    pub fn config_json_path(&self) -> PathBuf {
+        self.file_paths()
+            .first()
+            .and_then(|p| p.parent().map(|dir| dir.join("config.json")))
+            .unwrap_or_default()
+    }
+
     /// Whether weights are read from the files (false: [`open_unread`](Self::open_unread)).
     pub fn reads_weights(&self) -> bool {
         self.files.iter().all(|f| f.file.is_some())

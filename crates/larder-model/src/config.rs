@@ -69,6 +69,10 @@ pub struct MlaSpec {
     pub rotary: bool,
     /// Epsilon of the latent RMSNorms (`q_a_layernorm`, `kv_a_layernorm`).
     pub latent_norm_eps: f32,
+    /// A head-wise output gate (K3 extension, transformers 5.24.0
+    /// bailing_hybrid's MLA): each head's attention output times
+    /// `sigmoid(g_proj x)[head]` before `o_proj`, `g_proj` `[heads, hidden]`.
+    pub output_gate: bool,
 }
 
 /// Kimi Delta Attention dimensions (`linear_attn_config`).
@@ -80,6 +84,22 @@ pub struct KdaSpec {
     pub head_dim: usize,
     /// Taps K of the causal depthwise convolutions (`short_conv_kernel_size`).
     pub conv_kernel: usize,
+    /// The lower-bounded forget gate's bound (K3 extension, transformers
+    /// 5.24.0 glm5_next's `gate_lower_bound`): `g = bound ·
+    /// sigmoid(exp(A_log) · u)`; `None`: kimi_linear's `-exp(A_log) · softplus(u)`.
+    pub gate_lower_bound: Option<f32>,
+    /// How the output norm's gate is projected from the layer input.
+    pub output_gate: KdaOutputGate,
+}
+
+/// The projection of a KDA layer's output-norm gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KdaOutputGate {
+    /// Kimi Linear's low rank: `g_b_proj(g_a_proj x)`, `[H·D, D]·[D, hidden]`.
+    LowRank,
+    /// One full-rank `g_proj` `[H·D, hidden]` (K3 extension, transformers
+    /// 5.24.0 bailing_hybrid's `BailingHybridDeltaAttention.g_proj`).
+    FullRank,
 }
 
 /// One decoder layer.

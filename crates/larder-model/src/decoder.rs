@@ -566,6 +566,7 @@ fn load_mla(spec: &ModelSpec, m: &MlaSpec, ckpt: &Checkpoint, prefix: &str) -> R
             b: lin("q_b_proj", heads * qk, rank)?,
         },
     };
+    let output_gate = output_gate(ckpt, &format!("{a}.g_proj.weight"), m.output_gate, heads, h, "mla_use_output_gate")?;
     Ok(MlaAttention {
         q,
         kv_a: lin("kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, h)?,
@@ -581,7 +582,32 @@ fn load_mla(spec: &ModelSpec, m: &MlaSpec, ckpt: &Checkpoint, prefix: &str) -> R
         interleave: m.rope_interleave,
         rotary: m.rotary,
         latent_norm_eps: m.latent_norm_eps,
+        output_gate,
     })
+}
+
+/// A K3 output gate `name` (`[rows, cols]`) that config field `field`
+/// switches on: loaded when on; when off, its presence is an error (the
+/// weight would be ignored).
+pub(crate) fn output_gate(
+    ckpt: &Checkpoint,
+    name: &str,
+    on: bool,
+    rows: usize,
+    cols: usize,
+    field: &str,
+) -> Result<Option<Linear>, ModelError> {
+    if on {
+        return Ok(Some(Linear::new(ckpt.matrix(name, rows, cols)?, None)));
+    }
+    if ckpt.has(name) {
+        return Err(ModelError::config(
+            &ckpt.config_json_path(),
+            field,
+            format!("is not true, but the checkpoint has the output gate `{name}`: set it to true, or remove the tensor"),
+        ));
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -8,12 +8,15 @@
 //! 3. q and k L2-normalised per head (eps 1e-6 inside the root), q scaled by
 //!    `D^-0.5`;
 //! 4. the per-channel log decay `g = -exp(A_log[h]) · softplus(f_b(f_a x) +
-//!    dt_bias)`, decay `exp(g)`; `beta = sigmoid(b_proj x)` per head;
+//!    dt_bias)` (with K3's lower bound: `bound · sigmoid(exp(A_log[h]) ·
+//!    (f_b(f_a x) + dt_bias))`), decay `exp(g)`; `beta = sigmoid(b_proj x)`
+//!    per head;
 //! 5. the gated delta rule on each head's `D x D` state `S` (rows: key
 //!    channels): decay, read `m = Sᵀk`, `δ = (v − m)·β`, `S += k δᵀ`, output
 //!    `o = Sᵀq`;
 //! 6. `o_norm` (RMSNorm per head, `rms_norm_eps`) gated by
-//!    `sigmoid(g_b(g_a x))`, then `o_proj`.
+//!    `sigmoid(g_b(g_a x))` (K3's full-rank gate: `sigmoid(g_proj x)`), then
+//!    `o_proj`.
 //!
 //! **Batch invariance.** Steps 1-4 and 6 work on each row alone with
 //! row-independent kernels (larder-tensor's `Linear` gives a row the same
@@ -42,7 +45,7 @@ use larder_tensor::{Linear, Mat};
 use rayon::prelude::*;
 
 use crate::checkpoint::Checkpoint;
-use crate::config::KdaSpec;
+use crate::config::{KdaOutputGate, KdaSpec};
 use crate::error::ModelError;
 use crate::state::{RecurrentLayer, RecurrentValues};
 
@@ -63,18 +66,33 @@ pub struct KdaMixer {
     decay_rate: Vec<f32>,
     dt_bias: Vec<f32>,
     /// The K3 lower-bounded forget gate's bound (see [`forget_log_decay`]);
-    /// `None` (transformers 5.24.0's kimi_linear) until `KdaSpec` carries
-    /// `linear_attn_config.gate_lower_bound` (docs/architectures.md).
+    /// `None`: transformers 5.24.0 kimi_linear's unbounded gate.
     gate_lower_bound: Option<f32>,
     b_proj: Linear,
-    g_a: Linear,
-    g_b: Linear,
+    output_gate: OutputGateProj,
     o_norm: Vec<f32>,
     o_proj: Linear,
     heads: usize,
     head_dim: usize,
     kernel: usize,
     rms_norm_eps: f32,
+}
+
+/// The projection of the output norm's gate from the layer input.
+enum OutputGateProj {
+    /// `g_b(g_a x)` (Kimi Linear).
+    LowRank { a: Linear, b: Linear },
+    /// `g_proj x` (the K3 full-rank gate, bailing_hybrid's KDA).
+    FullRank(Linear),
+}
+
+impl OutputGateProj {
+    fn forward(&self, x: &Mat) -> Mat {
+        match self {
+            OutputGateProj::LowRank { a, b } => b.forward(&a.forward(x)),
+            OutputGateProj::FullRank(g) => g.forward(x),
+        }
+    }
 }
 
 /// Per-row values of a chunk that feed the recurrence, `[rows, H·D]` (beta
@@ -103,6 +121,16 @@ impl KdaMixer {
             conv.extend(tensor(ckpt, &format!("{prefix}.{name}.weight"), &[&[hd, 1, k]])?);
         }
         let a_log = tensor(ckpt, &format!("{prefix}.A_log"), &[&[1, 1, h, 1], &[h]])?;
+        let full_rank = spec.output_gate == KdaOutputGate::FullRank;
+        let g_proj = format!("{prefix}.g_proj.weight");
+        let field = "linear_attn_config.use_full_rank_gate";
+        let output_gate = match crate::decoder::output_gate(ckpt, &g_proj, full_rank, hd, hidden, field)? {
+            Some(g) => OutputGateProj::FullRank(g),
+            None => OutputGateProj::LowRank {
+                a: lin("g_a_proj", d, hidden)?,
+                b: lin("g_b_proj", hd, d)?,
+            },
+        };
         Ok(KdaMixer {
             q_proj: lin("q_proj", hd, hidden)?,
             k_proj: lin("k_proj", hd, hidden)?,
@@ -112,10 +140,9 @@ impl KdaMixer {
             f_b: lin("f_b_proj", hd, d)?,
             decay_rate: a_log.iter().map(|a| a.exp()).collect(),
             dt_bias: tensor(ckpt, &format!("{prefix}.dt_bias"), &[&[hd]])?,
-            gate_lower_bound: None,
+            gate_lower_bound: spec.gate_lower_bound,
             b_proj: lin("b_proj", h, hidden)?,
-            g_a: lin("g_a_proj", d, hidden)?,
-            g_b: lin("g_b_proj", hd, d)?,
+            output_gate,
             o_norm: tensor(ckpt, &format!("{prefix}.o_norm.weight"), &[&[d]])?,
             o_proj: lin("o_proj", hidden, hd)?,
             heads: h,
@@ -139,7 +166,7 @@ impl KdaMixer {
         let p = [self.q_proj.forward(x), self.k_proj.forward(x), self.v_proj.forward(x)];
         let f = self.f_b.forward(&self.f_a.forward(x));
         let b = self.b_proj.forward(x);
-        let gate = self.g_b.forward(&self.g_a.forward(x));
+        let gate = self.output_gate.forward(x);
         let o = state.update(|source, result| {
             let mut inputs = self.convolve(&p, &source.window, &mut result.window);
             self.gates(&f, &b, &mut inputs);
@@ -358,13 +385,8 @@ fn tensor(ckpt: &Checkpoint, name: &str, shapes: &[&[usize]]) -> Result<Vec<f32>
 
 /// A shape mismatch of a KDA tensor, blamed on the config fields that set it.
 fn shape_error(ckpt: &Checkpoint, name: &str, got: &[usize], expected: &[usize]) -> ModelError {
-    let path = ckpt
-        .file_paths()
-        .first()
-        .and_then(|p| p.parent().map(|dir| dir.join("config.json")))
-        .unwrap_or_default();
     ModelError::config(
-        &path,
+        &ckpt.config_json_path(),
         "linear_attn_config",
         format!(
             "tensor `{name}` has shape {got:?}, but num_heads, head_dim and short_conv_kernel_size (with hidden_size) \

@@ -10,6 +10,9 @@
 //!   output as transformers does), softmax scale `qk_head_dim^-0.5` times
 //!   YaRN's `mscale^2`; Kimi Linear applies no RoPE (`rotary: false`: the
 //!   rope parts enter the dot product as projected);
+//! - with the K3 head-wise output gate (`output_gate`, transformers 5.24.0
+//!   bailing_hybrid's MLA), each head's output is multiplied by
+//!   `sigmoid(g_proj x)[head]` before `o_proj`;
 //! - the latent RMSNorms (`q_a_layernorm`, `kv_a_layernorm`) use their own
 //!   epsilon, [`LATENT_NORM_EPS`] = 1e-6 whatever `rms_norm_eps` is: both
 //!   transformers' `DeepseekV3Attention` and `KimiLinear`'s MLA build them
@@ -22,7 +25,7 @@
 //! prefill chunking and token-by-token decoding agree bit for bit.
 
 use larder_tensor::kernels::scalar::dot;
-use larder_tensor::ops::rms_norm_chunks_in_place;
+use larder_tensor::ops::{rms_norm_chunks_in_place, sigmoid};
 use larder_tensor::{Linear, Mat};
 
 use crate::kv_cache::KvLayer;
@@ -56,6 +59,8 @@ pub struct MlaAttention {
     pub rotary: bool,
     /// Epsilon of `q_a_layernorm` and `kv_a_layernorm`.
     pub latent_norm_eps: f32,
+    /// The head-wise output gate `g_proj` `[heads, hidden]` (K3 extension).
+    pub output_gate: Option<Linear>,
 }
 
 impl MlaAttention {
@@ -138,6 +143,15 @@ impl MlaAttention {
                     for (oo, vv) in o.iter_mut().zip(&cache.value(j)[h * vd..(h + 1) * vd]) {
                         *oo += p * vv;
                     }
+                }
+            }
+        }
+        if let Some(g_proj) = &self.output_gate {
+            let gate = g_proj.forward(x);
+            for r in 0..x.rows() {
+                for (head, &g) in out.row_mut(r).chunks_exact_mut(vd).zip(gate.row(r)) {
+                    let s = sigmoid(g);
+                    head.iter_mut().for_each(|v| *v *= s);
                 }
             }
         }

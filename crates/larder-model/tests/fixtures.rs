@@ -23,6 +23,7 @@ const FIXTURES: &[&str] = &[
     // Recurrent (KDA) layers cannot truncate: tested in tests/kimi_linear.rs.
     "kimi_linear_tiny",
     "kimi_linear_mla_first",
+    "kimi_linear_k3_gates",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {

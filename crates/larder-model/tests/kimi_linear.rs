@@ -20,7 +20,7 @@ use larder_model::{
 use larder_tensor::Mat;
 use serde_json::Value;
 
-const FIXTURES: [&str; 2] = ["kimi_linear_tiny", "kimi_linear_mla_first"];
+const FIXTURES: [&str; 3] = ["kimi_linear_tiny", "kimi_linear_mla_first", "kimi_linear_k3_gates"];
 
 fn fixture_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
@@ -173,6 +173,14 @@ fn mla_first_matches_transformers() {
     check_reference("kimi_linear_mla_first");
 }
 
+/// The K3 gate extensions (lower-bounded forget gate, full-rank KDA output
+/// gate, MLA head-wise output gate) against their reference modules
+/// installed on transformers' kimi_linear (scripts/fixtures_k3_gates.py).
+#[test]
+fn k3_gates_match_their_references() {
+    check_reference("kimi_linear_k3_gates");
+}
+
 #[test]
 fn prefill_chunking_is_bit_identical() {
     for name in FIXTURES {
@@ -209,7 +217,8 @@ fn a_batch_is_bit_identical_to_each_sequence_alone() {
     for name in FIXTURES {
         let model = load(name);
         let prompt = prompt_of(name);
-        let other: Vec<u32> = prompt.iter().rev().map(|&t| (t * 7 + 3) % 512).collect();
+        let vocab = model.spec().vocab_size as u32;
+        let other: Vec<u32> = prompt.iter().rev().map(|&t| (t * 7 + 3) % vocab).collect();
         // A fresh prompt, one mid-prefill (5 tokens in, 6 more), one decoding.
         let prefixes: [&[u32]; 3] = [&[], &other[..5], &prompt];
         let nexts: [&[u32]; 3] = [&prompt[..9], &other[5..11], &[42]];
@@ -434,6 +443,44 @@ fn bad_configs_name_the_field_and_the_config() {
         assert!(msg.contains("config.json"), "{field}={value}: {msg}");
         for w in want {
             assert!(msg.contains(w), "{field}={value}: {msg} should name {w}");
+        }
+    }
+}
+
+#[test]
+fn k3_output_gate_switches_must_agree_with_the_tensors() {
+    // Switched on without the tensor: the missing tensor is named.
+    for (i, (field, tensor)) in [
+        ("mla_use_output_gate", "model.layers.3.self_attn.g_proj.weight"),
+        ("linear_attn_config.use_full_rank_gate", "model.layers.0.self_attn.g_proj.weight"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = copy_fixture("kimi_linear_tiny", &format!("gate-on{i}"));
+        edit(&dir, |v| match field.strip_prefix("linear_attn_config.") {
+            Some(key) => v["linear_attn_config"][key] = Value::Bool(true),
+            None => v[field] = Value::Bool(true),
+        });
+        let msg = load_error(&dir);
+        assert!(msg.contains(tensor), "{field}: {msg}");
+    }
+    // The tensor without the switch: never silently ignored.
+    for (i, (field, tensor)) in [
+        ("mla_use_output_gate", "model.layers.2.self_attn.g_proj.weight"),
+        ("linear_attn_config.use_full_rank_gate", "model.layers.0.self_attn.g_proj.weight"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let dir = copy_fixture("kimi_linear_k3_gates", &format!("gate-off{i}"));
+        edit(&dir, |v| match field.strip_prefix("linear_attn_config.") {
+            Some(key) => v["linear_attn_config"][key] = Value::Bool(false),
+            None => v[field] = Value::Bool(false),
+        });
+        let msg = load_error(&dir);
+        for w in ["config.json", field, tensor, "set it to true"] {
+            assert!(msg.contains(w), "{field}: {msg} should name {w}");
         }
     }
 }

@@ -1,8 +1,9 @@
 //! Kimi Linear config.json fields (`crates/larder-model/src/arch/kimi_linear.rs`):
 //! both fixtures' configs load; transformers' aliases, derived fields and
 //! fields without effect read as the Hub spelling does; every unknown field,
-//! every K3 extension field and every unsupported value is refused with an
-//! error naming the field and config.json.
+//! every K3 extension field larder does not implement and every unsupported
+//! value is refused with an error naming the field and config.json; the K3
+//! gate extensions it implements are read under every reference spelling.
 
 use std::path::{Path, PathBuf};
 
@@ -86,14 +87,6 @@ fn an_unknown_field_is_refused_by_name() {
 fn every_k3_extension_field_is_refused_naming_the_extension() {
     let base = fixture_config("kimi_linear_tiny");
     let cases: &[(&str, Value, &str)] = &[
-        ("linear_lower_bound", json!(-5.0), "lower-bounded KDA forget gate"),
-        ("kda_lower_bound", json!(-5.0), "lower-bounded KDA forget gate"),
-        ("kda_safe_gate", json!(true), "lower-bounded KDA forget gate"),
-        ("linear_attn_config.gate_lower_bound", json!(-5.0), "lower-bounded KDA forget gate"),
-        ("linear_attn_config.lower_bound", json!(-5.0), "lower-bounded KDA forget gate"),
-        ("linear_attn_config.safe_gate", json!(true), "lower-bounded KDA forget gate"),
-        ("mla_use_output_gate", json!(true), "MLA output gate"),
-        ("linear_attn_config.use_full_rank_gate", json!(true), "full-rank KDA output gate"),
         ("hidden_act", json!("situ"), "SiTU"),
         ("activation_situ_beta", json!(4.0), "SiTU"),
         ("activation_situ_linear_beta", json!(25.0), "SiTU"),
@@ -126,6 +119,85 @@ fn k3_switches_turned_off_are_the_plain_model() {
     for (i, (field, value)) in off.into_iter().enumerate() {
         let got = read(&with(base.clone(), field, value), &format!("off{i}"));
         assert_eq!(got.as_ref(), Ok(&want), "{field}");
+    }
+}
+
+/// Config fields to set (`linear_attn_config.KEY` for a nested key).
+type Fields<'a> = &'a [(&'a str, Value)];
+
+/// The lower-bounded forget gate under each reference model's spelling
+/// (arch/kimi_k3.rs): glm5_next, fla and bailing_hybrid.
+#[test]
+fn every_spelling_of_the_forget_gate_bound_is_read() {
+    let base = fixture_config("kimi_linear_tiny");
+    let bound = |spec: &str| -> String {
+        let at = spec.find("gate_lower_bound: ").expect("KdaSpec in the spec") + "gate_lower_bound: ".len();
+        spec[at..].split(',').next().unwrap().to_string()
+    };
+    let cases: &[(Fields, &str)] = &[
+        (&[], "None"),
+        (&[("linear_attn_config.gate_lower_bound", json!(-3.0))], "Some(-3.0)"),
+        (&[("linear_attn_config.gate_lower_bound", Value::Null)], "None"),
+        (&[("linear_lower_bound", json!(-2.5))], "Some(-2.5)"),
+        (&[("linear_attn_config.lower_bound", json!(-4.0))], "Some(-4.0)"),
+        (
+            &[
+                ("linear_attn_config.lower_bound", json!(-4.0)),
+                ("linear_attn_config.safe_gate", json!(true)),
+            ],
+            "Some(-4.0)",
+        ),
+        (&[("kda_safe_gate", json!(true))], "Some(-5.0)"),
+        (&[("kda_lower_bound", json!(-2.0))], "Some(-2.0)"),
+        (&[("kda_safe_gate", json!(false)), ("kda_lower_bound", json!(-2.0))], "None"),
+        (
+            &[("linear_attn_config.gate_lower_bound", json!(-5.0)), ("kda_safe_gate", json!(true))],
+            "Some(-5.0)",
+        ),
+    ];
+    for (i, (fields, want)) in cases.iter().enumerate() {
+        let cfg = fields.iter().fold(base.clone(), |c, (f, v)| with(c, f, v.clone()));
+        let spec = read(&cfg, &format!("bound{i}")).unwrap_or_else(|e| panic!("{fields:?}: {e}"));
+        assert_eq!(bound(&spec), *want, "{fields:?}");
+    }
+}
+
+#[test]
+fn bad_forget_gate_bounds_are_refused_by_name() {
+    let base = fixture_config("kimi_linear_tiny");
+    let cases: &[(Fields, &[&str])] = &[
+        (
+            &[
+                ("linear_attn_config.gate_lower_bound", json!(-3.0)),
+                ("kda_lower_bound", json!(-2.0)),
+            ],
+            &["linear_attn_config.gate_lower_bound", "kda_lower_bound", "-3", "-2"],
+        ),
+        (
+            &[("linear_lower_bound", json!(-3.0)), ("kda_safe_gate", json!(false))],
+            &["linear_lower_bound", "kda_safe_gate", "unbounded"],
+        ),
+        (
+            &[("linear_attn_config.gate_lower_bound", json!(0.5))],
+            &["gate_lower_bound", "negative"],
+        ),
+        (
+            &[("linear_attn_config.gate_lower_bound", json!(0))],
+            &["gate_lower_bound", "negative"],
+        ),
+        (&[("linear_attn_config.lower_bound", json!("low"))], &["lower_bound", "number"]),
+        (
+            &[("linear_attn_config.safe_gate", json!(true))],
+            &["linear_attn_config.safe_gate", "lower bound"],
+        ),
+        (&[("linear_attn_config.safe_gate", json!(1))], &["linear_attn_config.safe_gate"]),
+        (&[("linear_attn_config.use_full_rank_gate", json!("yes"))], &["use_full_rank_gate"]),
+        (&[("mla_use_output_gate", json!(1))], &["mla_use_output_gate"]),
+        (&[("kda_safe_gate", json!("true"))], &["kda_safe_gate"]),
+    ];
+    for (i, (fields, want)) in cases.iter().enumerate() {
+        let cfg = fields.iter().fold(base.clone(), |c, (f, v)| with(c, f, v.clone()));
+        assert_refused(&cfg, &format!("badbound{i}"), want);
     }
 }
 

@@ -81,6 +81,7 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
         softmax_scale: 1.0,
         rotary: true,
         latent_norm_eps: crate::mla::LATENT_NORM_EPS,
+        output_gate: false,
     })
 }
 

@@ -19,6 +19,8 @@
 
 use serde_json::Value;
 
+use super::kimi_k3;
+
 use crate::config::{
     ConfigJson, FfnSpec, KdaSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec, MAX_CONFIG_INT,
 };
@@ -88,6 +90,11 @@ const IMPLEMENTED: &[&str] = &[
     "use_grouped_topk",
     "topk_method",
     "num_nextn_predict_layers",
+    // K3 gate extensions (kimi_k3.rs)
+    "linear_lower_bound",
+    "kda_lower_bound",
+    "kda_safe_gate",
+    "mla_use_output_gate",
 ];
 
 /// Fields with no effect on the logits (metadata, training-only settings,
@@ -120,7 +127,18 @@ const NO_EFFECT: &[&str] = &[
 ];
 
 /// `linear_attn_config` keys larder reads.
-const LINEAR_KEYS: &[&str] = &["kda_layers", "full_attn_layers", "num_heads", "head_dim", "short_conv_kernel_size"];
+const LINEAR_KEYS: &[&str] = &[
+    "kda_layers",
+    "full_attn_layers",
+    "num_heads",
+    "head_dim",
+    "short_conv_kernel_size",
+    // K3 gate extensions (kimi_k3.rs)
+    "gate_lower_bound",
+    "lower_bound",
+    "safe_gate",
+    "use_full_rank_gate",
+];
 
 /// K3 extension fields larder does not implement: (field, extension). Names
 /// are those of the public reference models (transformers 5.24.0
@@ -129,14 +147,6 @@ const LINEAR_KEYS: &[&str] = &["kda_layers", "full_attn_layers", "num_heads", "h
 /// inside that object. A boolean switch set to `false` means the plain
 /// kimi_linear computation and is accepted (see `switch_off`).
 const K3_EXTENSIONS: &[(&str, &str)] = &[
-    ("linear_lower_bound", "the lower-bounded KDA forget gate"),
-    ("kda_lower_bound", "the lower-bounded KDA forget gate"),
-    ("kda_safe_gate", "the lower-bounded KDA forget gate"),
-    ("linear_attn_config.gate_lower_bound", "the lower-bounded KDA forget gate"),
-    ("linear_attn_config.lower_bound", "the lower-bounded KDA forget gate"),
-    ("linear_attn_config.safe_gate", "the lower-bounded KDA forget gate"),
-    ("mla_use_output_gate", "the MLA output gate"),
-    ("linear_attn_config.use_full_rank_gate", "the full-rank KDA output gate"),
     ("activation_situ_beta", "SiTU activations"),
     ("activation_situ_linear_beta", "SiTU activations"),
     ("attn_res_block_size", "attention-residual blocks"),
@@ -147,7 +157,7 @@ const K3_EXTENSIONS: &[(&str, &str)] = &[
 ];
 
 /// K3 switches whose `false` is the plain kimi_linear computation.
-const K3_SWITCHES: &[&str] = &["kda_safe_gate", "mla_use_output_gate", "linear_attn_config.use_full_rank_gate"];
+const K3_SWITCHES: &[&str] = &[];
 
 /// The error for a K3 extension field.
 fn k3_refusal(cfg: &ConfigJson, field: &str, extension: &str) -> ModelError {
@@ -388,6 +398,7 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
         softmax_scale: ((nope + rope) as f64).powf(-0.5) as f32,
         rotary: false,
         latent_norm_eps: crate::mla::LATENT_NORM_EPS,
+        output_gate: kimi_k3::mla_output_gate(cfg)?,
     })
 }
 
@@ -438,6 +449,8 @@ fn kda_spec(cfg: &ConfigJson) -> Result<KdaSpec, ModelError> {
         num_heads: positive("num_heads", "linear_num_heads", 32)?,
         head_dim: positive("head_dim", "linear_head_dim", 128)?,
         conv_kernel: positive("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?,
+        gate_lower_bound: kimi_k3::gate_lower_bound(cfg)?,
+        output_gate: kimi_k3::kda_output_gate(cfg)?,
     })
 }
 

@@ -2,6 +2,7 @@
 //! [`ModelSpec`]; [`load_model`] picks the file by `model_type`.
 
 pub mod deepseek_v3;
+mod kimi_k3;
 pub mod kimi_linear;
 pub mod llama;
 pub mod mixtral;
