@@ -23,6 +23,8 @@ const FIXTURES: &[&str] = &[
     // Recurrent (KDA) layers cannot truncate: tested in tests/kimi_linear.rs.
     "kimi_linear_tiny",
     "kimi_linear_mla_first",
+    // Block attention residuals (K3): also tests/kimi_linear_attn_res.rs.
+    "kimi_linear_attn_res",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
