@@ -167,6 +167,13 @@ pub fn estimate_sizes(spec: &ModelSpec, storage: Storage) -> ModelSizes {
             }
         }
     }
+    if spec.attn_res_block.is_some() {
+        // Block attention residuals: a `[hidden]` query per layer for the MLP
+        // input, per layer but the first for the mixer input, and one for the
+        // final norm's input; f32, as inkling2 keeps and saves them.
+        let queries = 2 * spec.layers.len() as u64;
+        spine = spine.saturating_add(mul(mul(queries, h as u64), 4));
+    }
     let (moe_layers, experts_per_layer, top_k) = moe_shape(spec);
     ModelSizes {
         layers: spec.layers.len(),
@@ -530,5 +537,19 @@ mod tests {
         let exact = ModelSizes::exact(&spec, 283008, 294912);
         assert_eq!(exact.expert_bytes, 12288);
         assert!(exact.exact);
+    }
+
+    #[test]
+    fn attention_residual_queries_count_in_the_spine() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/kimi_linear_attn_res");
+        let spec = larder_model::arch::read_spec(&dir).unwrap();
+        let bf16 = Storage::from_config(Some("bfloat16"), None).unwrap();
+        let with = estimate_sizes(&spec, bf16).spine_bytes;
+        let plain = ModelSpec {
+            attn_res_block: None,
+            ..spec.clone()
+        };
+        // 7 layers, hidden 48: 6 attention_input + 7 mlp_input + final_input, f32 (as the fixture ships them).
+        assert_eq!(with - estimate_sizes(&plain, bf16).spine_bytes, 14 * 48 * 4);
     }
 }

@@ -1,7 +1,9 @@
 //! The decoder-only transformer every supported architecture is an instance
 //! of: embeddings, `num_layers` x (RMSNorm, token mixer (GQA, MLA or KDA, per
 //! layer), residual, RMSNorm, dense MLP or MoE, residual), final RMSNorm, LM
-//! head.
+//! head; with block attention residuals (`attn_residual.rs`) the mixer,
+//! MLP and final-norm inputs are attentions over the per-position block
+//! states.
 //!
 //! Architectures differ only in their [`ModelSpec`] (and tensor names); this
 //! file builds and runs all of them.
@@ -19,6 +21,7 @@ use larder_tensor::ops::rms_norm;
 use larder_tensor::{Linear, Mat, WeightMatrix};
 
 use crate::attention::{GqaAttention, Mixer};
+use crate::attn_residual::{DepthAttention, LayerAttnRes};
 use crate::checkpoint::Checkpoint;
 use crate::config::{FfnSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, Scoring};
 use crate::error::{ModelError, Stage};
@@ -44,6 +47,8 @@ pub struct DecoderLayer {
     pub mixer: Mixer,
     pub post_attention_norm: Vec<f32>,
     pub ffn: Ffn,
+    /// Block attention residuals (`ModelSpec::attn_res_block`), else `None`.
+    pub attn_res: Option<LayerAttnRes>,
 }
 
 /// Routes taken by every MoE layer during forward passes, per layer in
@@ -85,6 +90,8 @@ pub struct DecoderModel {
     embed: WeightMatrix,
     layers: Vec<DecoderLayer>,
     norm: Vec<f32>,
+    /// `model.final_input` (block attention residuals), before `norm`.
+    final_input: Option<DepthAttention>,
     lm_head: Linear,
     rope: Rope,
     experts: Arc<dyn ExpertProvider>,
@@ -185,16 +192,25 @@ impl DecoderModel {
                 mixer,
                 post_attention_norm: ckpt.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 ffn,
+                attn_res: match spec.attn_res_block {
+                    None => None,
+                    Some(block) => Some(LayerAttnRes::load(ckpt, &p, l, block, h)?),
+                },
             });
             in_memory.push(layer_experts);
         }
         let experts = experts.unwrap_or_else(|| Arc::new(InMemoryExperts::new(in_memory)));
         let rope = Rope::new(&spec.rope, spec.head_dim);
+        let final_input = match spec.attn_res_block {
+            None => None,
+            Some(_) => Some(DepthAttention::load(ckpt, "model.final_input.query", h)?),
+        };
         Ok(DecoderModel {
             spec,
             embed,
             layers,
             norm,
+            final_input,
             lm_head,
             rope,
             experts,
@@ -354,8 +370,11 @@ impl DecoderModel {
             self.embed.decode_row(id as usize, x.row_mut(r));
         }
         check_spans(&x, &spans, Stage::Embeddings)?;
+        // Block states of every row (attention-residual models; docs/kimi_linear.md).
+        let mut blocks: Vec<Mat> = Vec::new();
         for (l, layer) in self.layers.iter().enumerate() {
-            let normed = rms_norm(&x, &layer.input_norm, eps);
+            let mixer_in = layer.attn_res.as_ref().and_then(|a| a.mixer_input(&blocks, &x));
+            let normed = rms_norm(mixer_in.as_ref().unwrap_or(&x), &layer.input_norm, eps);
             let mut attn = Mat::zeros(x.rows(), h);
             for (i, (s, sp)) in seqs.iter_mut().zip(&spans).enumerate() {
                 let state = s
@@ -368,8 +387,14 @@ impl DecoderModel {
                     .map_err(|e| (Some(i), e))?;
                 attn.as_mut_slice()[sp.row * h..(sp.row + sp.rows) * h].copy_from_slice(a.as_slice());
             }
-            x.add_assign(&attn);
-            let normed = rms_norm(&x, &layer.post_attention_norm, eps);
+            let mlp_in = match &layer.attn_res {
+                None => {
+                    x.add_assign(&attn);
+                    None
+                }
+                Some(a) => Some(a.after_mixer(&mut blocks, &mut x, attn)),
+            };
+            let normed = rms_norm(mlp_in.as_ref().unwrap_or(&x), &layer.post_attention_norm, eps);
             let y = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&normed),
                 Ffn::Moe(moe) => {
@@ -387,6 +412,9 @@ impl DecoderModel {
             };
             x.add_assign(&y);
             check_spans(&x, &spans, Stage::Layer(l))?;
+        }
+        if let Some(f) = &self.final_input {
+            x = f.forward(&blocks, &x);
         }
         self.head(&x, seqs, &spans)
     }

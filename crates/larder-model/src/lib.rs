@@ -15,6 +15,7 @@
 
 pub mod arch;
 pub mod attention;
+pub mod attn_residual;
 pub mod checkpoint;
 pub mod config;
 pub mod decoder;

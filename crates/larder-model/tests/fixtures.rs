@@ -24,6 +24,8 @@ const FIXTURES: &[&str] = &[
     "kimi_linear_tiny",
     "kimi_linear_mla_first",
     "kimi_linear_k3_gates",
+    // Block attention residuals (K3): also tests/kimi_linear_attn_res.rs.
+    "kimi_linear_attn_res",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {

@@ -57,6 +57,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         layers: Vec::new(),
         moe_names: MoeNames::DEEPSEEK,
         fp8_block: fp8_block(cfg)?,
+        attn_res_block: None,
     };
     let layers = layer_plan(cfg, &MixerSpec::Mla(mla))?;
     super::finish(cfg, spec, layers)

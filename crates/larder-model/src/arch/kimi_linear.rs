@@ -6,7 +6,9 @@
 //! experts `w1`/`w3`/`w2`, sigmoid routing with a selection-only correction
 //! bias, groups, `routed_scaling_factor`, `num_shared_experts` shared
 //! experts) in the others. Defaults are transformers' (they differ from
-//! Moonshot's remote code where a field is absent).
+//! Moonshot's remote code where a field is absent). One K3 extension is
+//! implemented: block attention residuals (`n_layers_per_attn_res_block`,
+//! inkling2's field; `attn_residual.rs`).
 //!
 //! Fails closed on fields: every config.json key is either read here
 //! (`IMPLEMENTED`, with transformers' aliases and derived fields), known
@@ -90,6 +92,7 @@ const IMPLEMENTED: &[&str] = &[
     "use_grouped_topk",
     "topk_method",
     "num_nextn_predict_layers",
+    "n_layers_per_attn_res_block",
     // K3 gate extensions (kimi_k3.rs)
     "linear_lower_bound",
     "kda_lower_bound",
@@ -149,8 +152,10 @@ const LINEAR_KEYS: &[&str] = &[
 const K3_EXTENSIONS: &[(&str, &str)] = &[
     ("activation_situ_beta", "SiTU activations"),
     ("activation_situ_linear_beta", "SiTU activations"),
-    ("attn_res_block_size", "attention-residual blocks"),
-    ("n_layers_per_attn_res_block", "attention-residual blocks"),
+    (
+        "attn_res_block_size",
+        "attention-residual blocks under a name no reference defines (larder reads inkling2's n_layers_per_attn_res_block)",
+    ),
     ("routed_expert_hidden_size", "latent-space experts"),
     ("latent_moe_use_norm", "latent-space experts"),
     ("moe_latent_size", "latent-space experts"),
@@ -238,6 +243,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         layers: Vec::new(),
         moe_names: NAMES,
         fp8_block: super::deepseek_v3::fp8_block(cfg)?,
+        attn_res_block: attn_res_block(cfg)?,
     };
     let kda = MixerSpec::Kda(kda_spec(cfg)?);
     let mla = MixerSpec::Mla(mla);
@@ -252,6 +258,19 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         })
         .collect();
     super::finish(cfg, spec, layers)
+}
+
+/// `n_layers_per_attn_res_block` (K3's block attention residuals, inkling2's
+/// field and semantics; docs/kimi_linear.md): layers per block, absent or
+/// null for plain residuals.
+fn attn_res_block(cfg: &ConfigJson) -> Result<Option<usize>, ModelError> {
+    match cfg.opt_usize("n_layers_per_attn_res_block")? {
+        Some(0) => Err(cfg.err(
+            "n_layers_per_attn_res_block",
+            "0 is not supported: it must be at least 1 (layers per attention-residual block), or null for none",
+        )),
+        n => Ok(n),
+    }
 }
 
 /// Which of a field's two spellings config.json uses: the Hub name or
