@@ -6,7 +6,9 @@
 //! experts `w1`/`w3`/`w2`, sigmoid routing with a selection-only correction
 //! bias, groups, `routed_scaling_factor`, `num_shared_experts` shared
 //! experts) in the others. Defaults are transformers' (they differ from
-//! Moonshot's remote code where a field is absent).
+//! Moonshot's remote code where a field is absent). K3's latent-space
+//! experts (`moe_latent_size`, NemotronH's computation: `MoeSpec::latent`)
+//! are implemented.
 //!
 //! Fails closed on fields: every config.json key is either read here
 //! (`IMPLEMENTED`, with transformers' aliases and derived fields), known
@@ -88,6 +90,7 @@ const IMPLEMENTED: &[&str] = &[
     "use_grouped_topk",
     "topk_method",
     "num_nextn_predict_layers",
+    "moe_latent_size",
 ];
 
 /// Fields with no effect on the logits (metadata, training-only settings,
@@ -141,13 +144,23 @@ const K3_EXTENSIONS: &[(&str, &str)] = &[
     ("activation_situ_linear_beta", "SiTU activations"),
     ("attn_res_block_size", "attention-residual blocks"),
     ("n_layers_per_attn_res_block", "attention-residual blocks"),
-    ("routed_expert_hidden_size", "latent-space experts"),
-    ("latent_moe_use_norm", "latent-space experts"),
-    ("moe_latent_size", "latent-space experts"),
+    (
+        "routed_expert_hidden_size",
+        "a latent-space experts variant no reference model defines (moe_latent_size is implemented)",
+    ),
+    (
+        "latent_moe_use_norm",
+        "a latent-space experts variant no reference model defines (moe_latent_size is implemented)",
+    ),
 ];
 
 /// K3 switches whose `false` is the plain kimi_linear computation.
-const K3_SWITCHES: &[&str] = &["kda_safe_gate", "mla_use_output_gate", "linear_attn_config.use_full_rank_gate"];
+const K3_SWITCHES: &[&str] = &[
+    "kda_safe_gate",
+    "mla_use_output_gate",
+    "linear_attn_config.use_full_rank_gate",
+    "latent_moe_use_norm",
+];
 
 /// The error for a K3 extension field.
 fn k3_refusal(cfg: &ConfigJson, field: &str, extension: &str) -> ModelError {
@@ -572,6 +585,7 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
         top_k,
         renormalize: cfg.opt_bool(aliased(cfg, "moe_renormalize", "norm_topk_prob")?)?.unwrap_or(true),
         expert_intermediate: intermediate,
+        latent: latent_size(cfg)?,
         shared_expert,
         scoring: Scoring::SigmoidGroups {
             n_group,
@@ -579,4 +593,16 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
             scaling: scaling as f32,
         },
     })
+}
+
+/// `moe_latent_size` (K3 latent-space experts, as transformers' nemotron_h):
+/// a positive width, or absent / null for experts at `hidden_size`.
+fn latent_size(cfg: &ConfigJson) -> Result<Option<usize>, ModelError> {
+    match cfg.opt_usize("moe_latent_size")? {
+        Some(0) => Err(cfg.err(
+            "moe_latent_size",
+            "0 is not a width (give a positive latent size, or null for experts at hidden_size)",
+        )),
+        other => Ok(other),
+    }
 }

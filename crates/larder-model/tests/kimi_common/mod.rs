@@ -1,0 +1,218 @@
+//! Helpers shared by the Kimi Linear fixture tests (`kimi_linear.rs`,
+//! `kimi_linear_latent.rs`): loading a fixture and its transformers
+//! reference, checking logits / routing / greedy ids against it, prefill
+//! chunking bit-identity, and copies of a fixture with an edited config or a
+//! dropped tensor. Each test binary uses a subset.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use larder_model::{load_model, DecoderModel, RouteTrace};
+use larder_tensor::Mat;
+use serde_json::Value;
+
+pub fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
+}
+
+pub struct Reference {
+    pub json: Value,
+    pub logits: Vec<f32>,
+    pub token_by_token: Vec<f32>,
+    pub vocab: usize,
+}
+
+pub fn reference(dir: &Path) -> Reference {
+    let json: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+    let bytes = std::fs::read(dir.join("reference.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let read = |name: &str| -> (Vec<f32>, usize) {
+        let t = st.tensor(name).unwrap();
+        let v = t
+            .data()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        (v, t.shape()[1])
+    };
+    let (logits, vocab) = read("logits");
+    let (token_by_token, _) = read("logits_token_by_token");
+    Reference {
+        json,
+        logits,
+        token_by_token,
+        vocab,
+    }
+}
+
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array().unwrap().iter().map(|x| x.as_u64().unwrap() as u32).collect()
+}
+
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+pub fn bits(m: &Mat) -> Vec<u32> {
+    m.as_slice().iter().map(|v| v.to_bits()).collect()
+}
+
+pub fn load(name: &str) -> DecoderModel {
+    load_model(&fixture_dir(name), None).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+pub fn prompt_of(name: &str) -> Vec<u32> {
+    ids(&reference(&fixture_dir(name)).json["prompt_ids"])
+}
+
+/// Greedy ids: through the state (`use_state`), or recomputing the whole
+/// sequence from a fresh state every step.
+pub fn greedy(model: &DecoderModel, prompt: &[u32], n: usize, use_state: bool) -> Vec<u32> {
+    let mut seq = prompt.to_vec();
+    let mut state = model.new_state();
+    let mut logits = model.forward_last(prompt, &mut state, None).unwrap();
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let next = argmax(&logits);
+        out.push(next);
+        seq.push(next);
+        logits = if use_state {
+            model.forward_last(&[next], &mut state, None).unwrap()
+        } else {
+            model.forward_last(&seq, &mut model.new_state(), None).unwrap()
+        };
+    }
+    out
+}
+
+pub fn max_diff(got: &Mat, want: &[f32], vocab: usize) -> f32 {
+    let mut worst = 0.0f32;
+    for p in 0..got.rows() {
+        for (a, b) in got.row(p).iter().zip(&want[p * vocab..(p + 1) * vocab]) {
+            worst = worst.max((a - b).abs());
+        }
+    }
+    worst
+}
+
+pub fn check_reference(name: &str) {
+    let dir = fixture_dir(name);
+    let model = load(name);
+    let r = reference(&dir);
+    let prompt = ids(&r.json["prompt_ids"]);
+    let mut state = model.new_state();
+    let mut trace = RouteTrace::default();
+    let logits = model.forward(&prompt, &mut state, Some(&mut trace)).unwrap();
+    let chunked = max_diff(&logits, &r.logits, r.vocab);
+    let recurrent = max_diff(&logits, &r.token_by_token, r.vocab);
+    eprintln!("{name}: max |logit diff| vs one-pass {chunked:.2e}, vs token-by-token {recurrent:.2e}");
+    assert!(chunked <= 1e-4, "{name}: max |logit diff| vs logits {chunked} > 1e-4");
+    assert!(
+        recurrent <= 1e-4,
+        "{name}: max |logit diff| vs logits_token_by_token {recurrent} > 1e-4"
+    );
+
+    let routing = r.json["routing"].as_object().unwrap();
+    assert_eq!(routing.len(), trace.layers.len(), "{name}: number of MoE layers");
+    for (layer, rows) in routing {
+        let l: usize = layer.parse().unwrap();
+        let weights = &r.json["routing_weights"][layer];
+        for (p, row) in rows.as_array().unwrap().iter().enumerate() {
+            let got = &trace.layers[&l][p];
+            assert_eq!(
+                got.experts,
+                ids(row).iter().map(|&e| e as usize).collect::<Vec<_>>(),
+                "{name}: layer {l} position {p}"
+            );
+            for (g, w) in got.weights.iter().zip(weights[p].as_array().unwrap()) {
+                assert!(
+                    (g - w.as_f64().unwrap() as f32).abs() < 1e-5,
+                    "{name}: layer {l} position {p} weight"
+                );
+            }
+        }
+    }
+
+    let n = ids(&r.json["greedy_ids"]).len();
+    assert_eq!(
+        greedy(&model, &prompt, n, true),
+        ids(&r.json["greedy_ids"]),
+        "{name}: greedy through the state"
+    );
+    assert_eq!(
+        greedy(&model, &prompt, n, false),
+        ids(&r.json["greedy_ids_no_cache"]),
+        "{name}: greedy recomputed"
+    );
+}
+
+/// Token by token and in uneven chunks: logits bit-identical to one pass.
+pub fn check_chunking(name: &str) {
+    let model = load(name);
+    let prompt = prompt_of(name);
+    let whole = model.forward(&prompt, &mut model.new_state(), None).unwrap();
+    let mut one = model.new_state();
+    for (p, &id) in prompt.iter().enumerate() {
+        let row = model.forward(&[id], &mut one, None).unwrap();
+        assert_eq!(bits(&row), bits(&whole.gather_rows(&[p])), "{name}: position {p} token by token");
+    }
+    for splits in [vec![1, 4], vec![prompt.len() / 3 + 1, 2, 5]] {
+        let mut s = model.new_state();
+        let mut at = 0usize;
+        for len in splits.iter().copied().chain([usize::MAX]) {
+            let end = at.saturating_add(len).min(prompt.len());
+            let part = model.forward(&prompt[at..end], &mut s, None).unwrap();
+            assert_eq!(
+                bits(&part),
+                bits(&whole.gather_rows(&(at..end).collect::<Vec<_>>())),
+                "{name}: chunks {splits:?}"
+            );
+            at = end;
+            if at == prompt.len() {
+                break;
+            }
+        }
+    }
+}
+
+pub fn copy_fixture(name: &str, tag: &str) -> PathBuf {
+    let src = fixture_dir(name);
+    let dst = std::env::temp_dir().join(format!("larder-{name}-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dst);
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap().flatten() {
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    dst
+}
+
+pub fn edit(dir: &Path, f: impl FnOnce(&mut Value)) {
+    let p = dir.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(&p, v.to_string()).unwrap();
+}
+
+pub fn load_error(dir: &Path) -> String {
+    let e = match load_model(dir, None) {
+        Ok(_) => panic!("{} should not load", dir.display()),
+        Err(e) => e.to_string(),
+    };
+    std::fs::remove_dir_all(dir).unwrap();
+    e
+}
+
+/// Rewrites `dir/model.safetensors` without the tensor `dropped`.
+pub fn drop_tensor(dir: &Path, dropped: &str) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let kept: Vec<_> = st.tensors().into_iter().filter(|(n, _)| n != dropped).collect();
+    std::fs::write(&path, safetensors::serialize(kept, None).unwrap()).unwrap();
+}
