@@ -835,8 +835,9 @@ def check_saved(spec, model_mem, folder):
     return files, sorted(tensors)
 
 
-def load_reference_model(folder):
-    model = AutoModelForCausalLM.from_pretrained(
+def load_reference_model(folder, cls=None):
+    """The saved fixture in f32 (`cls`: a spec's `reference_cls`, for patched models; else the Auto class)."""
+    model = (cls or AutoModelForCausalLM).from_pretrained(
         folder,
         dtype=torch.float32,
         attn_implementation="eager",
@@ -943,7 +944,7 @@ def generate_fixture(name, out_dir, tok_dir):
         prompt = make_prompt(spec, seed, tokenizer)
         model = build_model(spec, seed)
         save_fixture(spec, model, folder, tok_dir)
-        ref = load_reference_model(folder)
+        ref = load_reference_model(folder, spec.get("reference_cls"))
         ev = evaluate(spec, ref, prompt)
         why = acceptable(spec, ev, prompt)
         if not why and spec.get("eos_at_step"):
@@ -956,7 +957,7 @@ def generate_fixture(name, out_dir, tok_dir):
                 spec["config"].eos_token_id = tok
                 model = build_model(spec, seed)
                 save_fixture(spec, model, folder, tok_dir)
-                ref = load_reference_model(folder)
+                ref = load_reference_model(folder, spec.get("reference_cls"))
                 ev = evaluate(spec, ref, prompt)
                 why = acceptable(spec, ev, prompt)
                 if ev["greedy"] != ev["greedy"][:k] or len(ev["greedy"]) != k or ev["greedy"][-1] != tok:

@@ -23,7 +23,9 @@ pub struct StoreExperts {
     /// Per layer: gate, up, down as stored, each with the index of its
     /// first part (codes) and, for block-scaled formats, of its scales.
     layouts: Vec<Option<[Projection; 3]>>,
-    hidden: usize,
+    /// Per layer: the experts' input/output width (`hidden_size`, or the
+    /// latent size of latent-space experts) and their intermediate width.
+    width: Vec<usize>,
     intermediate: Vec<usize>,
 }
 
@@ -51,6 +53,7 @@ impl StoreExperts {
         let index = store.index();
         let mut layouts = vec![None; spec.layers.len()];
         let mut intermediate = vec![0; spec.layers.len()];
+        let mut width = vec![0; spec.layers.len()];
         for (l, n) in expert_layers(spec) {
             let bad = |m: String| EngineError::Invalid {
                 field: "experts",
@@ -103,11 +106,12 @@ impl StoreExperts {
             }
             layouts[l] = Some([projections[0], projections[1], projections[2]]);
             intermediate[l] = want[0].shape[0];
+            width[l] = want[0].shape[1];
         }
         Ok(StoreExperts {
             store,
             layouts,
-            hidden: spec.hidden_size,
+            width,
             intermediate,
         })
     }
@@ -120,7 +124,7 @@ impl StoreExperts {
     /// sharing one buffer become one record view, so gate and up fuse when adjacent.
     fn expert(&self, layer: usize, expert: usize, rec: &ExpertRecord) -> Result<SwigluExpert, ModelError> {
         let layout = self.layouts[layer].ok_or_else(|| ModelError::Experts(format!("layer {layer} has no routed experts")))?;
-        let (h, i) = (self.hidden, self.intermediate[layer]);
+        let (h, i) = (self.width[layer], self.intermediate[layer]);
         let name = format!("layer {layer} expert {expert}");
         let p = &rec.parts;
         let one_owner = p.iter().all(|v| Arc::ptr_eq(&v.owner, &p[0].owner));

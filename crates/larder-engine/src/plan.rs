@@ -9,7 +9,7 @@
 //! the whole spine plus the chosen experts are read from RAM once per token.
 //! Everything here is pure arithmetic so a later planner can refine it.
 
-use larder_model::config::{FfnSpec, KdaOutputGate, MixerSpec, ModelSpec};
+use larder_model::config::{FfnSpec, KdaOutputGate, MixerSpec, ModelSpec, Scoring};
 
 /// RAM kept free for the KV cache, activations, the OS and the page cache:
 /// the larger of this and [`HEADROOM_FRACTION`] of the RAM available.
@@ -155,9 +155,20 @@ pub fn estimate_sizes(spec: &ModelSpec, storage: Storage) -> ModelSizes {
         match &layer.ffn {
             FfnSpec::Dense { intermediate } => spine = spine.saturating_add(mlp_bytes(storage, h, *intermediate)),
             FfnSpec::Moe(m) => {
-                expert_bytes = mlp_bytes(storage, h, m.expert_intermediate);
+                // Latent-space experts are `latent` wide; their two projections
+                // (`[latent, h]`, `[h, latent]`) are spine tensors.
+                expert_bytes = mlp_bytes(storage, m.expert_width(h), m.expert_intermediate);
                 bank = bank.saturating_add(mul(m.num_experts as u64, expert_bytes));
                 spine = spine.saturating_add(storage.plain(mul(m.num_experts as u64, h as u64)));
+                if let Scoring::SigmoidGroups { .. } = m.scoring {
+                    // The router's selection bias `e_score_correction_bias` [E].
+                    spine = spine.saturating_add(storage.plain(m.num_experts as u64));
+                }
+                if let Some(latent) = m.latent {
+                    spine = spine
+                        .saturating_add(storage.linear(latent, h))
+                        .saturating_add(storage.linear(h, latent));
+                }
                 if let Some(s) = &m.shared_expert {
                     spine = spine.saturating_add(mlp_bytes(storage, h, s.intermediate));
                     if s.sigmoid_gate {
@@ -551,5 +562,20 @@ mod tests {
         };
         // 7 layers, hidden 48: 6 attention_input + 7 mlp_input + final_input, f32 (as the fixture ships them).
         assert_eq!(with - estimate_sizes(&plain, bf16).spine_bytes, 14 * 48 * 4);
+    }
+
+    /// Latent-space experts: experts are latent wide, the two projections
+    /// are spine; the all-bf16 fixture's estimate equals its safetensors sizes.
+    #[test]
+    fn estimate_matches_the_latent_kimi_fixture_exactly() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/kimi_linear_latent");
+        let spec = larder_model::arch::read_spec(&dir).unwrap();
+        let ckpt = larder_model::checkpoint::Checkpoint::open(&dir).unwrap();
+        let bank = crate::experts::direct_index(&spec, &ckpt).unwrap().total_bytes();
+        let total: u64 = ckpt.names().into_iter().map(|n| ckpt.tensor_info(n).unwrap().len).sum();
+        let s = estimate_sizes(&spec, Storage::from_config(Some("bfloat16"), None).unwrap());
+        // 3 matrices of 16 x 24 in bf16 per expert (hidden 64 would be 6144).
+        assert_eq!(s.expert_bytes, 3 * 16 * 24 * 2);
+        assert_eq!((s.bank_bytes, s.spine_bytes), (bank, total - bank));
     }
 }

@@ -4,7 +4,8 @@
 //!   drives; every backend; a cache holding none, a few or all experts)
 //!   gives logits and greedy ids bit-identical to experts in RAM (also on
 //!   kimi_linear_attn_res, whose attention-residual queries are spine
-//!   tensors of the store);
+//!   tensors of the store, and for `kimi_linear_latent`'s latent-space
+//!   experts);
 //! - speculative decoding (n-gram, self-draft, a draft model) gives greedy
 //!   ids identical to plain decoding, and seeded sampling is reproducible;
 //! - prefix reuse in a conversation restores a snapshot (a follow-up turn,
@@ -110,25 +111,38 @@ fn check_streamed_arms(model: &Path, reference: &(Vec<f32>, Vec<u32>), expert_by
 
 #[test]
 fn streamed_experts_are_bit_identical_to_in_ram() {
-    // kimi_linear_attn_res: its attention-residual queries are spine tensors of the store.
-    for name in FIXTURES.into_iter().chain(["kimi_linear_attn_res"]) {
-        let model = fixture(name);
-        let reference = outcome(&Engine::load(&model).unwrap());
-        let eb = expert_bytes(&model);
-        check_streamed_arms(&model, &reference, eb, &format!("{name} direct"));
-        for drives in 1..=2usize {
-            let out = scratch_dir(&format!("kimi-linear-{name}-{drives}"));
-            let store = out.join("store");
-            let specs = if drives == 1 {
-                Vec::new()
-            } else {
-                drive_dirs(&out, drives, |d| 1.0 + d as f64)
-            };
-            pack_store(&model, &store, &specs);
-            assert_eq!(outcome(&Engine::load(&store).unwrap()).1, reference.1, "{name}: packed store");
-            check_streamed_arms(&store, &reference, eb, &format!("{name} packed on {drives} drive(s)"));
-            let _ = std::fs::remove_dir_all(&out);
-        }
+    for name in FIXTURES {
+        check_streamed(name);
+    }
+}
+
+/// K3 extensions: latent-space experts (`moe_latent_size`: records of
+/// latent-wide experts) and attention-residual blocks (their queries are
+/// spine tensors of the store), streamed and packed, equal experts in RAM.
+#[test]
+fn streamed_k3_extensions_are_bit_identical_to_in_ram() {
+    check_streamed("kimi_linear_latent");
+    check_streamed("kimi_linear_attn_res");
+}
+
+/// Direct streaming and packed stores on 1 and 2 drives against experts in RAM.
+fn check_streamed(name: &str) {
+    let model = fixture(name);
+    let reference = outcome(&Engine::load(&model).unwrap());
+    let eb = expert_bytes(&model);
+    check_streamed_arms(&model, &reference, eb, &format!("{name} direct"));
+    for drives in 1..=2usize {
+        let out = scratch_dir(&format!("kimi-linear-{name}-{drives}"));
+        let store = out.join("store");
+        let specs = if drives == 1 {
+            Vec::new()
+        } else {
+            drive_dirs(&out, drives, |d| 1.0 + d as f64)
+        };
+        pack_store(&model, &store, &specs);
+        assert_eq!(outcome(&Engine::load(&store).unwrap()).1, reference.1, "{name}: packed store");
+        check_streamed_arms(&store, &reference, eb, &format!("{name} packed on {drives} drive(s)"));
+        let _ = std::fs::remove_dir_all(&out);
     }
 }
 

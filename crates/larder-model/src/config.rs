@@ -133,10 +133,24 @@ pub struct MoeSpec {
     /// Renormalise the top-k weights to sum to one.
     pub renormalize: bool,
     pub expert_intermediate: usize,
+    /// Latent-space experts (Kimi Linear K3, NemotronH's `moe_latent_size`):
+    /// the routed experts' input and output width. The router and the shared
+    /// expert still see the full hidden state; the chosen rows go through
+    /// `{block}.fc1_latent_proj` (`[latent, hidden]`), the experts' weighted
+    /// sum through `{block}.fc2_latent_proj` (`[hidden, latent]`). `None`:
+    /// experts are `hidden_size` wide.
+    pub latent: Option<usize>,
     /// An always-applied shared expert.
     pub shared_expert: Option<SharedExpertSpec>,
     /// How router logits become expert choices and weights.
     pub scoring: Scoring,
+}
+
+impl MoeSpec {
+    /// The routed experts' input and output width: the latent size, else `hidden`.
+    pub fn expert_width(&self, hidden: usize) -> usize {
+        self.latent.unwrap_or(hidden)
+    }
 }
 
 /// The routing function of a MoE block.

@@ -29,7 +29,7 @@ use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExpert
 use crate::kda::KdaMixer;
 use crate::mla::{MlaAttention, QueryProj};
 use crate::mlp::{load_mlp, Mlp};
-use crate::moe::{MoeBlock, SharedExpert};
+use crate::moe::{LatentProj, MoeBlock, SharedExpert};
 use crate::rope::Rope;
 use crate::state::SequenceState;
 
@@ -181,6 +181,7 @@ impl DecoderModel {
                             layer: l,
                             router,
                             routing,
+                            latent: m.latent.map(|w| LatentProj::load(ckpt, &bp, h, w)).transpose()?,
                             shared,
                         }),
                         experts_here,

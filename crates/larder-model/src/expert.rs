@@ -104,7 +104,8 @@ pub fn expert_tensors(spec: &ModelSpec, layer: usize, expert: usize) -> Option<[
     let FfnSpec::Moe(m) = &spec.layers.get(layer)?.ffn else {
         return None;
     };
-    let (h, i) = (spec.hidden_size, m.expert_intermediate);
+    // Latent-space experts are `latent` wide, not `hidden_size`.
+    let (h, i) = (m.expert_width(spec.hidden_size), m.expert_intermediate);
     let names = &spec.moe_names;
     let prefix = format!("model.layers.{layer}.{}.experts.{expert}", names.block);
     let t = |k: usize, role, shape| ExpertTensor {

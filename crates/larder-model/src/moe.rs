@@ -2,11 +2,17 @@
 //! experts once, run each expert on exactly the rows that chose it, and sum
 //! each row's expert outputs in its canonical router order. Optional shared
 //! expert (with Qwen2-MoE's sigmoid gate) is added after.
+//!
+//! Latent-space experts (Kimi Linear K3, as transformers' `NemotronHMoE`):
+//! the router and the shared expert see the full hidden rows; the routed
+//! experts run on `fc1_latent_proj · x`, their weighted sum (in latent space,
+//! canonical order) goes through `fc2_latent_proj` back to the hidden width.
 
 use larder_router::{Route, Router};
 use larder_tensor::ops::sigmoid;
 use larder_tensor::{Linear, Mat};
 
+use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
 use crate::expert::ExpertProvider;
 use crate::mlp::Mlp;
@@ -18,11 +24,32 @@ pub struct SharedExpert {
     pub gate: Option<Linear>,
 }
 
+/// The projections around latent-space experts (spine tensors, in RAM).
+pub struct LatentProj {
+    /// `fc1_latent_proj`, `[latent, hidden]`: the experts' input.
+    pub down: Linear,
+    /// `fc2_latent_proj`, `[hidden, latent]`: back from the experts' weighted sum.
+    pub up: Linear,
+}
+
+impl LatentProj {
+    /// `{block}.fc1_latent_proj.weight` and `{block}.fc2_latent_proj.weight`
+    /// (no biases: Kimi's MLPs have none); a missing tensor is an error naming it.
+    pub fn load(ckpt: &Checkpoint, block: &str, hidden: usize, latent: usize) -> Result<LatentProj, ModelError> {
+        Ok(LatentProj {
+            down: Linear::new(ckpt.matrix(&format!("{block}.fc1_latent_proj.weight"), latent, hidden)?, None),
+            up: Linear::new(ckpt.matrix(&format!("{block}.fc2_latent_proj.weight"), hidden, latent)?, None),
+        })
+    }
+}
+
 /// A routed MoE block.
 pub struct MoeBlock {
     pub layer: usize,
     pub router: Linear,
     pub routing: Router,
+    /// Latent-space experts: the projections around them (`None`: experts at hidden width).
+    pub latent: Option<LatentProj>,
     pub shared: Option<SharedExpert>,
 }
 
@@ -62,6 +89,9 @@ impl MoeBlock {
         let mut union: Vec<usize> = routes.iter().flat_map(|r| r.experts.iter().copied()).collect();
         union.sort_unstable();
         union.dedup();
+        // The experts' input: the rows themselves, or their latent projections.
+        let latent_x = self.latent.as_ref().map(|p| p.down.forward(x));
+        let expert_x = latent_x.as_ref().unwrap_or(x);
         // outputs[row][slot]: the output of the row's slot-th routed expert.
         let mut outputs: Vec<Vec<Option<Vec<f32>>>> = routes.iter().map(|r| vec![None; r.experts.len()]).collect();
         // Experts may arrive in any order; each fills its own slots, and the
@@ -76,14 +106,14 @@ impl MoeBlock {
                     slots.push(s);
                 }
             }
-            let y = mlp.forward(&x.gather_rows(&rows));
+            let y = mlp.forward(&expert_x.gather_rows(&rows));
             for (k, (&r, &s)) in rows.iter().zip(&slots).enumerate() {
                 outputs[r][s] = Some(y.row(k).to_vec());
             }
             Ok(())
         })?;
 
-        let mut out = Mat::zeros(x.rows(), x.cols());
+        let mut out = Mat::zeros(expert_x.rows(), expert_x.cols());
         for (r, route) in routes.iter().enumerate() {
             let acc = out.row_mut(r);
             for (slot, &w) in route.weights.iter().enumerate() {
@@ -94,6 +124,9 @@ impl MoeBlock {
                     *a += v * w;
                 }
             }
+        }
+        if let Some(p) = &self.latent {
+            out = p.up.forward(&out);
         }
 
         if let Some(shared) = &self.shared {

@@ -26,6 +26,8 @@ const FIXTURES: &[&str] = &[
     "kimi_linear_k3_gates",
     // Block attention residuals (K3): also tests/kimi_linear_attn_res.rs.
     "kimi_linear_attn_res",
+    // Latent-space experts (K3): also tests/kimi_linear_latent.rs.
+    "kimi_linear_latent",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {

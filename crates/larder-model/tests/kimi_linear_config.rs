@@ -93,7 +93,6 @@ fn every_k3_extension_field_is_refused_naming_the_extension() {
         ("attn_res_block_size", json!(12), "attention-residual blocks"),
         ("routed_expert_hidden_size", json!(32), "latent-space experts"),
         ("latent_moe_use_norm", json!(true), "latent-space experts"),
-        ("moe_latent_size", json!(32), "latent-space experts"),
     ];
     for (i, (field, value, extension)) in cases.iter().enumerate() {
         let cfg = with(base.clone(), field, value.clone());
@@ -115,6 +114,7 @@ fn k3_switches_turned_off_are_the_plain_model() {
         ("linear_attn_config.use_full_rank_gate", json!(false)),
         ("moe_latent_size", Value::Null),
         ("n_layers_per_attn_res_block", Value::Null),
+        ("latent_moe_use_norm", json!(false)),
     ];
     for (i, (field, value)) in off.into_iter().enumerate() {
         let got = read(&with(base.clone(), field, value), &format!("off{i}"));

@@ -1,7 +1,9 @@
 //! Synthetic `kimi_linear` checkpoints (`larder_model::synth`): the layout
 //! loads (KDA and MLA in the K3 ratio, dense first layer, f32 gate tensors),
 //! runs with finite logits and spread routing, is seed-deterministic byte
-//! for byte, and `--experts-gib` sizes the expert bank to whole MoE layers.
+//! for byte, and `--experts-gib` sizes the expert bank to whole MoE layers;
+//! latent-space experts (`moe_latent_size`) are written at their width and
+//! load.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -95,6 +97,56 @@ fn tiny_kimi_linear_loads_with_the_k3_layer_ratio_and_runs() {
     let (overlap, _) = trace.consecutive_overlap();
     assert!(overlap < 3.0 * 2.0 / 16.0, "consecutive tokens share few experts: {overlap}");
     std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[test]
+fn latent_experts_are_written_at_their_width_and_load() {
+    let dir = scratch("latent");
+    let mut spec = tiny(4);
+    spec.moe_latent_size = Some(24);
+    let mut written = 0u64;
+    write(&spec, &dir, &mut |b| written += b).unwrap();
+    assert_eq!(written, spec.total_bytes());
+    assert_eq!(spec.expert_bytes(), 3 * 32 * 24 * 2);
+    let config: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    assert_eq!(config["moe_latent_size"], 24);
+    let shapes: std::collections::BTreeMap<String, Vec<usize>> = tensors(&dir).into_iter().map(|(n, _, shape, _)| (n, shape)).collect();
+    let block = "model.layers.2.block_sparse_moe";
+    assert_eq!(shapes[&format!("{block}.fc1_latent_proj.weight")], [24, 64]);
+    assert_eq!(shapes[&format!("{block}.fc2_latent_proj.weight")], [64, 24]);
+    assert_eq!(shapes[&format!("{block}.experts.7.w1.weight")], [32, 24]);
+    assert_eq!(shapes[&format!("{block}.experts.7.w2.weight")], [24, 32]);
+    assert_eq!(
+        shapes[&format!("{block}.gate.weight")],
+        [16, 64],
+        "the router sees the full hidden state"
+    );
+    assert!(
+        !shapes.contains_key("model.layers.0.mlp.fc1_latent_proj.weight"),
+        "dense layers have none"
+    );
+
+    let model = load_model(&dir, None).unwrap();
+    let prompt = [5u32, 17, 42, 99, 3, 250, 7];
+    let whole = model.forward(&prompt, &mut model.new_state(), None).unwrap();
+    assert!(whole.as_slice().iter().all(|v| v.is_finite()));
+    let mut state = model.new_state();
+    for (p, &id) in prompt.iter().enumerate() {
+        let row = model.forward(&[id], &mut state, None).unwrap();
+        let same = row.row(0).iter().zip(whole.row(p)).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "position {p}: token by token = one pass");
+    }
+    std::fs::remove_dir_all(dir).unwrap();
+
+    // Only kimi_linear writes latent experts, at a positive width.
+    for (arch, latent) in [("deepseek_v3", 8), ("kimi_linear", 0)] {
+        let mut spec = SynthSpec::preset(arch, "tiny", None).unwrap();
+        spec.moe_latent_size = Some(latent);
+        let dir = scratch(&format!("latent-{arch}"));
+        let e = write(&spec, &dir, &mut |_| {}).unwrap_err().to_string();
+        assert!(e.contains("moe_latent_size"), "{arch}: {e}");
+        std::fs::remove_dir_all(dir).unwrap();
+    }
 }
 
 /// Mean consecutive-token expert overlap over 32 greedy tokens.

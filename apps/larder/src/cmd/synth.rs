@@ -21,7 +21,10 @@ dense first layer of deepseek_v3 and kimi_linear).\n\n\
 kimi_linear (Kimi Linear / K3 layout): KDA layers with MLA every 4th layer (1-based 4, 8, ...: the K3 \
 ratio of 3 KDA to 1 MLA), a dense first layer, DeepSeek-style MoE (shared expert, sigmoid routing with \
 correction bias, 8 groups of which 4 eligible in k3-mini); k3-mini's attention is Kimi-Linear-48B's scaled \
-to hidden 2048 (28 KDA heads x 128, 28 MLA heads, no q LoRA); tiny has 5 layers (KDA x3, MLA, KDA).\n\n\
+to hidden 2048 (28 KDA heads x 128, 28 MLA heads, no q LoRA); tiny has 5 layers (KDA x3, MLA, KDA). \
+--moe-latent-size N (kimi_linear only) writes K3's latent-space experts: each MoE block gets \
+fc1_latent_proj [N, hidden] and fc2_latent_proj [hidden, N] and its routed experts are N wide instead of \
+hidden (config.json: moe_latent_size), so expert records shrink by N/hidden.\n\n\
 After writing, a short greedy decode measures the mean share of experts a token shares with the previous \
 token (uniform routing: about top_k/experts); skip it with --measure-tokens 0.\n\n\
 With --from-dense DIR, a real dense checkpoint (llama or mistral -> mixtral layout, qwen3 -> qwen3_moe) \
@@ -54,6 +57,10 @@ pub struct Args {
     /// Experts chosen per token, 1 to the number of experts (default: the preset's; 2 with --from-dense).
     #[arg(long, value_parser = super::range(1, MAX_EXPERTS))]
     top_k: Option<usize>,
+    /// kimi_linear only: latent-space experts (K3) of this width, 1 to 65536: routed experts run between
+    /// fc1_latent_proj / fc2_latent_proj at width N instead of the hidden size (default: none).
+    #[arg(long, value_name = "N", value_parser = super::range(1, 1 << 16), conflicts_with = "from_dense")]
+    moe_latent_size: Option<usize>,
     /// Override the vocabulary size, 2 to 16777216 (e.g. to make a draft model for another synthetic checkpoint).
     #[arg(long, value_parser = super::range(2, 1 << 24), conflicts_with = "from_dense")]
     vocab: Option<usize>,
@@ -103,6 +110,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         return run_upcycle(&args, source);
     }
     let mut spec = SynthSpec::preset(&args.arch, &args.preset, args.experts_gib).map_err(anyhow::Error::msg)?;
+    if let Some(n) = args.moe_latent_size {
+        anyhow::ensure!(
+            spec.kda.is_some(),
+            "--moe-latent-size: latent-space experts are a kimi_linear extension (use --arch kimi_linear)"
+        );
+        spec.moe_latent_size = Some(n);
+        if let Some(gib) = args.experts_gib {
+            // Latent experts are smaller: size the bank at their width.
+            spec.size_experts(gib).map_err(anyhow::Error::msg)?;
+        }
+    }
     if let Some(l) = args.layers {
         spec.layers = l;
     }
@@ -115,6 +133,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(v) = args.vocab {
         spec.vocab = v;
     }
+
     anyhow::ensure!(
         spec.top_k >= 1 && spec.top_k <= spec.experts,
         "--top-k must be between 1 and the number of experts ({})",

@@ -151,6 +151,7 @@ fn moe_spec(cfg: &ConfigJson, num_experts: usize) -> Result<MoeSpec, ModelError>
         top_k,
         renormalize: cfg.opt_bool("norm_topk_prob")?.unwrap_or(false),
         expert_intermediate: intermediate,
+        latent: None,
         shared_expert: shared,
         scoring: Scoring::SigmoidGroups {
             n_group,

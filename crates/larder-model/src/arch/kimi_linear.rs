@@ -6,9 +6,11 @@
 //! experts `w1`/`w3`/`w2`, sigmoid routing with a selection-only correction
 //! bias, groups, `routed_scaling_factor`, `num_shared_experts` shared
 //! experts) in the others. Defaults are transformers' (they differ from
-//! Moonshot's remote code where a field is absent). One K3 extension is
+//! Moonshot's remote code where a field is absent). K3 extensions
 //! implemented: block attention residuals (`n_layers_per_attn_res_block`,
-//! inkling2's field; `attn_residual.rs`).
+//! inkling2's field; `attn_residual.rs`), latent-space experts
+//! (`moe_latent_size`, NemotronH's computation: `MoeSpec::latent`) and the
+//! gates of `kimi_k3.rs`.
 //!
 //! Fails closed on fields: every config.json key is either read here
 //! (`IMPLEMENTED`, with transformers' aliases and derived fields), known
@@ -93,6 +95,7 @@ const IMPLEMENTED: &[&str] = &[
     "topk_method",
     "num_nextn_predict_layers",
     "n_layers_per_attn_res_block",
+    "moe_latent_size",
     // K3 gate extensions (kimi_k3.rs)
     "linear_lower_bound",
     "kda_lower_bound",
@@ -156,13 +159,18 @@ const K3_EXTENSIONS: &[(&str, &str)] = &[
         "attn_res_block_size",
         "attention-residual blocks under a name no reference defines (larder reads inkling2's n_layers_per_attn_res_block)",
     ),
-    ("routed_expert_hidden_size", "latent-space experts"),
-    ("latent_moe_use_norm", "latent-space experts"),
-    ("moe_latent_size", "latent-space experts"),
+    (
+        "routed_expert_hidden_size",
+        "a latent-space experts variant no reference model defines (moe_latent_size is implemented)",
+    ),
+    (
+        "latent_moe_use_norm",
+        "a latent-space experts variant no reference model defines (moe_latent_size is implemented)",
+    ),
 ];
 
 /// K3 switches whose `false` is the plain kimi_linear computation.
-const K3_SWITCHES: &[&str] = &[];
+const K3_SWITCHES: &[&str] = &["latent_moe_use_norm"];
 
 /// The error for a K3 extension field.
 fn k3_refusal(cfg: &ConfigJson, field: &str, extension: &str) -> ModelError {
@@ -604,6 +612,7 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
         top_k,
         renormalize: cfg.opt_bool(aliased(cfg, "moe_renormalize", "norm_topk_prob")?)?.unwrap_or(true),
         expert_intermediate: intermediate,
+        latent: latent_size(cfg)?,
         shared_expert,
         scoring: Scoring::SigmoidGroups {
             n_group,
@@ -611,4 +620,16 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
             scaling: scaling as f32,
         },
     })
+}
+
+/// `moe_latent_size` (K3 latent-space experts, as transformers' nemotron_h):
+/// a positive width, or absent / null for experts at `hidden_size`.
+fn latent_size(cfg: &ConfigJson) -> Result<Option<usize>, ModelError> {
+    match cfg.opt_usize("moe_latent_size")? {
+        Some(0) => Err(cfg.err(
+            "moe_latent_size",
+            "0 is not a width (give a positive latent size, or null for experts at hidden_size)",
+        )),
+        other => Ok(other),
+    }
 }

@@ -25,6 +25,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         top_k,
         renormalize: true,
         expert_intermediate: cfg.usize("intermediate_size")?,
+        latent: None,
         shared_expert: None,
         scoring: crate::config::Scoring::Softmax,
     };

@@ -38,6 +38,7 @@ pub(crate) fn qwen_moe_layers(cfg: &ConfigJson, shared: Option<crate::config::Sh
             top_k,
             renormalize: cfg.opt_bool("norm_topk_prob")?.unwrap_or(false),
             expert_intermediate: cfg.usize("moe_intermediate_size")?,
+            latent: None,
             shared_expert: shared,
             scoring: crate::config::Scoring::Softmax,
         })

@@ -94,7 +94,7 @@ fn deepseek_v3(s: &SynthSpec, d: &DeepseekShape) -> Value {
 /// with 1-based `kda_layers` / `full_attn_layers`.
 fn kimi_linear(s: &SynthSpec, d: &DeepseekShape, k: &KdaShape) -> Value {
     let (kda, full): (Vec<usize>, Vec<usize>) = (1..=s.layers).partition(|l| k.is_kda(l - 1));
-    json!({
+    let mut cfg = json!({
         "architectures": ["KimiLinearForCausalLM"],
         "model_type": "kimi_linear",
         "hidden_size": s.hidden,
@@ -136,5 +136,9 @@ fn kimi_linear(s: &SynthSpec, d: &DeepseekShape, k: &KdaShape) -> Value {
         "bos_token_id": 0,
         "eos_token_id": s.vocab - 1,
         "num_nextn_predict_layers": 0,
-    })
+    });
+    if let Some(latent) = s.moe_latent_size {
+        cfg["moe_latent_size"] = json!(latent);
+    }
+    cfg
 }

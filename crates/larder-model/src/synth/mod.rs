@@ -67,6 +67,10 @@ pub struct SynthSpec {
     pub deepseek: Option<DeepseekShape>,
     /// Kimi Linear: KDA mixers in every layer but each `mla_every`-th.
     pub kda: Option<KdaShape>,
+    /// Kimi Linear latent-space experts (K3, `moe_latent_size`): routed
+    /// experts this wide between `fc1_latent_proj` / `fc2_latent_proj`
+    /// (`None`: experts at `hidden`). Only for `kimi_linear`; no preset sets it.
+    pub moe_latent_size: Option<usize>,
 }
 
 /// The DeepSeek-V3-specific dimensions of a synthetic checkpoint.
@@ -121,19 +125,31 @@ impl SynthSpec {
             other => return Err(format!("unknown preset {other:?} (tiny, k3-mini)")),
         };
         if let Some(gib) = experts_gib {
-            if !(gib.is_finite() && gib > 0.0) {
-                return Err("--experts-gib must be positive".into());
-            }
-            let per_layer = (s.experts * s.expert_bytes()) as f64;
-            let dense = s.deepseek.as_ref().map_or(0, |d| d.first_k_dense_replace);
-            s.layers = ((gib * (1u64 << 30) as f64 / per_layer).round() as usize).max(1) + dense;
+            s.size_experts(gib)?;
         }
         Ok(s)
     }
 
+    /// Sets the layer count so routed experts total about `gib` GiB (whole
+    /// MoE layers, plus the dense ones) at the current expert shape.
+    pub fn size_experts(&mut self, gib: f64) -> Result<(), String> {
+        if !(gib.is_finite() && gib > 0.0) {
+            return Err("--experts-gib must be positive".into());
+        }
+        let per_layer = (self.experts * self.expert_bytes()) as f64;
+        let dense = self.deepseek.as_ref().map_or(0, |d| d.first_k_dense_replace);
+        self.layers = ((gib * (1u64 << 30) as f64 / per_layer).round() as usize).max(1) + dense;
+        Ok(())
+    }
+
     /// Bytes of one routed expert (bf16 gate, up, down).
     pub fn expert_bytes(&self) -> usize {
-        3 * self.hidden * self.expert_intermediate * 2
+        3 * self.expert_width() * self.expert_intermediate * 2
+    }
+
+    /// The routed experts' input and output width: the latent size, else `hidden`.
+    pub fn expert_width(&self) -> usize {
+        self.moe_latent_size.unwrap_or(self.hidden)
     }
 
     /// Layers with routed experts.
@@ -191,6 +207,7 @@ fn tiny(arch: &str) -> SynthSpec {
             conv_kernel: 4,
             mla_every: 4,
         }),
+        moe_latent_size: None,
     }
 }
 
@@ -248,5 +265,6 @@ fn k3_mini(arch: &str) -> SynthSpec {
             conv_kernel: 4,
             mla_every: 4,
         }),
+        moe_latent_size: None,
     }
 }

@@ -126,6 +126,11 @@ pub(super) fn layer_tensors(spec: &SynthSpec, l: usize) -> Vec<TensorPlan> {
                 });
                 let shared = spec.expert_intermediate * d.n_shared_experts;
                 v.extend(swiglu(h, shared, &format!("{p}.{moe}.shared_experts")));
+                if let Some(latent) = spec.moe_latent_size {
+                    // Latent-space experts: into the latent space and back (bf16, no bias).
+                    v.push(t(&format!("{p}.{moe}.fc1_latent_proj.weight"), &[latent, h], Init::Uniform(PROJ)));
+                    v.push(t(&format!("{p}.{moe}.fc2_latent_proj.weight"), &[h, latent], Init::Uniform(PROJ)));
+                }
                 v.extend(routed(spec, &format!("{p}.{moe}"), names, router_dtype));
             }
         }
@@ -215,16 +220,16 @@ fn swiglu(h: usize, width: usize, prefix: &str) -> Vec<TensorPlan> {
 
 /// The router (`gate.weight`) and the routed experts named `[gate, up, down]`.
 fn routed(spec: &SynthSpec, block: &str, names: [&str; 3], router_dtype: Dtype) -> Vec<TensorPlan> {
-    let (h, i) = (spec.hidden, spec.expert_intermediate);
+    let (w, i) = (spec.expert_width(), spec.expert_intermediate);
     let mut v = vec![TensorPlan {
         dtype: router_dtype,
-        ..t(&format!("{block}.gate.weight"), &[spec.experts, h], Init::Router)
+        ..t(&format!("{block}.gate.weight"), &[spec.experts, spec.hidden], Init::Router)
     }];
     for e in 0..spec.experts {
         let x = format!("{block}.experts.{e}");
-        v.push(t(&format!("{x}.{}.weight", names[0]), &[i, h], Init::Uniform(PROJ)));
-        v.push(t(&format!("{x}.{}.weight", names[1]), &[i, h], Init::Uniform(PROJ)));
-        v.push(t(&format!("{x}.{}.weight", names[2]), &[h, i], Init::Uniform(SMALL)));
+        v.push(t(&format!("{x}.{}.weight", names[0]), &[i, w], Init::Uniform(PROJ)));
+        v.push(t(&format!("{x}.{}.weight", names[1]), &[i, w], Init::Uniform(PROJ)));
+        v.push(t(&format!("{x}.{}.weight", names[2]), &[w, i], Init::Uniform(SMALL)));
     }
     v
 }

@@ -19,6 +19,15 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
         path: p.to_path_buf(),
         source: e,
     };
+    if let Some(latent) = spec.moe_latent_size {
+        if spec.kda.is_none() || latent == 0 {
+            return Err(ModelError::Config {
+                path: out.join("config.json"),
+                field: "moe_latent_size".into(),
+                message: format!("{latent}: latent-space experts are written for kimi_linear only, at a width of 1 or more"),
+            });
+        }
+    }
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
     // Shard 0: embeddings, final norm, LM head; shard l+1: layer l.
     let mut shards: Vec<Vec<TensorPlan>> = vec![top_tensors(spec)];

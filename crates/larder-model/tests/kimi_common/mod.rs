@@ -1,5 +1,5 @@
 //! Helpers shared by the Kimi Linear fixture tests (`kimi_linear.rs`,
-//! `kimi_linear_attn_res.rs`): fixture folders and their transformers
+//! `kimi_linear_attn_res.rs`, `kimi_linear_latent.rs`): fixture folders and their transformers
 //! references, the reference check (logits, routing, greedy ids), the
 //! chunking and batch bit-identity checks, and edited copies of a fixture.
 
