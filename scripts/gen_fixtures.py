@@ -40,6 +40,10 @@ How the references are produced:
   * kimi_linear_* (scripts/fixtures_kimi_linear.py, docs/kimi_linear.md): the save is rewritten to Moonshot's layout
     before the reload; extra references (token-by-token logits through the cache = recurrent KDA form, gate spread)
     and an independent token-sequential forward that must reproduce logits, routing and greedy ids.
+  * gpt_oss_tiny / deepseek_v3_int4 / deepseek_v3_mxfp4 (scripts/fixtures_4bit.py, spec key "quant"): a bf16 spine and
+    exactly dequantized 4-bit experts are put in the f32 model before the save; after the reference the checkpoint is
+    rewritten in the shipped 4-bit format, decoded independently and reloaded by transformers (reference.json
+    "quantization").
 """
 
 import argparse
@@ -67,6 +71,8 @@ from transformers import (  # noqa: E402
     DeepseekV3Config,
     DeepseekV3ForCausalLM,
     GenerationConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MixtralConfig,
@@ -77,6 +83,7 @@ from transformers import (  # noqa: E402
     Qwen3MoeForCausalLM,
 )
 
+import fixtures_4bit as four_bit  # noqa: E402
 import fixtures_kimi_linear as kimi_linear  # noqa: E402  (scripts/ is on sys.path when this script runs)
 
 torch.set_num_threads(1)
@@ -373,6 +380,31 @@ def spec_kimi_k2_tiny():
     )
 
 
+def spec_deepseek_v3_4bit(fmt, seed):
+    # Routed experts in compressed-tensors 4-bit (fixtures_4bit.py), the rest bf16; moe_intermediate_size 32 so every
+    # expert input dimension (64, 32) is a multiple of the 32-wide groups.
+    cfg = deepseek_config(num_hidden_layers=3, moe_intermediate_size=32)
+    return dict(
+        cls=DeepseekV3ForCausalLM, config=cfg, dtype="float32", seed=seed, prompt_len=9, quant=four_bit.QUANT[fmt]
+    )
+
+
+def spec_gpt_oss_tiny():
+    # gpt-oss (MXFP4 experts, bf16 rest; fixtures_4bit.py): sliding 4 / full alternating, 12-token prompt (3x window),
+    # YaRN as gpt-oss ships it, sinks, router and expert biases, 12 experts top-4, swiglu limit 7 (clamps).
+    rope = dict(four_bit.GPT_OSS_ROPE)
+    cfg = GptOssConfig(
+        vocab_size=512, hidden_size=64, intermediate_size=64, head_dim=16, num_attention_heads=4,
+        num_key_value_heads=2, num_hidden_layers=4, num_local_experts=12, num_experts_per_tok=4,
+        layer_types=["sliding_attention", "full_attention"] * 2, sliding_window=4, swiglu_limit=7.0,
+        rms_norm_eps=1e-5, max_position_embeddings=131072, rope_parameters=rope, attention_bias=True,
+        tie_word_embeddings=False, bos_token_id=None, eos_token_id=2, pad_token_id=0,
+    )
+    return dict(
+        cls=GptOssForCausalLM, config=cfg, dtype="float32", seed=9000, prompt_len=12, quant=four_bit.QUANT["gpt_oss"]
+    )
+
+
 SPECS = {
     "qwen3_moe_tiny": spec_qwen3_moe_tiny,
     "qwen3_moe_tok": spec_qwen3_moe_tok,
@@ -385,6 +417,9 @@ SPECS = {
     "deepseek_v3_fp8": spec_deepseek_v3_fp8,
     "deepseek_v3_tok": spec_deepseek_v3_tok,
     "kimi_k2_tiny": spec_kimi_k2_tiny,
+    "deepseek_v3_int4": lambda: spec_deepseek_v3_4bit("int4", 7500),
+    "deepseek_v3_mxfp4": lambda: spec_deepseek_v3_4bit("mxfp4", 7600),
+    "gpt_oss_tiny": spec_gpt_oss_tiny,
     **kimi_linear.SPECS,
 }
 
@@ -435,6 +470,14 @@ NAME_PATTERNS = {
         LAYER + r"mlp\.gate\.e_score_correction_bias",
     ],
     "kimi_linear": kimi_linear.NAME_PATTERNS,
+    "gpt_oss": [
+        TOP,
+        NORMS,
+        LAYER + r"self_attn\.(q_proj|k_proj|v_proj|o_proj)\.(weight|bias)",
+        LAYER + r"self_attn\.sinks",
+        LAYER + r"mlp\.router\.(weight|bias)",
+        LAYER + r"mlp\.experts\.(gate_up_proj|down_proj)(_bias)?",
+    ],
 }
 
 
@@ -504,6 +547,8 @@ def moe_cfg(config):
         return config.n_routed_experts, config.num_experts_per_tok, bool(config.norm_topk_prob)
     if arch == "kimi_linear":
         return config.num_local_experts, config.num_experts_per_tok, bool(config.norm_topk_prob)
+    if arch == "gpt_oss":
+        return config.num_local_experts, config.num_experts_per_tok, True
     return 0, 0, False
 
 
@@ -530,6 +575,21 @@ def deepseek_canonical(router, logits, idx, weights):
     return torch.tensor(order), torch.tensor(out_w), eligible
 
 
+def gpt_oss_canonical(logits, idx, weights, top_k):
+    """gpt-oss routing (top-k over the biased router logits, softmax over the k chosen) in larder's canonical order
+    (descending logit, ties to the lower id), re-derived independently and checked against the router's output."""
+    top_v, top_i = torch.topk(logits, top_k, dim=-1)
+    assert torch.equal(top_i, idx)
+    assert torch.equal(torch.softmax(top_v, dim=-1, dtype=top_v.dtype), weights)
+    order, out_w = [], []
+    for row in range(idx.shape[0]):
+        w = {e: float(x) for e, x in zip(idx[row].tolist(), weights[row].tolist())}
+        chosen = sorted(w, key=lambda e: (-float(logits[row, e]), e))
+        order.append(chosen)
+        out_w.append([w[e] for e in chosen])
+    return dict(indices=torch.tensor(order), weights=torch.tensor(out_w), probs=logits.float())
+
+
 @torch.no_grad()
 def forward_with_routing(model, ids):
     """One no-cache forward over `ids` ([1, T]). Returns logits [T, V] f32 and per-MoE-layer routing."""
@@ -554,6 +614,9 @@ def forward_with_routing(model, ids):
         for layer, (lg, weights, idx) in sorted(captured.items()):
             order, w, eligible = deepseek_canonical(routers[layer], lg, idx, weights)
             routing[layer] = dict(indices=order, weights=w, probs=eligible)
+    elif routers and model.config.model_type == "gpt_oss":
+        for layer, (lg, weights, idx) in sorted(captured.items()):
+            routing[layer] = gpt_oss_canonical(lg, idx, weights, routers[layer].top_k)
     elif routers:
         n_exp, top_k, renorm = moe_cfg(model.config)
         rl = out.router_logits
@@ -741,6 +804,8 @@ def build_model(spec, seed):
     reinit_(model, seed)
     if spec.get("fp8_block"):
         spec["fp8_tensors"] = fp8_roundtrip_(model, spec["fp8_block"])
+    if spec.get("quant"):  # bf16 spine + exactly dequantized 4-bit experts (fixtures_4bit.py)
+        spec["quant_tensors"] = spec["quant"]["prepare"](model, seed)
     model.eval()
     if spec.get("generation"):
         model.generation_config = GenerationConfig(**spec["generation"])
@@ -815,7 +880,7 @@ def check_saved(spec, model_mem, folder):
     sd = dict(model_mem.state_dict())
     for key, p in sd.items():
         m = re.match(r"(model\.layers\.(\d+)\.mlp)\.experts\.(gate_up_proj|down_proj)\Z", key)
-        if not m:
+        if not m or arch == "gpt_oss":  # gpt-oss saves its fused experts as they are
             continue
         prefix = m.group(1)
         if arch in ("mixtral", "kimi_linear"):
@@ -1024,6 +1089,9 @@ def generate_fixture(name, out_dir, tok_dir):
     if ev["rq"] is not None:
         ref_json["router_min_topk_boundary_gap"] = ev["rq"][0]
     ref_json.update(ev["extra_stats"])
+    if spec.get("quant"):  # the shipped 4-bit checkpoint, decoded independently and reloaded by transformers
+        ref_json["quantization"] = spec["quant"]["finish"](folder, spec, prompt, ev, ref)
+        log(f"   {json.dumps(ref_json['quantization'])}")
     if spec["config"].model_type == "kimi_linear":
         tbt = ev["extra_tensors"]["logits_token_by_token"]
         ev["extra_stats"].update(kimi_linear.spec_check(folder, prompt, ev["logits"], ev["routing"], ev["greedy"], tbt))
