@@ -192,6 +192,26 @@ fixture_tests!(
     kimi_k2_tiny
 );
 
+/// 4-bit fixtures whose loaders are being written (gpt-oss, compressed-tensors
+/// INT4 and MXFP4 experts): until then each is refused naming what is
+/// missing, never loaded wrongly.
+const NOT_YET_LOADED: &[(&str, &str)] = &[
+    ("gpt_oss_tiny", "unsupported architecture \"gpt_oss\""),
+    ("deepseek_v3_int4", "quantization_config.quant_method"),
+    ("deepseek_v3_mxfp4", "quantization_config.quant_method"),
+];
+
+#[test]
+fn fixtures_without_a_loader_yet_are_refused_by_name() {
+    for (name, want) in NOT_YET_LOADED {
+        let e = match load_model(&fixture_dir(name), None) {
+            Ok(_) => panic!("{name}: loads; move it to FIXTURES"),
+            Err(e) => e.to_string(),
+        };
+        assert!(e.contains("config.json") && e.contains(want), "{name}: {e}");
+    }
+}
+
 #[test]
 fn every_fixture_is_listed() {
     let mut found: Vec<String> = std::fs::read_dir(fixture_dir(""))
@@ -202,7 +222,11 @@ fn every_fixture_is_listed() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     found.sort();
-    let mut listed: Vec<String> = FIXTURES.iter().map(|s| s.to_string()).collect();
+    let mut listed: Vec<String> = FIXTURES
+        .iter()
+        .chain(NOT_YET_LOADED.iter().map(|(n, _)| n))
+        .map(|s| s.to_string())
+        .collect();
     listed.sort();
     assert_eq!(found, listed);
 }
