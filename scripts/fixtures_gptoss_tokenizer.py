@@ -122,6 +122,25 @@ CONVERSATIONS = [
         "add_generation_prompt": True,
     },
     {
+        # The template keeps only a leading system/developer message: later ones are dropped.
+        "name": "later_system_message_dropped",
+        "messages": [
+            {"role": "user", "content": "First question."},
+            {"role": "system", "content": "This instruction comes too late."},
+            {"role": "user", "content": "Second question."},
+        ],
+        "add_generation_prompt": True,
+    },
+    {
+        # An empty leading system message opens no developer block.
+        "name": "empty_system_message",
+        "messages": [
+            {"role": "system", "content": ""},
+            {"role": "user", "content": "Hello?"},
+        ],
+        "add_generation_prompt": True,
+    },
+    {
         # Training form: the last assistant turn ends in <|return|>.
         "name": "final_assistant_turn_no_generation_prompt",
         "messages": [
@@ -140,6 +159,20 @@ class FixedClock(dt.datetime):
     @classmethod
     def now(cls, tz=None):
         return FIXED_NOW if tz is not None else FIXED_NOW.replace(tzinfo=None)
+
+
+# Conversations the template refuses (raise_exception), with a piece of its message.
+REFUSED = [
+    {
+        "name": "channel_tags_in_assistant_content",
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "<|channel|>final<|message|>Hello"},
+            {"role": "user", "content": "Again"},
+        ],
+        "error": "You have passed a message containing <|channel|> tags in the content field.",
+    },
+]
 
 
 def chat_ids(tok, messages, add_generation_prompt):
@@ -178,6 +211,16 @@ def main():
         assert ids == tok(rendered, add_special_tokens=False)["input_ids"]
         conversations.append({**conv, "rendered": rendered, "ids": ids})
 
+    refused = []
+    for conv in REFUSED:
+        try:
+            tok.apply_chat_template(conv["messages"], tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # jinja2's TemplateError
+            assert conv["error"] in str(e), e
+            refused.append(conv)
+        else:
+            raise AssertionError(f"{conv['name']} rendered")
+
     expected = {
         "transformers": transformers.__version__,
         "fixed_now_unix": int(FIXED_NOW.timestamp()),
@@ -185,6 +228,7 @@ def main():
         "added_tokens": {t.content: i for i, t in sorted(tok.added_tokens_decoder.items())},
         "corpus": corpus,
         "conversations": conversations,
+        "refused": refused,
     }
     text = json.dumps(expected, ensure_ascii=False, indent=1)
     # One line per id list, so the file reads case by case.

@@ -117,6 +117,19 @@ fn harmony_chats_render_and_tokenize_as_transformers() {
 }
 
 #[test]
+fn harmony_template_refusals_are_errors_with_its_message() {
+    let r = expected();
+    let chat = template(&r);
+    let refused = r["refused"].as_array().unwrap();
+    assert!(!refused.is_empty());
+    for conv in refused {
+        let messages: Vec<ChatMessage> = serde_json::from_value(conv["messages"].clone()).unwrap();
+        let e = chat.render(&messages, true).unwrap_err().to_string();
+        assert!(e.contains(conv["error"].as_str().unwrap()), "{}: {e}", conv["name"]);
+    }
+}
+
+#[test]
 fn harmony_template_writes_todays_date_without_a_fixed_clock() {
     let r = expected();
     let chat = ChatTemplate::from_dir(&fixture("tokenizer_gptoss")).unwrap().unwrap();
