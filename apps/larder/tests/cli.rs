@@ -371,7 +371,8 @@ fn run_chat_uses_the_gptoss_harmony_template() {
         );
     }
     // The template writes today's date; every YYYY-MM-DD is the same number
-    // of o200k tokens (digit groups and dashes), so the counts still match.
+    // of o200k tokens (digit groups and dashes; checked for 2000-2099), so the
+    // counts still match.
     let conv = r["conversations"]
         .as_array()
         .unwrap()
