@@ -335,3 +335,53 @@ fn speculative_run_flags_give_identical_greedy_ids() {
     ]);
     assert!(err.contains("vocabulary"), "{err}");
 }
+
+#[test]
+fn run_chat_uses_the_gptoss_harmony_template() {
+    // gpt-oss's tokenizer and harmony template over a synthetic checkpoint of
+    // gpt-oss's vocabulary size (201,088: every harmony id is in range).
+    let r: Value = serde_json::from_str(&std::fs::read_to_string(fixture("tokenizer_gptoss").join("expected.json")).unwrap()).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("m");
+    let m = model.to_str().unwrap();
+    let synth = ["synth", "--preset", "tiny", "--layers", "1", "--vocab", "201088"];
+    ok_json(&[&synth[..], &["--measure-tokens", "0", "--out", m, "--json"]].concat());
+    for file in [
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "special_tokens_map.json",
+        "chat_template.jinja",
+    ] {
+        std::fs::copy(fixture("tokenizer_gptoss").join(file), model.join(file)).unwrap();
+    }
+    let prompt_tokens = |args: &[&str]| -> Value {
+        let v = ok_json(&[&["run", "--model", m, "--max-new", "1", "--json"], args].concat());
+        v["stats"]["prompt_tokens"].clone()
+    };
+    // A few corpus texts (each run loads the 28 MB tokenizer): upper-case
+    // contractions, emoji, harmony tokens inside text.
+    let corpus = r["corpus"].as_array().unwrap();
+    for needle in ["DON'T SHOUT", "emoji:", "<|start|>user"] {
+        let case = corpus.iter().find(|c| c["text"].as_str().unwrap().starts_with(needle)).unwrap();
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(
+            prompt_tokens(&["--prompt", text]),
+            case["ids"].as_array().unwrap().len(),
+            "{text:?}"
+        );
+    }
+    // The template writes today's date; every YYYY-MM-DD is the same number
+    // of o200k tokens (digit groups and dashes; checked for 2000-2099), so the
+    // counts still match.
+    let conv = r["conversations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "system_and_user")
+        .unwrap();
+    let msgs = conv["messages"].as_array().unwrap();
+    let system = msgs[0]["content"].as_str().unwrap();
+    let user = msgs[1]["content"].as_str().unwrap();
+    let chat = prompt_tokens(&["--chat", "--system", system, "--prompt", user]);
+    assert_eq!(chat, conv["ids"].as_array().unwrap().len());
+}

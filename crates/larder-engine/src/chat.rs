@@ -131,6 +131,15 @@ impl ChatTemplate {
         Ok(ChatTemplate { env, special_tokens })
     }
 
+    /// The same template with `strftime_now` reading a fixed clock
+    /// (`unix_secs`, UTC) instead of the system's: renders become
+    /// reproducible (tests compare against references made on another day).
+    pub fn with_fixed_time(mut self, unix_secs: i64) -> Self {
+        self.env
+            .add_function("strftime_now", move |format: String| format_unix_time(unix_secs, &format));
+        self
+    }
+
     /// Renders `messages`; `add_generation_prompt` opens the assistant turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, EngineError> {
         if messages.is_empty() {
@@ -192,8 +201,9 @@ fn token_text(v: &Json) -> Option<String> {
     }
 }
 
-/// `strftime_now(format)`: today's UTC date in a strftime format (the subset
-/// chat templates use: %d %m %Y %y %b %B %H %M %S %A %a %%).
+/// `strftime_now(format)`: the current UTC time in a strftime format (the
+/// subset chat templates use: %d %m %Y %y %b %B %H %M %S %A %a %%).
+/// transformers formats the host's local time; the two agree on a host in UTC.
 fn strftime_now(format: String) -> String {
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -308,6 +318,14 @@ mod tests {
         let t = ChatTemplate::new(src.into(), Default::default()).unwrap();
         let e = t.render(&[ChatMessage::new("user", "hi")], false).unwrap_err().to_string();
         assert!(e.contains("cannot render"), "{e}");
+    }
+
+    #[test]
+    fn fixed_time_is_what_strftime_now_reads() {
+        let t = ChatTemplate::new("{{ strftime_now('%Y-%m-%d %H:%M') }}".into(), Default::default())
+            .unwrap()
+            .with_fixed_time(1_722_000_309);
+        assert_eq!(t.render(&[ChatMessage::new("user", "x")], false).unwrap(), "2024-07-26 13:25");
     }
 
     #[test]
