@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use larder_engine::{ChatMessage, Conversation, Drafting, Engine, GenerateOptions, Request, SamplingParams};
+use larder_engine::{ChatMessage, Engine, GenerateOptions, SamplingParams};
 use larder_serve::{start, ServerConfig};
 use serde_json::{json, Value};
 
@@ -70,17 +70,7 @@ fn alone(engine: &Engine, c: &Case) -> String {
         },
         ..GenerateOptions::default()
     };
-    let request = Request {
-        prompt: &prompt,
-        options: &options,
-        stop: &c.stop,
-        drafting: &Drafting::off(),
-        cancel: None,
-    };
-    let mut conv = Conversation::new(engine);
-    conv.run(engine, &request, &mut |_: larder_engine::RequestEvent<'_>| true)
-        .unwrap()
-        .text
+    solo_text(engine, &prompt, &options, &c.stop)
 }
 
 #[test]
@@ -100,15 +90,8 @@ fn concurrent_streams_each_equal_their_solo_run() {
     .unwrap();
     let a = srv.addr;
     for round in 0..2 {
-        let handles: Vec<_> = cases()
-            .into_iter()
-            .map(|c| std::thread::spawn(move || post(a, "/v1/chat/completions", &body(&c))))
-            .collect();
-        for (i, h) in handles.into_iter().enumerate() {
-            let r = h.join().unwrap();
-            assert_eq!(r.status, 200, "{}", r.body);
-            assert_eq!(streamed_text(&r.body), expected[i], "round {round} request {i}");
-        }
+        let bodies = cases().iter().map(body).collect();
+        assert_concurrent_streams(a, "/v1/chat/completions", bodies, &expected, &format!("round {round}"));
     }
     let t = Instant::now();
     while metric(a, "larder_queue_depth") != 0 || metric(a, "larder_running_sequences") != 0 {

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use larder_engine::{Conversation, Drafting, Engine, GenerateOptions, Request, SamplingParams, Scheduler, SchedulerConfig};
+use larder_engine::{Engine, GenerateOptions, SamplingParams, Scheduler, SchedulerConfig};
 use larder_serve::{start, ServerConfig};
 use serde_json::{json, Value};
 
@@ -85,17 +85,7 @@ fn alone(engine: &Engine, c: &Case) -> String {
         sampling: sampling(c),
         ..GenerateOptions::default()
     };
-    let request = Request {
-        prompt: &c.prompt,
-        options: &options,
-        stop: &[],
-        drafting: &Drafting::off(),
-        cancel: None,
-    };
-    let mut conv = Conversation::new(engine);
-    conv.run(engine, &request, &mut |_: larder_engine::RequestEvent<'_>| true)
-        .unwrap()
-        .text
+    solo_text(engine, &c.prompt, &options, &[])
 }
 
 fn check_concurrent_streams(model: &Path, kv_budget: Option<usize>) {
@@ -112,19 +102,9 @@ fn check_concurrent_streams(model: &Path, kv_budget: Option<usize>) {
     let srv = start(engine, config).unwrap();
     let a = srv.addr;
     for round in 0..2 {
-        let handles: Vec<_> = cases()
-            .into_iter()
-            .map(|c| std::thread::spawn(move || post(a, "/v1/completions", &body(&c))))
-            .collect();
-        for (i, h) in handles.into_iter().enumerate() {
-            let r = h.join().unwrap();
-            assert_eq!(r.status, 200, "{}", r.body);
-            assert_eq!(
-                streamed_text(&r.body),
-                expected[i],
-                "budget {kv_budget:?} round {round} request {i}"
-            );
-        }
+        let bodies = cases().iter().map(body).collect();
+        let label = format!("budget {kv_budget:?} round {round}");
+        assert_concurrent_streams(a, "/v1/completions", bodies, &expected, &label);
     }
     assert_idle_with_no_state(a);
     if kv_budget.is_some() {

@@ -11,7 +11,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
-use larder_engine::{ChatMessage, Conversation, Drafting, Engine, GenerateOptions, Request, SamplingParams, Scheduler};
+use larder_engine::{ChatMessage, Engine, GenerateOptions, SamplingParams, Scheduler};
 use larder_serve::{start, ServerConfig};
 use serde_json::{json, Value};
 
@@ -64,17 +64,7 @@ fn alone(engine: &Engine, c: &Case) -> String {
         stop_at_eos: false,
         ..GenerateOptions::default()
     };
-    let request = Request {
-        prompt: &prompt,
-        options: &options,
-        stop: &[],
-        drafting: &Drafting::off(),
-        cancel: None,
-    };
-    let mut conv = Conversation::new(engine);
-    conv.run(engine, &request, &mut |_: larder_engine::RequestEvent<'_>| true)
-        .unwrap()
-        .text
+    solo_text(engine, &prompt, &options, &[])
 }
 
 #[test]
@@ -100,15 +90,8 @@ fn concurrent_streams_under_preemption_each_equal_their_solo_run() {
     // Requests race the engine thread: a round without overlap preempts
     // nothing, so rounds repeat (each checked) until one has preempted.
     for round in 0..5 {
-        let handles: Vec<_> = cases()
-            .into_iter()
-            .map(|c| std::thread::spawn(move || post(a, "/v1/chat/completions", &body(&c))))
-            .collect();
-        for (i, h) in handles.into_iter().enumerate() {
-            let r = h.join().unwrap();
-            assert_eq!(r.status, 200, "{}", r.body);
-            assert_eq!(streamed_text(&r.body), expected[i], "round {round} request {i}");
-        }
+        let bodies = cases().iter().map(body).collect();
+        assert_concurrent_streams(a, "/v1/chat/completions", bodies, &expected, &format!("round {round}"));
         if metric(a, "larder_preemptions_total") > 0 {
             break;
         }

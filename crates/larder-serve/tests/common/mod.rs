@@ -1,5 +1,6 @@
 //! Helpers shared by the black-box server tests: fixtures, a raw HTTP/1.1
-//! client (whole replies, chunked bodies decoded) and SSE parsing.
+//! client (whole replies, chunked bodies decoded), SSE parsing, and the
+//! batching check (concurrent streams against each request's solo text).
 
 #![allow(dead_code)]
 
@@ -8,6 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use larder_engine::{Conversation, Drafting, Engine, GenerateOptions, Request, RequestEvent};
 use serde_json::Value;
 
 pub fn fixture(name: &str) -> PathBuf {
@@ -152,4 +154,29 @@ pub fn long_model(tag: &str) -> PathBuf {
     let spec = larder_model::synth::SynthSpec::preset("qwen3_moe", "tiny", None).unwrap();
     larder_model::synth::write(&spec, &dir, &mut |_| {}).unwrap();
     dir
+}
+
+/// The text `engine` generates for `prompt` alone (one `Conversation`, no
+/// drafting): what the same request must stream when batched with others.
+pub fn solo_text(engine: &Engine, prompt: &[u32], options: &GenerateOptions, stop: &[String]) -> String {
+    let request = Request {
+        prompt,
+        options,
+        stop,
+        drafting: &Drafting::off(),
+        cancel: None,
+    };
+    let mut conv = Conversation::new(engine);
+    conv.run(engine, &request, &mut |_: RequestEvent<'_>| true).unwrap().text
+}
+
+/// Posts every body to `path` at once (one thread each) and checks each
+/// reply is a 200 whose streamed text is `expected[i]`.
+pub fn assert_concurrent_streams(a: SocketAddr, path: &'static str, bodies: Vec<Value>, expected: &[String], label: &str) {
+    let handles: Vec<_> = bodies.into_iter().map(|b| std::thread::spawn(move || post(a, path, &b))).collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let r = h.join().unwrap();
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(streamed_text(&r.body), expected[i], "{label} request {i}");
+    }
 }
