@@ -18,8 +18,6 @@
 //!   when it fits the budget.
 
 use std::path::Path;
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
 
 use larder_engine::{
     Conversation, DrafterChoice, Drafting, Engine, ExpertMode, GenerateOptions, LoadOptions, Outcome, Request, RequestEvent,
@@ -30,7 +28,7 @@ use larder_store::{IoKind, IoOptions, StoreOptions};
 mod common;
 mod scheduler_support;
 use common::{drive_dirs, pack_store, scratch_dir};
-use scheduler_support::{batched, check_against_alone, check_model, job, solo, spec, specs, Results, Spec};
+use scheduler_support::{batched, check_against_alone, check_model, run_one, solo, spec, specs};
 
 const FIXTURES: [&str; 3] = ["kimi_linear_tiny", "kimi_linear_mla_first", "kimi_linear_k3_gates"];
 const PROMPT: &[u32] = &[360, 386, 74, 15, 315, 217, 285, 254, 415, 327, 283];
@@ -271,22 +269,6 @@ fn preemption_under_a_kv_budget_keeps_every_request_bit_identical() {
             check_against_alone(&arm, &specs, &run.results, &alone);
         }
     }
-}
-
-/// Runs `s` alone through `sched`, checking the budget after every step.
-fn run_one(sched: &mut Scheduler<'_>, s: &Spec, budget: Option<usize>) -> Outcome {
-    let results: Results = Arc::new(Mutex::new(vec![None]));
-    sched.submit(job(s, 0, &results, Arc::new(AtomicBool::new(false)))).unwrap();
-    while !sched.is_idle() {
-        let report = sched.step();
-        assert!(report.failed.is_empty(), "{:?}", report.failed);
-        if let Some(b) = budget {
-            assert!(sched.state_bytes() + sched.kept_bytes() <= b, "over the KV budget");
-        }
-    }
-    assert_eq!(sched.state_bytes(), 0, "state left when idle");
-    let out = results.lock().unwrap()[0].clone().expect("finished").0;
-    out
 }
 
 #[test]

@@ -15,22 +15,6 @@ use larder_engine::{Engine, Outcome, Scheduler, SchedulerConfig};
 mod scheduler_support;
 use scheduler_support::*;
 
-/// Runs `s` alone through `sched` to the end; returns its outcome.
-fn run_one(sched: &mut Scheduler<'_>, s: &Spec, budget: Option<usize>) -> Outcome {
-    let results: Results = Arc::new(Mutex::new(vec![None]));
-    sched.submit(job(s, 0, &results, Arc::new(AtomicBool::new(false)))).unwrap();
-    while !sched.is_idle() {
-        let report = sched.step();
-        assert!(report.failed.is_empty(), "{:?}", report.failed);
-        if let Some(b) = budget {
-            assert!(sched.state_bytes() + sched.kept_bytes() <= b, "over the KV budget");
-        }
-    }
-    assert_eq!(sched.state_bytes(), 0, "state left when idle");
-    let out = results.lock().unwrap()[0].clone().expect("finished").0;
-    out
-}
-
 /// The next turn of a conversation: its history (prompt and reply) and a new user message.
 fn next_turn(turn: &Spec, reply: &Outcome, user: &[u32]) -> Spec {
     let mut next = turn.clone();

@@ -272,3 +272,20 @@ pub fn check_model(engine: &Engine, label: &str, specs: &[Spec]) {
         assert!(!got[0].0.ids.is_empty(), "{label}: generated");
     }
 }
+
+/// Runs `s` alone through `sched` to the end, checking the KV budget after
+/// every step and that no state is left when idle; returns its outcome.
+pub fn run_one(sched: &mut Scheduler<'_>, s: &Spec, budget: Option<usize>) -> Outcome {
+    let results: Results = Arc::new(Mutex::new(vec![None]));
+    sched.submit(job(s, 0, &results, Arc::new(AtomicBool::new(false)))).unwrap();
+    while !sched.is_idle() {
+        let report = sched.step();
+        assert!(report.failed.is_empty(), "{:?}", report.failed);
+        if let Some(b) = budget {
+            assert!(sched.state_bytes() + sched.kept_bytes() <= b, "over the KV budget");
+        }
+    }
+    assert_eq!(sched.state_bytes(), 0, "state left when idle");
+    let out = results.lock().unwrap()[0].clone().expect("finished").0;
+    out
+}
