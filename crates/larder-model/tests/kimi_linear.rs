@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use kimi_common::{
-    bits, check_batch_against_alone, check_prefill_chunking, check_reference, copy_fixture, drop_tensor, edit, fixture_dir, load,
-    load_error, prompt_of,
+    bits, check_batch_against_alone, check_missing_tensors_are_named, check_prefill_chunking, check_reference, copy_fixture, edit,
+    fixture_dir, load, load_error, prompt_of,
 };
 use larder_model::checkpoint::Checkpoint;
 use larder_model::mlp::Mlp;
@@ -271,17 +271,12 @@ fn kda_dims_that_disagree_with_the_tensors_are_named() {
 
 #[test]
 fn a_missing_kda_tensor_is_named() {
-    for (i, dropped) in [
-        "model.layers.1.self_attn.dt_bias",
-        "model.layers.2.self_attn.g_b_proj.weight",
-        "model.layers.4.self_attn.v_conv1d.weight",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let dir = copy_fixture("kimi_linear_tiny", &format!("missing{i}"));
-        drop_tensor(&dir, dropped);
-        let msg = load_error(&dir);
-        assert!(msg.contains(dropped), "{msg}");
-    }
+    check_missing_tensors_are_named(
+        "kimi_linear_tiny",
+        &[
+            "model.layers.1.self_attn.dt_bias",
+            "model.layers.2.self_attn.g_b_proj.weight",
+            "model.layers.4.self_attn.v_conv1d.weight",
+        ],
+    );
 }

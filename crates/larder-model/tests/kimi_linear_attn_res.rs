@@ -9,7 +9,8 @@
 mod kimi_common;
 
 use kimi_common::{
-    check_batch_against_alone, check_prefill_chunking, check_reference, copy_fixture, drop_tensor, edit, load, load_error, prompt_of,
+    check_batch_against_alone, check_missing_tensors_are_named, check_prefill_chunking, check_reference, copy_fixture, edit, load,
+    load_error, prompt_of,
 };
 use serde_json::Value;
 
@@ -51,19 +52,14 @@ fn the_attention_residuals_change_the_logits() {
 
 #[test]
 fn a_missing_query_is_named() {
-    for (i, dropped) in [
-        "model.final_input.query",
-        "model.layers.0.mlp_input.query",
-        "model.layers.3.attention_input.query",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let dir = copy_fixture(NAME, &format!("missing{i}"));
-        drop_tensor(&dir, dropped);
-        let msg = load_error(&dir);
-        assert!(msg.contains(dropped), "{msg}");
-    }
+    check_missing_tensors_are_named(
+        NAME,
+        &[
+            "model.final_input.query",
+            "model.layers.0.mlp_input.query",
+            "model.layers.3.attention_input.query",
+        ],
+    );
 }
 
 #[test]

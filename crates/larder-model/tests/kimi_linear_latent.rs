@@ -9,7 +9,8 @@
 mod kimi_common;
 
 use kimi_common::{
-    bits, check_prefill_chunking, check_reference, copy_fixture, drop_tensor, edit, fixture_dir, load, load_error, prompt_of,
+    bits, check_missing_tensors_are_named, check_prefill_chunking, check_reference, copy_fixture, edit, fixture_dir, load, load_error,
+    prompt_of,
 };
 use larder_model::{expert_layers, expert_tensors, load_model, FfnSpec};
 use serde_json::Value;
@@ -91,16 +92,11 @@ fn bad_latent_configs_name_the_field() {
 
 #[test]
 fn a_missing_latent_projection_is_named() {
-    for (i, dropped) in [
-        "model.layers.1.block_sparse_moe.fc1_latent_proj.weight",
-        "model.layers.5.block_sparse_moe.fc2_latent_proj.weight",
-    ]
-    .into_iter()
-    .enumerate()
-    {
-        let dir = copy_fixture(NAME, &format!("missing{i}"));
-        drop_tensor(&dir, dropped);
-        let msg = load_error(&dir);
-        assert!(msg.contains(dropped), "{msg}");
-    }
+    check_missing_tensors_are_named(
+        NAME,
+        &[
+            "model.layers.1.block_sparse_moe.fc1_latent_proj.weight",
+            "model.layers.5.block_sparse_moe.fc2_latent_proj.weight",
+        ],
+    );
 }

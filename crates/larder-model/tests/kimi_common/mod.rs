@@ -263,3 +263,14 @@ pub fn drop_tensor(dir: &Path, dropped: &str) {
     let kept: Vec<_> = st.tensors().into_iter().filter(|(n, _)| n != dropped).collect();
     std::fs::write(&path, safetensors::serialize(kept, None).unwrap()).unwrap();
 }
+
+/// Each of `tensors` dropped from a copy of fixture `name` makes loading
+/// fail with an error naming it.
+pub fn check_missing_tensors_are_named(name: &str, tensors: &[&str]) {
+    for (i, dropped) in tensors.iter().enumerate() {
+        let dir = copy_fixture(name, &format!("missing{i}"));
+        drop_tensor(&dir, dropped);
+        let msg = load_error(&dir);
+        assert!(msg.contains(dropped), "{name} without {dropped}: {msg}");
+    }
+}
