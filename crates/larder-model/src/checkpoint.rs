@@ -320,6 +320,46 @@ impl Checkpoint {
         })
     }
 
+    /// Where slice `index` along the first axis of tensor `name` is: one
+    /// expert of a fused per-layer tensor (gpt-oss
+    /// `mlp.experts.gate_up_proj_blocks` `[E, ...]`), shape without that
+    /// axis. Direct streaming reads it where it lies; pack copies the range.
+    pub fn slice_info(&self, name: &str, index: usize) -> Result<TensorInfo, ModelError> {
+        let whole = self.tensor_info(name)?;
+        let e = self.entry(name)?;
+        let count = whole.shape.first().copied().unwrap_or(0);
+        if index >= count || !e.len.is_multiple_of(count) {
+            return Err(self.bad(
+                e,
+                format!("tensor `{name}` {:?}: no slice {index} along its first axis", whole.shape),
+            ));
+        }
+        let len = (e.len / count) as u64;
+        Ok(TensorInfo {
+            shape: whole.shape[1..].to_vec(),
+            offset: whole.offset + index as u64 * len,
+            len,
+            ..whole
+        })
+    }
+
+    /// A tensor's stored bytes as shared memory (read and checked once; zeros
+    /// over anonymous memory when unread): slice it for every expert of a
+    /// fused per-layer tensor without copying.
+    pub fn shared_tensor(&self, name: &str) -> Result<SharedBytes, ModelError> {
+        self.weight_bytes(name, self.entry(name)?)
+    }
+
+    /// The bytes of slice `index` along the first axis of tensor `name`
+    /// (see [`slice_info`](Self::slice_info)). Reads the whole tensor: for
+    /// many slices, take [`shared_tensor`](Self::shared_tensor) once.
+    pub fn slice_bytes(&self, name: &str, index: usize) -> Result<SharedBytes, ModelError> {
+        let slice = self.slice_info(name, index)?;
+        let start = self.entry(name)?.start as u64;
+        let whole = self.shared_tensor(name)?;
+        Ok(whole.slice((slice.offset - start) as usize, slice.len as usize))
+    }
+
     /// Where the shipped parts of linear weight `name` (`[rows, cols]`) are,
     /// after the checks [`matrix`](Self::matrix) makes: codes, then scales
     /// and `weight_shape` where the format ships them, each with its name.
