@@ -142,7 +142,10 @@ pub fn compressed_tensors(cfg: &ConfigJson) -> Result<Option<CompressedTensors>,
         other => {
             return Err(cfg.err(
                 &format!("{f}.format"),
-                format!("{other:?} is not supported (supported: pack-quantized, mxfp4-pack-quantized)"),
+                format!(
+                    "{} is not supported (supported: pack-quantized, mxfp4-pack-quantized)",
+                    other.map_or("missing".to_string(), |f| format!("{f:?}"))
+                ),
             ))
         }
     };
