@@ -45,6 +45,8 @@ fn forward_json_matches_reference_logits() {
         "deepseek_v3_fp8",
         "kimi_k2_tiny",
         "deepseek_v3_noq_yarn",
+        "deepseek_v3_int4",
+        "deepseek_v3_mxfp4",
     ] {
         forward_matches(name);
     }

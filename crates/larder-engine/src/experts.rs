@@ -7,13 +7,15 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use larder_model::assemble::{check_weight_shape, shipped_format, weight_matrix, PartKind, PartMeta};
 use larder_model::checkpoint::Checkpoint;
+use larder_model::quant::ModuleRule;
 use larder_model::{expert_layers, expert_tensors, ExpertProvider, ModelError, ModelSpec};
 use larder_store::manifest::SourceIdentity;
 use larder_store::{Digest, ExpertIndex, ExpertLocation, ExpertRecord, ExpertStore, Extent, Manifest, Part, PartDesc, StoreError};
 use larder_tensor::expert::{ComponentLayout, ExpertLayout, SwigluExpert};
 use larder_tensor::weight::SharedBytes;
-use larder_tensor::{WeightDType, WeightFormat, WeightMatrix};
+use larder_tensor::{WeightFormat, WeightMatrix};
 
 use crate::error::EngineError;
 
@@ -27,14 +29,18 @@ pub struct StoreExperts {
     /// latent size of latent-space experts) and their intermediate width.
     width: Vec<usize>,
     intermediate: Vec<usize>,
+    /// Per layer: each record part's role, dtype and shape (the index's).
+    parts: Vec<Vec<PartDesc>>,
 }
 
-/// How one projection of a record is stored.
+/// How one projection of a record is stored: its format and the indices
+/// of its parts (codes; scales and `weight_shape` where shipped).
 #[derive(Debug, Clone, Copy)]
 struct Projection {
     format: WeightFormat,
     codes: usize,
     scales: Option<usize>,
+    shape: Option<usize>,
 }
 
 /// The error type threaded through a fetch: model errors from compute,
@@ -69,47 +75,57 @@ impl StoreExperts {
             let mut k = 0;
             for t in &want {
                 let p = parts.get(k).ok_or_else(|| bad(format!("records lack the {} projection", t.role)))?;
-                if p.role != t.role || p.shape != t.shape {
+                if p.role != t.role {
                     return Err(bad(format!(
                         "component {k} is {} {:?}, expected {} {:?}",
                         p.role, p.shape, t.role, t.shape
                     )));
                 }
-                let scale = parts.get(k + 1).filter(|s| s.role == format!("{}.scale", t.role));
-                let format = match (p.dtype.as_str(), scale) {
-                    ("F8_E4M3", Some(s)) => {
-                        let (br, bc) = spec
-                            .fp8_block
-                            .ok_or_else(|| bad("fp8 experts but the config has no quantization_config.weight_block_size".into()))?;
-                        if s.dtype != "F32" || s.shape != [t.shape[0].div_ceil(br), t.shape[1].div_ceil(bc)] {
-                            return Err(bad(format!("{} scales are {} {:?}", t.role, s.dtype, s.shape)));
-                        }
-                        WeightFormat::Fp8Block {
-                            block_rows: br,
-                            block_cols: bc,
-                        }
-                    }
-                    ("F8_E4M3", None) => return Err(bad(format!("fp8 {} without its weight_scale_inv", t.role))),
-                    (d, _) => WeightFormat::Dense(
-                        parse_dtype(d).ok_or_else(|| bad(format!("{} dtype {d} is not supported for experts yet", t.role)))?,
-                    ),
-                };
-                projections.push(Projection {
-                    format,
+                let mut proj = Projection {
+                    format: WeightFormat::Mxfp4,
                     codes: k,
-                    scales: scale.map(|_| k + 1),
-                });
-                k += 1 + scale.is_some() as usize;
+                    scales: None,
+                    shape: None,
+                };
+                k += 1;
+                while let Some(kind) = parts.get(k).and_then(|q| PartKind::of_role(&q.role, t.role)) {
+                    match kind {
+                        PartKind::Scales if proj.scales.is_none() => proj.scales = Some(k),
+                        PartKind::Shape if proj.shape.is_none() => proj.shape = Some(k),
+                        _ => return Err(bad(format!("component {k} ({}) repeats a part", parts[k].role))),
+                    }
+                    k += 1;
+                }
+                let module = t.name.strip_suffix(".weight").unwrap_or(&t.name);
+                let packed = match spec.compressed.as_ref().map(|c| c.rule(module)) {
+                    Some(ModuleRule::Packed(f)) => Some(f),
+                    _ => None,
+                };
+                let [rows, cols] = t.shape;
+                proj.format = shipped_format(
+                    module,
+                    rows,
+                    cols,
+                    meta(p),
+                    proj.scales.map(|s| meta(&parts[s])),
+                    packed,
+                    spec.fp8_block,
+                )
+                .map_err(bad)?;
+                projections.push(proj);
             }
             if k != parts.len() {
                 return Err(bad(format!("records have {} components, expected {k}", parts.len())));
             }
-            layouts[l] = Some([projections[0], projections[1], projections[2]]);
+            let [gate, up, down] = <[Projection; 3]>::try_from(projections).map_err(|_| bad("not three projections".into()))?;
+            layouts[l] = Some([gate, up, down]);
             intermediate[l] = want[0].shape[0];
             width[l] = want[0].shape[1];
         }
+        let parts = index.parts.clone();
         Ok(StoreExperts {
             store,
+            parts,
             layouts,
             width,
             intermediate,
@@ -128,18 +144,17 @@ impl StoreExperts {
         let name = format!("layer {layer} expert {expert}");
         let p = &rec.parts;
         let one_owner = p.iter().all(|v| Arc::ptr_eq(&v.owner, &p[0].owner));
-        if one_owner {
+        let all_dense = layout.iter().all(|pr| matches!(pr.format, WeightFormat::Dense(_)));
+        if one_owner && all_dense {
+            // One view over the record, so adjacent gate and up fuse.
             let owner = p[0].owner.clone();
             let total = (*owner).as_ref().len();
             let record = SharedBytes::new(owner, 0, total);
-            let c = |k: usize| {
-                let pr = layout[k];
-                ComponentLayout {
-                    format: pr.format,
-                    offset: p[pr.codes].start,
-                    len: p[pr.codes].len,
-                    scales: pr.scales.map(|s| (p[s].start, p[s].len)),
-                }
+            let c = |k: usize| ComponentLayout {
+                format: layout[k].format,
+                offset: p[layout[k].codes].start,
+                len: p[layout[k].codes].len,
+                scales: None,
             };
             let layout = ExpertLayout {
                 hidden: h,
@@ -150,25 +165,16 @@ impl StoreExperts {
             };
             return Ok(SwigluExpert::from_record(&name, &record, &layout)?);
         }
-        let m = |k: usize, rows, cols| {
+        let parts = &self.parts[layer];
+        let bytes = |k: usize| SharedBytes::new(p[k].owner.clone(), p[k].start, p[k].len);
+        let m = |k: usize, rows, cols| -> Result<WeightMatrix, ModelError> {
             let pr = layout[k];
-            let v = &p[pr.codes];
-            let codes = SharedBytes::new(v.owner.clone(), v.start, v.len);
-            match (pr.format, pr.scales) {
-                (WeightFormat::Fp8Block { block_rows, block_cols }, Some(s)) => {
-                    let scales = p[s]
-                        .as_slice()
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect();
-                    WeightMatrix::fp8_block(&name, rows, cols, codes, scales, block_rows, block_cols)
-                }
-                (WeightFormat::Dense(d), _) => WeightMatrix::new(&name, d, rows, cols, codes),
-                (f, _) => Err(larder_tensor::WeightError::Layout {
-                    name: name.clone(),
-                    message: format!("{f} experts are not supported here"),
-                }),
+            if let Some(s) = pr.shape {
+                check_weight_shape(&parts[s].dtype, p[s].as_slice(), rows, cols)
+                    .map_err(|m| ModelError::Experts(format!("{name} {}: {m}", parts[s].role)))?;
             }
+            let scales = pr.scales.map(|s| (parts[s].dtype.as_str(), bytes(s)));
+            Ok(weight_matrix(&name, rows, cols, pr.format, bytes(pr.codes), scales)?)
         };
         Ok(SwigluExpert::new(&name, m(0, i, h)?, m(1, i, h)?, m(2, h, i)?)?)
     }
@@ -202,19 +208,18 @@ impl ExpertProvider for StoreExperts {
     }
 }
 
-fn parse_dtype(s: &str) -> Option<WeightDType> {
-    match s {
-        "F32" => Some(WeightDType::F32),
-        "F16" => Some(WeightDType::F16),
-        "BF16" => Some(WeightDType::BF16),
-        _ => None,
+/// A record part's dtype and shape, as [`shipped_format`] checks them.
+fn meta(q: &PartDesc) -> PartMeta<'_> {
+    PartMeta {
+        dtype: &q.dtype,
+        shape: &q.shape,
     }
 }
 
 /// Where every routed expert of a checkpoint is in its own safetensors
 /// files: one extent per tensor (direct streaming, and the input of pack).
 pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, EngineError> {
-    ckpt.set_fp8_block(spec.fp8_block);
+    ckpt.configure(spec);
     let mut index = ExpertIndex {
         files: ckpt.file_paths(),
         layers: vec![Vec::new(); spec.layers.len()],
@@ -232,23 +237,21 @@ pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, 
             };
             let mut descs = Vec::new();
             for t in tensors.iter() {
-                let (info, scale) = ckpt.checked_info(&t.name, &t.shape)?;
-                for (role, info) in [(t.role.to_string(), Some(info)), (format!("{}.scale", t.role), scale)] {
-                    let Some(info) = info else { continue };
+                for part in ckpt.weight_parts(&t.name, t.shape[0], t.shape[1])? {
                     loc.parts.push(Part {
                         extent: loc.extents.len(),
                         offset: 0,
-                        len: info.len,
+                        len: part.info.len,
                     });
                     loc.extents.push(Extent {
-                        file: info.file,
-                        offset: info.offset,
-                        len: info.len,
+                        file: part.info.file,
+                        offset: part.info.offset,
+                        len: part.info.len,
                     });
                     descs.push(PartDesc {
-                        role,
-                        dtype: info.dtype,
-                        shape: info.shape,
+                        role: part.kind.role(t.role),
+                        dtype: part.info.dtype,
+                        shape: part.info.shape,
                     });
                 }
             }

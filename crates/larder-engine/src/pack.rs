@@ -39,8 +39,9 @@ pub fn pack_source(dir: &Path) -> Result<PackSource, EngineError> {
     for (l, n) in larder_model::expert_layers(&spec) {
         for e in 0..n {
             for t in larder_model::expert_tensors(&spec, l, e).into_iter().flatten() {
-                expert_names.insert(Checkpoint::scale_name(&t.name));
-                expert_names.insert(t.name);
+                for part in ckpt.weight_parts(&t.name, t.shape[0], t.shape[1])? {
+                    expert_names.insert(part.name);
+                }
             }
         }
         layers.push(PackLayer {

@@ -50,7 +50,16 @@ const PROMPT: &[u32] = &[262, 406, 39, 423, 313, 87, 465];
 #[test]
 fn greedy_output_is_identical_for_every_drafter() {
     let draft = Arc::new(load_model(&fixture("mixtral_tiny"), None).unwrap());
-    for name in ["qwen3_moe_tiny", "qwen2_moe_tiny", "deepseek_v3_tiny", "llama_tiny", "kimi_k2_tiny"] {
+    for name in [
+        "qwen3_moe_tiny",
+        "qwen2_moe_tiny",
+        "deepseek_v3_tiny",
+        "llama_tiny",
+        "kimi_k2_tiny",
+        // compressed-tensors 4-bit experts.
+        "deepseek_v3_int4",
+        "deepseek_v3_mxfp4",
+    ] {
         let engine = Engine::load(&fixture(name)).unwrap();
         let o = opts(40);
         let plain = engine.generate(PROMPT, &o, &mut |_| true).unwrap();

@@ -28,7 +28,10 @@ use larder_tensor::weight::SharedBytes;
 use larder_tensor::{WeightDType, WeightMatrix};
 use safetensors::tensor::Dtype;
 
+use crate::assemble::{self, PartKind, PartMeta};
+use crate::config::ModelSpec;
 use crate::error::ModelError;
+use crate::quant::{CompressedTensors, ModuleRule};
 
 /// Where one tensor lives.
 #[derive(Debug, Clone)]
@@ -65,6 +68,14 @@ pub struct TensorInfo {
     pub len: u64,
 }
 
+/// One shipped tensor of a weight (see [`Checkpoint::weight_parts`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightPart {
+    pub kind: PartKind,
+    pub name: String,
+    pub info: TensorInfo,
+}
+
 /// A check run on every tensor's bytes as the model takes them (a packed
 /// store's spine digests): `Err(message)` refuses the tensor.
 pub type TensorCheck = dyn Fn(&str, &TensorInfo, &[u8]) -> Result<(), String> + Send + Sync;
@@ -79,6 +90,8 @@ pub struct Checkpoint {
     tensors: HashMap<String, TensorEntry>,
     /// Block size of fp8 weights' `*_scale_inv` scales (from the config).
     fp8_block: std::sync::OnceLock<(usize, usize)>,
+    /// The compressed-tensors scheme of 4-bit packed weights (from the config).
+    compressed: std::sync::OnceLock<CompressedTensors>,
     /// Run on every tensor handed out (see [`Checkpoint::set_tensor_check`]).
     check: Option<Arc<TensorCheck>>,
     /// Told each tensor's bytes (see [`Checkpoint::set_read_progress`]).
@@ -109,6 +122,7 @@ impl Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
             fp8_block: std::sync::OnceLock::new(),
+            compressed: std::sync::OnceLock::new(),
             check: None,
             progress: None,
         };
@@ -306,15 +320,62 @@ impl Checkpoint {
         })
     }
 
-    /// Checks a tensor has `shape` and a dtype larder computes with; returns
-    /// where it is, and for an fp8 weight where its scales are.
-    pub fn checked_info(&self, name: &str, shape: &[usize]) -> Result<(TensorInfo, Option<TensorInfo>), ModelError> {
-        if self.entry(name)?.dtype == Dtype::F8_E4M3 && shape.len() == 2 {
-            self.fp8_parts(name, shape[0], shape[1])?;
-            return Ok((self.tensor_info(name)?, Some(self.tensor_info(&Self::scale_name(name))?)));
+    /// Where slice `index` along the first axis of tensor `name` is: one
+    /// expert of a fused per-layer tensor (gpt-oss
+    /// `mlp.experts.gate_up_proj_blocks` `[E, ...]`), shape without that
+    /// axis. Direct streaming reads it where it lies; pack copies the range.
+    pub fn slice_info(&self, name: &str, index: usize) -> Result<TensorInfo, ModelError> {
+        let whole = self.tensor_info(name)?;
+        let e = self.entry(name)?;
+        let count = whole.shape.first().copied().unwrap_or(0);
+        if index >= count || !e.len.is_multiple_of(count) {
+            return Err(self.bad(
+                e,
+                format!("tensor `{name}` {:?}: no slice {index} along its first axis", whole.shape),
+            ));
         }
-        self.check(name, shape)?;
-        Ok((self.tensor_info(name)?, None))
+        let len = (e.len / count) as u64;
+        Ok(TensorInfo {
+            shape: whole.shape[1..].to_vec(),
+            offset: whole.offset + index as u64 * len,
+            len,
+            ..whole
+        })
+    }
+
+    /// A tensor's stored bytes as shared memory (read and checked once; zeros
+    /// over anonymous memory when unread): slice it for every expert of a
+    /// fused per-layer tensor without copying.
+    pub fn shared_tensor(&self, name: &str) -> Result<SharedBytes, ModelError> {
+        self.weight_bytes(name, self.entry(name)?)
+    }
+
+    /// The bytes of slice `index` along the first axis of tensor `name`
+    /// (see [`slice_info`](Self::slice_info)). Reads the whole tensor: for
+    /// many slices, take [`shared_tensor`](Self::shared_tensor) once.
+    pub fn slice_bytes(&self, name: &str, index: usize) -> Result<SharedBytes, ModelError> {
+        let slice = self.slice_info(name, index)?;
+        let start = self.entry(name)?.start as u64;
+        let whole = self.shared_tensor(name)?;
+        Ok(whole.slice((slice.offset - start) as usize, slice.len as usize))
+    }
+
+    /// Where the shipped parts of linear weight `name` (`[rows, cols]`) are,
+    /// after the checks [`matrix`](Self::matrix) makes: codes, then scales
+    /// and `weight_shape` where the format ships them, each with its name.
+    pub fn weight_parts(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<WeightPart>, ModelError> {
+        let shipped = self.shipped(name, rows, cols, true)?;
+        shipped
+            .parts
+            .into_iter()
+            .map(|(kind, tensor)| {
+                Ok(WeightPart {
+                    kind,
+                    info: self.tensor_info(&tensor)?,
+                    name: tensor,
+                })
+            })
+            .collect()
     }
 
     /// The fp8 block size set from the config, if any.
@@ -373,64 +434,165 @@ impl Checkpoint {
         }
     }
 
-    /// The name of an fp8 weight's scale tensor (`x.weight` -> `x.weight_scale_inv`).
-    pub fn scale_name(name: &str) -> String {
-        format!("{name}_scale_inv")
+    /// Sets the fp8 block size and the compressed-tensors scheme of `spec`.
+    pub fn configure(&self, spec: &ModelSpec) {
+        self.set_fp8_block(spec.fp8_block);
+        if let Some(c) = &spec.compressed {
+            let _ = self.compressed.set(c.clone());
+        }
     }
 
-    /// Checks an fp8 weight `[rows, cols]` and its f32 block scales; returns
-    /// both entries and the block size.
-    fn fp8_parts(&self, name: &str, rows: usize, cols: usize) -> Result<(&TensorEntry, &TensorEntry, (usize, usize)), ModelError> {
-        let e = self.entry(name)?;
-        let path = &self.files[e.file].path;
-        if e.shape != [rows, cols] {
-            return Err(ModelError::TensorShape {
-                name: name.to_string(),
-                path: path.clone(),
-                got: e.shape.clone(),
-                expected: vec![rows, cols],
-            });
-        }
-        let Some(&(br, bc)) = self.fp8_block.get() else {
-            return Err(ModelError::Safetensors {
-                path: path.clone(),
-                message: format!("tensor `{name}` is fp8 but config.json has no quantization_config.weight_block_size"),
-            });
-        };
-        let sname = Self::scale_name(name);
-        let s = self.entry(&sname)?;
-        let want = [rows.div_ceil(br), cols.div_ceil(bc)];
-        if s.shape != want || s.dtype != Dtype::F32 {
-            return Err(ModelError::Safetensors {
-                path: self.files[s.file].path.clone(),
-                message: format!(
-                    "scale tensor `{sname}` is {:?} {:?}; fp8 blocks of {br}x{bc} over [{rows}, {cols}] need F32 {want:?}",
-                    s.dtype, s.shape
-                ),
-            });
-        }
-        Ok((e, s, (br, bc)))
-    }
-
-    /// A 2-D weight `[rows, cols]`, kept in its stored dtype (no copy); fp8
-    /// weights come with their block scales.
+    /// A 2-D weight `[rows, cols]` of a linear layer, in its shipped format
+    /// (no copy of codes): dense, fp8 with block scales, or compressed-tensors
+    /// 4-bit packed, as [`crate::assemble`] describes.
     pub fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
-        if self.entry(name)?.dtype == Dtype::F8_E4M3 {
-            let (e, s, (br, bc)) = self.fp8_parts(name, rows, cols)?;
-            let codes = self.weight_bytes(name, e)?;
-            let sb = self.checked_bytes(&Self::scale_name(name), s)?;
-            let scales = sb.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            return WeightMatrix::fp8_block(name, rows, cols, codes, scales, br, bc).map_err(|err| ModelError::Safetensors {
-                path: self.files[e.file].path.clone(),
-                message: err.to_string(),
-            });
+        self.load_weight(name, rows, cols, true)
+    }
+
+    /// A 2-D parameter that is not a linear layer's weight (embedding, MoE
+    /// router): never targeted by a compressed-tensors scheme.
+    pub fn param_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
+        self.load_weight(name, rows, cols, false)
+    }
+
+    fn load_weight(&self, name: &str, rows: usize, cols: usize, linear: bool) -> Result<WeightMatrix, ModelError> {
+        let shipped = self.shipped(name, rows, cols, linear)?;
+        let mut codes = None;
+        let mut scales = None;
+        for (kind, tensor) in &shipped.parts {
+            let e = self.entry(tensor)?;
+            match kind {
+                PartKind::Codes => codes = Some(self.weight_bytes(tensor, e)?),
+                PartKind::Scales => scales = Some((tensor, SharedBytes::from_vec(self.checked_bytes(tensor, e)?))),
+                PartKind::Shape => {
+                    let bytes = self.checked_bytes(tensor, e)?;
+                    if self.reads_weights() {
+                        assemble::check_weight_shape(&format!("{:?}", e.dtype), &bytes, rows, cols)
+                            .map_err(|m| self.bad(e, format!("tensor `{tensor}`: {m}")))?;
+                    }
+                }
+            }
         }
-        let (e, dtype) = self.check(name, &[rows, cols])?;
-        let bytes = self.weight_bytes(name, e)?;
-        WeightMatrix::new(name, dtype, rows, cols, bytes).map_err(|err| ModelError::Safetensors {
+        let codes_entry = self.entry(&shipped.parts[0].1)?;
+        let codes = codes.ok_or_else(|| ModelError::MissingTensor { name: name.to_string() })?;
+        let scale_dtype = scales
+            .as_ref()
+            .map(|(t, _)| self.entry(t).map(|e| format!("{:?}", e.dtype)))
+            .transpose()?;
+        let scales = scales.map(|(_, b)| (scale_dtype.as_deref().unwrap_or(""), b));
+        assemble::weight_matrix(name, rows, cols, shipped.format, codes, scales).map_err(|err| self.bad(codes_entry, err.to_string()))
+    }
+
+    fn bad(&self, e: &TensorEntry, message: String) -> ModelError {
+        ModelError::Safetensors {
             path: self.files[e.file].path.clone(),
-            message: err.to_string(),
-        })
+            message,
+        }
+    }
+
+    /// Which tensors weight `name` ships in and the format they make, after
+    /// checking them against each other and against the compressed-tensors
+    /// scheme (a module the scheme packs must ship packed, any other must not).
+    fn shipped(&self, name: &str, rows: usize, cols: usize, linear: bool) -> Result<Shipped, ModelError> {
+        let module = name.strip_suffix(".weight").unwrap_or(name);
+        let packed_names = assemble::shipped_names(name, true);
+        let ships_packed = self.has(&packed_names[0].1);
+        let cfg = self.config_json_path();
+        let rule = self
+            .compressed
+            .get()
+            .filter(|_| linear)
+            .map(|c| (c.field().to_string(), c.rule(module)));
+        let packed_name = &packed_names[0].1;
+        let packed = if ships_packed {
+            match rule {
+                Some((_, ModuleRule::Packed(f))) => Some(f),
+                Some((_, ModuleRule::Plain { field, reason })) => {
+                    return Err(ModelError::config(
+                        &cfg,
+                        &field,
+                        format!("tensor `{packed_name}` ships packed but module `{module}` must ship unquantized ({reason})"),
+                    ))
+                }
+                None => {
+                    return Err(ModelError::config(
+                        &cfg,
+                        "quantization_config",
+                        format!("tensor `{packed_name}` ships packed but no compressed-tensors scheme packs `{module}`"),
+                    ))
+                }
+            }
+        } else {
+            if let Some((field, ModuleRule::Packed(f))) = rule {
+                return Err(ModelError::config(
+                    &cfg,
+                    &format!("{field}.targets"),
+                    format!("packs module `{module}` ({f:?}), but the checkpoint ships it unquantized (no `{packed_name}`)"),
+                ));
+            }
+            None
+        };
+        if packed.is_some() && self.has(name) {
+            return Err(ModelError::config(
+                &cfg,
+                "quantization_config",
+                format!("module `{module}` ships both `{name}` and `{packed_name}`"),
+            ));
+        }
+        let names = assemble::shipped_names(name, packed.is_some());
+        let codes_name = &names[0].1;
+        let codes = self.entry(codes_name)?;
+        let codes_dtype = format!("{:?}", codes.dtype);
+        let needs_scales = packed.is_some() || codes.dtype == Dtype::F8_E4M3;
+        let mut parts = vec![(PartKind::Codes, codes_name.clone())];
+        let mut scale_meta = None;
+        for (kind, tensor) in &names[1..] {
+            let present = self.has(tensor);
+            let required = match kind {
+                PartKind::Scales => needs_scales,
+                PartKind::Shape => matches!(packed, Some(crate::quant::PackedFormat::Int4 { .. })),
+                PartKind::Codes => true,
+            };
+            if required && !present {
+                return Err(ModelError::MissingTensor { name: tensor.clone() });
+            }
+            if present && (required || *kind == PartKind::Shape) {
+                parts.push((*kind, tensor.clone()));
+                if *kind == PartKind::Scales {
+                    scale_meta = Some(self.entry(tensor)?);
+                }
+            }
+        }
+        let scale_dtype = scale_meta.map(|e| format!("{:?}", e.dtype));
+        let scales = scale_meta
+            .zip(scale_dtype.as_deref())
+            .map(|(e, d)| PartMeta { dtype: d, shape: &e.shape });
+        let codes_meta = PartMeta {
+            dtype: &codes_dtype,
+            shape: &codes.shape,
+        };
+        let format = assemble::shipped_format(module, rows, cols, codes_meta, scales, packed, self.fp8_block())
+            .map_err(|m| self.bad(codes, format!("weight `{name}`: {m}")))?;
+        for (_, tensor) in &parts {
+            self.check_len(tensor)?;
+        }
+        Ok(Shipped { format, parts })
+    }
+
+    /// Checks a tensor's byte length matches its dtype and shape.
+    fn check_len(&self, name: &str) -> Result<(), ModelError> {
+        let e = self.entry(name)?;
+        let want = e.shape.iter().product::<usize>() * e.dtype.bitsize() / 8;
+        if want != e.len {
+            return Err(self.bad(
+                e,
+                format!(
+                    "tensor `{name}`: {} bytes for shape {:?} {:?} ({want} expected)",
+                    e.len, e.shape, e.dtype
+                ),
+            ));
+        }
+        Ok(())
     }
 
     /// A 1-D tensor of length `len`, widened to f32 (norm weights, biases).
@@ -455,6 +617,13 @@ impl Checkpoint {
             Ok(None)
         }
     }
+}
+
+/// The tensors one weight ships in and the format they make.
+struct Shipped {
+    format: larder_tensor::WeightFormat,
+    /// Codes first, then scales and `weight_shape` where shipped.
+    parts: Vec<(PartKind, String)>,
 }
 
 /// Reads a safetensors file's header: its length and JSON bytes.

@@ -35,6 +35,9 @@ pub struct ModelSpec {
     /// fp8 checkpoints (`quantization_config.quant_method: fp8`): the
     /// `weight_block_size` of their `*.weight_scale_inv` scales.
     pub fp8_block: Option<(usize, usize)>,
+    /// compressed-tensors checkpoints (`quantization_config.quant_method:
+    /// compressed-tensors`): which linear modules ship 4-bit packed, and how.
+    pub compressed: Option<crate::quant::CompressedTensors>,
     /// Block attention residuals (Kimi Linear's K3 extension
     /// `n_layers_per_attn_res_block`, `attn_residual.rs`): the number of
     /// layers per block; `None` (every other architecture) for plain residuals.

@@ -100,9 +100,9 @@ pub struct DecoderModel {
 impl DecoderModel {
     /// Loads the spine and, with `experts = None`, every routed expert into RAM.
     pub fn load(spec: ModelSpec, ckpt: &Checkpoint, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
-        ckpt.set_fp8_block(spec.fp8_block);
+        ckpt.configure(&spec);
         let h = spec.hidden_size;
-        let embed = ckpt.matrix("model.embed_tokens.weight", spec.vocab_size, h)?;
+        let embed = ckpt.param_matrix("model.embed_tokens.weight", spec.vocab_size, h)?;
         let lm_head = if spec.tie_word_embeddings && !ckpt.has("lm_head.weight") {
             Linear::new(embed.clone(), None)
         } else {
@@ -128,7 +128,7 @@ impl DecoderModel {
                 FfnSpec::Moe(m) => {
                     let names = &spec.moe_names;
                     let bp = format!("{p}.{}", names.block);
-                    let router = Linear::new(ckpt.matrix(&format!("{bp}.{}.weight", names.router), m.num_experts, h)?, None);
+                    let router = Linear::new(ckpt.param_matrix(&format!("{bp}.{}.weight", names.router), m.num_experts, h)?, None);
                     let shared = match &m.shared_expert {
                         None => None,
                         Some(s) => Some(SharedExpert {

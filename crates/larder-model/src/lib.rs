@@ -4,7 +4,8 @@
 //! - [`config`] turns a checkpoint's `config.json` into a [`ModelSpec`], one
 //!   file per architecture under [`arch`];
 //! - [`checkpoint`] opens safetensors files (single or sharded) and hands out
-//!   weights without converting them;
+//!   weights without converting them, through [`assemble`] (the one place a
+//!   weight's shipped tensors, dense, fp8 or 4-bit packed per [`quant`], become a matrix);
 //! - [`decoder`] is the transformer shared by every architecture, built from
 //!   per-layer mixers ([`attention`] + [`rope`], [`kv_cache`] for GQA and
 //!   [`mla`]; [`kda`] for Kimi Linear's linear attention), [`mlp`] and [`moe`]; it runs
@@ -14,6 +15,7 @@
 //!   where expert bytes live.
 
 pub mod arch;
+pub mod assemble;
 pub mod attention;
 pub mod attn_residual;
 pub mod checkpoint;
@@ -26,6 +28,7 @@ pub mod kv_cache;
 pub mod mla;
 pub mod mlp;
 pub mod moe;
+pub mod quant;
 pub mod rope;
 pub mod state;
 pub mod synth;

@@ -113,3 +113,23 @@ fn the_tensor_check_sees_every_tensor_once_with_its_stored_bytes() {
     seen.dedup();
     assert_eq!(seen.len(), n, "a tensor was checked twice in one load");
 }
+
+#[test]
+fn slices_of_a_fused_tensor_are_ranges_of_it() {
+    // The router [E, hidden] of deepseek_v3_tiny's layer 1 stands in for a
+    // fused per-layer expert tensor: slice e is row e.
+    let ckpt = Checkpoint::open(&fixture("deepseek_v3_tiny")).unwrap();
+    let name = "model.layers.1.mlp.gate.weight";
+    let whole = ckpt.tensor_info(name).unwrap();
+    let (count, row) = (whole.shape[0], whole.len / whole.shape[0] as u64);
+    let all = ckpt.tensor_bytes(name).unwrap();
+    for e in [0, count - 1] {
+        let s = ckpt.slice_info(name, e).unwrap();
+        assert_eq!((s.offset, s.len, s.file), (whole.offset + e as u64 * row, row, whole.file));
+        assert_eq!(s.shape, whole.shape[1..].to_vec());
+        let bytes = ckpt.slice_bytes(name, e).unwrap();
+        assert_eq!(bytes.as_slice(), &all[e * row as usize..(e + 1) * row as usize]);
+    }
+    let err = ckpt.slice_info(name, count).unwrap_err().to_string();
+    assert!(err.contains(name) && err.contains(&format!("no slice {count}")), "{err}");
+}

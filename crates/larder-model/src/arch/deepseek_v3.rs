@@ -57,6 +57,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         layers: Vec::new(),
         moe_names: MoeNames::DEEPSEEK,
         fp8_block: fp8_block(cfg)?,
+        compressed: crate::quant::compressed_tensors(cfg)?,
         attn_res_block: None,
     };
     let layers = layer_plan(cfg, &MixerSpec::Mla(mla))?;
@@ -166,10 +167,13 @@ pub(crate) fn fp8_block(cfg: &ConfigJson) -> Result<Option<(usize, usize)>, Mode
     let Some(q) = cfg.raw("quantization_config") else { return Ok(None) };
     let field = "quantization_config";
     let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
+    if method == "compressed-tensors" {
+        return Ok(None); // read by crate::quant::compressed_tensors
+    }
     if method != "fp8" {
         return Err(cfg.err(
             &format!("{field}.quant_method"),
-            format!("{method:?} is not supported (supported: fp8 with block scales)"),
+            format!("{method:?} is not supported (supported: fp8 with block scales, compressed-tensors)"),
         ));
     }
     if let Some(fmt) = q.get("fmt").and_then(|f| f.as_str()) {

@@ -251,6 +251,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         layers: Vec::new(),
         moe_names: NAMES,
         fp8_block: super::deepseek_v3::fp8_block(cfg)?,
+        compressed: crate::quant::compressed_tensors(cfg)?,
         attn_res_block: attn_res_block(cfg)?,
     };
     let kda = MixerSpec::Kda(kda_spec(cfg)?);

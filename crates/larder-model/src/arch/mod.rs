@@ -97,6 +97,7 @@ pub(crate) fn base_spec(
         layers: Vec::new(),
         moe_names,
         fp8_block: None,
+        compressed: None,
         attn_res_block: None,
     })
 }
