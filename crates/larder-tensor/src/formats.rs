@@ -184,6 +184,9 @@ mod tests {
 }
 
 #[cfg(test)]
+mod definition_tests;
+
+#[cfg(test)]
 mod segment_tests {
     use super::segments;
 

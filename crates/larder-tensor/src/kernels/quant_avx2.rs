@@ -48,6 +48,9 @@
 //! int4 groups that are not whole 32-column groups take the code-order path:
 //! 32 nibbles in order (mask, shift, interleave), a byte-shuffle table of the
 //! values, sign extension and conversion.
+//!
+//! The decoders themselves (code bits to f32 bits, per format) live in
+//! [`super::codes_avx2`], shared with the row decoder.
 
 // Register blocks are const-size arrays indexed by (feature, row).
 #![allow(clippy::needless_range_loop)]
@@ -55,6 +58,9 @@
 use std::arch::x86_64::*;
 
 use super::blocked::prefetch;
+use super::codes_avx2::{
+    e2m1_lanes, e2m1_nibble, fp8_bytes, fp8_scaled, int4_lanes, int4_nibble, int4_values, nibbles32, nibbles8, pow2, E8M0,
+};
 use super::{Activations, FEATURE_BLOCK};
 use crate::formats;
 use crate::weight::RowView;
@@ -99,7 +105,7 @@ impl Rows<'_> {
             return 1.0;
         }
         match KIND {
-            MXFP4 => formats::e8m0_to_f32(self.e8m0[f][idx]),
+            MXFP4 => E8M0[self.e8m0[f][idx] as usize],
             _ => self.scales[f][idx],
         }
     }
@@ -316,7 +322,7 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
         xp[r] = xs[r0 + r].as_ptr();
     }
     // int4 values by nibble, for the code-order path (mxfp4 never takes it).
-    let lut = _mm_setr_epi8(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
+    let lut = int4_values();
     // fp8: the largest (code << 1) of all F rows; 0xfe means a NaN code.
     let mut nan = _mm256_setzero_si256();
     // mxfp4 and int4 in permuted order: whole 64-column groups first (two
@@ -479,33 +485,6 @@ unsafe fn groups64<const KIND: u8, const R: usize, const G: usize>(
     }
 }
 
-/// Every e8m0 scale's value ([`formats::e8m0_to_f32`]), by code.
-static E8M0: [f32; 256] = {
-    let mut t = [0.0f32; 256];
-    let mut i = 0;
-    while i < 256 {
-        t[i] = match i {
-            0 => f32::from_bits(1 << 22),
-            255 => f32::NAN,
-            _ => f32::from_bits((i as u32) << 23),
-        };
-        i += 1;
-    }
-    t
-};
-
-/// The low 8 fp8 e4m3 codes of `codes` as f32 of value x 2^-120: each code
-/// sign-extended to 32 bits and shifted left by 20 has its 7 magnitude bits
-/// at f32 bits 20..26 (exponent and mantissa, both formats laying them out
-/// alike below the exponent's top bits, the subnormal codes becoming exact
-/// f32 subnormals) and its sign at bit 31; the mask clears the sign's other
-/// copies. NaN codes come out finite (see the module doc).
-#[inline(always)]
-unsafe fn fp8_scaled(codes: __m128i) -> __m256 {
-    let c = _mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(codes));
-    _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x87f0_0000u32 as i32)))
-}
-
 /// The 32 columns from column `i` of one row (codes at `p`) as four vectors
 /// of 8: in column order, or in the permuted order of whole 32-column groups.
 /// fp8 also folds the codes into the NaN tracker.
@@ -555,117 +534,6 @@ unsafe fn step8<const KIND: u8>(p: *const u8, i: usize, lut: __m128i, nan: &mut 
         return fp8_scaled(b);
     }
     nibbles8(p.add(i / 2), lut)
-}
-
-/// The 32 fp8 codes of a 32-column group (byte `j` of 32-bit lane `d`
-/// holding column `4d + j`) as four vectors of f32 of value x 2^-120, as
-/// [`fp8_scaled`] gives them, vector `j` holding byte `j` of every lane (the
-/// order [`prescale`] stores such groups in). A byte at the top of a 16-bit
-/// word, shifted right arithmetically by 4, has its magnitude at the word's
-/// bits 4..10 and its sign at bit 15 (the mask clears the sign's copies):
-/// for the high word that is f32 bits 20..26 and 31 already, the low word's
-/// moves up by 16. Low bytes first move to their word's top: five shifts
-/// and four masks per 32 codes, no lane crossing.
-#[inline(always)]
-unsafe fn fp8_bytes(codes: __m256i) -> [__m256; 4] {
-    let mask = _mm256_set1_epi32(0x87f0_0000u32 as i32);
-    let odd = _mm256_srai_epi16::<4>(codes);
-    let even = _mm256_srai_epi16::<4>(_mm256_slli_epi16::<8>(codes));
-    let pick = |v: __m256i| _mm256_castsi256_ps(_mm256_and_si256(v, mask));
-    [
-        pick(_mm256_slli_epi32::<16>(even)),
-        pick(_mm256_slli_epi32::<16>(odd)),
-        pick(even),
-        pick(odd),
-    ]
-}
-
-/// mxfp4 code `N` of every 16-bit word (one per 32-bit lane: columns
-/// `4d + N`) as f32 of value x 2^-126: shifted to the lane's top bits, then
-/// right arithmetically by 6, the nibble has its exponent at f32 bits 23..24,
-/// its mantissa bit at 22 and its sign at 31 (the mask clears the sign's
-/// copies); exponent 0 gives the exact subnormal, as e2m1's own.
-#[inline(always)]
-unsafe fn e2m1_nibble<const N: i32>(words: __m256i) -> __m256 {
-    let c = _mm256_srai_epi32::<6>(nibble_to_top::<N>(words));
-    _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x81c0_0000u32 as i32)))
-}
-
-/// The 64 mxfp4 codes of a 64-column group (32 bytes: 8 codes per 32-bit
-/// lane, lane `d` holding columns `8d..8d + 8`) as eight vectors of f32 of
-/// value x 2^-126, vector `N` holding code `N` of every lane (columns
-/// `8d + N`, the order [`prescale`] stores such groups in). Each 16-bit
-/// shift pair moves codes `N` and `N + 4` at once: the high word's code
-/// lands where [`e2m1_nibble`] puts it, the low word's moves up by 16. Eleven
-/// shifts and eight masks per 64 codes.
-#[inline(always)]
-unsafe fn e2m1_lanes(codes: __m256i) -> [__m256; 8] {
-    let mask = _mm256_set1_epi32(0x81c0_0000u32 as i32);
-    let pick = |v: __m256i| _mm256_castsi256_ps(_mm256_and_si256(v, mask));
-    let t0 = _mm256_srai_epi16::<6>(_mm256_slli_epi16::<12>(codes));
-    let t1 = _mm256_srai_epi16::<6>(_mm256_slli_epi16::<8>(codes));
-    let t2 = _mm256_srai_epi16::<6>(_mm256_slli_epi16::<4>(codes));
-    let t3 = _mm256_srai_epi16::<6>(codes);
-    [
-        pick(_mm256_slli_epi32::<16>(t0)),
-        pick(_mm256_slli_epi32::<16>(t1)),
-        pick(_mm256_slli_epi32::<16>(t2)),
-        pick(_mm256_slli_epi32::<16>(t3)),
-        pick(t0),
-        pick(t1),
-        pick(t2),
-        pick(t3),
-    ]
-}
-
-/// The 64 int4 codes of a 64-column group (32 bytes, 8 codes per 32-bit
-/// lane) as eight vectors of f32 of their values, vector `N` holding code
-/// `N` of every lane, as [`e2m1_lanes`] orders them. With every nibble's top
-/// bit flipped a nibble is the 4-bit two's complement of its value; a 16-bit
-/// shift pair sign-extends codes `N` and `N + 4` at once into the low and
-/// high words, and 32-bit shifts take each word's value out.
-#[inline(always)]
-unsafe fn int4_lanes(codes: __m256i) -> [__m256; 8] {
-    let c = _mm256_xor_si256(codes, _mm256_set1_epi32(0x8888_8888u32 as i32));
-    let t = [
-        _mm256_srai_epi16::<12>(_mm256_slli_epi16::<12>(c)),
-        _mm256_srai_epi16::<12>(_mm256_slli_epi16::<8>(c)),
-        _mm256_srai_epi16::<12>(_mm256_slli_epi16::<4>(c)),
-        _mm256_srai_epi16::<12>(c),
-    ];
-    let low = |v: __m256i| _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(v)));
-    let high = |v: __m256i| _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(v));
-    [
-        low(t[0]),
-        low(t[1]),
-        low(t[2]),
-        low(t[3]),
-        high(t[0]),
-        high(t[1]),
-        high(t[2]),
-        high(t[3]),
-    ]
-}
-
-/// int4 code `N` of every 16-bit word (columns `4d + N`) as f32 of its value
-/// (the nibble minus 8): `words` come with every nibble's top bit flipped,
-/// which makes the nibble the 4-bit two's complement of that value; shifted
-/// to the lane's top bits and right arithmetically by 28, it is sign-extended.
-#[inline(always)]
-unsafe fn int4_nibble<const N: i32>(words: __m256i) -> __m256 {
-    _mm256_cvtepi32_ps(_mm256_srai_epi32::<28>(nibble_to_top::<N>(words)))
-}
-
-/// Nibble `N` of the 16-bit word in every 32-bit lane, moved to the lane's
-/// top four bits.
-#[inline(always)]
-unsafe fn nibble_to_top<const N: i32>(words: __m256i) -> __m256i {
-    match N {
-        0 => _mm256_slli_epi32::<28>(words),
-        1 => _mm256_slli_epi32::<24>(words),
-        2 => _mm256_slli_epi32::<20>(words),
-        _ => _mm256_slli_epi32::<16>(words),
-    }
 }
 
 /// Activations for the fused kernel, and per row the factor that undoes
@@ -746,53 +614,4 @@ pub(crate) fn scale_by_blocks(xs: &[&[f32]], scales: &[f32], block: usize, out: 
 pub(crate) fn scales_fold_into_activations(scales: &[f32]) -> bool {
     let (lo, hi) = (pow2(-60), pow2(60));
     scales.iter().all(|s| *s == 0.0 || (lo..=hi).contains(&s.abs()))
-}
-
-/// 2^e for -126 <= e <= 127.
-fn pow2(e: i32) -> f32 {
-    f32::from_bits(((127 + e) as u32) << 23)
-}
-
-/// 32 nibbles (16 bytes, low nibble first) looked up in `lut` and widened to
-/// f32, in column order.
-#[inline(always)]
-unsafe fn nibbles32(p: *const u8, lut: __m128i) -> [__m256; 4] {
-    let b = _mm_loadu_si128(p as *const __m128i);
-    let mask = _mm_set1_epi8(0x0f);
-    let lo = _mm_and_si128(b, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
-    let v0 = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
-    let v1 = _mm_shuffle_epi8(lut, _mm_unpackhi_epi8(lo, hi));
-    let widen = |v: __m128i| _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
-    [
-        widen(v0),
-        widen(_mm_unpackhi_epi64(v0, v0)),
-        widen(v1),
-        widen(_mm_unpackhi_epi64(v1, v1)),
-    ]
-}
-
-/// 8 nibbles (4 bytes) as [`nibbles32`] does.
-#[inline(always)]
-unsafe fn nibbles8(p: *const u8, lut: __m128i) -> __m256 {
-    let b = _mm_cvtsi32_si128((p as *const i32).read_unaligned());
-    let mask = _mm_set1_epi8(0x0f);
-    let lo = _mm_and_si128(b, mask);
-    let hi = _mm_and_si128(_mm_srli_epi16::<4>(b), mask);
-    let v = _mm_shuffle_epi8(lut, _mm_unpacklo_epi8(lo, hi));
-    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn e8m0_table_matches_the_decoder() {
-        for code in 0..=255u8 {
-            let (table, decoded) = (super::E8M0[code as usize], crate::formats::e8m0_to_f32(code));
-            assert!(
-                table.to_bits() == decoded.to_bits() || (table.is_nan() && decoded.is_nan()),
-                "code {code}"
-            );
-        }
-    }
 }
