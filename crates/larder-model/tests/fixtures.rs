@@ -28,6 +28,8 @@ const FIXTURES: &[&str] = &[
     "kimi_linear_attn_res",
     // Latent-space experts (K3): also tests/kimi_linear_latent.rs.
     "kimi_linear_latent",
+    // gpt-oss (sinks, sliding/full layers, fused biased experts): also tests/gpt_oss.rs.
+    "gpt_oss_bf16",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -189,14 +191,15 @@ fixture_tests!(
     deepseek_v3_noq_yarn,
     deepseek_v3_fp8,
     deepseek_v3_tok,
-    kimi_k2_tiny
+    kimi_k2_tiny,
+    gpt_oss_bf16
 );
 
 /// 4-bit fixtures whose loaders are being written (gpt-oss, compressed-tensors
 /// INT4 and MXFP4 experts): until then each is refused naming what is
 /// missing, never loaded wrongly.
 const NOT_YET_LOADED: &[(&str, &str)] = &[
-    ("gpt_oss_tiny", "unsupported architecture \"gpt_oss\""),
+    ("gpt_oss_tiny", "quantization_config"),
     ("deepseek_v3_int4", "quantization_config.quant_method"),
     ("deepseek_v3_mxfp4", "quantization_config.quant_method"),
 ];

@@ -58,6 +58,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         moe_names: MoeNames::DEEPSEEK,
         fp8_block: fp8_block(cfg)?,
         attn_res_block: None,
+        attention_sinks: false,
     };
     let layers = layer_plan(cfg, &MixerSpec::Mla(mla))?;
     super::finish(cfg, spec, layers)
@@ -158,6 +159,7 @@ fn moe_spec(cfg: &ConfigJson, num_experts: usize) -> Result<MoeSpec, ModelError>
             topk_group,
             scaling: cfg.opt_f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
         },
+        experts: crate::config::ExpertKind::Swiglu,
     })
 }
 
