@@ -65,6 +65,30 @@ fn swiglu_limit_matters() {
 /// A config edit, with the tag of its fixture copy and the field its error must name.
 type Case = (&'static str, Box<dyn FnOnce(&mut Value)>, &'static str);
 
+/// The config as transformers 5.24.0 saves it (`rope_parameters` holding
+/// `rope_theta`, `swiglu_alpha`, no `experts_per_token` or
+/// `initial_context_length`) is the same model: bit-identical logits.
+#[test]
+fn a_transformers_saved_config_is_the_same_model() {
+    let base = load(FIXTURE);
+    let prompt = kimi_common::prompt_of(FIXTURE);
+    let want = base.forward(&prompt, &mut base.new_state(), None).unwrap();
+    let dir = copy_fixture(FIXTURE, "saved");
+    edit(&dir, |c| {
+        let o = c.as_object_mut().unwrap();
+        let mut rope = o.remove("rope_scaling").unwrap();
+        rope["rope_theta"] = o.remove("rope_theta").unwrap();
+        o.insert("rope_parameters".into(), rope);
+        o.remove("experts_per_token");
+        o.remove("initial_context_length");
+        o.insert("swiglu_alpha".into(), 1.702.into());
+        o.insert("dtype".into(), "bfloat16".into());
+    });
+    let m = larder_model::load_model(&dir, None).unwrap();
+    assert_eq!(m.forward(&prompt, &mut m.new_state(), None).unwrap(), want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn refused(tag: &str, f: impl FnOnce(&mut Value)) -> String {
     let dir = copy_fixture(FIXTURE, tag);
     edit(&dir, f);
