@@ -13,6 +13,7 @@
 //! (row `2i` gate unit `i`, row `2i + 1` up unit `i`), biases on both
 //! projections, and the clamped activation [`GluActivation::GptOss`].
 
+use crate::dtype::WeightDType;
 use crate::kernels::KernelError;
 use crate::linear::Linear;
 use crate::mat::Mat;
@@ -39,6 +40,29 @@ pub struct ExpertLayout {
     pub gate: ComponentLayout,
     pub up: ComponentLayout,
     pub down: ComponentLayout,
+}
+
+/// Where a bias vector sits in an expert record (stored dtype; widened to
+/// f32 when the expert is built, as checkpoint biases are).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BiasLayout {
+    pub dtype: WeightDType,
+    pub offset: usize,
+}
+
+/// The layout of a gpt-oss expert record: `gate_up` `[2 * intermediate,
+/// hidden]` output-major with interleaved rows (row `2i` gate unit `i`,
+/// `2i + 1` up unit `i`), its bias `[2 * intermediate]`, `down` `[hidden,
+/// intermediate]`, its bias `[hidden]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InterleavedLayout {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub gate_up: ComponentLayout,
+    pub gate_up_bias: BiasLayout,
+    pub down: ComponentLayout,
+    pub down_bias: BiasLayout,
+    pub activation: GluActivation,
 }
 
 /// How a gated unit combines its gate and up pre-activations.
@@ -159,6 +183,23 @@ impl SwigluExpert {
             activation: GluActivation::Silu,
             intermediate: i,
         })
+    }
+
+    /// A gpt-oss expert over one record (see [`InterleavedLayout`]); views
+    /// the weights (no copy), widens the biases; checks every range.
+    pub fn interleaved_from_record(name: &str, record: &SharedBytes, layout: &InterleavedLayout) -> Result<Self, WeightError> {
+        let (h, i) = (layout.hidden, layout.intermediate);
+        let gate_up = component(&format!("{name}.gate_up"), record, &layout.gate_up, 2 * i, h)?;
+        let down = component(&format!("{name}.down"), record, &layout.down, h, i)?;
+        let bias = |what: &str, b: &BiasLayout, len: usize| -> Result<Vec<f32>, WeightError> {
+            let bytes = range(&format!("{name}.{what}"), record, b.offset, len * b.dtype.size())?;
+            let mut out = vec![0.0f32; len];
+            b.dtype.decode_into(bytes.as_slice(), &mut out);
+            Ok(out)
+        };
+        let gate_up_bias = bias("gate_up_bias", &layout.gate_up_bias, 2 * i)?;
+        let down_bias = bias("down_bias", &layout.down_bias, h)?;
+        Self::interleaved(name, gate_up, gate_up_bias, down, down_bias, layout.activation)
     }
 
     /// A gpt-oss expert: `gate_up` `[2 * intermediate, hidden]` with
@@ -447,5 +488,61 @@ mod tests {
         assert_eq!(e.forward(&x), Linear::new(down.clone(), Some(db.clone())).forward(&a));
         let bad = SwigluExpert::interleaved("e", down.clone(), vec![0.0; h], down, db, act);
         assert!(bad.unwrap_err().to_string().contains("interleaved"));
+    }
+
+    #[test]
+    fn an_interleaved_record_is_the_same_expert() {
+        let (h, i, d) = (64, 8, WeightDType::BF16);
+        let parts = [values(2 * i * h, 21), values(2 * i, 22), values(h * i, 23), values(h, 24)];
+        let mut bytes = Vec::new();
+        let mut offsets = Vec::new();
+        for p in &parts {
+            offsets.push(bytes.len());
+            bytes.extend(encode(d, p));
+        }
+        let dense = |k: usize, len: usize| ComponentLayout {
+            format: WeightFormat::Dense(d),
+            offset: offsets[k],
+            len,
+            scales: None,
+        };
+        let act = GluActivation::GptOss { alpha: 1.702, limit: 0.2 };
+        let layout = InterleavedLayout {
+            hidden: h,
+            intermediate: i,
+            gate_up: dense(0, 2 * i * h * 2),
+            gate_up_bias: BiasLayout {
+                dtype: d,
+                offset: offsets[1],
+            },
+            down: dense(2, h * i * 2),
+            down_bias: BiasLayout {
+                dtype: d,
+                offset: offsets[3],
+            },
+            activation: act,
+        };
+        let record = SharedBytes::from_vec(bytes);
+        let from_record = SwigluExpert::interleaved_from_record("e", &record, &layout).unwrap();
+        let m = |v: &[f32], r, c| WeightMatrix::from_f32(d, r, c, v);
+        let rounded = |v: &[f32]| {
+            let mut out = vec![0.0; v.len()];
+            d.decode_into(&encode(d, v), &mut out);
+            out
+        };
+        let direct = SwigluExpert::interleaved(
+            "e",
+            m(&parts[0], 2 * i, h),
+            rounded(&parts[1]),
+            m(&parts[2], h, i),
+            rounded(&parts[3]),
+            act,
+        )
+        .unwrap();
+        let x = Mat::from_vec(2, h, values(2 * h, 25));
+        assert_eq!(from_record.forward(&x), direct.forward(&x));
+        let mut short = layout.clone();
+        short.down_bias.offset = record.len() - 2;
+        assert!(SwigluExpert::interleaved_from_record("e", &record, &short).is_err());
     }
 }
