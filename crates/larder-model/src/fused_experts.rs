@@ -113,7 +113,11 @@ impl FusedMatrices {
                 expected: part.shape.clone(),
             });
         }
-        let bytes = ckpt.tensor_bytes(&part.name)?;
+        // An unread checkpoint (sizes and plans only) hands out zeros, as `Checkpoint::matrix` does.
+        let bytes = match ckpt.reads_weights() {
+            true => ckpt.tensor_bytes(&part.name)?,
+            false => vec![0u8; info.len as usize],
+        };
         let (e, n_in, n_out) = (part.shape[0], part.shape[1], part.shape[2]);
         if bytes.len() != e * n_in * n_out * dtype.size() {
             return Err(ModelError::Experts(format!(
