@@ -222,3 +222,23 @@ fn sliding_windows(cfg: &ConfigJson, n: usize) -> Result<Vec<Option<usize>>, Mod
     let window = || cfg.usize("sliding_window");
     (0..n).map(|l| if l % 2 == 0 { window().map(Some) } else { Ok(None) }).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// docs/architectures.md's gpt-oss section names every field this file
+    /// reads or accepts.
+    #[test]
+    fn the_docs_list_every_field() {
+        let docs = include_str!("../../../../docs/architectures.md");
+        let start = docs.find("## gpt-oss").expect("a gpt-oss section");
+        let section = &docs[start..start + docs[start + 1..].find("\n## ").unwrap_or(docs.len() - start - 1)];
+        for field in IMPLEMENTED.iter().chain(NO_EFFECT).chain(ROPE_KEYS) {
+            assert!(
+                section.contains(&format!("`{field}`")),
+                "docs/architectures.md (gpt-oss) does not name `{field}`"
+            );
+        }
+    }
+}
