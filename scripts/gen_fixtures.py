@@ -84,6 +84,7 @@ from transformers import (  # noqa: E402
 )
 
 import fixtures_4bit as four_bit  # noqa: E402
+import fixtures_gpt_oss_bf16 as gpt_oss_bf16  # noqa: E402
 import fixtures_kimi_linear as kimi_linear  # noqa: E402  (scripts/ is on sys.path when this script runs)
 
 torch.set_num_threads(1)
@@ -420,6 +421,7 @@ SPECS = {
     "deepseek_v3_int4": lambda: spec_deepseek_v3_4bit("int4", 7500),
     "deepseek_v3_mxfp4": lambda: spec_deepseek_v3_4bit("mxfp4", 7600),
     "gpt_oss_tiny": spec_gpt_oss_tiny,
+    **gpt_oss_bf16.SPECS,
     **kimi_linear.SPECS,
 }
 

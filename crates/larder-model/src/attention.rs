@@ -1,6 +1,6 @@
 //! The token mixer of a layer ([`Mixer`]): grouped-query attention with
 //! RoPE, optional q/k bias and per-head q/k RMSNorm (Qwen3), optional sliding
-//! window, over a [`KvLayer`]; DeepSeek's multi-head latent attention
+//! window, optional per-head learned sinks (gpt-oss), over a [`KvLayer`]; DeepSeek's multi-head latent attention
 //! ([`crate::mla`]), over a [`KvLayer`]; or Kimi Delta Attention
 //! ([`crate::kda`]), over a recurrent state. Each reads and updates its
 //! [`LayerState`].
@@ -90,6 +90,9 @@ pub struct GqaAttention {
     pub head_dim: usize,
     pub rms_norm_eps: f32,
     pub sliding_window: Option<usize>,
+    /// Per-head learned sinks (gpt-oss `self_attn.sinks`, `[num_heads]`):
+    /// an extra logit in each head's softmax whose probability is dropped.
+    pub sinks: Option<Vec<f32>>,
 }
 
 impl GqaAttention {
@@ -130,7 +133,10 @@ impl GqaAttention {
                 let qh = &q.row(r)[h * hd..(h + 1) * hd];
                 scores.clear();
                 scores.extend((first..=pos).map(|j| dot(qh, &cache.key(j)[kvh * hd..(kvh + 1) * hd]) * scale));
-                larder_tensor::ops::softmax_in_place(&mut scores);
+                match &self.sinks {
+                    None => larder_tensor::ops::softmax_in_place(&mut scores),
+                    Some(sinks) => softmax_with_sink(&mut scores, sinks[h]),
+                }
                 let o = &mut out.row_mut(r)[h * hd..(h + 1) * hd];
                 for (p, j) in scores.iter().zip(first..=pos) {
                     let vj = &cache.value(j)[kvh * hd..(kvh + 1) * hd];
@@ -141,5 +147,44 @@ impl GqaAttention {
             }
         }
         self.o_proj.forward(&out)
+    }
+}
+
+/// Softmax of `scores` with one extra logit `sink` in the denominator, the
+/// sink's own probability dropped (transformers 5.24.0 gpt_oss
+/// `eager_attention_forward`: the sink concatenated to the scores, the row's
+/// max subtracted, softmax, the sink column removed).
+pub fn softmax_with_sink(scores: &mut [f32], sink: f32) {
+    let max = scores.iter().copied().fold(sink, f32::max);
+    let mut sum = 0.0f32;
+    for v in scores.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v;
+    }
+    sum += (sink - max).exp();
+    let inv = 1.0 / sum;
+    for v in scores.iter_mut() {
+        *v *= inv;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_sink_takes_its_share_of_the_probability() {
+        let mut s = [0.0f32, 0.0];
+        softmax_with_sink(&mut s, 0.0);
+        assert_eq!(s, [1.0 / 3.0, 1.0 / 3.0]);
+        // A very negative sink is no sink; a dominant one leaves almost nothing.
+        let mut s = [1.0f32, 2.0];
+        softmax_with_sink(&mut s, -1e4);
+        let mut plain = [1.0f32, 2.0];
+        larder_tensor::ops::softmax_in_place(&mut plain);
+        assert_eq!(s, plain);
+        let mut s = [1.0f32, 2.0];
+        softmax_with_sink(&mut s, 50.0);
+        assert!(s.iter().all(|&p| p < 1e-20));
     }
 }

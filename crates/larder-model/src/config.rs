@@ -42,6 +42,9 @@ pub struct ModelSpec {
     /// `n_layers_per_attn_res_block`, `attn_residual.rs`): the number of
     /// layers per block; `None` (every other architecture) for plain residuals.
     pub attn_res_block: Option<usize>,
+    /// Per-head learned attention sinks (gpt-oss, `self_attn.sinks`
+    /// `[num_heads]`): one extra logit per head in every softmax denominator.
+    pub attention_sinks: bool,
 }
 
 /// The token mixer of one layer (what it computes and the state it keeps).
@@ -147,6 +150,22 @@ pub struct MoeSpec {
     pub shared_expert: Option<SharedExpertSpec>,
     /// How router logits become expert choices and weights.
     pub scoring: Scoring,
+    /// How the routed experts are stored and what they compute.
+    pub experts: ExpertKind,
+}
+
+/// The routed experts' tensors and computation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum ExpertKind {
+    /// One gate, up and down tensor per expert
+    /// (`{block}.experts.{e}.{expert_proj}.weight`), no biases, `silu(gate) * up`.
+    Swiglu,
+    /// gpt-oss: per MoE layer fused `{block}.experts.gate_up_proj` `[E, H, 2I]`
+    /// (input-major, output columns interleaved gate/up), `gate_up_proj_bias`
+    /// `[E, 2I]`, `down_proj` `[E, I, H]`, `down_proj_bias` `[E, H]`; expert
+    /// `e` is slice `[e]` of each; the clamped activation
+    /// ([`GluActivation::GptOss`](larder_tensor::expert::GluActivation)).
+    GptOss { alpha: f32, limit: f32 },
 }
 
 impl MoeSpec {
@@ -164,6 +183,9 @@ pub enum Scoring {
     /// DeepSeek-V3: sigmoid, selection-only correction bias
     /// (`{router}.e_score_correction_bias`), group-limited top-k, scaled weights.
     SigmoidGroups { n_group: usize, topk_group: usize, scaling: f32 },
+    /// gpt-oss: the router has a bias (`{router}.bias`); top-k over the
+    /// biased logits, softmax over the k chosen.
+    TopKSoftmax,
 }
 
 /// The shared expert of a MoE block.

@@ -16,14 +16,14 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use larder_router::{Route, Router, SigmoidGroupTopK, SoftmaxTopK};
+use larder_router::{Route, Router, SigmoidGroupTopK, SoftmaxTopK, TopKSoftmax};
 use larder_tensor::ops::rms_norm;
 use larder_tensor::{Linear, Mat, WeightMatrix};
 
 use crate::attention::{GqaAttention, Mixer};
 use crate::attn_residual::{DepthAttention, LayerAttnRes};
 use crate::checkpoint::Checkpoint;
-use crate::config::{FfnSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, Scoring};
+use crate::config::{ExpertKind, FfnSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, Scoring};
 use crate::error::{ModelError, Stage};
 use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
 use crate::kda::KdaMixer;
@@ -128,7 +128,14 @@ impl DecoderModel {
                 FfnSpec::Moe(m) => {
                     let names = &spec.moe_names;
                     let bp = format!("{p}.{}", names.block);
-                    let router = Linear::new(ckpt.param_matrix(&format!("{bp}.{}.weight", names.router), m.num_experts, h)?, None);
+                    let router_bias = match m.scoring {
+                        Scoring::TopKSoftmax => Some(ckpt.vector(&format!("{bp}.{}.bias", names.router), m.num_experts)?),
+                        _ => None,
+                    };
+                    let router = Linear::new(
+                        ckpt.param_matrix(&format!("{bp}.{}.weight", names.router), m.num_experts, h)?,
+                        router_bias,
+                    );
                     let shared = match &m.shared_expert {
                         None => None,
                         Some(s) => Some(SharedExpert {
@@ -149,7 +156,11 @@ impl DecoderModel {
                             },
                         }),
                     };
-                    let experts_here = if experts.is_none() {
+                    let experts_here = if experts.is_some() {
+                        Vec::new()
+                    } else if let ExpertKind::GptOss { .. } = m.experts {
+                        crate::fused_experts::load_gpt_oss_layer(ckpt, &bp, m.num_experts, h, m.expert_intermediate, m.experts)?
+                    } else {
                         (0..m.num_experts)
                             .map(|e| {
                                 let [g, u, d] = expert_tensors(&spec, l, e)
@@ -158,8 +169,6 @@ impl DecoderModel {
                                 Ok(Arc::new(Mlp::new(&format!("{bp}.experts.{e}"), w(&g)?, w(&u)?, w(&d)?)?))
                             })
                             .collect::<Result<Vec<_>, ModelError>>()?
-                    } else {
-                        Vec::new()
                     };
                     let bad = |e: larder_router::RouterError| ModelError::Experts(format!("layer {l}: {e}"));
                     let routing = match &m.scoring {
@@ -175,6 +184,7 @@ impl DecoderModel {
                                     .map_err(bad)?,
                             )
                         }
+                        Scoring::TopKSoftmax => Router::TopKSoftmax(TopKSoftmax::new(m.num_experts, m.top_k).map_err(bad)?),
                     };
                     (
                         Ffn::Moe(MoeBlock {
@@ -577,6 +587,10 @@ fn load_gqa(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_window: O
         head_dim: hd,
         rms_norm_eps: spec.rms_norm_eps,
         sliding_window,
+        sinks: match spec.attention_sinks {
+            true => Some(ckpt.vector(&format!("{a}.sinks"), spec.num_heads)?),
+            false => None,
+        },
     })
 }
 

@@ -23,6 +23,7 @@ pub mod config;
 pub mod decoder;
 pub mod error;
 pub mod expert;
+pub mod fused_experts;
 pub mod kda;
 pub mod kv_cache;
 pub mod mla;

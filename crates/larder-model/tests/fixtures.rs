@@ -31,6 +31,8 @@ const FIXTURES: &[&str] = &[
     "kimi_linear_attn_res",
     // Latent-space experts (K3): also tests/kimi_linear_latent.rs.
     "kimi_linear_latent",
+    // gpt-oss (sinks, sliding/full layers, fused biased experts): also tests/gpt_oss.rs.
+    "gpt_oss_bf16",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -194,12 +196,13 @@ fixture_tests!(
     deepseek_v3_tok,
     deepseek_v3_int4,
     deepseek_v3_mxfp4,
-    kimi_k2_tiny
+    kimi_k2_tiny,
+    gpt_oss_bf16
 );
 
-/// 4-bit fixtures whose loaders are being written (gpt-oss): until then
-/// each is refused naming what is missing, never loaded wrongly.
-const NOT_YET_LOADED: &[(&str, &str)] = &[("gpt_oss_tiny", "unsupported architecture \"gpt_oss\"")];
+/// 4-bit fixtures whose loaders are being written (gpt-oss MXFP4 experts):
+/// until then each is refused naming what is missing, never loaded wrongly.
+const NOT_YET_LOADED: &[(&str, &str)] = &[("gpt_oss_tiny", "quantization_config")];
 
 #[test]
 fn fixtures_without_a_loader_yet_are_refused_by_name() {

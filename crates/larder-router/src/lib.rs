@@ -8,15 +8,19 @@
 
 pub mod sigmoid;
 pub mod softmax;
+pub mod topk_softmax;
 
 pub use sigmoid::SigmoidGroupTopK;
 pub use softmax::{softmax_topk, SoftmaxTopK};
+pub use topk_softmax::{topk_softmax, TopKSoftmax};
 
 /// The routing function of a MoE block.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Router {
     Softmax(SoftmaxTopK),
     SigmoidGroup(SigmoidGroupTopK),
+    /// gpt-oss: top-k over the (biased) logits, softmax over the k chosen.
+    TopKSoftmax(TopKSoftmax),
 }
 
 impl Router {
@@ -25,6 +29,7 @@ impl Router {
         match self {
             Router::Softmax(r) => r.route(logits),
             Router::SigmoidGroup(r) => r.route(logits),
+            Router::TopKSoftmax(r) => r.route(logits),
         }
     }
 }

@@ -7,11 +7,17 @@
 //! call (one sequential pass over both). Results are bit-identical to
 //! computing the three projections separately: kernels compute every
 //! (row, feature) with the same arithmetic whatever matrix it belongs to.
+//!
+//! gpt-oss experts ([`SwigluExpert::interleaved`]) are the same block with
+//! one `[2 * intermediate, hidden]` gate/up matrix whose rows interleave
+//! (row `2i` gate unit `i`, row `2i + 1` up unit `i`), biases on both
+//! projections, and the clamped activation [`GluActivation::GptOss`].
 
+use crate::dtype::WeightDType;
 use crate::kernels::KernelError;
 use crate::linear::Linear;
 use crate::mat::Mat;
-use crate::ops::silu;
+use crate::ops::{sigmoid, silu};
 use crate::weight::{SharedBytes, WeightError, WeightFormat, WeightMatrix};
 
 /// Where one projection sits in an expert record.
@@ -36,14 +42,86 @@ pub struct ExpertLayout {
     pub down: ComponentLayout,
 }
 
+/// Where a bias vector sits in an expert record (stored dtype; widened to
+/// f32 when the expert is built, as checkpoint biases are).
+#[derive(Debug, Clone, PartialEq)]
+pub struct BiasLayout {
+    pub dtype: WeightDType,
+    pub offset: usize,
+}
+
+/// The layout of a gpt-oss expert record: `gate_up` `[2 * intermediate,
+/// hidden]` output-major with interleaved rows (row `2i` gate unit `i`,
+/// `2i + 1` up unit `i`), its bias `[2 * intermediate]`, `down` `[hidden,
+/// intermediate]`, its bias `[hidden]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InterleavedLayout {
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub gate_up: ComponentLayout,
+    pub gate_up_bias: BiasLayout,
+    pub down: ComponentLayout,
+    pub down_bias: BiasLayout,
+    pub activation: GluActivation,
+}
+
+/// How a gated unit combines its gate and up pre-activations.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum GluActivation {
+    /// `silu(gate) * up` (every SwiGLU model).
+    Silu,
+    /// gpt-oss (transformers 5.24.0 `GptOssExperts._apply_gate`):
+    /// `gate' = min(gate, limit)`, `up' = clamp(up, -limit, limit)`,
+    /// `(up' + 1) * (gate' * sigmoid(gate' * alpha))`. NaN stays NaN (as
+    /// `torch.clamp`).
+    GptOss { alpha: f32, limit: f32 },
+}
+
+impl GluActivation {
+    /// The activation of one unit.
+    #[inline]
+    pub fn apply(self, gate: f32, up: f32) -> f32 {
+        match self {
+            GluActivation::Silu => silu(gate) * up,
+            GluActivation::GptOss { alpha, limit } => {
+                let g = if gate > limit { limit } else { gate };
+                let u = if up > limit {
+                    limit
+                } else if up < -limit {
+                    -limit
+                } else {
+                    up
+                };
+                (u + 1.0) * (g * sigmoid(g * alpha))
+            }
+        }
+    }
+}
+
+/// The gate and up projections of an expert.
+#[derive(Debug, Clone)]
+enum GateUp {
+    /// `gate`, `up` `[intermediate, hidden]`; `fused` is `[gate; up]` as one
+    /// matrix when the record allows it.
+    Separate {
+        fused: Option<WeightMatrix>,
+        gate: WeightMatrix,
+        up: WeightMatrix,
+    },
+    /// One `[2 * intermediate, hidden]` matrix, row `2i` gate unit `i`, row
+    /// `2i + 1` up unit `i`, and its bias (same order), added before the
+    /// activation.
+    Interleaved { gate_up: WeightMatrix, bias: Vec<f32> },
+}
+
 /// A SwiGLU expert over one shared record.
 #[derive(Debug, Clone)]
 pub struct SwigluExpert {
-    /// `[gate; up]` as one matrix when the record allows it.
-    gate_up: Option<WeightMatrix>,
-    gate: WeightMatrix,
-    up: WeightMatrix,
+    gate_up: GateUp,
     down: WeightMatrix,
+    /// Added to the down projection's output (gpt-oss).
+    down_bias: Option<Vec<f32>>,
+    activation: GluActivation,
     intermediate: usize,
 }
 
@@ -57,7 +135,7 @@ impl SwigluExpert {
         let down = component(&format!("{name}.down"), record, &layout.down, h, i)?;
         let (g, u) = (&layout.gate, &layout.up);
         let fusable = g.format == u.format && g.offset + g.len == u.offset && matches!(g.format, WeightFormat::Dense(_));
-        let gate_up = if fusable {
+        let fused = if fusable {
             Some(component(
                 &format!("{name}.gate_up"),
                 record,
@@ -74,10 +152,10 @@ impl SwigluExpert {
             None
         };
         Ok(SwigluExpert {
-            gate_up,
-            gate,
-            up,
+            gate_up: GateUp::Separate { fused, gate, up },
             down,
+            down_bias: None,
+            activation: GluActivation::Silu,
             intermediate: i,
         })
     }
@@ -99,29 +177,104 @@ impl SwigluExpert {
             });
         }
         Ok(SwigluExpert {
-            gate_up: None,
-            gate,
-            up,
+            gate_up: GateUp::Separate { fused: None, gate, up },
             down,
+            down_bias: None,
+            activation: GluActivation::Silu,
+            intermediate: i,
+        })
+    }
+
+    /// A gpt-oss expert over one record (see [`InterleavedLayout`]); views
+    /// the weights (no copy), widens the biases; checks every range.
+    pub fn interleaved_from_record(name: &str, record: &SharedBytes, layout: &InterleavedLayout) -> Result<Self, WeightError> {
+        let (h, i) = (layout.hidden, layout.intermediate);
+        let gate_up = component(&format!("{name}.gate_up"), record, &layout.gate_up, 2 * i, h)?;
+        let down = component(&format!("{name}.down"), record, &layout.down, h, i)?;
+        let bias = |what: &str, b: &BiasLayout, len: usize| -> Result<Vec<f32>, WeightError> {
+            let bytes = range(&format!("{name}.{what}"), record, b.offset, len * b.dtype.size())?;
+            let mut out = vec![0.0f32; len];
+            b.dtype.decode_into(bytes.as_slice(), &mut out);
+            Ok(out)
+        };
+        let gate_up_bias = bias("gate_up_bias", &layout.gate_up_bias, 2 * i)?;
+        let down_bias = bias("down_bias", &layout.down_bias, h)?;
+        Self::interleaved(name, gate_up, gate_up_bias, down, down_bias, layout.activation)
+    }
+
+    /// A gpt-oss expert: `gate_up` `[2 * intermediate, hidden]` with
+    /// interleaved rows (row `2i` gate unit `i`, `2i + 1` up unit `i`) and
+    /// its bias `[2 * intermediate]`, `down` `[hidden, intermediate]` and its
+    /// bias `[hidden]`, combined by `activation`.
+    pub fn interleaved(
+        name: &str,
+        gate_up: WeightMatrix,
+        gate_up_bias: Vec<f32>,
+        down: WeightMatrix,
+        down_bias: Vec<f32>,
+        activation: GluActivation,
+    ) -> Result<Self, WeightError> {
+        let (two_i, h) = (gate_up.rows(), gate_up.cols());
+        let i = two_i / 2;
+        let shapes_fit = two_i % 2 == 0 && (down.rows(), down.cols()) == (h, i);
+        if !shapes_fit || gate_up_bias.len() != two_i || down_bias.len() != h {
+            return Err(WeightError::Layout {
+                name: name.to_string(),
+                message: format!(
+                    "interleaved gate/up shapes disagree: gate_up {two_i}x{h} (bias {}), down {}x{} (bias {}); \
+                     want gate_up [2I, H], bias [2I], down [H, I], bias [H]",
+                    gate_up_bias.len(),
+                    down.rows(),
+                    down.cols(),
+                    down_bias.len()
+                ),
+            });
+        }
+        Ok(SwigluExpert {
+            gate_up: GateUp::Interleaved {
+                gate_up,
+                bias: gate_up_bias,
+            },
+            down,
+            down_bias: Some(down_bias),
+            activation,
             intermediate: i,
         })
     }
 
     /// Weight bytes of the three projections (codes and scales).
+    /// Weight bytes of the projections (codes and scales, and biases as f32).
     pub fn byte_len(&self) -> usize {
-        self.gate.byte_len() + self.up.byte_len() + self.down.byte_len()
+        let gate_up = match &self.gate_up {
+            GateUp::Separate { gate, up, .. } => gate.byte_len() + up.byte_len(),
+            GateUp::Interleaved { gate_up, bias } => gate_up.byte_len() + 4 * bias.len(),
+        };
+        gate_up + self.down.byte_len() + 4 * self.down_bias.as_ref().map_or(0, Vec::len)
     }
 
     /// Whether gate and up run as one matrix.
     pub fn is_fused(&self) -> bool {
-        self.gate_up.is_some()
+        matches!(self.gate_up, GateUp::Separate { fused: Some(_), .. } | GateUp::Interleaved { .. })
+    }
+
+    /// The gate/up activation.
+    pub fn activation(&self) -> GluActivation {
+        self.activation
+    }
+
+    /// The matrix `x` is multiplied by first (its width is the expert's input).
+    fn first(&self) -> &WeightMatrix {
+        match &self.gate_up {
+            GateUp::Separate { gate, .. } => gate,
+            GateUp::Interleaved { gate_up, .. } => gate_up,
+        }
     }
 
     /// `x [m, hidden] -> [m, hidden]`; an error, computing nothing, where
     /// `x` is not `hidden` wide.
     pub fn try_forward(&self, x: &Mat) -> Result<Mat, KernelError> {
         // The other products then fit by construction (`new`, `from_record`).
-        crate::kernels::check_width(x, &self.gate)?;
+        crate::kernels::check_width(x, self.first())?;
         Ok(self.forward(x))
     }
 
@@ -131,36 +284,57 @@ impl SwigluExpert {
     /// # Panics
     /// If `x` is not `hidden` wide.
     pub fn forward(&self, x: &Mat) -> Mat {
-        let i = self.intermediate;
+        let (i, act_fn) = (self.intermediate, self.activation);
         let mut act = Mat::zeros(x.rows(), i);
         match &self.gate_up {
-            Some(gu) => {
+            GateUp::Separate { fused: Some(gu), .. } => {
                 let y = crate::kernels::matmul_t(x, gu);
                 for r in 0..x.rows() {
                     let (g, u) = y.row(r).split_at(i);
                     for ((a, g), u) in act.row_mut(r).iter_mut().zip(g).zip(u) {
-                        *a = silu(*g) * u;
+                        *a = act_fn.apply(*g, *u);
                     }
                 }
             }
-            None => {
-                let g = crate::kernels::matmul_t(x, &self.gate);
-                let u = crate::kernels::matmul_t(x, &self.up);
+            GateUp::Separate { fused: None, gate, up } => {
+                let g = crate::kernels::matmul_t(x, gate);
+                let u = crate::kernels::matmul_t(x, up);
                 for ((a, g), u) in act.as_mut_slice().iter_mut().zip(g.as_slice()).zip(u.as_slice()) {
-                    *a = silu(*g) * u;
+                    *a = act_fn.apply(*g, *u);
+                }
+            }
+            GateUp::Interleaved { gate_up, bias } => {
+                let y = crate::kernels::matmul_t(x, gate_up);
+                for r in 0..x.rows() {
+                    let pairs = y.row(r).chunks_exact(2).zip(bias.chunks_exact(2));
+                    for (a, (gu, b)) in act.row_mut(r).iter_mut().zip(pairs) {
+                        *a = act_fn.apply(gu[0] + b[0], gu[1] + b[1]);
+                    }
                 }
             }
         }
-        crate::kernels::matmul_t(&act, &self.down)
+        let mut out = crate::kernels::matmul_t(&act, &self.down);
+        if let Some(b) = &self.down_bias {
+            for r in 0..out.rows() {
+                for (o, b) in out.row_mut(r).iter_mut().zip(b) {
+                    *o += b;
+                }
+            }
+        }
+        out
     }
 
-    /// The three projections as linear layers (for callers that need them apart).
-    pub fn projections(&self) -> [Linear; 3] {
-        [
-            Linear::new(self.gate.clone(), None),
-            Linear::new(self.up.clone(), None),
-            Linear::new(self.down.clone(), None),
-        ]
+    /// The three projections as linear layers (for callers that need them
+    /// apart); `None` for an interleaved (gpt-oss) expert.
+    pub fn projections(&self) -> Option<[Linear; 3]> {
+        match &self.gate_up {
+            GateUp::Separate { gate, up, .. } => Some([
+                Linear::new(gate.clone(), None),
+                Linear::new(up.clone(), None),
+                Linear::new(self.down.clone(), None),
+            ]),
+            GateUp::Interleaved { .. } => None,
+        }
     }
 }
 
@@ -245,7 +419,7 @@ mod tests {
         let e = SwigluExpert::from_record("e", &record, &layout).unwrap();
         assert!(e.is_fused());
         let x = Mat::from_vec(3, h, values(3 * h, 9));
-        let [g, u, d] = e.projections();
+        let [g, u, d] = e.projections().unwrap();
         let (gy, uy) = (g.forward(&x), u.forward(&x));
         let mut act = Mat::zeros(3, i);
         for ((a, g), u) in act.as_mut_slice().iter_mut().zip(gy.as_slice()).zip(uy.as_slice()) {
@@ -279,5 +453,96 @@ mod tests {
         let (record, mut layout) = dense_record(32, 8);
         layout.up.len -= 2;
         assert!(SwigluExpert::from_record("e", &record, &layout).is_err());
+    }
+
+    #[test]
+    fn gpt_oss_activation_clamps_as_transformers() {
+        let a = GluActivation::GptOss { alpha: 1.702, limit: 7.0 };
+        let reference = |g: f32, u: f32| (u + 1.0) * (g * sigmoid(g * 1.702));
+        assert_eq!(a.apply(9.0, 0.5), reference(7.0, 0.5));
+        assert_eq!(a.apply(-9.0, 0.5), reference(-9.0, 0.5));
+        assert_eq!(a.apply(1.0, 8.0), reference(1.0, 7.0));
+        assert_eq!(a.apply(1.0, -8.0), reference(1.0, -7.0));
+        assert!(a.apply(f32::NAN, 0.0).is_nan() && a.apply(0.5, f32::NAN).is_nan());
+        assert_eq!(GluActivation::Silu.apply(2.0, 3.0), silu(2.0) * 3.0);
+    }
+
+    #[test]
+    fn interleaved_expert_pairs_rows_and_adds_biases() {
+        let (h, i) = (64, 8);
+        let d = WeightDType::BF16;
+        let gu = WeightMatrix::from_f32(d, 2 * i, h, &values(2 * i * h, 11));
+        let down = WeightMatrix::from_f32(d, h, i, &values(h * i, 12));
+        let (gub, db) = (values(2 * i, 13), values(h, 14));
+        let act = GluActivation::GptOss { alpha: 1.702, limit: 0.1 };
+        let e = SwigluExpert::interleaved("e", gu.clone(), gub.clone(), down.clone(), db.clone(), act).unwrap();
+        assert!(e.is_fused() && e.projections().is_none());
+        let x = Mat::from_vec(3, h, values(3 * h, 15));
+        let y = Linear::new(gu, Some(gub)).forward(&x);
+        let mut a = Mat::zeros(3, i);
+        for r in 0..3 {
+            for u in 0..i {
+                a.row_mut(r)[u] = act.apply(y.row(r)[2 * u], y.row(r)[2 * u + 1]);
+            }
+        }
+        assert_eq!(e.forward(&x), Linear::new(down.clone(), Some(db.clone())).forward(&a));
+        let bad = SwigluExpert::interleaved("e", down.clone(), vec![0.0; h], down, db, act);
+        assert!(bad.unwrap_err().to_string().contains("interleaved"));
+    }
+
+    #[test]
+    fn an_interleaved_record_is_the_same_expert() {
+        let (h, i, d) = (64, 8, WeightDType::BF16);
+        let parts = [values(2 * i * h, 21), values(2 * i, 22), values(h * i, 23), values(h, 24)];
+        let mut bytes = Vec::new();
+        let mut offsets = Vec::new();
+        for p in &parts {
+            offsets.push(bytes.len());
+            bytes.extend(encode(d, p));
+        }
+        let dense = |k: usize, len: usize| ComponentLayout {
+            format: WeightFormat::Dense(d),
+            offset: offsets[k],
+            len,
+            scales: None,
+        };
+        let act = GluActivation::GptOss { alpha: 1.702, limit: 0.2 };
+        let layout = InterleavedLayout {
+            hidden: h,
+            intermediate: i,
+            gate_up: dense(0, 2 * i * h * 2),
+            gate_up_bias: BiasLayout {
+                dtype: d,
+                offset: offsets[1],
+            },
+            down: dense(2, h * i * 2),
+            down_bias: BiasLayout {
+                dtype: d,
+                offset: offsets[3],
+            },
+            activation: act,
+        };
+        let record = SharedBytes::from_vec(bytes);
+        let from_record = SwigluExpert::interleaved_from_record("e", &record, &layout).unwrap();
+        let m = |v: &[f32], r, c| WeightMatrix::from_f32(d, r, c, v);
+        let rounded = |v: &[f32]| {
+            let mut out = vec![0.0; v.len()];
+            d.decode_into(&encode(d, v), &mut out);
+            out
+        };
+        let direct = SwigluExpert::interleaved(
+            "e",
+            m(&parts[0], 2 * i, h),
+            rounded(&parts[1]),
+            m(&parts[2], h, i),
+            rounded(&parts[3]),
+            act,
+        )
+        .unwrap();
+        let x = Mat::from_vec(2, h, values(2 * h, 25));
+        assert_eq!(from_record.forward(&x), direct.forward(&x));
+        let mut short = layout.clone();
+        short.down_bias.offset = record.len() - 2;
+        assert!(SwigluExpert::interleaved_from_record("e", &record, &short).is_err());
     }
 }

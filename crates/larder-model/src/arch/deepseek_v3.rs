@@ -59,6 +59,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         fp8_block: fp8_block(cfg)?,
         compressed: crate::quant::compressed_tensors(cfg)?,
         attn_res_block: None,
+        attention_sinks: false,
     };
     let layers = layer_plan(cfg, &MixerSpec::Mla(mla))?;
     super::finish(cfg, spec, layers)
@@ -159,6 +160,7 @@ fn moe_spec(cfg: &ConfigJson, num_experts: usize) -> Result<MoeSpec, ModelError>
             topk_group,
             scaling: cfg.opt_f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
         },
+        experts: crate::config::ExpertKind::Swiglu,
     })
 }
 

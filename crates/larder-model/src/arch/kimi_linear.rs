@@ -253,6 +253,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         fp8_block: super::deepseek_v3::fp8_block(cfg)?,
         compressed: crate::quant::compressed_tensors(cfg)?,
         attn_res_block: attn_res_block(cfg)?,
+        attention_sinks: false,
     };
     let kda = MixerSpec::Kda(kda_spec(cfg)?);
     let mla = MixerSpec::Mla(mla);
@@ -620,6 +621,7 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
             topk_group,
             scaling: scaling as f32,
         },
+        experts: crate::config::ExpertKind::Swiglu,
     })
 }
 

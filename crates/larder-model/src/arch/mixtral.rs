@@ -28,6 +28,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         latent: None,
         shared_expert: None,
         scoring: crate::config::Scoring::Softmax,
+        experts: crate::config::ExpertKind::Swiglu,
     };
     let window = cfg.opt_usize("sliding_window")?;
     let layers = (0..n)

@@ -2,6 +2,7 @@
 //! [`ModelSpec`]; [`load_model`] picks the file by `model_type`.
 
 pub mod deepseek_v3;
+pub mod gpt_oss;
 mod kimi_k3;
 pub mod kimi_linear;
 pub mod llama;
@@ -32,6 +33,7 @@ const ARCHITECTURES: &[(&str, SpecReader)] = &[
     ("deepseek_v3", deepseek_v3::spec),
     ("kimi_k2", deepseek_v3::spec),
     ("kimi_linear", kimi_linear::spec),
+    ("gpt_oss", gpt_oss::spec),
 ];
 
 /// Names of the supported `model_type`s.
@@ -99,6 +101,7 @@ pub(crate) fn base_spec(
         fp8_block: None,
         compressed: None,
         attn_res_block: None,
+        attention_sinks: false,
     })
 }
 

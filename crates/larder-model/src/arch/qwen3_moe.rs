@@ -41,6 +41,7 @@ pub(crate) fn qwen_moe_layers(cfg: &ConfigJson, shared: Option<crate::config::Sh
             latent: None,
             shared_expert: shared,
             scoring: crate::config::Scoring::Softmax,
+            experts: crate::config::ExpertKind::Swiglu,
         })
     } else {
         None
