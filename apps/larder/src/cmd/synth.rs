@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use larder_model::synth::{write, Routing, SynthSpec};
+use larder_model::synth::{write, ExpertsFormat, Routing, SynthSpec};
 use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleSpec};
 use larder_model::RouteTrace;
 use serde_json::json;
@@ -25,6 +25,19 @@ to hidden 2048 (28 KDA heads x 128, 28 MLA heads, no q LoRA); tiny has 5 layers 
 --moe-latent-size N (kimi_linear only) writes K3's latent-space experts: each MoE block gets \
 fc1_latent_proj [N, hidden] and fc2_latent_proj [hidden, N] and its routed experts are N wide instead of \
 hidden (config.json: moe_latent_size), so expert records shrink by N/hidden.\n\n\
+gpt_oss (gpt-oss layout: attention with q/k/v/o biases and per-head sinks, layers alternating sliding-window \
+and full attention, YaRN, a biased router, fused experts with biases and gate/up interleaved): presets tiny \
+(hidden 64, 16 experts, top-4, 4 layers, window 4), 20b (gpt-oss-20b's shapes: hidden and intermediate 2880, \
+24 layers, 32 experts, top-4, 64 heads x 64, 8 KV heads, window 128, vocab 201088) and 120b (36 layers, 128 \
+experts); with --experts-gib the layer count is chosen instead, as for k3-mini.\n\n\
+--experts-format sets how routed experts are stored (everything else is bf16): bf16; int4 (deepseek_v3, \
+kimi_linear: compressed-tensors pack-quantized, as Kimi-K2-Thinking ships: weight_packed i32 [out, in/8], \
+weight_scale bf16 [out, in/32], weight_shape i32 [2]); mxfp4 (deepseek_v3, kimi_linear: compressed-tensors \
+mxfp4-pack-quantized as the K3 release ships: weight_packed u8 [out, in/2] e2m1, weight_scale u8 e8m0 [out, \
+in/32]; gpt_oss: its own MXFP4 *_blocks/*_scales, quant_method mxfp4, the default for gpt_oss). Codes are \
+random, scales give the weights the bf16 experts' spread; --experts-gib counts experts at their stored size \
+(int4 experts are 3.56x and mxfp4 3.76x smaller than bf16, so the same GiB holds that many times more \
+layers).\n\n\
 After writing, a short greedy decode measures the mean share of experts a token shares with the previous \
 token (uniform routing: about top_k/experts); skip it with --measure-tokens 0.\n\n\
 With --from-dense DIR, a real dense checkpoint (llama or mistral -> mixtral layout, qwen3 -> qwen3_moe) \
@@ -36,15 +49,23 @@ tokenizer, chat template and generation config are copied.\n\n\
 Examples:\n  larder synth --arch qwen3_moe --preset k3-mini --experts-gib 8 --out ./k3mini\n  \
 larder synth --arch deepseek_v3 --preset k3-mini --experts-gib 8 --out ./k3mini-ds\n  \
 larder synth --arch kimi_linear --preset k3-mini --experts-gib 8 --out ./k3mini-kimi\n  \
+larder synth --arch deepseek_v3 --preset k3-mini --experts-format int4 --experts-gib 8 --out ./k3mini-int4\n  \
+larder synth --arch gpt_oss --preset 20b --out ./gpt-oss-20b-like\n  \
+larder synth --arch gpt_oss --preset 120b --experts-gib 16 --out ./gpt-oss-120b-like-16g\n  \
 larder synth --from-dense ~/.cache/larder/smollm2/checkpoint --experts 8 --top-k 2 --out ./smollm2-moe")]
 pub struct Args {
-    /// Architecture: qwen3_moe, deepseek_v3 (MLA, dense first layer, shared expert, grouped sigmoid routing)
-    /// or kimi_linear (deepseek_v3's MoE with KDA layers and MLA every 4th layer).
+    /// Architecture: qwen3_moe, deepseek_v3 (MLA, dense first layer, shared expert, grouped sigmoid routing),
+    /// kimi_linear (deepseek_v3's MoE with KDA layers and MLA every 4th layer) or gpt_oss.
     #[arg(long, default_value = "qwen3_moe", value_parser = larder_model::synth::ARCHITECTURES)]
     arch: String,
-    /// Shape preset: tiny or k3-mini.
+    /// Shape preset: tiny or k3-mini; gpt_oss: tiny, 20b or 120b.
     #[arg(long, default_value = "tiny")]
     preset: String,
+    /// How routed experts are stored: bf16, int4 (deepseek_v3, kimi_linear: compressed-tensors
+    /// pack-quantized) or mxfp4 (deepseek_v3, kimi_linear: compressed-tensors mxfp4-pack-quantized; gpt_oss:
+    /// its own MXFP4 blocks and scales). Default: bf16; gpt_oss: mxfp4, as it ships.
+    #[arg(long, value_name = "FORMAT", value_parser = ["bf16", "int4", "mxfp4"], conflicts_with = "from_dense")]
+    experts_format: Option<String>,
     /// Total size of routed experts, in GiB (sets the layer count): above 0, at most 65536.
     #[arg(long, value_name = "GIB", value_parser = parse_gib, conflicts_with = "from_dense")]
     experts_gib: Option<f64>,
@@ -116,10 +137,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "--moe-latent-size: latent-space experts are a kimi_linear extension (use --arch kimi_linear)"
         );
         spec.moe_latent_size = Some(n);
-        if let Some(gib) = args.experts_gib {
-            // Latent experts are smaller: size the bank at their width.
-            spec.size_experts(gib).map_err(anyhow::Error::msg)?;
-        }
+    }
+    if let Some(f) = &args.experts_format {
+        let format = ExpertsFormat::parse(f).map_err(anyhow::Error::msg)?;
+        spec.set_experts_format(format).map_err(anyhow::Error::msg)?;
+    }
+    spec.check_packable().map_err(anyhow::Error::msg)?;
+    if let Some(gib) = args.experts_gib {
+        // Latent or 4-bit experts are smaller: size the bank at their stored size.
+        spec.size_experts(gib).map_err(anyhow::Error::msg)?;
     }
     if let Some(l) = args.layers {
         spec.layers = l;

@@ -4,20 +4,94 @@
 
 use serde_json::{json, Value};
 
-use super::{DeepseekShape, KdaShape, SynthSpec};
+use super::{DeepseekShape, ExpertsFormat, KdaShape, SynthSpec};
 
 impl SynthSpec {
     pub(super) fn config(&self) -> Value {
+        if let Some(g) = &self.gpt_oss {
+            // gpt_oss refuses unknown fields too: no synth record.
+            return super::gpt_oss::config(self, g);
+        }
         let mut cfg = match (&self.deepseek, &self.kda) {
             // kimi_linear refuses every field it does not know (K3 extensions
             // must not pass silently), so the synth record is left out.
-            (Some(d), Some(k)) => return kimi_linear(self, d, k),
+            (Some(d), Some(k)) => kimi_linear(self, d, k),
             (Some(d), None) => deepseek_v3(self, d),
             _ => qwen3_moe(self),
         };
-        cfg["larder_synth"] = json!({"preset": self.preset, "seed": self.seed, "routing": self.routing});
+        if let Some(q) = compressed_tensors(self) {
+            cfg["quantization_config"] = q;
+        }
+        if self.kda.is_none() {
+            cfg["larder_synth"] = json!({"preset": self.preset, "seed": self.seed, "routing": self.routing});
+        }
         cfg
     }
+}
+
+/// The compressed-tensors `quantization_config` of 4-bit routed experts,
+/// in the exact form of fixtures/deepseek_v3_int4 and deepseek_v3_mxfp4
+/// (compressed-tensors 0.20.1): every `Linear` is targeted, and attention,
+/// shared experts, dense MLPs, latent projections and the LM head are ignored.
+fn compressed_tensors(s: &SynthSpec) -> Option<Value> {
+    let mut ignore = vec![
+        json!("lm_head"),
+        json!("re:.*self_attn.*"),
+        json!("re:.*shared_experts.*"),
+        json!("re:.*mlp\\.(gate|up|gate_up|down)_proj.*"),
+    ];
+    if s.moe_latent_size.is_some() {
+        ignore.push(json!("re:.*_latent_proj.*"));
+    }
+    let (format, group) = match s.experts_format {
+        ExpertsFormat::Bf16 => return None,
+        ExpertsFormat::Int4 => (
+            "pack-quantized",
+            json!({
+                "input_activations": null,
+                "output_activations": null,
+                "targets": ["Linear"],
+                "weights": {
+                    "actorder": null,
+                    "block_structure": null,
+                    "dynamic": false,
+                    "group_size": 32,
+                    "num_bits": 4,
+                    "observer": "minmax",
+                    "observer_kwargs": {},
+                    "strategy": "group",
+                    "symmetric": true,
+                    "type": "int",
+                },
+            }),
+        ),
+        ExpertsFormat::Mxfp4 => (
+            "mxfp4-pack-quantized",
+            json!({
+                "targets": ["Linear"],
+                "weights": {
+                    "num_bits": 4,
+                    "type": "float",
+                    "symmetric": true,
+                    "group_size": 32,
+                    "strategy": "group",
+                    "dynamic": false,
+                    "scale_dtype": "torch.uint8",
+                },
+                "input_activations": null,
+                "output_activations": null,
+                "format": "mxfp4-pack-quantized",
+            }),
+        ),
+    };
+    Some(json!({
+        "config_groups": {"group_0": group},
+        "format": format,
+        "ignore": ignore,
+        "kv_cache_scheme": null,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+    }))
 }
 
 fn qwen3_moe(s: &SynthSpec) -> Value {

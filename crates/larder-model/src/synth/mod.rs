@@ -1,10 +1,19 @@
 //! Synthetic checkpoints: real layouts (config.json, sharded safetensors with
 //! the architecture's tensor names, index.json), random weights, any size.
 //! This is how larder tests scale without downloading terabytes.
-//! Architectures: `qwen3_moe`, `deepseek_v3` and `kimi_linear` (KDA and MLA
-//! layers in the K3 ratio 3:1, DeepSeek-style MoE); this module owns the
-//! shapes and presets, [`config`] the config.json of each, [`tensors`] the
-//! tensor list and [`write`](mod@write) the files.
+//! Architectures: `qwen3_moe`, `deepseek_v3`, `kimi_linear` (KDA and MLA
+//! layers in the K3 ratio 3:1, DeepSeek-style MoE) and `gpt_oss` (fused
+//! experts with biases, attention sinks, alternating sliding windows); this
+//! module owns the shapes and presets, [`config`] the config.json of each,
+//! [`tensors`] the tensor list, [`gpt_oss`] gpt-oss's presets, tensors and
+//! config, and [`write`](mod@write) the files.
+//!
+//! Routed experts ship in bf16 or, as the largest checkpoints ship them, in
+//! 4 bits ([`ExpertsFormat`]): compressed-tensors `pack-quantized` INT4 or
+//! `mxfp4-pack-quantized` on the DeepSeek-V3 / Kimi layouts, gpt-oss's own
+//! MXFP4 (`_blocks` / `_scales`) on gpt-oss. Codes are uniform random; scales
+//! give the dequantized weights the std the bf16 experts have (see
+//! [`tensors`]).
 //!
 //! Scales are chosen so routing behaves like a trained model's would in the
 //! case being tested, rather than collapsing (random matrices at one small
@@ -27,6 +36,7 @@
 //! `config.json` is written last, so an interrupted synth is not loadable.
 
 mod config;
+mod gpt_oss;
 mod tensors;
 mod write;
 
@@ -36,7 +46,55 @@ pub(crate) use write::unit;
 pub use write::write;
 
 /// The architectures [`SynthSpec::preset`] writes.
-pub const ARCHITECTURES: [&str; 3] = ["qwen3_moe", "deepseek_v3", "kimi_linear"];
+pub const ARCHITECTURES: [&str; 4] = ["qwen3_moe", "deepseek_v3", "kimi_linear", "gpt_oss"];
+
+/// How routed experts are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExpertsFormat {
+    /// bf16 weights (gpt-oss: the unquantized fused layout).
+    Bf16,
+    /// compressed-tensors `pack-quantized`: int4 codes (8 per i32), a bf16
+    /// scale per 32 columns, `weight_shape` (deepseek_v3, kimi_linear).
+    Int4,
+    /// deepseek_v3, kimi_linear: compressed-tensors `mxfp4-pack-quantized`
+    /// (e2m1 codes 2 per byte, an e8m0 scale byte per 32 columns); gpt_oss:
+    /// its own `_blocks` / `_scales` (`quant_method: mxfp4`).
+    Mxfp4,
+}
+
+impl ExpertsFormat {
+    /// `bf16`, `int4` or `mxfp4`.
+    pub fn parse(s: &str) -> Result<ExpertsFormat, String> {
+        match s {
+            "bf16" => Ok(ExpertsFormat::Bf16),
+            "int4" => Ok(ExpertsFormat::Int4),
+            "mxfp4" => Ok(ExpertsFormat::Mxfp4),
+            other => Err(format!("unknown experts format {other:?} (bf16, int4, mxfp4)")),
+        }
+    }
+
+    /// The formats `arch` is written in; the first is the one its real checkpoints ship.
+    pub fn for_arch(arch: &str) -> &'static [ExpertsFormat] {
+        use ExpertsFormat::*;
+        match arch {
+            "gpt_oss" => &[Mxfp4, Bf16],
+            "deepseek_v3" | "kimi_linear" => &[Bf16, Int4, Mxfp4],
+            _ => &[Bf16],
+        }
+    }
+
+    /// Bytes of one `[rows, cols]` expert matrix (4-bit: codes, scales and,
+    /// for INT4, the i32 `[2]` `weight_shape`).
+    pub fn matrix_bytes(self, rows: usize, cols: usize) -> usize {
+        let groups = rows * cols.div_ceil(32);
+        match self {
+            ExpertsFormat::Bf16 => rows * cols * 2,
+            ExpertsFormat::Int4 => rows * cols / 2 + groups * 2 + 8,
+            ExpertsFormat::Mxfp4 => rows * cols / 2 + groups,
+        }
+    }
+}
 
 /// How routing should behave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -71,6 +129,17 @@ pub struct SynthSpec {
     /// experts this wide between `fc1_latent_proj` / `fc2_latent_proj`
     /// (`None`: experts at `hidden`). Only for `kimi_linear`; no preset sets it.
     pub moe_latent_size: Option<usize>,
+    /// How routed experts are stored (bf16 unless set; gpt_oss: MXFP4).
+    pub experts_format: ExpertsFormat,
+    /// gpt-oss: fused experts with biases, sinks, sliding-window layers.
+    pub gpt_oss: Option<GptOssShape>,
+}
+
+/// The gpt-oss-specific dimensions of a synthetic checkpoint.
+#[derive(Debug, Clone, Serialize)]
+pub struct GptOssShape {
+    /// Window of the sliding-attention layers (0-based even layers; odd ones are full).
+    pub sliding_window: usize,
 }
 
 /// The DeepSeek-V3-specific dimensions of a synthetic checkpoint.
@@ -119,10 +188,11 @@ impl SynthSpec {
                 ARCHITECTURES.join(", ")
             ));
         }
-        let mut s = match preset {
-            "tiny" => tiny(arch),
-            "k3-mini" => k3_mini(arch),
-            other => return Err(format!("unknown preset {other:?} (tiny, k3-mini)")),
+        let mut s = match (arch, preset) {
+            ("gpt_oss", _) => gpt_oss::preset(preset)?,
+            (_, "tiny") => tiny(arch),
+            (_, "k3-mini") => k3_mini(arch),
+            (_, other) => return Err(format!("unknown preset {other:?} (tiny, k3-mini)")),
         };
         if let Some(gib) = experts_gib {
             s.size_experts(gib)?;
@@ -142,9 +212,54 @@ impl SynthSpec {
         Ok(())
     }
 
-    /// Bytes of one routed expert (bf16 gate, up, down).
+    /// Bytes of one routed expert as stored: gate, up and down in
+    /// [`Self::experts_format`] (gpt-oss: plus its bf16 biases).
     pub fn expert_bytes(&self) -> usize {
-        3 * self.expert_width() * self.expert_intermediate * 2
+        let (w, i, f) = (self.expert_width(), self.expert_intermediate, self.experts_format);
+        let biases = if self.gpt_oss.is_some() { (2 * i + w) * 2 } else { 0 };
+        if self.gpt_oss.is_some() && f == ExpertsFormat::Mxfp4 {
+            // Fused gate_up [2I, W] and down [W, I]: no per-matrix extras.
+            return f.matrix_bytes(2 * i, w) + f.matrix_bytes(w, i) + biases;
+        }
+        2 * f.matrix_bytes(i, w) + f.matrix_bytes(w, i) + biases
+    }
+
+    /// Sets how routed experts are stored, refusing a format the
+    /// architecture is not written in or shapes it cannot pack (4-bit
+    /// formats pack groups of 32 input columns).
+    pub fn set_experts_format(&mut self, format: ExpertsFormat) -> Result<(), String> {
+        if !ExpertsFormat::for_arch(&self.arch).contains(&format) {
+            let names: Vec<String> = ExpertsFormat::for_arch(&self.arch)
+                .iter()
+                .map(|f| format!("{f:?}").to_lowercase())
+                .collect();
+            return Err(format!(
+                "--experts-format {}: {} experts are written in {}",
+                format!("{format:?}").to_lowercase(),
+                self.arch,
+                names.join(", ")
+            ));
+        }
+        self.experts_format = format;
+        self.check_packable()
+    }
+
+    /// 4-bit experts need their input widths (expert width and intermediate size) in whole groups of 32.
+    pub fn check_packable(&self) -> Result<(), String> {
+        if self.experts_format == ExpertsFormat::Bf16 {
+            return Ok(());
+        }
+        for (what, n) in [
+            ("expert width", self.expert_width()),
+            ("expert intermediate size", self.expert_intermediate),
+        ] {
+            if n == 0 || !n.is_multiple_of(32) {
+                return Err(format!(
+                    "{what} {n}: 4-bit experts pack groups of 32 columns, so it must be a multiple of 32"
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// The routed experts' input and output width: the latent size, else `hidden`.
@@ -164,7 +279,7 @@ impl SynthSpec {
     /// Bytes of every tensor [`write`](write()) writes (the total its progress counts):
     /// embeddings, final norm, LM head and every layer, experts included.
     pub fn total_bytes(&self) -> u64 {
-        let top = (2 * self.vocab * self.hidden + self.hidden) as u64 * 2;
+        let top: u64 = tensors::top_tensors(self).iter().map(|t| t.bytes()).sum();
         top + (0..self.layers)
             .flat_map(|l| tensors::layer_tensors(self, l))
             .map(|t| t.bytes())
@@ -208,6 +323,8 @@ fn tiny(arch: &str) -> SynthSpec {
             mla_every: 4,
         }),
         moe_latent_size: None,
+        experts_format: ExpertsFormat::Bf16,
+        gpt_oss: None,
     }
 }
 
@@ -266,5 +383,7 @@ fn k3_mini(arch: &str) -> SynthSpec {
             mla_every: 4,
         }),
         moe_latent_size: None,
+        experts_format: ExpertsFormat::Bf16,
+        gpt_oss: None,
     }
 }

@@ -1,8 +1,16 @@
 //! The tensors of a synthetic checkpoint: names and shapes as the
 //! architecture's real checkpoints have them, dtype, and how each is
 //! initialised (see the module doc of [`super`] for the scales).
+//!
+//! 4-bit experts: codes are uniform random bytes (every nibble equally
+//! likely); scales are set so the dequantized weights have the std the bf16
+//! experts would have. INT4 codes q = u - 8 in [-8, 7] have rms
+//! sqrt(21.5) = 4.64, so the bf16 scale is std / 4.64 (times 2^U(-0.5, 0.5)
+//! per group, so groups differ); e2m1 codes have rms sqrt(8.5625) = 2.93,
+//! so the e8m0 exponent is round(log2(std / 2.93)) plus a per-block step of
+//! -1, 0 or +1.
 
-use super::{DeepseekShape, KdaShape, SynthSpec};
+use super::{DeepseekShape, ExpertsFormat, KdaShape, SynthSpec};
 
 /// One tensor to generate.
 pub(super) struct TensorPlan {
@@ -24,6 +32,14 @@ pub(super) enum Init {
     Embedding,
     LmHead,
     Router,
+    /// Uniform random bytes: 4-bit codes (INT4 words or e2m1 pairs).
+    Codes,
+    /// bf16 INT4 group scales for dequantized weights of this std.
+    Int4Scale(f32),
+    /// e8m0 scale bytes for dequantized e2m1 weights of this std.
+    E8m0(f32),
+    /// The i32 pair `[rows, cols]` (`weight_shape`).
+    Shape(usize, usize),
 }
 
 /// The stored element type.
@@ -31,13 +47,16 @@ pub(super) enum Init {
 pub(super) enum Dtype {
     Bf16,
     F32,
+    I32,
+    U8,
 }
 
 impl Dtype {
     pub fn size(self) -> usize {
         match self {
+            Dtype::U8 => 1,
             Dtype::Bf16 => 2,
-            Dtype::F32 => 4,
+            Dtype::F32 | Dtype::I32 => 4,
         }
     }
 
@@ -45,6 +64,8 @@ impl Dtype {
         match self {
             Dtype::Bf16 => "BF16",
             Dtype::F32 => "F32",
+            Dtype::I32 => "I32",
+            Dtype::U8 => "U8",
         }
     }
 }
@@ -73,12 +94,20 @@ fn t32(name: &str, shape: &[usize], kind: Init) -> TensorPlan {
     }
 }
 
-/// Output projections: small, so the residual stays dominated by the current token.
-const SMALL: f32 = 0.002;
-/// Input projections.
-const PROJ: f32 = 0.02;
+/// A tensor of another dtype.
+pub(super) fn typed(name: &str, shape: &[usize], kind: Init, dtype: Dtype) -> TensorPlan {
+    TensorPlan {
+        dtype,
+        ..t(name, shape, kind)
+    }
+}
 
-/// Embeddings, final norm and LM head (the first shard).
+/// Output projections: small, so the residual stays dominated by the current token.
+pub(super) const SMALL: f32 = 0.002;
+/// Input projections.
+pub(super) const PROJ: f32 = 0.02;
+
+/// Embeddings, final norm and LM head (the first shard; same names in every architecture).
 pub(super) fn top_tensors(spec: &SynthSpec) -> Vec<TensorPlan> {
     vec![
         t("model.embed_tokens.weight", &[spec.vocab, spec.hidden], Init::Embedding),
@@ -91,6 +120,9 @@ pub(super) fn top_tensors(spec: &SynthSpec) -> Vec<TensorPlan> {
 pub(super) fn layer_tensors(spec: &SynthSpec, l: usize) -> Vec<TensorPlan> {
     let h = spec.hidden;
     let p = format!("model.layers.{l}");
+    if spec.gpt_oss.is_some() {
+        return super::gpt_oss::layer_tensors(spec, l);
+    }
     let mut v = vec![
         t(&format!("{p}.input_layernorm.weight"), &[h], Init::Ones),
         t(&format!("{p}.post_attention_layernorm.weight"), &[h], Init::Ones),
@@ -227,9 +259,28 @@ fn routed(spec: &SynthSpec, block: &str, names: [&str; 3], router_dtype: Dtype) 
     }];
     for e in 0..spec.experts {
         let x = format!("{block}.experts.{e}");
-        v.push(t(&format!("{x}.{}.weight", names[0]), &[i, w], Init::Uniform(PROJ)));
-        v.push(t(&format!("{x}.{}.weight", names[1]), &[i, w], Init::Uniform(PROJ)));
-        v.push(t(&format!("{x}.{}.weight", names[2]), &[w, i], Init::Uniform(SMALL)));
+        v.extend(expert_matrix(spec.experts_format, &format!("{x}.{}", names[0]), i, w, PROJ));
+        v.extend(expert_matrix(spec.experts_format, &format!("{x}.{}", names[1]), i, w, PROJ));
+        v.extend(expert_matrix(spec.experts_format, &format!("{x}.{}", names[2]), w, i, SMALL));
     }
     v
+}
+
+/// One routed expert's `[rows, cols]` projection `module` with weights of
+/// std `std`: bf16 `weight`, or compressed-tensors `weight_packed`,
+/// `weight_scale` (and `weight_shape` for INT4), group 32.
+fn expert_matrix(format: ExpertsFormat, module: &str, rows: usize, cols: usize, std: f32) -> Vec<TensorPlan> {
+    let groups = cols / 32;
+    match format {
+        ExpertsFormat::Bf16 => vec![t(&format!("{module}.weight"), &[rows, cols], Init::Uniform(std))],
+        ExpertsFormat::Int4 => vec![
+            typed(&format!("{module}.weight_packed"), &[rows, cols / 8], Init::Codes, Dtype::I32),
+            t(&format!("{module}.weight_scale"), &[rows, groups], Init::Int4Scale(std)),
+            typed(&format!("{module}.weight_shape"), &[2], Init::Shape(rows, cols), Dtype::I32),
+        ],
+        ExpertsFormat::Mxfp4 => vec![
+            typed(&format!("{module}.weight_packed"), &[rows, cols / 2], Init::Codes, Dtype::U8),
+            typed(&format!("{module}.weight_scale"), &[rows, groups], Init::E8m0(std), Dtype::U8),
+        ],
+    }
 }

@@ -28,6 +28,13 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
             });
         }
     }
+    if let Err(message) = spec.clone().set_experts_format(spec.experts_format) {
+        return Err(ModelError::Config {
+            path: out.join("config.json"),
+            field: "quantization_config".into(),
+            message,
+        });
+    }
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
     // Shard 0: embeddings, final norm, LM head; shard l+1: layer l.
     let mut shards: Vec<Vec<TensorPlan>> = vec![top_tensors(spec)];
@@ -93,8 +100,9 @@ fn write_shard(
     f.write_all(&text)?;
     for tp in tensors {
         *seed_index += 1;
-        let rows = if tp.shape.len() == 2 { tp.shape[0] } else { 1 };
-        let cols = tp.shape.iter().product::<usize>() / rows;
+        // Rows: every dimension but the last (generated in parallel).
+        let cols = tp.shape.last().copied().unwrap_or(1).max(1);
+        let rows = tp.shape.iter().product::<usize>() / cols;
         let data = generate(
             spec,
             tp.kind,
@@ -108,6 +116,44 @@ fn write_shard(
     }
     let f = f.into_inner().map_err(|e| e.into_error())?;
     f.sync_all()
+}
+
+/// rms of an INT4 code q = u - 8 over uniform u in 0..16: sqrt(mean of q^2) = sqrt(21.5).
+const INT4_RMS: f32 = 4.636_809;
+/// rms of an e2m1 value over the 16 codes: sqrt(8.5625).
+const E2M1_RMS: f32 = 2.926_175_6;
+
+/// Fills `row` for the 4-bit kinds (codes, scales, `weight_shape`); false for value kinds.
+fn packed_row(kind: Init, row: &mut [u8], s: &mut u64) -> bool {
+    match kind {
+        Init::Codes => {
+            for chunk in row.chunks_mut(8) {
+                let bits = splitmix(s).to_le_bytes();
+                chunk.copy_from_slice(&bits[..chunk.len()]);
+            }
+        }
+        Init::Shape(rows, cols) => {
+            for (b, v) in row.chunks_exact_mut(4).zip([rows, cols]) {
+                b.copy_from_slice(&(v as i32).to_le_bytes());
+            }
+        }
+        Init::E8m0(std) => {
+            let exponent = (std / E2M1_RMS).log2().round() as i32;
+            for b in row.iter_mut() {
+                let step = (splitmix(s) % 3) as i32 - 1;
+                *b = (127 + exponent + step).clamp(1, 254) as u8;
+            }
+        }
+        Init::Int4Scale(std) => {
+            for b in row.chunks_exact_mut(2) {
+                let u = (splitmix(s) >> 40) as f32 / (1u64 << 24) as f32;
+                let v = std / INT4_RMS * (u - 0.5).exp2();
+                b.copy_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes());
+            }
+        }
+        _ => return false,
+    }
+    true
 }
 
 /// SplitMix64: a tiny, fast, seedable generator (weights need speed, not quality).
@@ -132,6 +178,9 @@ fn generate(spec: &SynthSpec, kind: Init, dtype: Dtype, rows: usize, cols: usize
     let skewed = spec.routing == Routing::Skewed;
     out.par_chunks_mut(cols * size).enumerate().for_each(|(r, row)| {
         let mut s = seed.wrapping_mul(0x1000_0000_01b3) ^ (r as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        if packed_row(kind, row, &mut s) {
+            return;
+        }
         let cluster = (r / 64) as u64;
         let mut pop = spec.seed ^ 0xabcd_ef01;
         let mut clu = spec.seed ^ 0x1234_5678 ^ cluster.wrapping_mul(0x9e37_79b9_7f4a_7c15);
@@ -162,10 +211,12 @@ fn generate(spec: &SynthSpec, kind: Init, dtype: Dtype, rows: usize, cols: usize
                     (z + 5.0 / (cols as f32).sqrt() * p / (r as f32 + 1.0)) / (cols as f32).sqrt()
                 }
                 Init::Router => z / (cols as f32).sqrt(),
+                Init::Codes | Init::Shape(..) | Init::E8m0(_) | Init::Int4Scale(_) => 0.0, // packed_row
             };
             match dtype {
                 Dtype::Bf16 => b.copy_from_slice(&((v.to_bits() >> 16) as u16).to_le_bytes()),
                 Dtype::F32 => b.copy_from_slice(&v.to_le_bytes()),
+                Dtype::I32 | Dtype::U8 => {} // packed_row
             }
         }
     });
