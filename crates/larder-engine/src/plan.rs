@@ -9,7 +9,8 @@
 //! the whole spine plus the chosen experts are read from RAM once per token.
 //! Everything here is pure arithmetic so a later planner can refine it.
 
-use larder_model::config::{FfnSpec, KdaOutputGate, MixerSpec, ModelSpec, Scoring};
+use larder_model::config::{ExpertKind, FfnSpec, KdaOutputGate, MixerSpec, ModelSpec, MoeSpec, Scoring};
+use larder_model::quant::{ModuleRule, PackedFormat};
 
 /// RAM kept free for the KV cache, activations, the OS and the page cache:
 /// the larger of this and [`HEADROOM_FRACTION`] of the RAM available.
@@ -35,6 +36,11 @@ pub struct Storage {
     /// (which are then 1 byte per element; embeddings, norms and routers stay
     /// in `bytes_per_weight`).
     pub fp8_block: Option<(usize, usize)>,
+    /// gpt-oss `quantization_config.quant_method: mxfp4`: the fused routed
+    /// experts ship as MXFP4 `_blocks` (4 bits a weight) and `_scales` (one
+    /// e8m0 byte per 32), their biases in `bytes_per_weight`.
+    /// (compressed-tensors 4-bit experts are read from the spec's `compressed`.)
+    pub mxfp4_experts: bool,
 }
 
 impl Storage {
@@ -49,7 +55,13 @@ impl Storage {
         Ok(Storage {
             bytes_per_weight,
             fp8_block,
+            mxfp4_experts: false,
         })
+    }
+
+    /// With gpt-oss MXFP4 experts (`quantization_config.quant_method: mxfp4`).
+    pub fn with_mxfp4_experts(self, mxfp4_experts: bool) -> Storage {
+        Storage { mxfp4_experts, ..self }
     }
 
     /// Bytes of a linear weight of `rows x cols` (with its fp8 scales).
@@ -68,6 +80,50 @@ impl Storage {
     fn plain(&self, elems: u64) -> u64 {
         mul(elems, self.bytes_per_weight)
     }
+}
+
+/// Bytes of a `[rows, cols]` weight shipped 4-bit packed: codes at 4 bits
+/// plus one scale per group of columns (INT4: a bf16 scale per `group` and
+/// the i32 `[2]` `weight_shape`; MXFP4: an e8m0 byte per 32).
+fn packed_bytes(format: PackedFormat, rows: usize, cols: usize) -> u64 {
+    let codes = mul(rows as u64, cols.div_ceil(2) as u64);
+    match format {
+        PackedFormat::Int4 { group } => {
+            let scales = mul(rows as u64, cols.div_ceil(group.max(1)) as u64);
+            codes.saturating_add(mul(scales, 2)).saturating_add(8)
+        }
+        PackedFormat::Mxfp4 => codes.saturating_add(mul(rows as u64, cols.div_ceil(32) as u64)),
+    }
+}
+
+/// Bytes of one routed expert of MoE layer `layer`: gate, up and down as
+/// shipped (compressed-tensors packs the modules its scheme targets; gpt-oss
+/// fuses gate/up and adds biases, MXFP4 with [`Storage::mxfp4_experts`]).
+fn routed_expert_bytes(spec: &ModelSpec, m: &MoeSpec, layer: usize, storage: Storage) -> u64 {
+    let (w, i) = (m.expert_width(spec.hidden_size), m.expert_intermediate);
+    if let ExpertKind::GptOss { .. } = m.experts {
+        let biases = storage.plain((2 * i + w) as u64);
+        let weights = if storage.mxfp4_experts {
+            packed_bytes(PackedFormat::Mxfp4, 2 * i, w).saturating_add(packed_bytes(PackedFormat::Mxfp4, w, i))
+        } else {
+            storage.plain(mul(3 * i as u64, w as u64))
+        };
+        return weights.saturating_add(biases);
+    }
+    let names = &spec.moe_names;
+    let shapes = [(i, w), (i, w), (w, i)];
+    names
+        .expert_proj
+        .iter()
+        .zip(shapes)
+        .map(|(proj, (rows, cols))| {
+            let module = format!("model.layers.{layer}.{}.experts.0.{proj}", names.block);
+            match spec.compressed.as_ref().map(|c| c.rule(&module)) {
+                Some(ModuleRule::Packed(f)) => packed_bytes(f, rows, cols),
+                _ => storage.linear(rows, cols),
+            }
+        })
+        .fold(0u64, u64::saturating_add)
 }
 
 fn mul(a: u64, b: u64) -> u64 {
@@ -148,7 +204,7 @@ pub fn estimate_sizes(spec: &ModelSpec, storage: Storage) -> ModelSizes {
     let mut spine = embed.saturating_add(head).saturating_add(storage.plain(h as u64));
     let mut bank = 0u64;
     let mut expert_bytes = 0u64;
-    for layer in &spec.layers {
+    for (l, layer) in spec.layers.iter().enumerate() {
         spine = spine
             .saturating_add(mixer_bytes(spec, &layer.mixer, storage))
             .saturating_add(storage.plain(2 * h as u64));
@@ -157,11 +213,12 @@ pub fn estimate_sizes(spec: &ModelSpec, storage: Storage) -> ModelSizes {
             FfnSpec::Moe(m) => {
                 // Latent-space experts are `latent` wide; their two projections
                 // (`[latent, h]`, `[h, latent]`) are spine tensors.
-                expert_bytes = mlp_bytes(storage, m.expert_width(h), m.expert_intermediate);
+                expert_bytes = routed_expert_bytes(spec, m, l, storage);
                 bank = bank.saturating_add(mul(m.num_experts as u64, expert_bytes));
                 spine = spine.saturating_add(storage.plain(mul(m.num_experts as u64, h as u64)));
-                if let Scoring::SigmoidGroups { .. } = m.scoring {
-                    // The router's selection bias `e_score_correction_bias` [E].
+                if let Scoring::SigmoidGroups { .. } | Scoring::TopKSoftmax = m.scoring {
+                    // The router's bias [E]: DeepSeek's selection-only
+                    // `e_score_correction_bias`, gpt-oss's `router.bias`.
                     spine = spine.saturating_add(storage.plain(m.num_experts as u64));
                 }
                 if let Some(latent) = m.latent {
@@ -210,10 +267,16 @@ fn mixer_bytes(spec: &ModelSpec, mixer: &MixerSpec, s: Storage) -> u64 {
         MixerSpec::Gqa => {
             let (q, kv) = (heads * spec.head_dim, spec.num_kv_heads * spec.head_dim);
             let norms = if spec.qk_norm { s.plain(2 * spec.head_dim as u64) } else { 0 };
+            let qkv_bias = if spec.qkv_bias { s.plain((q + 2 * kv) as u64) } else { 0 };
+            let o_bias = if spec.o_bias { s.plain(h as u64) } else { 0 };
+            let sinks = if spec.attention_sinks { s.plain(heads as u64) } else { 0 };
             s.linear(q, h)
                 .saturating_add(mul(s.linear(kv, h), 2))
                 .saturating_add(s.linear(h, q))
                 .saturating_add(norms)
+                .saturating_add(qkv_bias)
+                .saturating_add(o_bias)
+                .saturating_add(sinks)
         }
         MixerSpec::Mla(m) => {
             let qk = heads * (m.qk_nope_head_dim + m.qk_rope_head_dim);
@@ -577,5 +640,70 @@ mod tests {
         // 3 matrices of 16 x 24 in bf16 per expert (hidden 64 would be 6144).
         assert_eq!(s.expert_bytes, 3 * 16 * 24 * 2);
         assert_eq!((s.bank_bytes, s.spine_bytes), (bank, total - bank));
+    }
+
+    /// Every tensor's bytes of fixture `name`: (routed experts, the rest).
+    fn fixture_bytes(name: &str, is_expert: impl Fn(&str) -> bool) -> (u64, u64) {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name);
+        let ckpt = larder_model::checkpoint::Checkpoint::open(&dir).unwrap();
+        let (mut bank, mut spine) = (0, 0);
+        for n in ckpt.names() {
+            let len = ckpt.tensor_info(n).unwrap().len;
+            *(if is_expert(n) { &mut bank } else { &mut spine }) += len;
+        }
+        (bank, spine)
+    }
+
+    /// compressed-tensors 4-bit experts count at their packed size (codes,
+    /// scales, INT4's weight_shape); the estimate equals the fixtures'
+    /// safetensors sizes, and the bank equals what `larder pack` indexes.
+    #[test]
+    fn estimate_matches_the_compressed_tensors_4bit_fixtures_exactly() {
+        // hidden 64, expert intermediate 32: gate, up [32, 64], down [64, 32].
+        for (name, expert) in [
+            ("deepseek_v3_int4", 3 * (32 * 64 / 2 + 64 * 2 + 8)),
+            ("deepseek_v3_mxfp4", 3 * (32 * 64 / 2 + 64)),
+        ] {
+            let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name);
+            let spec = larder_model::arch::read_spec(&dir).unwrap();
+            let ckpt = larder_model::checkpoint::Checkpoint::open(&dir).unwrap();
+            let indexed = crate::experts::direct_index(&spec, &ckpt).unwrap().total_bytes();
+            let (bank, spine) = fixture_bytes(name, |n| n.contains(".mlp.experts."));
+            assert_eq!(indexed, bank, "{name}");
+            let s = estimate_sizes(&spec, Storage::from_config(Some("bfloat16"), None).unwrap());
+            assert_eq!(s.expert_bytes, expert, "{name}");
+            assert_eq!((s.bank_bytes, s.spine_bytes), (bank, spine), "{name}");
+        }
+    }
+
+    /// gpt-oss: fused experts with biases (bf16, or MXFP4 blocks and scales),
+    /// router bias, attention biases and sinks; equal to the fixtures' sizes.
+    #[test]
+    fn estimate_matches_the_gpt_oss_fixtures_exactly() {
+        let experts = |n: &str| n.contains(".mlp.experts.");
+        let bf16 = Storage::from_config(Some("bfloat16"), None).unwrap();
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/gpt_oss_bf16");
+        let spec = larder_model::arch::read_spec(&dir).unwrap();
+        let s = estimate_sizes(&spec, bf16);
+        // gate_up [64, 64] + down [32, 64] + biases 64 + 64, bf16.
+        assert_eq!(s.expert_bytes, (3 * 32 * 64 + 64 + 64) * 2);
+        assert_eq!((s.bank_bytes, s.spine_bytes), fixture_bytes("gpt_oss_bf16", experts));
+
+        // gpt_oss_tiny's shape (intermediate 64) read without its
+        // quantization_config (refused by the gpt_oss reader until MXFP4
+        // experts load), sized as MXFP4.
+        let tmp = std::env::temp_dir().join(format!("larder-plan-gpt-oss-{}", std::process::id()));
+        std::fs::create_dir_all(&tmp).unwrap();
+        let fixture = dir.with_file_name("gpt_oss_tiny");
+        let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(fixture.join("config.json")).unwrap()).unwrap();
+        assert_eq!(cfg["quantization_config"]["quant_method"], "mxfp4");
+        cfg.as_object_mut().unwrap().remove("quantization_config");
+        std::fs::write(tmp.join("config.json"), cfg.to_string()).unwrap();
+        let spec = larder_model::arch::read_spec(&tmp).unwrap();
+        let _ = std::fs::remove_dir_all(&tmp);
+        let s = estimate_sizes(&spec, bf16.with_mxfp4_experts(true));
+        // gate_up [128, 64] and down [64, 64] at 4 bits + a scale byte per 32, bf16 biases.
+        assert_eq!(s.expert_bytes, 128 * 32 + 128 * 2 + 64 * 32 + 64 * 2 + (128 + 64) * 2);
+        assert_eq!((s.bank_bytes, s.spine_bytes), fixture_bytes("gpt_oss_tiny", experts));
     }
 }

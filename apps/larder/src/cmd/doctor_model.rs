@@ -110,14 +110,21 @@ fn store_sizes(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Result<Mod
     Ok(ModelSizes::exact(spec, spine, index.total_bytes()))
 }
 
-/// The storage dtype config.json declares (`torch_dtype` or `dtype`; fp8 from the spec).
+/// The storage dtype config.json declares (`torch_dtype` or `dtype`; fp8
+/// from the spec; gpt-oss MXFP4 experts from `quantization_config.quant_method`;
+/// compressed-tensors 4-bit experts are read from the spec by the estimate).
 fn storage(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Result<Storage> {
     let cfg = larder_model::config::ConfigJson::read(dir)?;
     let dtype = match cfg.opt_str("torch_dtype")? {
         Some(d) => Some(d),
         None => cfg.opt_str("dtype")?,
     };
-    Storage::from_config(dtype, spec.fp8_block).with_context(|| format!("{}", cfg.path.display()))
+    let mxfp4 = cfg
+        .raw("quantization_config")
+        .and_then(|q| q.get("quant_method"))
+        .is_some_and(|m| m == "mxfp4");
+    let storage = Storage::from_config(dtype, spec.fp8_block).with_context(|| format!("{}", cfg.path.display()))?;
+    Ok(storage.with_mxfp4_experts(mxfp4))
 }
 
 impl ModelReport {
