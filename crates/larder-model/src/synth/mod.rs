@@ -178,7 +178,7 @@ impl KdaShape {
 }
 
 impl SynthSpec {
-    /// A preset (`tiny`, `k3-mini`) of `arch` (one of [`ARCHITECTURES`]);
+    /// A preset (`tiny`, `k3-mini`; gpt_oss: `tiny`, `20b`, `120b`) of `arch` (one of [`ARCHITECTURES`]);
     /// with `experts_gib`, the layer count is chosen so routed experts total
     /// about that many GiB (rounded to whole MoE layers, plus the dense ones).
     pub fn preset(arch: &str, preset: &str, experts_gib: Option<f64>) -> Result<SynthSpec, String> {
