@@ -47,6 +47,8 @@ fn forward_json_matches_reference_logits() {
         "deepseek_v3_noq_yarn",
         "deepseek_v3_int4",
         "deepseek_v3_mxfp4",
+        "gpt_oss_tiny",
+        "gpt_oss_bf16",
     ] {
         forward_matches(name);
     }

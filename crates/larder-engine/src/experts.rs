@@ -1,16 +1,19 @@
 //! Streaming routed experts: where the model's [`ExpertProvider`] meets
 //! larder-store. [`StoreExperts`] turns each fetched record into a SwiGLU
-//! expert without copying its bytes, and [`direct_index`] / [`packed_index`]
+//! expert without copying its bytes (gpt-oss: the six MXFP4 slices viewed
+//! as they lie; unquantized gpt-oss weights are input-major as shipped and
+//! transposed once per fetch, as the in-RAM loader transposes them once), and [`direct_index`] / [`packed_index`]
 //! say where every expert lives: in the original safetensors (read by range,
 //! no pack step) or in a packed store.
 
 use std::path::Path;
 use std::sync::Arc;
 
-use larder_model::assemble::{check_weight_shape, shipped_format, weight_matrix, PartKind, PartMeta};
+use larder_model::assemble::{check_fused_part, check_weight_shape, gpt_oss_expert, shipped_format, weight_matrix, PartKind, PartMeta};
 use larder_model::checkpoint::Checkpoint;
+use larder_model::fused_experts::{gpt_oss_layer_parts, FusedLayer};
 use larder_model::quant::ModuleRule;
-use larder_model::{expert_layers, expert_tensors, ExpertProvider, ModelError, ModelSpec};
+use larder_model::{expert_layers, expert_parts, expert_tensors, ExpertProvider, ModelError, ModelSpec};
 use larder_store::manifest::SourceIdentity;
 use larder_store::{Digest, ExpertIndex, ExpertLocation, ExpertRecord, ExpertStore, Extent, Manifest, Part, PartDesc, StoreError};
 use larder_tensor::expert::{ComponentLayout, ExpertLayout, SwigluExpert};
@@ -31,6 +34,10 @@ pub struct StoreExperts {
     intermediate: Vec<usize>,
     /// Per layer: each record part's role, dtype and shape (the index's).
     parts: Vec<Vec<PartDesc>>,
+    /// Per layer: gpt-oss experts (slices of fused tensors; `layouts` is
+    /// `None` there), built from their record parts by
+    /// [`gpt_oss_expert`].
+    fused: Vec<Option<FusedLayer>>,
 }
 
 /// How one projection of a record is stored: its format and the indices
@@ -60,6 +67,7 @@ impl StoreExperts {
         let mut layouts = vec![None; spec.layers.len()];
         let mut intermediate = vec![0; spec.layers.len()];
         let mut width = vec![0; spec.layers.len()];
+        let mut fused = vec![None; spec.layers.len()];
         for (l, n) in expert_layers(spec) {
             let bad = |m: String| EngineError::Invalid {
                 field: "experts",
@@ -68,6 +76,11 @@ impl StoreExperts {
             let have = index.layers.get(l).map_or(0, |x| x.len());
             if have != n {
                 return Err(bad(format!("the store holds {have} experts, the config says {n}")));
+            }
+            if let Some(f) = gpt_oss_layer_parts(spec, l, None)? {
+                check_fused_records(&f, &index.parts[l]).map_err(bad)?;
+                fused[l] = Some(f);
+                continue;
             }
             let want = expert_tensors(spec, l, 0).ok_or_else(|| bad("not a MoE layer".into()))?;
             let parts = &index.parts[l];
@@ -125,6 +138,7 @@ impl StoreExperts {
         let parts = index.parts.clone();
         Ok(StoreExperts {
             store,
+            fused,
             parts,
             layouts,
             width,
@@ -139,6 +153,16 @@ impl StoreExperts {
     /// The expert over a record's bytes (no copy of weight codes). Components
     /// sharing one buffer become one record view, so gate and up fuse when adjacent.
     fn expert(&self, layer: usize, expert: usize, rec: &ExpertRecord) -> Result<SwigluExpert, ModelError> {
+        if let Some(f) = &self.fused[layer] {
+            let name = format!("{}.experts.{expert}", f.block);
+            let p = &rec.parts;
+            let slices: Vec<_> = self.parts[layer]
+                .iter()
+                .zip(p)
+                .map(|(d, v)| (d.dtype.as_str(), SharedBytes::new(v.owner.clone(), v.start, v.len)))
+                .collect();
+            return Ok(gpt_oss_expert(&name, f.hidden, f.intermediate, f.mxfp4, &slices, f.activation)?);
+        }
         let layout = self.layouts[layer].ok_or_else(|| ModelError::Experts(format!("layer {layer} has no routed experts")))?;
         let (h, i) = (self.width[layer], self.intermediate[layer]);
         let name = format!("layer {layer} expert {expert}");
@@ -208,6 +232,26 @@ impl ExpertProvider for StoreExperts {
     }
 }
 
+/// Checks a gpt-oss layer's record parts are the slices its config says
+/// the experts ship in (roles, dtypes and shapes, in order).
+fn check_fused_records(f: &FusedLayer, parts: &[PartDesc]) -> Result<(), String> {
+    if parts.len() != f.parts.len() {
+        let roles: Vec<&str> = f.parts.iter().map(|p| p.role).collect();
+        return Err(format!(
+            "records have {} components, expected {} ({roles:?})",
+            parts.len(),
+            roles.len()
+        ));
+    }
+    for (k, (want, have)) in f.parts.iter().zip(parts).enumerate() {
+        if have.role != want.role {
+            return Err(format!("component {k} is {}, expected {}", have.role, want.role));
+        }
+        check_fused_part(want, &have.dtype, &have.shape, true)?;
+    }
+    Ok(())
+}
+
 /// A record part's dtype and shape, as [`shipped_format`] checks them.
 fn meta(q: &PartDesc) -> PartMeta<'_> {
     PartMeta {
@@ -217,7 +261,9 @@ fn meta(q: &PartDesc) -> PartMeta<'_> {
 }
 
 /// Where every routed expert of a checkpoint is in its own safetensors
-/// files: one extent per tensor (direct streaming, and the input of pack).
+/// files: one extent per shipped part, read where it lies (a whole tensor,
+/// or a gpt-oss expert's slice `[e]` of each fused per-layer tensor); direct
+/// streaming, and the input of pack.
 pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, EngineError> {
     ckpt.configure(spec);
     let mut index = ExpertIndex {
@@ -228,7 +274,6 @@ pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, 
     for (l, n) in expert_layers(spec) {
         let mut experts = Vec::with_capacity(n);
         for e in 0..n {
-            let tensors = expert_tensors(spec, l, e).ok_or_else(|| ModelError::Experts(format!("layer {l}: not a MoE layer")))?;
             let mut loc = ExpertLocation {
                 extents: Vec::new(),
                 parts: Vec::new(),
@@ -236,24 +281,22 @@ pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, 
                 digest_seed: 0,
             };
             let mut descs = Vec::new();
-            for t in tensors.iter() {
-                for part in ckpt.weight_parts(&t.name, t.shape[0], t.shape[1])? {
-                    loc.parts.push(Part {
-                        extent: loc.extents.len(),
-                        offset: 0,
-                        len: part.info.len,
-                    });
-                    loc.extents.push(Extent {
-                        file: part.info.file,
-                        offset: part.info.offset,
-                        len: part.info.len,
-                    });
-                    descs.push(PartDesc {
-                        role: part.kind.role(t.role),
-                        dtype: part.info.dtype,
-                        shape: part.info.shape,
-                    });
-                }
+            for part in expert_parts(spec, ckpt, l, e)? {
+                loc.parts.push(Part {
+                    extent: loc.extents.len(),
+                    offset: 0,
+                    len: part.info.len,
+                });
+                loc.extents.push(Extent {
+                    file: part.info.file,
+                    offset: part.info.offset,
+                    len: part.info.len,
+                });
+                descs.push(PartDesc {
+                    role: part.role,
+                    dtype: part.info.dtype,
+                    shape: part.info.shape,
+                });
             }
             if e == 0 {
                 index.parts[l] = descs;

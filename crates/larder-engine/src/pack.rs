@@ -38,10 +38,8 @@ pub fn pack_source(dir: &Path) -> Result<PackSource, EngineError> {
     let mut layers = Vec::new();
     for (l, n) in larder_model::expert_layers(&spec) {
         for e in 0..n {
-            for t in larder_model::expert_tensors(&spec, l, e).into_iter().flatten() {
-                for part in ckpt.weight_parts(&t.name, t.shape[0], t.shape[1])? {
-                    expert_names.insert(part.name);
-                }
+            for part in larder_model::expert_parts(&spec, &ckpt, l, e)? {
+                expert_names.insert(part.tensor);
             }
         }
         layers.push(PackLayer {

@@ -59,6 +59,8 @@ fn greedy_output_is_identical_for_every_drafter() {
         // compressed-tensors 4-bit experts.
         "deepseek_v3_int4",
         "deepseek_v3_mxfp4",
+        // gpt-oss, MXFP4 experts (sinks, sliding window).
+        "gpt_oss_tiny",
     ] {
         let engine = Engine::load(&fixture(name)).unwrap();
         let o = opts(40);

@@ -16,7 +16,21 @@
 //!   widened to f32 (exactly), the codes are used as shipped;
 //! - compressed-tensors MXFP4: `X.weight_packed` U8 `[rows, cols / 2]` +
 //!   `X.weight_scale` U8 `[rows, cols / 32]` (e8m0), optional `X.weight_shape`.
+//!
+//! gpt-oss experts are slices `[e]` of per-layer fused tensors
+//! ([`gpt_oss_fused_parts`], built by [`gpt_oss_expert`]):
+//! - MXFP4 (transformers 5.24.0 `integrations/mxfp4.py`):
+//!   `mlp.experts.gate_up_proj_blocks` U8 `[E, 2I, H/32, 16]` +
+//!   `_scales` U8 `[E, 2I, H/32]`, `down_proj_blocks` `[E, H, I/32, 16]` +
+//!   `_scales` `[E, H, I/32]`: already output-major, so slice `[e]` is an
+//!   MXFP4 matrix as it lies (low nibble = even column, e8m0 scale per 32);
+//! - unquantized: `gate_up_proj` `[E, H, 2I]`, `down_proj` `[E, I, H]`
+//!   input-major; slice `[e]` is transposed to `[out, in]` (elements moved,
+//!   never rounded);
+//! - both: `gate_up_proj_bias` `[E, 2I]`, `down_proj_bias` `[E, H]`
+//!   (BF16/F16/F32, widened to f32 exactly).
 
+use larder_tensor::expert::{GluActivation, SwigluExpert};
 use larder_tensor::weight::SharedBytes;
 use larder_tensor::{WeightDType, WeightError, WeightFormat, WeightMatrix};
 
@@ -228,4 +242,137 @@ pub fn weight_matrix(
         WeightFormat::Mxfp4 => WeightMatrix::mxfp4(name, rows, cols, codes, scales()?.1),
         WeightFormat::Int4Group { group } => WeightMatrix::int4_group(name, rows, cols, codes, widened(scales()?)?, group),
     }
+}
+
+/// One fused per-layer tensor a gpt-oss expert takes slice `[e]` of, and
+/// the role that slice has in an expert record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FusedPart {
+    /// `gate_up`, `gate_up.scale`, `gate_up.bias`, `down`, `down.scale`, `down.bias`.
+    pub role: &'static str,
+    /// Checkpoint name (`model.layers.{L}.mlp.experts.gate_up_proj_blocks`, ...).
+    pub name: String,
+    /// Stored shape, experts first.
+    pub shape: Vec<usize>,
+    /// The safetensors dtypes it may ship in.
+    pub dtypes: &'static [&'static str],
+}
+
+const FLOATS: &[&str] = &["BF16", "F16", "F32"];
+const BYTES: &[&str] = &["U8"];
+
+/// The fused tensors of the gpt-oss MoE layer at `block`
+/// (`model.layers.{L}.mlp`), `experts` experts of `hidden` -> `inter`, in
+/// record order: MXFP4 (`mxfp4`) gate_up blocks, scales, bias, down blocks,
+/// scales, bias; unquantized gate_up, bias, down, bias.
+pub fn gpt_oss_fused_parts(block: &str, experts: usize, hidden: usize, inter: usize, mxfp4: bool) -> Vec<FusedPart> {
+    let part = |role, n: &str, shape: Vec<usize>, dtypes| FusedPart {
+        role,
+        name: format!("{block}.experts.{n}"),
+        shape,
+        dtypes,
+    };
+    let e = experts;
+    if mxfp4 {
+        vec![
+            part("gate_up", "gate_up_proj_blocks", vec![e, 2 * inter, hidden / 32, 16], BYTES),
+            part("gate_up.scale", "gate_up_proj_scales", vec![e, 2 * inter, hidden / 32], BYTES),
+            part("gate_up.bias", "gate_up_proj_bias", vec![e, 2 * inter], FLOATS),
+            part("down", "down_proj_blocks", vec![e, hidden, inter / 32, 16], BYTES),
+            part("down.scale", "down_proj_scales", vec![e, hidden, inter / 32], BYTES),
+            part("down.bias", "down_proj_bias", vec![e, hidden], FLOATS),
+        ]
+    } else {
+        vec![
+            part("gate_up", "gate_up_proj", vec![e, hidden, 2 * inter], FLOATS),
+            part("gate_up.bias", "gate_up_proj_bias", vec![e, 2 * inter], FLOATS),
+            part("down", "down_proj", vec![e, inter, hidden], FLOATS),
+            part("down.bias", "down_proj_bias", vec![e, hidden], FLOATS),
+        ]
+    }
+}
+
+/// Checks a shipped fused tensor (`sliced`: one expert's slice, shape
+/// without the experts axis) against its part; `Err` names the tensor.
+pub fn check_fused_part(part: &FusedPart, dtype: &str, shape: &[usize], sliced: bool) -> Result<(), String> {
+    let want = if sliced { &part.shape[1..] } else { &part.shape[..] };
+    if !part.dtypes.contains(&dtype) || shape != want {
+        return Err(format!(
+            "tensor `{}` has dtype {dtype} and shape {shape:?}; expected {} and shape {want:?}",
+            part.name,
+            part.dtypes.join("/")
+        ));
+    }
+    Ok(())
+}
+
+/// A gpt-oss expert from its slices `[e]` (dtype, bytes), in the order of
+/// [`gpt_oss_fused_parts`]: MXFP4 codes and scales viewed as they lie (no
+/// copy), unquantized weights transposed to `[out, in]`, biases widened.
+pub fn gpt_oss_expert(
+    name: &str,
+    hidden: usize,
+    inter: usize,
+    mxfp4: bool,
+    slices: &[(&str, SharedBytes)],
+    activation: GluActivation,
+) -> Result<SwigluExpert, WeightError> {
+    let layout = |message: String| WeightError::Layout {
+        name: name.to_string(),
+        message,
+    };
+    let want = if mxfp4 { 6 } else { 4 };
+    if slices.len() != want {
+        return Err(layout(format!("{} parts; a gpt-oss expert has {want}", slices.len())));
+    }
+    let bias = |(dtype, bytes): &(&str, SharedBytes), len: usize| -> Result<Vec<f32>, WeightError> {
+        let d = dense_dtype(dtype).ok_or_else(|| layout(format!("a bias of dtype {dtype}")))?;
+        if bytes.len() != len * d.size() {
+            return Err(layout(format!("{} bias bytes for {len} {dtype} values", bytes.len())));
+        }
+        let mut out = vec![0.0f32; len];
+        d.decode_into(bytes.as_slice(), &mut out);
+        Ok(out)
+    };
+    let (gate_up, gate_up_bias, down, down_bias) = if mxfp4 {
+        let gu = WeightMatrix::mxfp4(
+            &format!("{name}.gate_up"),
+            2 * inter,
+            hidden,
+            slices[0].1.clone(),
+            slices[1].1.clone(),
+        )?;
+        let d = WeightMatrix::mxfp4(&format!("{name}.down"), hidden, inter, slices[3].1.clone(), slices[4].1.clone())?;
+        (gu, bias(&slices[2], 2 * inter)?, d, bias(&slices[5], hidden)?)
+    } else {
+        let gu = transposed(&format!("{name}.gate_up"), &slices[0], hidden, 2 * inter)?;
+        let d = transposed(&format!("{name}.down"), &slices[2], inter, hidden)?;
+        (gu, bias(&slices[1], 2 * inter)?, d, bias(&slices[3], hidden)?)
+    };
+    SwigluExpert::interleaved(name, gate_up, gate_up_bias, down, down_bias, activation)
+}
+
+/// An input-major `[n_in, n_out]` dense slice as the `[n_out, n_in]`
+/// matrix it means (the stored elements, moved).
+fn transposed(name: &str, (dtype, bytes): &(&str, SharedBytes), n_in: usize, n_out: usize) -> Result<WeightMatrix, WeightError> {
+    let d = dense_dtype(dtype).ok_or_else(|| WeightError::Layout {
+        name: name.to_string(),
+        message: format!("dtype {dtype} is not a dense weight dtype"),
+    })?;
+    let size = d.size();
+    if bytes.len() != n_in * n_out * size {
+        return Err(WeightError::Layout {
+            name: name.to_string(),
+            message: format!("{} bytes for [{n_in}, {n_out}] {dtype}", bytes.len()),
+        });
+    }
+    let src = bytes.as_slice();
+    let mut out = vec![0u8; src.len()];
+    for i in 0..n_in {
+        for o in 0..n_out {
+            let (s, t) = ((i * n_out + o) * size, (o * n_in + i) * size);
+            out[t..t + size].copy_from_slice(&src[s..s + size]);
+        }
+    }
+    WeightMatrix::new(name, d, n_out, n_in, SharedBytes::from_vec(out))
 }

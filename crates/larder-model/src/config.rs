@@ -38,6 +38,9 @@ pub struct ModelSpec {
     /// compressed-tensors checkpoints (`quantization_config.quant_method:
     /// compressed-tensors`): which linear modules ship 4-bit packed, and how.
     pub compressed: Option<crate::quant::CompressedTensors>,
+    /// gpt-oss checkpoints (`quantization_config.quant_method: mxfp4`):
+    /// which layers' fused experts ship MXFP4 (`*_blocks` + `*_scales`).
+    pub mxfp4_experts: Option<crate::quant::Mxfp4Experts>,
     /// Block attention residuals (Kimi Linear's K3 extension
     /// `n_layers_per_attn_res_block`, `attn_residual.rs`): the number of
     /// layers per block; `None` (every other architecture) for plain residuals.

@@ -159,7 +159,7 @@ impl DecoderModel {
                     let experts_here = if experts.is_some() {
                         Vec::new()
                     } else if let ExpertKind::GptOss { .. } = m.experts {
-                        crate::fused_experts::load_gpt_oss_layer(ckpt, &bp, m.num_experts, h, m.expert_intermediate, m.experts)?
+                        crate::fused_experts::load_gpt_oss_layer(&spec, l, ckpt)?
                     } else {
                         (0..m.num_experts)
                             .map(|e| {

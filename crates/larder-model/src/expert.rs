@@ -3,11 +3,13 @@
 //! RAM, in a cache or on a drive.
 //!
 //! Also: the names and shapes of each routed expert's tensors in a
-//! checkpoint ([`expert_tensors`]), which streaming providers and `pack` use
-//! to find expert bytes.
+//! checkpoint ([`expert_tensors`]), and every shipped part of one expert
+//! where it lies ([`expert_parts`]: whole tensors, or slices `[e]` of fused
+//! per-layer tensors for gpt-oss), which direct streaming and `pack` read.
 
 use std::sync::Arc;
 
+use crate::checkpoint::{Checkpoint, TensorInfo};
 use crate::config::{FfnSpec, ModelSpec};
 use crate::error::ModelError;
 use crate::mlp::Mlp;
@@ -114,4 +116,51 @@ pub fn expert_tensors(spec: &ModelSpec, layer: usize, expert: usize) -> Option<[
         shape,
     };
     Some([t(0, "gate", [i, h]), t(1, "up", [i, h]), t(2, "down", [h, i])])
+}
+
+/// One shipped part of a routed expert: its role in a record (`gate`,
+/// `gate.scale`, `gate_up.bias`, ...), the checkpoint tensor it is or is a
+/// slice of, and where its bytes lie.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExpertPart {
+    pub role: String,
+    /// The tensor's name (for a gpt-oss expert: the fused per-layer tensor
+    /// whose slice `[e]` this part is).
+    pub tensor: String,
+    /// The part's own bytes (for a slice: its range, shape without the experts axis).
+    pub info: TensorInfo,
+}
+
+/// Every shipped part of expert `expert` of MoE layer `layer`, in record
+/// order, after the checks the in-RAM loader makes: per projection codes,
+/// then scales and `weight_shape` where shipped
+/// ([`Checkpoint::weight_parts`]); for gpt-oss, slice `[expert]` of each
+/// fused tensor ([`crate::fused_experts::gpt_oss_layer_parts`]: six for
+/// MXFP4, four unquantized).
+pub fn expert_parts(spec: &ModelSpec, ckpt: &Checkpoint, layer: usize, expert: usize) -> Result<Vec<ExpertPart>, ModelError> {
+    if let Some(fused) = crate::fused_experts::gpt_oss_layer_parts(spec, layer, Some(ckpt))? {
+        return fused
+            .parts
+            .iter()
+            .map(|p| {
+                Ok(ExpertPart {
+                    role: p.role.to_string(),
+                    tensor: p.name.clone(),
+                    info: ckpt.slice_info(&p.name, expert)?,
+                })
+            })
+            .collect();
+    }
+    let tensors = expert_tensors(spec, layer, expert).ok_or_else(|| ModelError::Experts(format!("layer {layer}: not a MoE layer")))?;
+    let mut parts = Vec::new();
+    for t in &tensors {
+        for part in ckpt.weight_parts(&t.name, t.shape[0], t.shape[1])? {
+            parts.push(ExpertPart {
+                role: part.kind.role(t.role),
+                tensor: part.name,
+                info: part.info,
+            });
+        }
+    }
+    Ok(parts)
 }

@@ -1,154 +1,126 @@
 //! Routed experts shipped as slices of per-layer fused tensors (gpt-oss,
-//! [`ExpertKind::GptOss`]): what each expert needs ([`gpt_oss_expert_parts`])
-//! and loading every expert of a layer into RAM ([`load_gpt_oss_layer`]).
+//! [`ExpertKind::GptOss`]): which tensors a layer's experts ship in, checked
+//! against `quantization_config` ([`gpt_oss_layer_parts`], used by the
+//! in-RAM loader, direct streaming and pack), and loading every expert of a
+//! layer into RAM ([`load_gpt_oss_layer`]). Tensor names, shapes, dtypes
+//! and the assembly of an expert from its slices are
+//! [`crate::assemble`]'s (`gpt_oss_fused_parts`, `gpt_oss_expert`).
 //!
-//! transformers 5.24.0 (`GptOssExperts`) holds and saves, per MoE layer,
-//! `gate_up_proj` `[E, H, 2I]` and `down_proj` `[E, I, H]` input-major
-//! (`x @ W[e]`), with `gate_up_proj_bias` `[E, 2I]` and `down_proj_bias`
-//! `[E, H]`. larder's matrices are output-major (`[out, in]`), so expert `e`
-//! takes slice `[e]` of each weight transposed: element for element the
-//! stored values in the stored dtype, nothing widened or rounded. gate_up's
-//! output units stay interleaved (row `2i` gate unit `i`, `2i + 1` up unit `i`).
+//! transformers 5.24.0 holds, per MoE layer, either MXFP4 blocks and scales
+//! (`Mxfp4GptOssExperts`: `gate_up_proj_blocks` `[E, 2I, H/32, 16]`,
+//! output-major) or unquantized `gate_up_proj` `[E, H, 2I]` / `down_proj`
+//! `[E, I, H]` (`GptOssExperts`, input-major: `x @ W[e]`), with biases
+//! `[E, 2I]` / `[E, H]`; gate_up's output units interleave (row `2i` gate
+//! unit `i`, `2i + 1` up unit `i`).
 
 use std::sync::Arc;
 
 use larder_tensor::expert::GluActivation;
-use larder_tensor::weight::SharedBytes;
-use larder_tensor::{WeightDType, WeightMatrix};
 
+use crate::assemble::{check_fused_part, gpt_oss_expert, gpt_oss_fused_parts, FusedPart};
 use crate::checkpoint::Checkpoint;
-use crate::config::ExpertKind;
+use crate::config::{ExpertKind, FfnSpec, ModelSpec};
 use crate::error::ModelError;
 use crate::mlp::Mlp;
+use crate::quant::{ModuleRule, PackedFormat};
 
-/// One fused per-layer tensor an expert takes slice `[e]` of.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct FusedPart {
-    /// Checkpoint name (`model.layers.{L}.mlp.experts.gate_up_proj`, ...).
-    pub name: String,
-    /// Stored shape, experts first.
-    pub shape: Vec<usize>,
+/// The fused tensors of a gpt-oss MoE layer's experts.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FusedLayer {
+    /// `model.layers.{L}.mlp`.
+    pub block: String,
+    pub experts: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    /// Whether the experts ship MXFP4 (blocks + scales) or unquantized.
+    pub mxfp4: bool,
+    /// In record order (see [`gpt_oss_fused_parts`]).
+    pub parts: Vec<FusedPart>,
+    pub activation: GluActivation,
 }
 
-/// The four fused tensors of a gpt-oss MoE layer at `block`
-/// (`model.layers.{L}.mlp`), for `experts` experts of `hidden` -> `inter`:
-/// gate_up `[E, H, 2I]`, gate_up bias `[E, 2I]`, down `[E, I, H]`, down bias `[E, H]`.
-pub fn gpt_oss_expert_parts(block: &str, experts: usize, hidden: usize, inter: usize) -> [FusedPart; 4] {
-    let part = |n: &str, shape: Vec<usize>| FusedPart {
-        name: format!("{block}.experts.{n}"),
-        shape,
+/// The fused tensors of layer `layer`'s experts, as the config says they
+/// ship (`None`: not a gpt-oss MoE layer). `ckpt`, when given, must hold
+/// them with the dtypes and shapes [`check_fused_part`] wants; a layer
+/// shipped otherwise than `quantization_config` says is an error naming
+/// tensor and field.
+pub fn gpt_oss_layer_parts(spec: &ModelSpec, layer: usize, ckpt: Option<&Checkpoint>) -> Result<Option<FusedLayer>, ModelError> {
+    let Some(FfnSpec::Moe(m)) = spec.layers.get(layer).map(|l| &l.ffn) else {
+        return Ok(None);
     };
-    [
-        part("gate_up_proj", vec![experts, hidden, 2 * inter]),
-        part("gate_up_proj_bias", vec![experts, 2 * inter]),
-        part("down_proj", vec![experts, inter, hidden]),
-        part("down_proj_bias", vec![experts, hidden]),
-    ]
+    let ExpertKind::GptOss { alpha, limit } = m.experts else {
+        return Ok(None);
+    };
+    let block = format!("model.layers.{layer}.{}", spec.moe_names.block);
+    let module = format!("{block}.experts");
+    let (field, reason) = match spec.mxfp4_experts.as_ref().map(|q| q.rule(&module)) {
+        Some(ModuleRule::Packed(PackedFormat::Mxfp4)) => ("quantization_config.modules_to_not_convert".to_string(), None),
+        Some(ModuleRule::Plain { field, reason }) => (field, Some(reason)),
+        Some(ModuleRule::Packed(other)) => return Err(ModelError::Experts(format!("{module}: {other:?} is not a gpt-oss format"))),
+        None => (
+            "quantization_config".to_string(),
+            Some("config.json has no quantization_config".to_string()),
+        ),
+    };
+    let mxfp4 = reason.is_none();
+    let (h, i) = (spec.hidden_size, m.expert_intermediate);
+    if mxfp4 && !(h.is_multiple_of(32) && i.is_multiple_of(32)) {
+        return Err(ModelError::Experts(format!(
+            "{module}: MXFP4 needs hidden_size ({h}) and intermediate_size ({i}) in multiples of 32"
+        )));
+    }
+    let layer_parts = FusedLayer {
+        parts: gpt_oss_fused_parts(&block, m.num_experts, h, i, mxfp4),
+        block,
+        experts: m.num_experts,
+        hidden: h,
+        intermediate: i,
+        mxfp4,
+        activation: GluActivation::GptOss { alpha, limit },
+    };
+    if let Some(ckpt) = ckpt {
+        let says = match &reason {
+            None => format!("{field} does not name {module}, so its experts ship MXFP4"),
+            Some(r) => format!("{field}: {r}, so {module} ships unquantized"),
+        };
+        let other = gpt_oss_fused_parts(&layer_parts.block, 0, 0, 0, !mxfp4);
+        for part in &layer_parts.parts {
+            if !ckpt.has(&part.name) {
+                let shipped: Vec<&str> = other.iter().map(|p| p.name.as_str()).filter(|n| ckpt.has(n)).collect();
+                return Err(ModelError::Experts(match shipped.first() {
+                    Some(found) => format!("tensor `{}` is missing but `{found}` is present: {says}", part.name),
+                    None => format!("tensor `{}` is missing ({says})", part.name),
+                }));
+            }
+            let info = ckpt.tensor_info(&part.name)?;
+            check_fused_part(part, &info.dtype, &info.shape, false).map_err(|m| ModelError::Experts(format!("{m} ({says})")))?;
+        }
+    }
+    Ok(Some(layer_parts))
 }
 
-/// Every expert of the gpt-oss MoE layer at `block`, in RAM.
-pub fn load_gpt_oss_layer(
-    ckpt: &Checkpoint,
-    block: &str,
-    experts: usize,
-    hidden: usize,
-    inter: usize,
-    kind: ExpertKind,
-) -> Result<Vec<Arc<Mlp>>, ModelError> {
-    let ExpertKind::GptOss { alpha, limit } = kind else {
-        return Err(ModelError::Experts(format!("{block}: not a gpt-oss expert layer")));
-    };
-    let [gu, gub, down, db] = gpt_oss_expert_parts(block, experts, hidden, inter);
-    let gate_up = FusedMatrices::read(ckpt, &gu)?;
-    let down_w = FusedMatrices::read(ckpt, &down)?;
-    let gate_up_bias = ckpt.tensor_f32(&gub.name, &gub.shape)?;
-    let down_bias = ckpt.tensor_f32(&db.name, &db.shape)?;
-    (0..experts)
+/// Every expert of gpt-oss MoE layer `layer`, in RAM: each fused tensor is
+/// read once and each expert views its slice (MXFP4 without a copy).
+pub fn load_gpt_oss_layer(spec: &ModelSpec, layer: usize, ckpt: &Checkpoint) -> Result<Vec<Arc<Mlp>>, ModelError> {
+    let fused = gpt_oss_layer_parts(spec, layer, Some(ckpt))?
+        .ok_or_else(|| ModelError::Experts(format!("layer {layer}: not a gpt-oss expert layer")))?;
+    let tensors = fused
+        .parts
+        .iter()
+        .map(|p| Ok((ckpt.tensor_info(&p.name)?.dtype, ckpt.shared_tensor(&p.name)?)))
+        .collect::<Result<Vec<_>, ModelError>>()?;
+    (0..fused.experts)
         .map(|e| {
-            let name = format!("{block}.experts.{e}");
-            let mlp = Mlp::interleaved(
-                &name,
-                gate_up.expert(e)?,
-                gate_up_bias[e * 2 * inter..(e + 1) * 2 * inter].to_vec(),
-                down_w.expert(e)?,
-                down_bias[e * hidden..(e + 1) * hidden].to_vec(),
-                GluActivation::GptOss { alpha, limit },
-            )?;
+            let slices: Vec<_> = tensors
+                .iter()
+                .map(|(dtype, whole)| {
+                    let len = whole.len() / fused.experts;
+                    (dtype.as_str(), whole.slice(e * len, len))
+                })
+                .collect();
+            let name = format!("{}.experts.{e}", fused.block);
+            let mlp = gpt_oss_expert(&name, fused.hidden, fused.intermediate, fused.mxfp4, &slices, fused.activation)?;
             Ok(Arc::new(mlp))
         })
         .collect()
-}
-
-/// A fused `[E, in, out]` weight read whole, handing out expert `e` as an
-/// `[out, in]` matrix.
-struct FusedMatrices {
-    name: String,
-    dtype: WeightDType,
-    /// `in`, `out`.
-    dims: (usize, usize),
-    bytes: Vec<u8>,
-}
-
-impl FusedMatrices {
-    fn read(ckpt: &Checkpoint, part: &FusedPart) -> Result<Self, ModelError> {
-        let info = ckpt.tensor_info(&part.name)?;
-        let dtype = match info.dtype.as_str() {
-            "BF16" => WeightDType::BF16,
-            "F16" => WeightDType::F16,
-            "F32" => WeightDType::F32,
-            other => {
-                return Err(ModelError::TensorDType {
-                    name: part.name.clone(),
-                    path: ckpt.file_paths()[info.file].clone(),
-                    dtype: other.to_string(),
-                })
-            }
-        };
-        // tensor_f32's shape and size checks, without widening: check the shape here.
-        if info.shape != part.shape {
-            return Err(ModelError::TensorShape {
-                name: part.name.clone(),
-                path: ckpt.file_paths()[info.file].clone(),
-                got: info.shape,
-                expected: part.shape.clone(),
-            });
-        }
-        // An unread checkpoint (sizes and plans only) hands out zeros, as `Checkpoint::matrix` does.
-        let bytes = match ckpt.reads_weights() {
-            true => ckpt.tensor_bytes(&part.name)?,
-            false => vec![0u8; info.len as usize],
-        };
-        let (e, n_in, n_out) = (part.shape[0], part.shape[1], part.shape[2]);
-        if bytes.len() != e * n_in * n_out * dtype.size() {
-            return Err(ModelError::Experts(format!(
-                "{}: {} bytes for {:?} {dtype:?}",
-                part.name,
-                bytes.len(),
-                part.shape
-            )));
-        }
-        Ok(FusedMatrices {
-            name: part.name.clone(),
-            dtype,
-            dims: (n_in, n_out),
-            bytes,
-        })
-    }
-
-    /// Expert `e`'s slice, transposed to `[out, in]` (the stored elements, moved).
-    fn expert(&self, e: usize) -> Result<WeightMatrix, ModelError> {
-        let (n_in, n_out) = self.dims;
-        let size = self.dtype.size();
-        let slice = &self.bytes[e * n_in * n_out * size..(e + 1) * n_in * n_out * size];
-        let mut out = vec![0u8; slice.len()];
-        for i in 0..n_in {
-            for o in 0..n_out {
-                let src = (i * n_out + o) * size;
-                let dst = (o * n_in + i) * size;
-                out[dst..dst + size].copy_from_slice(&slice[src..src + size]);
-            }
-        }
-        let name = format!("{}[{e}]", self.name);
-        Ok(WeightMatrix::new(&name, self.dtype, n_out, n_in, SharedBytes::from_vec(out))?)
-    }
 }

@@ -328,3 +328,128 @@ fn refuse_unknown<'a>(
     }
     Ok(())
 }
+
+/// gpt-oss's own `quantization_config` (`quant_method: mxfp4`, as
+/// openai/gpt-oss-20b ships it): every MoE layer's experts
+/// (`model.layers.N.mlp.experts`) ship MXFP4 (`*_blocks` + `*_scales`)
+/// unless `modules_to_not_convert` names them; nothing else is ever
+/// converted (transformers 5.24.0 `replace_with_mxfp4_linear` replaces
+/// only `GptOssMLP` experts).
+#[derive(Debug, Clone)]
+pub struct Mxfp4Experts {
+    /// `modules_to_not_convert` entries, each compiled to match a whole candidate.
+    not_convert: Vec<(String, Regex)>,
+}
+
+const MXFP4_FIELD: &str = "quantization_config.modules_to_not_convert";
+
+impl Mxfp4Experts {
+    /// How experts module `module` (`model.layers.N.mlp.experts`) must ship.
+    /// An entry matches as transformers' `should_convert_module` matches it:
+    /// as a regex (so `*` after `.` matches any run) from the start of the
+    /// name up to a module boundary (just before or just after a `.`, or
+    /// the end), or as a literal suffix.
+    pub fn rule(&self, module: &str) -> ModuleRule {
+        let mut candidates: Vec<&str> = vec![module];
+        for (i, _) in module.match_indices('.') {
+            candidates.push(&module[..i]);
+            candidates.push(&module[..=i]);
+        }
+        let hit = self
+            .not_convert
+            .iter()
+            .find(|(text, re)| module.ends_with(text.as_str()) || candidates.iter().any(|c| re.is_match(c)));
+        match hit {
+            Some((text, _)) => ModuleRule::Plain {
+                field: MXFP4_FIELD.into(),
+                reason: format!("it matches the entry {text:?}"),
+            },
+            None => ModuleRule::Packed(PackedFormat::Mxfp4),
+        }
+    }
+}
+
+/// Reads gpt-oss's `quantization_config`: `None` without one; `quant_method`
+/// must be `mxfp4` and the only other key `modules_to_not_convert` (a list
+/// of strings); anything else is refused naming the field.
+pub fn gpt_oss_mxfp4(cfg: &ConfigJson) -> Result<Option<Mxfp4Experts>, ModelError> {
+    let Some(q) = cfg.raw("quantization_config") else { return Ok(None) };
+    let f = "quantization_config";
+    let obj = q.as_object().ok_or_else(|| cfg.err(f, "not an object"))?;
+    refuse_unknown(cfg, f, obj, &["quant_method", "modules_to_not_convert"])?;
+    match str_field(q, "quant_method") {
+        Some("mxfp4") => {}
+        other => {
+            return Err(cfg.err(
+                &format!("{f}.quant_method"),
+                format!(
+                    "{} is not supported for gpt_oss (supported: mxfp4, or no quantization_config)",
+                    other.map_or("missing".to_string(), |m| format!("{m:?}"))
+                ),
+            ))
+        }
+    }
+    let not_convert = match q.get("modules_to_not_convert") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|v| {
+                let s = v
+                    .as_str()
+                    .ok_or_else(|| cfg.err(MXFP4_FIELD, format!("entry {v} is not a string")))?;
+                Regex::new(&format!("^(?:{s})$"))
+                    .map(|re| (s.to_string(), re))
+                    .map_err(|e| cfg.err(MXFP4_FIELD, format!("entry {s:?}: {e}")))
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(cfg.err(MXFP4_FIELD, "not a list")),
+    };
+    Ok(Some(Mxfp4Experts { not_convert }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn experts_rule(not_convert: &[&str], module: &str) -> bool {
+        let q = Mxfp4Experts {
+            not_convert: not_convert
+                .iter()
+                .map(|s| (s.to_string(), Regex::new(&format!("^(?:{s})$")).unwrap()))
+                .collect(),
+        };
+        matches!(q.rule(module), ModuleRule::Packed(PackedFormat::Mxfp4))
+    }
+
+    /// `modules_to_not_convert` matches as transformers 5.24.0's
+    /// `should_convert_module`: regex up to a module boundary, or suffix.
+    #[test]
+    fn modules_to_not_convert_matches_as_transformers() {
+        let m = "model.layers.11.mlp.experts";
+        let hub = [
+            "model.layers.*.self_attn",
+            "model.layers.*.mlp.router",
+            "model.embed_tokens",
+            "lm_head",
+        ];
+        assert!(experts_rule(&hub, m));
+        assert!(experts_rule(&[], m));
+        for skip in [
+            "model.layers.*.mlp.experts",
+            "model.layers.11",
+            "model.layers.",
+            "mlp.experts",
+            "model.layers.*",
+        ] {
+            assert!(!experts_rule(&[skip], m), "{skip}");
+        }
+        for keep in [
+            "model.layers.1",
+            "model.layers.11.mlp.exp",
+            "experts.0",
+            "model.layers.1.mlp.experts",
+        ] {
+            assert!(experts_rule(&[keep], m), "{keep}");
+        }
+    }
+}

@@ -33,6 +33,8 @@ const FIXTURES: &[&str] = &[
     "kimi_linear_latent",
     // gpt-oss (sinks, sliding/full layers, fused biased experts): also tests/gpt_oss.rs.
     "gpt_oss_bf16",
+    // gpt-oss as shipped: MXFP4 experts (blocks + e8m0 scales); also tests/gpt_oss.rs.
+    "gpt_oss_tiny",
 ];
 
 fn fixture_dir(name: &str) -> PathBuf {
@@ -197,23 +199,9 @@ fixture_tests!(
     deepseek_v3_int4,
     deepseek_v3_mxfp4,
     kimi_k2_tiny,
-    gpt_oss_bf16
+    gpt_oss_bf16,
+    gpt_oss_tiny
 );
-
-/// 4-bit fixtures whose loaders are being written (gpt-oss MXFP4 experts):
-/// until then each is refused naming what is missing, never loaded wrongly.
-const NOT_YET_LOADED: &[(&str, &str)] = &[("gpt_oss_tiny", "quantization_config")];
-
-#[test]
-fn fixtures_without_a_loader_yet_are_refused_by_name() {
-    for (name, want) in NOT_YET_LOADED {
-        let e = match load_model(&fixture_dir(name), None) {
-            Ok(_) => panic!("{name}: loads; move it to FIXTURES"),
-            Err(e) => e.to_string(),
-        };
-        assert!(e.contains("config.json") && e.contains(want), "{name}: {e}");
-    }
-}
 
 #[test]
 fn every_fixture_is_listed() {
@@ -225,11 +213,7 @@ fn every_fixture_is_listed() {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .collect();
     found.sort();
-    let mut listed: Vec<String> = FIXTURES
-        .iter()
-        .chain(NOT_YET_LOADED.iter().map(|(n, _)| n))
-        .map(|s| s.to_string())
-        .collect();
+    let mut listed: Vec<String> = FIXTURES.iter().map(|s| s.to_string()).collect();
     listed.sort();
     assert_eq!(found, listed);
 }

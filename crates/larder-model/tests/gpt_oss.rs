@@ -1,5 +1,7 @@
-//! gpt-oss (`model_type: gpt_oss`) against the transformers 5.24.0 reference
-//! in `fixtures/gpt_oss_bf16` (scripts/fixtures_gpt_oss_bf16.py: sinks,
+//! gpt-oss (`model_type: gpt_oss`) against the transformers 5.24.0 references
+//! in `fixtures/gpt_oss_bf16` (unquantized experts) and `fixtures/gpt_oss_tiny`
+//! (MXFP4 experts as gpt-oss ships them, scripts/fixtures_4bit.py)
+//! (scripts/fixtures_gpt_oss_bf16.py: sinks,
 //! alternating sliding (window 4) / full layers, YaRN, router and expert
 //! biases, interleaved gate/up with the swiglu clamps biting): logits within
 //! 1e-4, identical routing, greedy ids with and without the cache;
@@ -13,20 +15,25 @@ use larder_model::config::{ExpertKind, FfnSpec, Scoring};
 use serde_json::Value;
 
 const FIXTURE: &str = "gpt_oss_bf16";
+/// MXFP4 experts (`quantization_config.quant_method: mxfp4`).
+const MXFP4: &str = "gpt_oss_tiny";
 
 #[test]
 fn matches_transformers() {
     check_reference(FIXTURE);
+    check_reference(MXFP4);
 }
 
 #[test]
 fn prefill_chunking_is_bit_identical() {
     check_prefill_chunking(FIXTURE);
+    check_prefill_chunking(MXFP4);
 }
 
 #[test]
 fn a_batch_is_bit_identical_to_each_sequence_alone() {
     check_batch_against_alone(FIXTURE);
+    check_batch_against_alone(MXFP4);
 }
 
 #[test]
@@ -99,11 +106,6 @@ fn refused(tag: &str, f: impl FnOnce(&mut Value)) -> String {
 fn bad_config_fields_are_named() {
     let cases: Vec<Case> = vec![
         ("unknown", Box::new(|c| c["use_kernels"] = true.into()), "use_kernels"),
-        (
-            "mxfp4",
-            Box::new(|c| c["quantization_config"] = serde_json::json!({"quant_method": "mxfp4"})),
-            "quantization_config",
-        ),
         ("topk", Box::new(|c| c["experts_per_token"] = 2.into()), "experts_per_token"),
         (
             "k13",
@@ -161,6 +163,136 @@ fn missing_tensors_are_named() {
     ] {
         let dir = copy_fixture(FIXTURE, "drop");
         drop_tensor(&dir, name);
+        let e = load_error(&dir);
+        assert!(e.contains(name), "{name}: {e}");
+    }
+}
+
+/// Loading `fixture` with the config edited by `f`: the error text.
+fn refused_in(fixture: &str, tag: &str, f: impl FnOnce(&mut Value)) -> String {
+    let dir = copy_fixture(fixture, tag);
+    edit(&dir, f);
+    load_error(&dir)
+}
+
+#[test]
+fn bad_mxfp4_quantization_configs_are_named() {
+    let cases: Vec<Case> = vec![
+        (
+            "qmethod",
+            Box::new(|c| c["quantization_config"]["quant_method"] = "fp8".into()),
+            "quantization_config.quant_method",
+        ),
+        (
+            "qkey",
+            Box::new(|c| c["quantization_config"]["dequantize"] = true.into()),
+            "quantization_config.dequantize",
+        ),
+        (
+            "qlist",
+            Box::new(|c| c["quantization_config"]["modules_to_not_convert"] = "lm_head".into()),
+            "quantization_config.modules_to_not_convert",
+        ),
+    ];
+    for (tag, f, field) in cases {
+        let e = refused_in(MXFP4, tag, f);
+        assert!(e.contains("config.json") && e.contains(field), "{tag}: {e}");
+    }
+}
+
+/// Experts shipped otherwise than `quantization_config` says: the error
+/// names the tensor looked for and the field that decided.
+#[test]
+fn experts_shipped_against_the_config_are_named() {
+    // MXFP4 experts, but the config says layer 1's are not converted.
+    let e = refused_in(MXFP4, "listed", |c| {
+        c["quantization_config"]["modules_to_not_convert"]
+            .as_array_mut()
+            .unwrap()
+            .push("model.layers.1.mlp.experts".into())
+    });
+    assert!(
+        e.contains("model.layers.1.mlp.experts.gate_up_proj`")
+            && e.contains("gate_up_proj_blocks")
+            && e.contains("quantization_config.modules_to_not_convert"),
+        "{e}"
+    );
+    // A glob over every layer, as transformers matches it.
+    let e = refused_in(MXFP4, "glob", |c| {
+        c["quantization_config"]["modules_to_not_convert"] = serde_json::json!(["model.layers.*.mlp.experts"])
+    });
+    assert!(
+        e.contains("model.layers.0.mlp.experts.gate_up_proj`") && e.contains("modules_to_not_convert"),
+        "{e}"
+    );
+    // Unquantized experts, but the config says MXFP4.
+    let e = refused_in(FIXTURE, "mxfp4", |c| {
+        c["quantization_config"] = serde_json::json!({"quant_method": "mxfp4", "modules_to_not_convert": ["lm_head"]})
+    });
+    assert!(
+        e.contains("model.layers.0.mlp.experts.gate_up_proj_blocks") && e.contains("quantization_config.modules_to_not_convert"),
+        "{e}"
+    );
+    // MXFP4 experts without a quantization_config.
+    let e = refused_in(MXFP4, "noq", |c| {
+        c.as_object_mut().unwrap().remove("quantization_config");
+    });
+    assert!(
+        e.contains("model.layers.0.mlp.experts.gate_up_proj`") && e.contains("quantization_config"),
+        "{e}"
+    );
+}
+
+#[test]
+fn missing_mxfp4_tensors_are_named() {
+    kimi_common::check_missing_tensors_are_named(
+        MXFP4,
+        &[
+            "model.layers.0.mlp.experts.gate_up_proj_blocks",
+            "model.layers.1.mlp.experts.gate_up_proj_scales",
+            "model.layers.2.mlp.experts.down_proj_blocks",
+            "model.layers.3.mlp.experts.down_proj_scales",
+            "model.layers.3.mlp.experts.down_proj_bias",
+        ],
+    );
+}
+
+/// Rewrites `dir`'s model.safetensors with tensor `name` cut to its first
+/// `keep` bytes and given `shape` (a truncated or misshaped tensor).
+fn misshape_tensor(dir: &std::path::Path, name: &str, shape: Vec<usize>, keep: usize) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut views = Vec::new();
+    for (n, t) in st.tensors() {
+        let (dtype, shape, data) = match n == name {
+            true => (t.dtype(), shape.clone(), t.data()[..keep].to_vec()),
+            false => (t.dtype(), t.shape().to_vec(), t.data().to_vec()),
+        };
+        views.push((
+            n,
+            safetensors::tensor::TensorView::new(dtype, shape, Box::leak(data.into_boxed_slice())).unwrap(),
+        ));
+    }
+    std::fs::write(&path, safetensors::serialize(views, None).unwrap()).unwrap();
+}
+
+/// Truncated blocks, scales of the wrong shape: the error names the tensor.
+#[test]
+fn misshaped_mxfp4_tensors_are_named() {
+    // gpt_oss_tiny: E 12, H 64, I 64.
+    let cases: [(&str, Vec<usize>, usize); 3] = [
+        (
+            "model.layers.0.mlp.experts.gate_up_proj_blocks",
+            vec![11, 128, 2, 16],
+            11 * 128 * 32,
+        ),
+        ("model.layers.1.mlp.experts.gate_up_proj_scales", vec![12, 128, 1], 12 * 128),
+        ("model.layers.2.mlp.experts.down_proj_scales", vec![12, 2, 64], 12 * 128),
+    ];
+    for (name, shape, keep) in cases {
+        let dir = copy_fixture(MXFP4, "misshape");
+        misshape_tensor(&dir, name, shape, keep);
         let e = load_error(&dir);
         assert!(e.contains(name), "{name}: {e}");
     }

@@ -58,6 +58,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         moe_names: MoeNames::DEEPSEEK,
         fp8_block: fp8_block(cfg)?,
         compressed: crate::quant::compressed_tensors(cfg)?,
+        mxfp4_experts: None,
         attn_res_block: None,
         attention_sinks: false,
     };

@@ -5,7 +5,9 @@
 //! layer (`mlp.router` with a bias: top-k over the biased logits, softmax
 //! over the k chosen) whose experts are slices of per-layer fused tensors
 //! with biases, interleaved gate/up and the clamped activation
-//! (`swiglu_limit`, `swiglu_alpha`; [`ExpertKind::GptOss`]).
+//! (`swiglu_limit`, `swiglu_alpha`; [`ExpertKind::GptOss`]), shipped in
+//! MXFP4 (`quantization_config.quant_method: mxfp4`, read by
+//! [`crate::quant::gpt_oss_mxfp4`]) or unquantized.
 //!
 //! Fails closed on fields: every config.json key is read here
 //! (`IMPLEMENTED`), known to have no effect on the logits (`NO_EFFECT`), or
@@ -92,13 +94,13 @@ const ROPE_KEYS: &[&str] = &[
 /// `model_type: gpt_oss`.
 pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     check_fields(cfg)?;
-    refuse_quantization(cfg)?;
     check_rope(cfg)?;
     let mut spec = super::base_spec(cfg, 150000.0, 131072, NAMES)?;
     // gpt-oss's `attention_bias` defaults to true (base_spec's to false).
     let bias = cfg.opt_bool("attention_bias")?.unwrap_or(true);
     (spec.qkv_bias, spec.o_bias) = (bias, bias);
     spec.attention_sinks = true;
+    spec.mxfp4_experts = crate::quant::gpt_oss_mxfp4(cfg)?;
     let n = cfg.num_layers()?;
     let moe = moe_spec(cfg)?;
     let layers = sliding_windows(cfg, n)?
@@ -123,22 +125,6 @@ fn check_fields(cfg: &ConfigJson) -> Result<(), ModelError> {
         }
     }
     Ok(())
-}
-
-/// Quantized experts are not loaded yet: MXFP4 (gpt-oss's own format) and
-/// anything else are refused naming `quantization_config`.
-fn refuse_quantization(cfg: &ConfigJson) -> Result<(), ModelError> {
-    let Some(q) = cfg.raw("quantization_config") else {
-        return Ok(());
-    };
-    let method = q.get("quant_method").and_then(Value::as_str).unwrap_or("(none)");
-    Err(cfg.err(
-        "quantization_config",
-        format!(
-            "quant_method {method:?}: quantized gpt_oss experts are not loaded yet (larder reads the unquantized \
-             layout: mlp.experts.gate_up_proj [E, H, 2I] etc. in bf16, f16 or f32)"
-        ),
-    ))
 }
 
 /// RoPE: gpt-oss configs always state it (transformers would otherwise

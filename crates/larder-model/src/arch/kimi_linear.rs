@@ -252,6 +252,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         moe_names: NAMES,
         fp8_block: super::deepseek_v3::fp8_block(cfg)?,
         compressed: crate::quant::compressed_tensors(cfg)?,
+        mxfp4_experts: None,
         attn_res_block: attn_res_block(cfg)?,
         attention_sinks: false,
     };

@@ -100,6 +100,7 @@ pub(crate) fn base_spec(
         moe_names,
         fp8_block: None,
         compressed: None,
+        mxfp4_experts: None,
         attn_res_block: None,
         attention_sinks: false,
     })
