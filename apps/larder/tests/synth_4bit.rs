@@ -11,7 +11,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{fails, ok_json};
+use common::{check_pack_and_stream, fails, ok_json};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -59,36 +59,8 @@ fn check_synth(arch: &str, format: &str) -> Value {
     assert_eq!(config["quantization_config"]["quant_method"], "compressed-tensors");
 
     let store = tmp.path().join("store");
-    let packed = ok_json(&["pack", "--model", s(&model), "--out", s(&store), "--json"]);
+    let packed = check_pack_and_stream(&model, &store, ["0", "16KiB", "1GiB"]);
     assert_eq!(packed["expert_bytes"], report["expert_bytes"], "records at their 4-bit size");
-    assert_eq!(ok_json(&["verify", s(&store), "--json"])["bad"], serde_json::json!([]));
-
-    let ids = "5,17,42,99,3,250,7";
-    let in_ram = ok_json(&["forward", "--model", s(&model), "--ids", ids, "--json"]);
-    let logits = in_ram["logits"].as_array().unwrap();
-    assert_eq!(logits.len(), 7);
-    assert!(logits.iter().flat_map(|r| r.as_array().unwrap()).all(|v| v.as_f64().is_some()));
-    // serde_json prints each f32 exactly, so equal documents are equal bits.
-    for budget in ["0", "16KiB", "1GiB"] {
-        let streamed = ok_json(&["forward", "--model", s(&store), "--ids", ids, "--ram-budget", budget, "--json"]);
-        assert_eq!(in_ram, streamed, "packed store, --ram-budget {budget}");
-    }
-    let direct = ok_json(&["forward", "--model", s(&model), "--ids", ids, "--ram-budget", "0", "--json"]);
-    assert_eq!(in_ram, direct, "streamed from the checkpoint folder");
-
-    let run = |m: &Path, extra: &[&str]| -> Value {
-        let mut args = vec!["run", "--model", s(m), "--ids", ids, "--max-new", "12", "--ignore-eos", "--json"];
-        args.extend_from_slice(extra);
-        ok_json(&args)["ids"].clone()
-    };
-    let greedy = run(&model, &[]);
-    assert!(greedy.as_array().unwrap().len() >= 12, "{greedy}");
-    assert_eq!(greedy, run(&store, &["--ram-budget", "0"]), "streamed greedy ids");
-    assert_eq!(
-        greedy,
-        run(&store, &["--ram-budget", "16KiB", "--io", "pread"]),
-        "pread, small cache"
-    );
     report
 }
 

@@ -9,7 +9,7 @@ use serde_json::Value;
 
 mod common;
 
-use common::{fails, ok_json};
+use common::{check_pack_and_stream, fails, ok_json};
 
 fn s(p: &Path) -> &str {
     p.to_str().unwrap()
@@ -53,37 +53,8 @@ fn check_synth(extra: &[&str]) -> Value {
     assert_eq!(config["moe_latent_size"], report["spec"]["moe_latent_size"]);
 
     let store = tmp.path().join("store");
-    let packed = ok_json(&["pack", "--model", s(&model), "--out", s(&store), "--json"]);
+    let packed = check_pack_and_stream(&model, &store, ["0", "64KiB", "1GiB"]);
     assert_eq!(packed["layers"], 4, "the dense first layer has no routed experts");
-    assert_eq!(ok_json(&["verify", s(&store), "--json"])["bad"], serde_json::json!([]));
-
-    let ids = "5,17,42,99,3,250,7";
-    let in_ram = ok_json(&["forward", "--model", s(&model), "--ids", ids, "--json"]);
-    let logits = in_ram["logits"].as_array().unwrap();
-    assert_eq!(logits.len(), 7);
-    assert!(logits.iter().flat_map(|r| r.as_array().unwrap()).all(|v| v.as_f64().is_some()));
-    // serde_json prints each f32 exactly, so equal documents are equal bits.
-    for budget in ["0", "64KiB", "1GiB"] {
-        let streamed = ok_json(&["forward", "--model", s(&store), "--ids", ids, "--ram-budget", budget, "--json"]);
-        assert_eq!(in_ram, streamed, "packed store, --ram-budget {budget}");
-    }
-    let direct = ok_json(&["forward", "--model", s(&model), "--ids", ids, "--ram-budget", "0", "--json"]);
-    assert_eq!(in_ram, direct, "streamed from the checkpoint folder");
-
-    let run = |m: &Path, extra: &[&str]| -> Value {
-        let mut args = vec!["run", "--model", s(m), "--ids", ids, "--max-new", "12", "--ignore-eos", "--json"];
-        args.extend_from_slice(extra);
-        let out = ok_json(&args);
-        out["ids"].clone()
-    };
-    let greedy = run(&model, &[]);
-    assert!(greedy.as_array().unwrap().len() >= 12, "{greedy}");
-    assert_eq!(greedy, run(&store, &["--ram-budget", "0"]), "streamed greedy ids");
-    assert_eq!(
-        greedy,
-        run(&store, &["--ram-budget", "64KiB", "--io", "pread"]),
-        "pread, small cache"
-    );
     report
 }
 

@@ -1,6 +1,7 @@
 //! Helpers shared by the black-box CLI tests: the fixture checkpoints, run
 //! the built binary, expect success with one JSON document, or expect a
-//! clean failure; talk to a `larder serve` started by a test.
+//! clean failure; talk to a `larder serve` started by a test; pack a
+//! checkpoint and check its streamed runs equal the in-RAM run.
 
 #![allow(dead_code)]
 
@@ -64,4 +65,41 @@ pub fn post(addr: &str, path: &str, body: &str) -> String {
     let mut reply = String::new();
     s.read_to_string(&mut reply).unwrap();
     reply
+}
+
+/// The path as a `&str` argument.
+fn arg(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Packs `model` into `store`, verifies it, and checks that `forward` from
+/// the store at each of `budgets` (a small one second) and streamed from the
+/// checkpoint folder, and greedy `run`s streamed (also with pread and the
+/// small budget), equal the in-RAM run bit for bit (serde_json prints each
+/// f32 exactly). Returns `pack`'s JSON report.
+pub fn check_pack_and_stream(model: &Path, store: &Path, budgets: [&str; 3]) -> Value {
+    let packed = ok_json(&["pack", "--model", arg(model), "--out", arg(store), "--json"]);
+    assert_eq!(ok_json(&["verify", arg(store), "--json"])["bad"], serde_json::json!([]));
+    let ids = "5,17,42,99,3,250,7";
+    let in_ram = ok_json(&["forward", "--model", arg(model), "--ids", ids, "--json"]);
+    let logits = in_ram["logits"].as_array().unwrap();
+    assert_eq!(logits.len(), 7);
+    assert!(logits.iter().flat_map(|r| r.as_array().unwrap()).all(|v| v.as_f64().is_some()));
+    for budget in budgets {
+        let streamed = ok_json(&["forward", "--model", arg(store), "--ids", ids, "--ram-budget", budget, "--json"]);
+        assert_eq!(in_ram, streamed, "packed store, --ram-budget {budget}");
+    }
+    let direct = ok_json(&["forward", "--model", arg(model), "--ids", ids, "--ram-budget", "0", "--json"]);
+    assert_eq!(in_ram, direct, "streamed from the checkpoint folder");
+    let run = |m: &Path, extra: &[&str]| -> Value {
+        let mut args = vec!["run", "--model", arg(m), "--ids", ids, "--max-new", "12", "--ignore-eos", "--json"];
+        args.extend_from_slice(extra);
+        ok_json(&args)["ids"].clone()
+    };
+    let greedy = run(model, &[]);
+    assert!(greedy.as_array().unwrap().len() >= 12, "{greedy}");
+    assert_eq!(greedy, run(store, &["--ram-budget", "0"]), "streamed greedy ids");
+    let small = ["--ram-budget", budgets[1], "--io", "pread"];
+    assert_eq!(greedy, run(store, &small), "pread, small cache");
+    packed
 }
