@@ -17,17 +17,14 @@
 //!   the prefix cache hits through a snapshot, and a snapshot is kept only
 //!   when it fits the budget.
 
-use std::path::Path;
-
 use larder_engine::{
-    Conversation, DrafterChoice, Drafting, Engine, ExpertMode, GenerateOptions, LoadOptions, Outcome, Request, RequestEvent,
-    SamplingParams, Scheduler, SchedulerConfig,
+    Conversation, DrafterChoice, Drafting, Engine, GenerateOptions, Outcome, Request, RequestEvent, SamplingParams, Scheduler,
+    SchedulerConfig,
 };
-use larder_store::{IoKind, IoOptions, StoreOptions};
 
 mod common;
 mod scheduler_support;
-use common::{drive_dirs, pack_store, scratch_dir};
+use common::check_direct_and_packed;
 use scheduler_support::{batched, check_against_alone, check_model, run_one, solo, spec, specs};
 
 const FIXTURES: [&str; 3] = ["kimi_linear_tiny", "kimi_linear_mla_first", "kimi_linear_k3_gates"];
@@ -56,61 +53,10 @@ fn seeded(max_new: usize, seed: u64) -> GenerateOptions {
     }
 }
 
-fn same_bits(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
-/// Logits of every prompt position and 6 greedy ids (`PROMPT`'s ids modulo
-/// the vocabulary: the same prompt for the 512-id fixtures).
-fn outcome(engine: &Engine) -> (Vec<f32>, Vec<u32>) {
-    let vocab = engine.model().spec().vocab_size as u32;
-    let prompt: Vec<u32> = PROMPT.iter().map(|&t| t % vocab).collect();
-    let logits = engine.forward(&prompt).unwrap().into_vec();
-    let ids = engine.generate(&prompt, &greedy(6), &mut |_| true).unwrap().ids;
-    (logits, ids)
-}
-
-fn expert_bytes(model: &Path) -> u64 {
-    let src = larder_engine::pack::pack_source(model).unwrap();
-    src.layers[0].experts[0].iter().map(|x| x.len).sum()
-}
-
-fn check_streamed_arms(model: &Path, reference: &(Vec<f32>, Vec<u32>), expert_bytes: u64, label: &str) {
-    let mut kinds = vec![IoKind::Pread, IoKind::Mmap];
-    if IoKind::best() == IoKind::Uring {
-        kinds.push(IoKind::Uring);
-    }
-    for kind in kinds {
-        for direct in [true, false] {
-            if kind == IoKind::Mmap && direct {
-                continue;
-            }
-            for budget in [0, 3 * (expert_bytes + 8192), u64::MAX] {
-                let opts = LoadOptions {
-                    experts: ExpertMode::Stream(StoreOptions {
-                        io: IoOptions { kind, direct, depth: 3 },
-                        ram_budget: budget,
-                        verify: true,
-                        prefetch_threads: if budget == u64::MAX { 2 } else { 0 },
-                    }),
-                };
-                let engine = Engine::load_with(model, &opts).unwrap();
-                let (logits, ids) = outcome(&engine);
-                let arm = format!("{label} {} direct={direct} budget={budget}", kind.name());
-                assert!(same_bits(&logits, &reference.0), "{arm}: logits differ from experts in RAM");
-                assert_eq!(ids, reference.1, "{arm}: greedy ids");
-                let store = engine.store().unwrap();
-                assert!(store.cache().counts().peak_bytes <= budget, "{arm}: cache over budget");
-                assert!(store.stats().reads > 0, "{arm}: experts were read");
-            }
-        }
-    }
-}
-
 #[test]
 fn streamed_experts_are_bit_identical_to_in_ram() {
     for name in FIXTURES {
-        check_streamed(name);
+        check_direct_and_packed(name, PROMPT, 2);
     }
 }
 
@@ -119,29 +65,8 @@ fn streamed_experts_are_bit_identical_to_in_ram() {
 /// spine tensors of the store), streamed and packed, equal experts in RAM.
 #[test]
 fn streamed_k3_extensions_are_bit_identical_to_in_ram() {
-    check_streamed("kimi_linear_latent");
-    check_streamed("kimi_linear_attn_res");
-}
-
-/// Direct streaming and packed stores on 1 and 2 drives against experts in RAM.
-fn check_streamed(name: &str) {
-    let model = fixture(name);
-    let reference = outcome(&Engine::load(&model).unwrap());
-    let eb = expert_bytes(&model);
-    check_streamed_arms(&model, &reference, eb, &format!("{name} direct"));
-    for drives in 1..=2usize {
-        let out = scratch_dir(&format!("kimi-linear-{name}-{drives}"));
-        let store = out.join("store");
-        let specs = if drives == 1 {
-            Vec::new()
-        } else {
-            drive_dirs(&out, drives, |d| 1.0 + d as f64)
-        };
-        pack_store(&model, &store, &specs);
-        assert_eq!(outcome(&Engine::load(&store).unwrap()).1, reference.1, "{name}: packed store");
-        check_streamed_arms(&store, &reference, eb, &format!("{name} packed on {drives} drive(s)"));
-        let _ = std::fs::remove_dir_all(&out);
-    }
+    check_direct_and_packed("kimi_linear_latent", PROMPT, 2);
+    check_direct_and_packed("kimi_linear_attn_res", PROMPT, 2);
 }
 
 /// Runs one request in `conv`.
