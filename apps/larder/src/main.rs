@@ -10,14 +10,16 @@ use clap::{Parser, Subcommand};
 /// Run mixture-of-experts language models exactly as their authors shipped them.
 ///
 /// MODEL is a Hugging Face checkpoint folder (config.json, *.safetensors,
-/// tokenizer.json, tokenizer_config.json, generation_config.json) or a packed
-/// store made by `larder pack`. Routed experts stay in RAM for a checkpoint
-/// folder unless --ram-budget or --io asks to stream them (from the original
-/// safetensors, read by range); a packed store always streams. Supported
-/// architectures: Qwen3-MoE, Qwen2-MoE, Mixtral, DeepSeek-V3 / Kimi-K2, Llama,
-/// Mistral. Weights are used in the dtype they ship in (bf16, f16, f32, fp8
-/// e4m3 with block scales); activations are f32. DeepSeek/Kimi
-/// multi-token-prediction layers are not loaded (they stay in the checkpoint).
+/// tokenizer.json or Kimi's tiktoken.model, tokenizer_config.json,
+/// generation_config.json) or a packed store made by `larder pack`. Routed
+/// experts stay in RAM for a checkpoint folder unless --ram-budget or --io
+/// asks to stream them (from the original safetensors, read by range); a
+/// packed store always streams. Supported architectures: Qwen3-MoE,
+/// Qwen2-MoE, Mixtral, DeepSeek-V3 / Kimi-K2, Kimi Linear, gpt-oss, Llama,
+/// Mistral. Weights are used in the format they ship in (bf16, f16, f32, fp8
+/// e4m3 with block scales, compressed-tensors INT4 and MXFP4, gpt-oss MXFP4);
+/// activations are f32. DeepSeek/Kimi multi-token-prediction layers are not
+/// loaded (they stay in the checkpoint).
 ///
 /// Logs go to stderr (set LARDER_LOG=debug for more); with --json, stdout
 /// holds exactly one JSON document. LARDER_KERNEL=scalar|avx2|avx512|neon
