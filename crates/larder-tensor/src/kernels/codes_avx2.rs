@@ -7,14 +7,27 @@
 //! 32- or 64-column groups in the permuted order `quant_avx2::prescale`
 //! stores activations in):
 //!
-//! - **fp8 e4m3fn**: value x 2^-120 ([`FP8_CODE_EXP`]): [`fp8_scaled`]
+//! - **fp8 e4m3fn**: value x 2^-8 ([`FP8_CODE_EXP`]), through f16: a code's
+//!   bits placed in an f16 (sign, the exponent's low four bits, the
+//!   mantissa's top three) are the value x 2^-8, fp8 subnormals becoming f16
+//!   subnormals, and F16C widens them exactly to normal f32: [`fp8_scaled`]
 //!   (8 codes), [`fp8_bytes`] (a 32-column group). NaN codes come out
 //!   finite; [`fp8_nan_lanes`] finds them.
-//! - **mxfp4 e2m1**: value x 2^-126 ([`E2M1_CODE_EXP`]): [`e2m1_from_top`]
-//!   on a nibble at a 32-bit lane's top, by [`e2m1_8`] (8 codes),
-//!   [`e2m1_nibble`] (a 32-column group); [`e2m1_lanes`] applies the same
-//!   shift and mask to 16-bit words (a 64-column group). e8m0 scales:
-//!   [`E8M0`] (0xFF is NaN).
+//! - **mxfp4 e2m1**: value x 2 ([`E2M1_CODE_EXP`]), an integer: a byte
+//!   shuffle of the nibble through [`e2m1_times_2`], sign-extended and
+//!   converted: [`e2m1_from_top`] on a nibble at a 32-bit lane's top, by
+//!   [`e2m1_8`] (8 codes), [`e2m1_nibble`] (a 32-column group);
+//!   [`e2m1_lanes`] shuffles all 64 nibbles of a 64-column group at once.
+//!   e8m0 scales: [`E8M0`] (0xFF is NaN).
+//!
+//! No form ever holds an f32 subnormal: on AMD Zen 3 (this project's
+//! machines) every FMA or multiply with a subnormal operand takes a
+//! microcode assist of about 100 cycles (measured: 36 ns against 1.4 ns per
+//! FMA), which made fused kernels that decoded fp8 and e2m1 codes to
+//! subnormal-range f32 (value x 2^-120 and x 2^-126) 40-100x slower there
+//! than the same kernels on a CPU without the assist. Results are the same
+//! bits either way: the codes are only scaled by a different power of two,
+//! which [`super::quant_avx2::prescale`]'s unscaling undoes exactly.
 //! - **int4** (offset 8): the integer value: [`nibbles8`] / [`nibbles32`]
 //!   (column order, through [`int4_values`]), [`int4_nibble`] (a 32-column
 //!   group), [`int4_lanes`] (a 64-column group).
@@ -29,9 +42,9 @@ use crate::formats;
 use crate::weight::RowView;
 
 /// fp8 codes decode to value x 2^-`FP8_CODE_EXP` ([`fp8_scaled`], [`fp8_bytes`]).
-pub(crate) const FP8_CODE_EXP: i32 = 120;
+pub(crate) const FP8_CODE_EXP: i32 = 8;
 /// e2m1 codes decode to value x 2^-`E2M1_CODE_EXP` ([`e2m1_from_top`]).
-pub(crate) const E2M1_CODE_EXP: i32 = 126;
+pub(crate) const E2M1_CODE_EXP: i32 = -1;
 
 /// The bits the row decoder gives a NaN fp8 code (those it always gave:
 /// an all-ones f16 widened).
@@ -39,39 +52,48 @@ const FP8_NAN_BITS: u32 = 0xffff_e000;
 
 // ---- fp8 e4m3fn ----
 
-/// The low 8 fp8 e4m3 codes of `codes` as f32 of value x 2^-120: each code
-/// sign-extended to 32 bits and shifted left by 20 has its 7 magnitude bits
-/// at f32 bits 20..26 (exponent and mantissa, both formats laying them out
-/// alike below the exponent's top bits, the subnormal codes becoming exact
-/// f32 subnormals) and its sign at bit 31; the mask clears the sign's other
-/// copies. NaN codes come out finite (see the module doc).
+/// The f16 of value x 2^-8 of the fp8 code at the top byte of every 16-bit
+/// word: shifted right arithmetically by 1, the code's exponent sits at f16
+/// bits 10..13, its mantissa at 7..9 and its sign at 15 (the mask clears
+/// the sign's copy at 14 and the low byte).
+#[inline(always)]
+unsafe fn fp8_f16_words(top: __m256i) -> __m256i {
+    _mm256_and_si256(_mm256_srai_epi16::<1>(top), _mm256_set1_epi16(0xbf80u16 as i16))
+}
+
+/// The low 8 fp8 e4m3 codes of `codes` as f32 of value x 2^-8, in order
+/// (as [`fp8_f16_words`] does it, widened by F16C).
 #[inline(always)]
 pub(crate) unsafe fn fp8_scaled(codes: __m128i) -> __m256 {
-    let c = _mm256_slli_epi32::<20>(_mm256_cvtepi8_epi32(codes));
-    _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x87f0_0000u32 as i32)))
+    let top = _mm_slli_epi16::<8>(_mm_cvtepu8_epi16(codes));
+    _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16::<1>(top), _mm_set1_epi16(0xbf80u16 as i16)))
+}
+
+/// The f16 words of every 32-bit lane's low and high halves, each widened:
+/// (low words of lanes 0..8, high words of lanes 0..8).
+#[inline(always)]
+unsafe fn widen_halves(words: __m256i) -> (__m256, __m256) {
+    let low = _mm256_and_si256(words, _mm256_set1_epi32(0xffff));
+    let high = _mm256_srli_epi32::<16>(words);
+    // Per 128-bit half: 4 low words, 4 high words; then low, low, high, high.
+    let packed = _mm256_permute4x64_epi64::<0xd8>(_mm256_packus_epi32(low, high));
+    (
+        _mm256_cvtph_ps(_mm256_castsi256_si128(packed)),
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(packed)),
+    )
 }
 
 /// The 32 fp8 codes of a 32-column group (byte `j` of 32-bit lane `d`
-/// holding column `4d + j`) as four vectors of f32 of value x 2^-120, as
+/// holding column `4d + j`) as four vectors of f32 of value x 2^-8, as
 /// [`fp8_scaled`] gives them, vector `j` holding byte `j` of every lane (the
-/// order `quant_avx2::prescale` stores such groups in). A byte at the top of a 16-bit
-/// word, shifted right arithmetically by 4, has its magnitude at the word's
-/// bits 4..10 and its sign at bit 15 (the mask clears the sign's copies):
-/// for the high word that is f32 bits 20..26 and 31 already, the low word's
-/// moves up by 16. Low bytes first move to their word's top: five shifts
-/// and four masks per 32 codes, no lane crossing.
+/// order `quant_avx2::prescale` stores such groups in): odd bytes are at
+/// the top of their 16-bit word already, even bytes move there, both
+/// become f16 words ([`fp8_f16_words`]) and each word half widens.
 #[inline(always)]
 pub(crate) unsafe fn fp8_bytes(codes: __m256i) -> [__m256; 4] {
-    let mask = _mm256_set1_epi32(0x87f0_0000u32 as i32);
-    let odd = _mm256_srai_epi16::<4>(codes);
-    let even = _mm256_srai_epi16::<4>(_mm256_slli_epi16::<8>(codes));
-    let pick = |v: __m256i| _mm256_castsi256_ps(_mm256_and_si256(v, mask));
-    [
-        pick(_mm256_slli_epi32::<16>(even)),
-        pick(_mm256_slli_epi32::<16>(odd)),
-        pick(even),
-        pick(odd),
-    ]
+    let (b0, b2) = widen_halves(fp8_f16_words(_mm256_slli_epi16::<8>(codes)));
+    let (b1, b3) = widen_halves(fp8_f16_words(codes));
+    [b0, b1, b2, b3]
 }
 
 /// All-ones lanes where the low 8 fp8 codes of `codes` are NaN (0x7f, 0xff).
@@ -108,18 +130,41 @@ pub(crate) static E8M0: [f32; 256] = {
     t
 };
 
-/// e2m1 codes at the top four bits of each 32-bit lane as f32 of value x
-/// 2^-126: shifted right arithmetically by 6, a code has its exponent at f32
-/// bits 23..24, its mantissa bit at 22 and its sign at 31 (the mask clears
-/// the sign's copies); exponent 0 gives the exact subnormal, as e2m1's own.
+/// Twice every e2m1 value, by code (an integer; code 8, negative zero,
+/// gives 0), as a byte-shuffle table for both 128-bit halves.
+#[inline(always)]
+unsafe fn e2m1_times_2() -> __m256i {
+    _mm256_setr_epi8(
+        0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12, 0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+    )
+}
+
+/// Twice the e2m1 values (see [`e2m1_times_2`]) as f32, `N` picking byte
+/// `N` of every 32-bit lane of `bytes` (shuffled values), sign-extended.
+#[inline(always)]
+unsafe fn byte_to_f32<const N: i32>(bytes: __m256i) -> __m256 {
+    let top = match N {
+        0 => _mm256_slli_epi32::<24>(bytes),
+        1 => _mm256_slli_epi32::<16>(bytes),
+        2 => _mm256_slli_epi32::<8>(bytes),
+        _ => bytes,
+    };
+    _mm256_cvtepi32_ps(_mm256_srai_epi32::<24>(top))
+}
+
+/// e2m1 codes at the top four bits of each 32-bit lane as f32 of value x 2:
+/// the nibble shuffled through [`e2m1_times_2`], converted, and the sign
+/// bit set again (code 8 is negative zero, as the definition decodes it).
 #[inline(always)]
 pub(crate) unsafe fn e2m1_from_top(top: __m256i) -> __m256 {
-    let c = _mm256_srai_epi32::<6>(top);
-    _mm256_castsi256_ps(_mm256_and_si256(c, _mm256_set1_epi32(0x81c0_0000u32 as i32)))
+    let nibble = _mm256_srli_epi32::<28>(top);
+    let value = byte_to_f32::<0>(_mm256_shuffle_epi8(e2m1_times_2(), nibble));
+    let sign = _mm256_slli_epi32::<31>(_mm256_srli_epi32::<3>(nibble));
+    _mm256_or_ps(value, _mm256_castsi256_ps(sign))
 }
 
 /// The 8 e2m1 codes of the little-endian 32-bit word at `p` (low nibble
-/// first) as f32 of value x 2^-126, in column order.
+/// first) as f32 of value x 2, in column order.
 #[inline(always)]
 pub(crate) unsafe fn e2m1_8(p: *const u8) -> __m256 {
     let word = _mm256_set1_epi32((p as *const i32).read_unaligned());
@@ -133,7 +178,7 @@ unsafe fn mxfp4_8(p: *const u8, scale: __m256) -> __m256 {
 }
 
 /// mxfp4 code `N` of every 16-bit word (one per 32-bit lane: columns
-/// `4d + N`) as f32 of value x 2^-126 ([`e2m1_from_top`]).
+/// `4d + N`) as f32 of value x 2 ([`e2m1_from_top`]).
 #[inline(always)]
 pub(crate) unsafe fn e2m1_nibble<const N: i32>(words: __m256i) -> __m256 {
     e2m1_from_top(nibble_to_top::<N>(words))
@@ -141,28 +186,26 @@ pub(crate) unsafe fn e2m1_nibble<const N: i32>(words: __m256i) -> __m256 {
 
 /// The 64 mxfp4 codes of a 64-column group (32 bytes: 8 codes per 32-bit
 /// lane, lane `d` holding columns `8d..8d + 8`) as eight vectors of f32 of
-/// value x 2^-126, vector `N` holding code `N` of every lane (columns
-/// `8d + N`, the order `quant_avx2::prescale` stores such groups in). Each 16-bit
-/// shift pair moves codes `N` and `N + 4` at once: the high word's code
-/// lands where [`e2m1_nibble`] puts it, the low word's moves up by 16. Eleven
-/// shifts and eight masks per 64 codes.
+/// value x 2, vector `N` holding code `N` of every lane (columns `8d + N`,
+/// the order `quant_avx2::prescale` stores such groups in). Low and high
+/// nibbles each take one byte shuffle through [`e2m1_times_2`] (code `2j`
+/// and `2j + 1` are byte `j`'s), then every byte of a lane is sign-extended
+/// and converted. Negative zero comes out as zero (the same in any sum).
 #[inline(always)]
 pub(crate) unsafe fn e2m1_lanes(codes: __m256i) -> [__m256; 8] {
-    let mask = _mm256_set1_epi32(0x81c0_0000u32 as i32);
-    let pick = |v: __m256i| _mm256_castsi256_ps(_mm256_and_si256(v, mask));
-    let t0 = _mm256_srai_epi16::<6>(_mm256_slli_epi16::<12>(codes));
-    let t1 = _mm256_srai_epi16::<6>(_mm256_slli_epi16::<8>(codes));
-    let t2 = _mm256_srai_epi16::<6>(_mm256_slli_epi16::<4>(codes));
-    let t3 = _mm256_srai_epi16::<6>(codes);
+    let low_nibbles = _mm256_set1_epi8(0x0f);
+    let table = e2m1_times_2();
+    let even = _mm256_shuffle_epi8(table, _mm256_and_si256(codes, low_nibbles));
+    let odd = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(codes), low_nibbles));
     [
-        pick(_mm256_slli_epi32::<16>(t0)),
-        pick(_mm256_slli_epi32::<16>(t1)),
-        pick(_mm256_slli_epi32::<16>(t2)),
-        pick(_mm256_slli_epi32::<16>(t3)),
-        pick(t0),
-        pick(t1),
-        pick(t2),
-        pick(t3),
+        byte_to_f32::<0>(even),
+        byte_to_f32::<0>(odd),
+        byte_to_f32::<1>(even),
+        byte_to_f32::<1>(odd),
+        byte_to_f32::<2>(even),
+        byte_to_f32::<2>(odd),
+        byte_to_f32::<3>(even),
+        byte_to_f32::<3>(odd),
     ]
 }
 

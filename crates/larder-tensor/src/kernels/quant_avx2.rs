@@ -23,9 +23,8 @@
 //! sharing them, and block sums then take factor 1 over fixed 512-column
 //! pieces (whole chunks, so still independent of the rows in a call).
 //!
-//! fp8: codes become f32 of value x 2^-120 with about two integer
-//! operations per 8 ([`fp8_bytes`]: byte j of every 32-bit lane, so the
-//! activations of each whole 32-column group come permuted to match;
+//! fp8: codes become f32 of value x 2^-8 through f16 ([`fp8_bytes`]: byte
+//! j of every 32-bit lane, so the activations of each whole 32-column group come permuted to match;
 //! [`fp8_scaled`] where blocks are not whole groups); each activation row
 //! comes prescaled by a power of two ([`prescale`]) so that products stay
 //! clear of f32's subnormal range, and
@@ -37,7 +36,7 @@
 //!
 //! mxfp4 and int4 (blocks of whole 32-column groups): whole 64-column
 //! groups decode from 32 bytes, 8 codes per 32-bit lane, with 16-bit shift
-//! pairs ([`e2m1_lanes`]: f32 of value x 2^-126; [`int4_lanes`]: signed
+//! pairs ([`e2m1_lanes`]: f32 of value x 2, by byte shuffle; [`int4_lanes`]: signed
 //! integers, converted); the group's two 32-column halves sit in lanes 0..4
 //! and 4..8 of the same partial sums and take their scales as one vector,
 //! one step per 64 columns ([`groups64`]). A last 32-column group widens 16
@@ -537,12 +536,12 @@ unsafe fn step8<const KIND: u8>(p: *const u8, i: usize, lut: __m128i, nan: &mut 
 }
 
 /// Activations for the fused kernel, and per row the factor that undoes
-/// their scaling. Codes decode to value x 2^-`code_exp` (fp8 120, mxfp4 126),
+/// their scaling. Codes decode to value x 2^-`code_exp` (fp8 8, mxfp4 -1),
 /// so each row is multiplied by a power of two 2^s (exact) that brings its
 /// largest magnitude near 2^40, keeping the products x * w x 2^(s - code_exp)
 /// clear of f32's subnormal range without any sum overflowing; block sums
 /// are multiplied by 2^(code_exp - s) before their scale. `s` is clamped to
-/// 0..=126 (rows already past 2^40, or not finite, stay as they are; rows
+/// 0..=125 (rows already past 2^40, or not finite, stay as they are; rows
 /// below 2^-86 are lifted as far as f32 allows) and depends on the row
 /// alone, keeping results batch-invariant. `code_exp: None` (int4, whose
 /// codes decode to their integer values) leaves the values as they are and
@@ -563,7 +562,9 @@ pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, group: usize, code_e
         let s = if code_exp.is_some() && max.is_finite() && max > 0.0 {
             // Unbiased exponent of the largest magnitude (subnormals count as -127).
             let e = ((max.to_bits() >> 23) & 0xff) as i32 - 127;
-            (40 - e).clamp(0, 126)
+            // (At most 125: the unscaling 2^(code exp - shift) stays a normal f32
+            // for every format's code exponent, -1 included.)
+            (40 - e).clamp(0, 125)
         } else {
             0
         };
