@@ -318,9 +318,20 @@ fn default_layout(source: &std::path::Path) -> anyhow::Result<UpcycleLayout> {
     Ok(UpcycleLayout::for_source(model_type).unwrap_or(UpcycleLayout::Mixtral))
 }
 
-/// Greedy decoding from a seeded first token, recording routes.
+/// Greedy decoding from a seeded first token, recording routes. The experts stream
+/// from the new checkpoint's files through a bounded cache (routing is the same as in
+/// RAM: streaming changes when bytes arrive, not what is computed), so a checkpoint
+/// larger than RAM (a 120b-like preset) is measured too.
 fn measure_overlap(dir: &std::path::Path, tokens: usize, seed: u64) -> anyhow::Result<(f64, Vec<(usize, f64)>)> {
-    let model = larder_model::load_model(dir, None)?;
+    let opts = larder_engine::LoadOptions {
+        experts: larder_engine::ExpertMode::Stream(larder_store::StoreOptions {
+            ram_budget: 1 << 30,
+            ..larder_store::StoreOptions::default()
+        }),
+    };
+    let engine =
+        larder_engine::Engine::load_with(dir, &opts).with_context(|| format!("cannot load {} to measure routing", dir.display()))?;
+    let model = engine.model();
     let mut state = model.new_state();
     let mut trace = RouteTrace::default();
     let mut tok = (seed % model.spec().vocab_size as u64) as u32 + 1;
