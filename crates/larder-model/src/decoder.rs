@@ -99,8 +99,8 @@ pub struct DecoderModel {
 
 impl DecoderModel {
     /// Loads the spine and, with `experts = None`, every routed expert into
-    /// RAM, asking `weights` (a [`Checkpoint`](crate::checkpoint::Checkpoint))
-    /// for every tensor.
+    /// RAM, asking `weights` for every tensor (a [`Checkpoint`](crate::checkpoint::Checkpoint),
+    /// or a [`Recorder`](crate::Recorder) that learns what is asked).
     pub fn load(spec: ModelSpec, weights: &dyn WeightSource, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
         weights.configure(&spec);
         let h = spec.hidden_size;

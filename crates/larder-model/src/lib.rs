@@ -12,7 +12,7 @@
 //!   many sequences at once ([`DecoderModel::forward_batch`]), each with its
 //!   own [`state`];
 //! - loaders ask for weights through a [`WeightSource`] ([`source`]): the
-//!   the checkpoint;
+//!   checkpoint, or a [`Recorder`] that learns the tensors a model reads;
 //! - routed experts come from an [`ExpertProvider`]; the model never knows
 //!   where expert bytes live.
 
@@ -44,5 +44,5 @@ pub use decoder::{BatchSeq, DecoderModel, RouteTrace, Wanted};
 pub use error::ModelError;
 pub use expert::{expert_layers, expert_parts, expert_tensors, ExpertPart, ExpertProvider, ExpertTensor, InMemoryExperts};
 pub use kv_cache::KvLayer;
-pub use source::{Weight, WeightRequest, WeightSource};
+pub use source::{Recorder, Weight, WeightRequest, WeightSource};
 pub use state::{LayerState, RecurrentLayer, RecurrentValues, SequenceState, StateSnapshot};

@@ -5,8 +5,13 @@
 //! methods (`matrix`, `param_matrix`, `vector`, ...) are the convenient API
 //! the loaders use, the way `AsyncReadExt` sits on `AsyncRead`.
 //!
-//! Implementation: the [`Checkpoint`] (safetensors files, answered by its
-//! existing methods, no behaviour change).
+//! Implementations: the [`Checkpoint`] (safetensors files, answered by its
+//! existing methods, no behaviour change) and the [`Recorder`] (no bytes:
+//! learns which tensors an architecture reads, with their shipped names,
+//! dtypes, shapes and roles). So tensor names and shapes are declared once,
+//! in the loaders.
+
+pub mod recorder;
 
 use std::path::PathBuf;
 
@@ -16,6 +21,8 @@ use larder_tensor::WeightMatrix;
 use crate::checkpoint::Checkpoint;
 use crate::config::ModelSpec;
 use crate::error::ModelError;
+
+pub use recorder::{RecordedRole, RecordedTensor, Recorder};
 
 /// What a loader asks a [`WeightSource`] for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
