@@ -44,5 +44,5 @@ pub use decoder::{BatchSeq, DecoderModel, RouteTrace, Wanted};
 pub use error::ModelError;
 pub use expert::{expert_layers, expert_parts, expert_tensors, ExpertPart, ExpertProvider, ExpertTensor, InMemoryExperts};
 pub use kv_cache::KvLayer;
-pub use source::{Recorder, Weight, WeightRequest, WeightSource};
+pub use source::{RandomSource, Recorder, Weight, WeightRequest, WeightSource};
 pub use state::{LayerState, RecurrentLayer, RecurrentValues, SequenceState, StateSnapshot};

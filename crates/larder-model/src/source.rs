@@ -8,9 +8,11 @@
 //! Implementations: the [`Checkpoint`] (safetensors files, answered by its
 //! existing methods, no behaviour change) and the [`Recorder`] (no bytes:
 //! learns which tensors an architecture reads, with their shipped names,
-//! dtypes, shapes and roles). So tensor names and shapes are declared once,
-//! in the loaders.
+//! dtypes, shapes and roles), and the [`RandomSource`] (deterministic random
+//! weights: a model from a spec alone). So tensor names and shapes are
+//! declared once, in the loaders.
 
+pub mod random;
 pub mod recorder;
 
 use std::path::PathBuf;
@@ -22,6 +24,7 @@ use crate::checkpoint::Checkpoint;
 use crate::config::ModelSpec;
 use crate::error::ModelError;
 
+pub use random::RandomSource;
 pub use recorder::{RecordedRole, RecordedTensor, Recorder};
 
 /// What a loader asks a [`WeightSource`] for.
