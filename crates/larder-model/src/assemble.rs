@@ -95,10 +95,82 @@ pub fn shipped_names(weight: &str, packed: bool) -> Vec<(PartKind, String)> {
     }
 }
 
+/// How a weight ships, before its parts are checked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShippedAs {
+    /// One float tensor (F32, F16 or BF16: the checkpoint's choice).
+    Dense,
+    /// fp8 e4m3 codes with f32 block scales (`weight_block_size`).
+    Fp8 { block: (usize, usize) },
+    /// compressed-tensors 4-bit packed.
+    Packed(PackedFormat),
+}
+
+/// One tensor a weight ships in, as its format requires it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PartLayout {
+    pub kind: PartKind,
+    /// The checkpoint name (see [`shipped_names`]).
+    pub name: String,
+    /// What follows the module name (`weight`, `weight_scale_inv`,
+    /// `weight_packed`, `weight_scale`, `weight_shape`).
+    pub suffix: &'static str,
+    /// The safetensors dtypes it may ship in.
+    pub dtypes: &'static [&'static str],
+    pub shape: Vec<usize>,
+}
+
+/// The safetensors dtypes a float tensor may ship in.
+pub const FLOAT_DTYPES: &[&str] = &["BF16", "F16", "F32"];
+
+/// The tensors a `[rows, cols]` weight `weight` (`X.weight`) ships in as
+/// `how`, each with the dtypes and shape it must have, codes first. Only
+/// required parts are listed (MXFP4's optional `weight_shape` is not).
+/// `Err` when `cols` does not fit the packed format.
+pub fn part_layout(weight: &str, rows: usize, cols: usize, how: ShippedAs) -> Result<Vec<PartLayout>, String> {
+    let names = shipped_names(weight, matches!(how, ShippedAs::Packed(_)));
+    let part = |i: usize, suffix, dtypes, shape: Vec<usize>| {
+        let (kind, name): &(PartKind, String) = &names[i];
+        PartLayout {
+            kind: *kind,
+            name: name.clone(),
+            suffix,
+            dtypes,
+            shape,
+        }
+    };
+    Ok(match how {
+        ShippedAs::Dense => vec![part(0, "weight", FLOAT_DTYPES, vec![rows, cols])],
+        ShippedAs::Fp8 { block: (br, bc) } => vec![
+            part(0, "weight", &["F8_E4M3"], vec![rows, cols]),
+            part(1, "weight_scale_inv", &["F32"], vec![rows.div_ceil(br), cols.div_ceil(bc)]),
+        ],
+        ShippedAs::Packed(PackedFormat::Int4 { group }) => {
+            if !cols.is_multiple_of(8) {
+                return Err(format!("int4 packs 8 columns per word; {cols} columns do not"));
+            }
+            vec![
+                part(0, "weight_packed", &["I32"], vec![rows, cols / 8]),
+                part(1, "weight_scale", FLOAT_DTYPES, vec![rows, cols.div_ceil(group)]),
+                part(2, "weight_shape", &["I32", "I64"], vec![2]),
+            ]
+        }
+        ShippedAs::Packed(PackedFormat::Mxfp4) => {
+            if !cols.is_multiple_of(32) {
+                return Err(format!("mxfp4 needs columns in multiples of 32, got {cols}"));
+            }
+            vec![
+                part(0, "weight_packed", &["U8"], vec![rows, cols / 2]),
+                part(1, "weight_scale", &["U8"], vec![rows, cols / 32]),
+            ]
+        }
+    })
+}
+
 /// The format the shipped parts of a `[rows, cols]` weight make, after
-/// checking every part's dtype and shape; `Err` names what disagrees.
-/// `packed` is the checkpoint's compressed-tensors format (when the weight
-/// ships packed), `fp8_block` its fp8 block size.
+/// checking every part's dtype and shape against [`part_layout`]; `Err`
+/// names what disagrees. `packed` is the checkpoint's compressed-tensors
+/// format (when the weight ships packed), `fp8_block` its fp8 block size.
 pub fn shipped_format(
     module: &str,
     rows: usize,
@@ -124,48 +196,36 @@ pub fn shipped_format(
         }
         Ok(())
     };
-    let missing = || format!("the scale tensor of `{module}` is missing");
-    match (packed, codes.dtype) {
-        (Some(PackedFormat::Int4 { group }), _) => {
-            if !cols.is_multiple_of(8) {
-                return Err(format!("int4 packs 8 columns per word; {cols} columns do not"));
-            }
-            expect("weight_packed", codes, &["I32"], &[rows, cols / 8])?;
-            let s = scales.ok_or_else(missing)?;
-            expect("weight_scale", s, &["BF16", "F16", "F32"], &[rows, cols.div_ceil(group)])?;
-            Ok(WeightFormat::Int4Group { group })
-        }
-        (Some(PackedFormat::Mxfp4), _) => {
-            if !cols.is_multiple_of(32) {
-                return Err(format!("mxfp4 needs columns in multiples of 32, got {cols}"));
-            }
-            expect("weight_packed", codes, &["U8"], &[rows, cols / 2])?;
-            expect("weight_scale", scales.ok_or_else(missing)?, &["U8"], &[rows, cols / 32])?;
-            Ok(WeightFormat::Mxfp4)
-        }
+    let (how, format) = match (packed, codes.dtype) {
+        (Some(p @ PackedFormat::Int4 { group }), _) => (ShippedAs::Packed(p), WeightFormat::Int4Group { group }),
+        (Some(p @ PackedFormat::Mxfp4), _) => (ShippedAs::Packed(p), WeightFormat::Mxfp4),
         (None, "F8_E4M3") => {
             let (br, bc) = fp8_block.ok_or("it is fp8 but config.json has no quantization_config.weight_block_size")?;
-            expect("weight", codes, &["F8_E4M3"], &[rows, cols])?;
-            expect(
-                "weight_scale_inv",
-                scales.ok_or_else(missing)?,
-                &["F32"],
-                &[rows.div_ceil(br), cols.div_ceil(bc)],
-            )?;
-            Ok(WeightFormat::Fp8Block {
+            let format = WeightFormat::Fp8Block {
                 block_rows: br,
                 block_cols: bc,
-            })
+            };
+            (ShippedAs::Fp8 { block: (br, bc) }, format)
         }
         (None, d) => {
             let dtype = dense_dtype(d).ok_or_else(|| format!("dtype {d} is not supported (supported: F32, F16, BF16, F8_E4M3)"))?;
-            expect("weight", codes, &[d], &[rows, cols])?;
-            if scales.is_some() {
-                return Err(format!("a {d} weight ships with a scale tensor"));
-            }
-            Ok(WeightFormat::Dense(dtype))
+            (ShippedAs::Dense, WeightFormat::Dense(dtype))
         }
+    };
+    let layout = part_layout(&format!("{module}.weight"), rows, cols, how)?;
+    // A dense weight may ship in any float dtype: its codes' own.
+    let own_dtype = [codes.dtype];
+    let codes_dtypes: &[&str] = if how == ShippedAs::Dense { &own_dtype } else { layout[0].dtypes };
+    expect(layout[0].suffix, codes, codes_dtypes, &layout[0].shape)?;
+    match layout.iter().find(|p| p.kind == PartKind::Scales) {
+        Some(p) => {
+            let s = scales.ok_or_else(|| format!("the scale tensor of `{module}` is missing"))?;
+            expect(p.suffix, s, p.dtypes, &p.shape)?;
+        }
+        None if scales.is_some() => return Err(format!("a {} weight ships with a scale tensor", codes.dtype)),
+        None => {}
     }
+    Ok(format)
 }
 
 /// A dense element dtype by its safetensors name.
@@ -258,7 +318,7 @@ pub struct FusedPart {
     pub dtypes: &'static [&'static str],
 }
 
-const FLOATS: &[&str] = &["BF16", "F16", "F32"];
+const FLOATS: &[&str] = FLOAT_DTYPES;
 const BYTES: &[&str] = &["U8"];
 
 /// The fused tensors of the gpt-oss MoE layer at `block`

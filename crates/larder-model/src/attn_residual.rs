@@ -25,8 +25,8 @@
 use larder_tensor::ops::softmax_in_place;
 use larder_tensor::Mat;
 
-use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
+use crate::source::WeightSource;
 
 /// `Inkling2UnweightedRMSNorm`'s eps (its default; not `rms_norm_eps`).
 pub const UNWEIGHTED_NORM_EPS: f32 = 1e-6;
@@ -42,8 +42,8 @@ pub struct DepthAttention {
 impl DepthAttention {
     /// Loads the `[hidden]` query `name` (any shipped float dtype, widened
     /// to f32); a missing tensor is an error naming it.
-    pub fn load(ckpt: &Checkpoint, name: &str, hidden: usize) -> Result<Self, ModelError> {
-        Ok(Self::new(ckpt.vector(name, hidden)?))
+    pub fn load(weights: &dyn WeightSource, name: &str, hidden: usize) -> Result<Self, ModelError> {
+        Ok(Self::new(weights.vector(name, hidden)?))
     }
 
     pub fn new(query: Vec<f32>) -> Self {
@@ -102,14 +102,14 @@ pub struct LayerAttnRes {
 impl LayerAttnRes {
     /// Layer `layer`'s queries under `prefix` (`model.layers.{layer}`), with
     /// `block` layers per block.
-    pub fn load(ckpt: &Checkpoint, prefix: &str, layer: usize, block: usize, hidden: usize) -> Result<Self, ModelError> {
+    pub fn load(weights: &dyn WeightSource, prefix: &str, layer: usize, block: usize, hidden: usize) -> Result<Self, ModelError> {
         let attention_input = match layer {
             0 => None,
-            _ => Some(DepthAttention::load(ckpt, &format!("{prefix}.attention_input.query"), hidden)?),
+            _ => Some(DepthAttention::load(weights, &format!("{prefix}.attention_input.query"), hidden)?),
         };
         Ok(LayerAttnRes {
             attention_input,
-            mlp_input: DepthAttention::load(ckpt, &format!("{prefix}.mlp_input.query"), hidden)?,
+            mlp_input: DepthAttention::load(weights, &format!("{prefix}.mlp_input.query"), hidden)?,
             block_boundary: layer.is_multiple_of(block),
         })
     }

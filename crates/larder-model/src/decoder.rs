@@ -22,7 +22,6 @@ use larder_tensor::{Linear, Mat, WeightMatrix};
 
 use crate::attention::{GqaAttention, Mixer};
 use crate::attn_residual::{DepthAttention, LayerAttnRes};
-use crate::checkpoint::Checkpoint;
 use crate::config::{ExpertKind, FfnSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, Scoring};
 use crate::error::{ModelError, Stage};
 use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
@@ -31,6 +30,7 @@ use crate::mla::{MlaAttention, QueryProj};
 use crate::mlp::{load_mlp, Mlp};
 use crate::moe::{LatentProj, MoeBlock, SharedExpert};
 use crate::rope::Rope;
+use crate::source::WeightSource;
 use crate::state::SequenceState;
 
 /// The feed-forward half of a layer.
@@ -98,26 +98,28 @@ pub struct DecoderModel {
 }
 
 impl DecoderModel {
-    /// Loads the spine and, with `experts = None`, every routed expert into RAM.
-    pub fn load(spec: ModelSpec, ckpt: &Checkpoint, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
-        ckpt.configure(&spec);
+    /// Loads the spine and, with `experts = None`, every routed expert into
+    /// RAM, asking `weights` for every tensor (a [`Checkpoint`](crate::checkpoint::Checkpoint),
+    /// or a [`Recorder`](crate::Recorder) that learns what is asked).
+    pub fn load(spec: ModelSpec, weights: &dyn WeightSource, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
+        weights.configure(&spec);
         let h = spec.hidden_size;
-        let embed = ckpt.param_matrix("model.embed_tokens.weight", spec.vocab_size, h)?;
-        let lm_head = if spec.tie_word_embeddings && !ckpt.has("lm_head.weight") {
+        let embed = weights.param_matrix("model.embed_tokens.weight", spec.vocab_size, h)?;
+        let lm_head = if spec.tie_word_embeddings && !weights.has("lm_head.weight")? {
             Linear::new(embed.clone(), None)
         } else {
-            Linear::new(ckpt.matrix("lm_head.weight", spec.vocab_size, h)?, None)
+            Linear::new(weights.matrix("lm_head.weight", spec.vocab_size, h)?, None)
         };
-        let norm = ckpt.vector("model.norm.weight", h)?;
+        let norm = weights.vector("model.norm.weight", h)?;
         let mut layers = Vec::with_capacity(spec.layers.len());
         let mut in_memory = Vec::with_capacity(spec.layers.len());
         for (l, ls) in spec.layers.iter().enumerate() {
             let p = format!("model.layers.{l}");
-            let mixer = load_mixer(&spec, ls, ckpt, &p)?;
+            let mixer = load_mixer(&spec, ls, weights, &p)?;
             let (ffn, layer_experts) = match &ls.ffn {
                 FfnSpec::Dense { intermediate } => (
                     Ffn::Dense(load_mlp(
-                        ckpt,
+                        weights,
                         &format!("{p}.mlp"),
                         ["gate_proj", "up_proj", "down_proj"],
                         h,
@@ -129,18 +131,18 @@ impl DecoderModel {
                     let names = &spec.moe_names;
                     let bp = format!("{p}.{}", names.block);
                     let router_bias = match m.scoring {
-                        Scoring::TopKSoftmax => Some(ckpt.vector(&format!("{bp}.{}.bias", names.router), m.num_experts)?),
+                        Scoring::TopKSoftmax => Some(weights.vector(&format!("{bp}.{}.bias", names.router), m.num_experts)?),
                         _ => None,
                     };
                     let router = Linear::new(
-                        ckpt.param_matrix(&format!("{bp}.{}.weight", names.router), m.num_experts, h)?,
+                        weights.param_matrix(&format!("{bp}.{}.weight", names.router), m.num_experts, h)?,
                         router_bias,
                     );
                     let shared = match &m.shared_expert {
                         None => None,
                         Some(s) => Some(SharedExpert {
                             mlp: load_mlp(
-                                ckpt,
+                                weights,
                                 &format!("{bp}.{}", names.shared_expert),
                                 ["gate_proj", "up_proj", "down_proj"],
                                 h,
@@ -148,7 +150,7 @@ impl DecoderModel {
                             )?,
                             gate: if s.sigmoid_gate {
                                 Some(Linear::new(
-                                    ckpt.matrix(&format!("{bp}.{}.weight", names.shared_expert_gate), 1, h)?,
+                                    weights.matrix(&format!("{bp}.{}.weight", names.shared_expert_gate), 1, h)?,
                                     None,
                                 ))
                             } else {
@@ -159,13 +161,13 @@ impl DecoderModel {
                     let experts_here = if experts.is_some() {
                         Vec::new()
                     } else if let ExpertKind::GptOss { .. } = m.experts {
-                        crate::fused_experts::load_gpt_oss_layer(&spec, l, ckpt)?
+                        crate::fused_experts::load_gpt_oss_layer(&spec, l, weights)?
                     } else {
                         (0..m.num_experts)
                             .map(|e| {
                                 let [g, u, d] = expert_tensors(&spec, l, e)
                                     .ok_or_else(|| ModelError::Experts(format!("layer {l}: not a MoE layer")))?;
-                                let w = |t: &ExpertTensor| ckpt.matrix(&t.name, t.shape[0], t.shape[1]);
+                                let w = |t: &ExpertTensor| weights.matrix(&t.name, t.shape[0], t.shape[1]);
                                 Ok(Arc::new(Mlp::new(&format!("{bp}.experts.{e}"), w(&g)?, w(&u)?, w(&d)?)?))
                             })
                             .collect::<Result<Vec<_>, ModelError>>()?
@@ -178,7 +180,7 @@ impl DecoderModel {
                             topk_group,
                             scaling,
                         } => {
-                            let bias = ckpt.optional_vector(&format!("{bp}.{}.e_score_correction_bias", names.router), m.num_experts)?;
+                            let bias = weights.optional_vector(&format!("{bp}.{}.e_score_correction_bias", names.router), m.num_experts)?;
                             Router::SigmoidGroup(
                                 SigmoidGroupTopK::new(m.num_experts, m.top_k, *n_group, *topk_group, m.renormalize, *scaling, bias)
                                     .map_err(bad)?,
@@ -191,7 +193,7 @@ impl DecoderModel {
                             layer: l,
                             router,
                             routing,
-                            latent: m.latent.map(|w| LatentProj::load(ckpt, &bp, h, w)).transpose()?,
+                            latent: m.latent.map(|w| LatentProj::load(weights, &bp, h, w)).transpose()?,
                             shared,
                         }),
                         experts_here,
@@ -199,13 +201,13 @@ impl DecoderModel {
                 }
             };
             layers.push(DecoderLayer {
-                input_norm: ckpt.vector(&format!("{p}.input_layernorm.weight"), h)?,
+                input_norm: weights.vector(&format!("{p}.input_layernorm.weight"), h)?,
                 mixer,
-                post_attention_norm: ckpt.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                post_attention_norm: weights.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 ffn,
                 attn_res: match spec.attn_res_block {
                     None => None,
-                    Some(block) => Some(LayerAttnRes::load(ckpt, &p, l, block, h)?),
+                    Some(block) => Some(LayerAttnRes::load(weights, &p, l, block, h)?),
                 },
             });
             in_memory.push(layer_experts);
@@ -214,7 +216,7 @@ impl DecoderModel {
         let rope = Rope::new(&spec.rope, spec.head_dim);
         let final_input = match spec.attn_res_block {
             None => None,
-            Some(_) => Some(DepthAttention::load(ckpt, "model.final_input.query", h)?),
+            Some(_) => Some(DepthAttention::load(weights, "model.final_input.query", h)?),
         };
         Ok(DecoderModel {
             spec,
@@ -547,22 +549,24 @@ impl DecoderModel {
 }
 
 /// The token mixer of layer `prefix` as `layer` says.
-fn load_mixer(spec: &ModelSpec, layer: &LayerSpec, ckpt: &Checkpoint, prefix: &str) -> Result<Mixer, ModelError> {
+fn load_mixer(spec: &ModelSpec, layer: &LayerSpec, weights: &dyn WeightSource, prefix: &str) -> Result<Mixer, ModelError> {
     match &layer.mixer {
-        MixerSpec::Gqa => load_gqa(spec, ckpt, prefix, layer.sliding_window).map(Mixer::Gqa),
-        MixerSpec::Mla(m) => load_mla(spec, m, ckpt, prefix).map(Mixer::Mla),
-        MixerSpec::Kda(k) => KdaMixer::load(ckpt, &format!("{prefix}.self_attn"), k, spec.hidden_size, spec.rms_norm_eps).map(Mixer::Kda),
+        MixerSpec::Gqa => load_gqa(spec, weights, prefix, layer.sliding_window).map(Mixer::Gqa),
+        MixerSpec::Mla(m) => load_mla(spec, m, weights, prefix).map(Mixer::Mla),
+        MixerSpec::Kda(k) => {
+            KdaMixer::load(weights, &format!("{prefix}.self_attn"), k, spec.hidden_size, spec.rms_norm_eps).map(Mixer::Kda)
+        }
     }
 }
 
-fn load_gqa(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_window: Option<usize>) -> Result<GqaAttention, ModelError> {
+fn load_gqa(spec: &ModelSpec, weights: &dyn WeightSource, prefix: &str, sliding_window: Option<usize>) -> Result<GqaAttention, ModelError> {
     let (h, hd) = (spec.hidden_size, spec.head_dim);
     let (nq, nkv) = (spec.num_heads * hd, spec.num_kv_heads * hd);
     let a = format!("{prefix}.self_attn");
     let lin = |name: &str, rows: usize, cols: usize, bias: bool| -> Result<Linear, ModelError> {
-        let w = ckpt.matrix(&format!("{a}.{name}.weight"), rows, cols)?;
+        let w = weights.matrix(&format!("{a}.{name}.weight"), rows, cols)?;
         let b = if bias {
-            Some(ckpt.vector(&format!("{a}.{name}.bias"), rows)?)
+            Some(weights.vector(&format!("{a}.{name}.bias"), rows)?)
         } else {
             None
         };
@@ -570,8 +574,8 @@ fn load_gqa(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_window: O
     };
     let qk_norm = if spec.qk_norm {
         Some((
-            ckpt.vector(&format!("{a}.q_norm.weight"), hd)?,
-            ckpt.vector(&format!("{a}.k_norm.weight"), hd)?,
+            weights.vector(&format!("{a}.q_norm.weight"), hd)?,
+            weights.vector(&format!("{a}.k_norm.weight"), hd)?,
         ))
     } else {
         None
@@ -588,32 +592,39 @@ fn load_gqa(spec: &ModelSpec, ckpt: &Checkpoint, prefix: &str, sliding_window: O
         rms_norm_eps: spec.rms_norm_eps,
         sliding_window,
         sinks: match spec.attention_sinks {
-            true => Some(ckpt.vector(&format!("{a}.sinks"), spec.num_heads)?),
+            true => Some(weights.vector(&format!("{a}.sinks"), spec.num_heads)?),
             false => None,
         },
     })
 }
 
-fn load_mla(spec: &ModelSpec, m: &MlaSpec, ckpt: &Checkpoint, prefix: &str) -> Result<MlaAttention, ModelError> {
+fn load_mla(spec: &ModelSpec, m: &MlaSpec, weights: &dyn WeightSource, prefix: &str) -> Result<MlaAttention, ModelError> {
     let a = format!("{prefix}.self_attn");
     let (h, heads) = (spec.hidden_size, spec.num_heads);
     let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
     let lin = |name: &str, rows: usize, cols: usize| -> Result<Linear, ModelError> {
-        Ok(Linear::new(ckpt.matrix(&format!("{a}.{name}.weight"), rows, cols)?, None))
+        Ok(Linear::new(weights.matrix(&format!("{a}.{name}.weight"), rows, cols)?, None))
     };
     let q = match m.q_lora_rank {
         None => QueryProj::Direct(lin("q_proj", heads * qk, h)?),
         Some(rank) => QueryProj::LowRank {
             a: lin("q_a_proj", rank, h)?,
-            norm: ckpt.vector(&format!("{a}.q_a_layernorm.weight"), rank)?,
+            norm: weights.vector(&format!("{a}.q_a_layernorm.weight"), rank)?,
             b: lin("q_b_proj", heads * qk, rank)?,
         },
     };
-    let output_gate = output_gate(ckpt, &format!("{a}.g_proj.weight"), m.output_gate, heads, h, "mla_use_output_gate")?;
+    let output_gate = output_gate(
+        weights,
+        &format!("{a}.g_proj.weight"),
+        m.output_gate,
+        heads,
+        h,
+        "mla_use_output_gate",
+    )?;
     Ok(MlaAttention {
         q,
         kv_a: lin("kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, h)?,
-        kv_norm: ckpt.vector(&format!("{a}.kv_a_layernorm.weight"), m.kv_lora_rank)?,
+        kv_norm: weights.vector(&format!("{a}.kv_a_layernorm.weight"), m.kv_lora_rank)?,
         kv_b: lin("kv_b_proj", heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)?,
         o_proj: lin("o_proj", h, heads * m.v_head_dim)?,
         num_heads: heads,
@@ -633,7 +644,7 @@ fn load_mla(spec: &ModelSpec, m: &MlaSpec, ckpt: &Checkpoint, prefix: &str) -> R
 /// switches on: loaded when on; when off, its presence is an error (the
 /// weight would be ignored).
 pub(crate) fn output_gate(
-    ckpt: &Checkpoint,
+    weights: &dyn WeightSource,
     name: &str,
     on: bool,
     rows: usize,
@@ -641,11 +652,11 @@ pub(crate) fn output_gate(
     field: &str,
 ) -> Result<Option<Linear>, ModelError> {
     if on {
-        return Ok(Some(Linear::new(ckpt.matrix(name, rows, cols)?, None)));
+        return Ok(Some(Linear::new(weights.matrix(name, rows, cols)?, None)));
     }
-    if ckpt.has(name) {
+    if weights.has(name)? {
         return Err(ModelError::config(
-            &ckpt.config_json_path(),
+            &weights.config_path(),
             field,
             format!("is not true, but the checkpoint has the output gate `{name}`: set it to true, or remove the tensor"),
         ));

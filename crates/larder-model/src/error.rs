@@ -58,6 +58,10 @@ pub enum ModelError {
     },
     #[error("expert provider: {0}")]
     Experts(String),
+    /// A [`crate::source::WeightSource`] that could not answer, or answered
+    /// a request with the wrong kind of weight.
+    #[error("weight source: {0}")]
+    Source(String),
     #[error(transparent)]
     Weight(#[from] larder_tensor::WeightError),
     /// A streaming provider's own error (I/O, digest, ...), kept whole.

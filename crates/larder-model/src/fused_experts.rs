@@ -23,6 +23,7 @@ use crate::config::{ExpertKind, FfnSpec, ModelSpec};
 use crate::error::ModelError;
 use crate::mlp::Mlp;
 use crate::quant::{ModuleRule, PackedFormat};
+use crate::source::WeightSource;
 
 /// The fused tensors of a gpt-oss MoE layer's experts.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,6 +46,22 @@ pub struct FusedLayer {
 /// shipped otherwise than `quantization_config` says is an error naming
 /// tensor and field.
 pub fn gpt_oss_layer_parts(spec: &ModelSpec, layer: usize, ckpt: Option<&Checkpoint>) -> Result<Option<FusedLayer>, ModelError> {
+    let Some((layer_parts, says)) = fused_layer(spec, layer)? else {
+        return Ok(None);
+    };
+    if let Some(ckpt) = ckpt {
+        for part in &layer_parts.parts {
+            check_present(&layer_parts, part, &says, |n| Ok(ckpt.has(n)))?;
+            let info = ckpt.tensor_info(&part.name)?;
+            check_fused_part(part, &info.dtype, &info.shape, false).map_err(|m| ModelError::Experts(format!("{m} ({says})")))?;
+        }
+    }
+    Ok(Some(layer_parts))
+}
+
+/// The fused tensors of layer `layer` and what the config says of how they
+/// ship (for errors); `None` for a layer without gpt-oss experts.
+fn fused_layer(spec: &ModelSpec, layer: usize) -> Result<Option<(FusedLayer, String)>, ModelError> {
     let Some(FfnSpec::Moe(m)) = spec.layers.get(layer).map(|l| &l.ffn) else {
         return Ok(None);
     };
@@ -69,6 +86,10 @@ pub fn gpt_oss_layer_parts(spec: &ModelSpec, layer: usize, ckpt: Option<&Checkpo
             "{module}: MXFP4 needs hidden_size ({h}) and intermediate_size ({i}) in multiples of 32"
         )));
     }
+    let says = match &reason {
+        None => format!("{field} does not name {module}, so its experts ship MXFP4"),
+        Some(r) => format!("{field}: {r}, so {module} ships unquantized"),
+    };
     let layer_parts = FusedLayer {
         parts: gpt_oss_fused_parts(&block, m.num_experts, h, i, mxfp4),
         block,
@@ -78,37 +99,48 @@ pub fn gpt_oss_layer_parts(spec: &ModelSpec, layer: usize, ckpt: Option<&Checkpo
         mxfp4,
         activation: GluActivation::GptOss { alpha, limit },
     };
-    if let Some(ckpt) = ckpt {
-        let says = match &reason {
-            None => format!("{field} does not name {module}, so its experts ship MXFP4"),
-            Some(r) => format!("{field}: {r}, so {module} ships unquantized"),
-        };
-        let other = gpt_oss_fused_parts(&layer_parts.block, 0, 0, 0, !mxfp4);
-        for part in &layer_parts.parts {
-            if !ckpt.has(&part.name) {
-                let shipped: Vec<&str> = other.iter().map(|p| p.name.as_str()).filter(|n| ckpt.has(n)).collect();
-                return Err(ModelError::Experts(match shipped.first() {
-                    Some(found) => format!("tensor `{}` is missing but `{found}` is present: {says}", part.name),
-                    None => format!("tensor `{}` is missing ({says})", part.name),
-                }));
-            }
-            let info = ckpt.tensor_info(&part.name)?;
-            check_fused_part(part, &info.dtype, &info.shape, false).map_err(|m| ModelError::Experts(format!("{m} ({says})")))?;
+    Ok(Some((layer_parts, says)))
+}
+
+/// An error unless `part` ships (`has`), naming the other format's tensor
+/// where that one ships instead.
+fn check_present(
+    fused: &FusedLayer,
+    part: &FusedPart,
+    says: &str,
+    has: impl Fn(&str) -> Result<bool, ModelError>,
+) -> Result<(), ModelError> {
+    if has(&part.name)? {
+        return Ok(());
+    }
+    let other = gpt_oss_fused_parts(&fused.block, 0, 0, 0, !fused.mxfp4);
+    let mut shipped = Vec::new();
+    for p in &other {
+        if has(&p.name)? {
+            shipped.push(p.name.as_str());
         }
     }
-    Ok(Some(layer_parts))
+    Err(ModelError::Experts(match shipped.first() {
+        Some(found) => format!("tensor `{}` is missing but `{found}` is present: {says}", part.name),
+        None => format!("tensor `{}` is missing ({says})", part.name),
+    }))
 }
 
 /// Every expert of gpt-oss MoE layer `layer`, in RAM: each fused tensor is
-/// read once and each expert views its slice (MXFP4 without a copy).
-pub fn load_gpt_oss_layer(spec: &ModelSpec, layer: usize, ckpt: &Checkpoint) -> Result<Vec<Arc<Mlp>>, ModelError> {
-    let fused = gpt_oss_layer_parts(spec, layer, Some(ckpt))?
-        .ok_or_else(|| ModelError::Experts(format!("layer {layer}: not a gpt-oss expert layer")))?;
-    let tensors = fused
-        .parts
-        .iter()
-        .map(|p| Ok((ckpt.tensor_info(&p.name)?.dtype, ckpt.shared_tensor(&p.name)?)))
-        .collect::<Result<Vec<_>, ModelError>>()?;
+/// taken once (whole, as shipped) and each expert views its slice (MXFP4
+/// without a copy).
+pub fn load_gpt_oss_layer(spec: &ModelSpec, layer: usize, weights: &dyn WeightSource) -> Result<Vec<Arc<Mlp>>, ModelError> {
+    let (fused, says) =
+        fused_layer(spec, layer)?.ok_or_else(|| ModelError::Experts(format!("layer {layer}: not a gpt-oss expert layer")))?;
+    for part in &fused.parts {
+        check_present(&fused, part, &says, |n| weights.has(n))?;
+    }
+    let mut tensors = Vec::with_capacity(fused.parts.len());
+    for part in &fused.parts {
+        let t = weights.raw_tensor(&part.name, part.dtypes, &part.shape)?;
+        check_fused_part(part, &t.dtype, &t.shape, false).map_err(|m| ModelError::Experts(format!("{m} ({says})")))?;
+        tensors.push((t.dtype, t.bytes));
+    }
     (0..fused.experts)
         .map(|e| {
             let slices: Vec<_> = tensors

@@ -44,9 +44,9 @@ use larder_tensor::ops::{rms_norm_row, sigmoid, silu};
 use larder_tensor::{Linear, Mat};
 use rayon::prelude::*;
 
-use crate::checkpoint::Checkpoint;
 use crate::config::{KdaOutputGate, KdaSpec};
 use crate::error::ModelError;
+use crate::source::WeightSource;
 use crate::state::{RecurrentLayer, RecurrentValues};
 
 /// Epsilon of the q/k L2 norm (inside the square root).
@@ -108,23 +108,23 @@ struct RecurrenceInputs {
 impl KdaMixer {
     /// Loads the KDA tensors under `prefix` (`model.layers.N.self_attn`),
     /// checking every shape against `spec` and `hidden`.
-    pub fn load(ckpt: &Checkpoint, prefix: &str, spec: &KdaSpec, hidden: usize, rms_norm_eps: f32) -> Result<Self, ModelError> {
+    pub fn load(weights: &dyn WeightSource, prefix: &str, spec: &KdaSpec, hidden: usize, rms_norm_eps: f32) -> Result<Self, ModelError> {
         let (h, d, k) = (spec.num_heads, spec.head_dim, spec.conv_kernel);
         let hd = h * d;
         let lin = |name: &str, rows: usize, cols: usize| -> Result<Linear, ModelError> {
             let full = format!("{prefix}.{name}.weight");
-            check_shape(ckpt, &full, &[rows, cols])?;
-            Ok(Linear::new(ckpt.matrix(&full, rows, cols)?, None))
+            check_shape(weights, &full, &[rows, cols])?;
+            Ok(Linear::new(weights.matrix(&full, rows, cols)?, None))
         };
         let mut conv = Vec::with_capacity(3 * hd * k);
         for name in ["q_conv1d", "k_conv1d", "v_conv1d"] {
-            conv.extend(tensor(ckpt, &format!("{prefix}.{name}.weight"), &[&[hd, 1, k]])?);
+            conv.extend(tensor(weights, &format!("{prefix}.{name}.weight"), &[&[hd, 1, k]])?);
         }
-        let a_log = tensor(ckpt, &format!("{prefix}.A_log"), &[&[1, 1, h, 1], &[h]])?;
+        let a_log = tensor(weights, &format!("{prefix}.A_log"), &[&[1, 1, h, 1], &[h]])?;
         let full_rank = spec.output_gate == KdaOutputGate::FullRank;
         let g_proj = format!("{prefix}.g_proj.weight");
         let field = "linear_attn_config.use_full_rank_gate";
-        let output_gate = match crate::decoder::output_gate(ckpt, &g_proj, full_rank, hd, hidden, field)? {
+        let output_gate = match crate::decoder::output_gate(weights, &g_proj, full_rank, hd, hidden, field)? {
             Some(g) => OutputGateProj::FullRank(g),
             None => OutputGateProj::LowRank {
                 a: lin("g_a_proj", d, hidden)?,
@@ -139,11 +139,11 @@ impl KdaMixer {
             f_a: lin("f_a_proj", d, hidden)?,
             f_b: lin("f_b_proj", hd, d)?,
             decay_rate: a_log.iter().map(|a| a.exp()).collect(),
-            dt_bias: tensor(ckpt, &format!("{prefix}.dt_bias"), &[&[hd]])?,
+            dt_bias: tensor(weights, &format!("{prefix}.dt_bias"), &[&[hd]])?,
             gate_lower_bound: spec.gate_lower_bound,
             b_proj: lin("b_proj", h, hidden)?,
             output_gate,
-            o_norm: tensor(ckpt, &format!("{prefix}.o_norm.weight"), &[&[d]])?,
+            o_norm: tensor(weights, &format!("{prefix}.o_norm.weight"), &[&[d]])?,
             o_proj: lin("o_proj", hidden, hd)?,
             heads: h,
             head_dim: d,
@@ -364,29 +364,30 @@ fn l2_normalise(x: &mut [f32], dim: usize, scale: f32) {
     }
 }
 
-/// An error naming `name` unless its stored shape is `shape`.
-fn check_shape(ckpt: &Checkpoint, name: &str, shape: &[usize]) -> Result<(), ModelError> {
-    let got = ckpt.shape(name)?;
-    if got != shape {
-        return Err(shape_error(ckpt, name, got, shape));
+/// An error naming `name` unless its stored shape is `shape` (checked
+/// where the source knows stored shapes; a missing weight is the error the
+/// weight's own request then gives).
+fn check_shape(weights: &dyn WeightSource, name: &str, shape: &[usize]) -> Result<(), ModelError> {
+    match weights.stored_shape(name)? {
+        Some(got) if got != shape => Err(shape_error(weights, name, &got, shape)),
+        _ => Ok(()),
     }
-    Ok(())
 }
 
 /// A small f32 tensor (conv taps, gate parameters, norm weight) whose stored
 /// shape is one of `shapes`, widened to f32.
-fn tensor(ckpt: &Checkpoint, name: &str, shapes: &[&[usize]]) -> Result<Vec<f32>, ModelError> {
-    let got = ckpt.shape(name)?.to_vec();
-    match shapes.iter().find(|s| **s == got.as_slice()) {
-        Some(s) => ckpt.tensor_f32(name, s),
-        None => Err(shape_error(ckpt, name, &got, shapes[0])),
+fn tensor(weights: &dyn WeightSource, name: &str, shapes: &[&[usize]]) -> Result<Vec<f32>, ModelError> {
+    match weights.tensor_f32_any(name, shapes) {
+        Ok((values, _)) => Ok(values),
+        Err(ModelError::TensorShape { name: n, got, .. }) if n == name => Err(shape_error(weights, name, &got, shapes[0])),
+        Err(e) => Err(e),
     }
 }
 
 /// A shape mismatch of a KDA tensor, blamed on the config fields that set it.
-fn shape_error(ckpt: &Checkpoint, name: &str, got: &[usize], expected: &[usize]) -> ModelError {
+fn shape_error(weights: &dyn WeightSource, name: &str, got: &[usize], expected: &[usize]) -> ModelError {
     ModelError::config(
-        &ckpt.config_json_path(),
+        &weights.config_path(),
         "linear_attn_config",
         format!(
             "tensor `{name}` has shape {got:?}, but num_heads, head_dim and short_conv_kernel_size (with hidden_size) \

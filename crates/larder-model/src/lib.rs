@@ -11,6 +11,8 @@
 //!   [`mla`]; [`kda`] for Kimi Linear's linear attention), [`mlp`] and [`moe`]; it runs
 //!   many sequences at once ([`DecoderModel::forward_batch`]), each with its
 //!   own [`state`];
+//! - loaders ask for weights through a [`WeightSource`] ([`source`]): the
+//!   checkpoint, or a [`Recorder`] that learns the tensors a model reads;
 //! - routed experts come from an [`ExpertProvider`]; the model never knows
 //!   where expert bytes live.
 
@@ -31,6 +33,7 @@ pub mod mlp;
 pub mod moe;
 pub mod quant;
 pub mod rope;
+pub mod source;
 pub mod state;
 pub mod synth;
 pub mod upcycle;
@@ -41,4 +44,5 @@ pub use decoder::{BatchSeq, DecoderModel, RouteTrace, Wanted};
 pub use error::ModelError;
 pub use expert::{expert_layers, expert_parts, expert_tensors, ExpertPart, ExpertProvider, ExpertTensor, InMemoryExperts};
 pub use kv_cache::KvLayer;
+pub use source::{RandomSource, Recorder, Weight, WeightRequest, WeightSource};
 pub use state::{LayerState, RecurrentLayer, RecurrentValues, SequenceState, StateSnapshot};

@@ -5,12 +5,12 @@
 
 pub use larder_tensor::expert::SwigluExpert as Mlp;
 
-use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
+use crate::source::WeightSource;
 
 /// Loads `{prefix}.{gate}.weight`, `{prefix}.{up}.weight`, `{prefix}.{down}.weight`.
-pub fn load_mlp(ckpt: &Checkpoint, prefix: &str, names: [&str; 3], hidden: usize, intermediate: usize) -> Result<Mlp, ModelError> {
-    let w = |n: &str, rows, cols| ckpt.matrix(&format!("{prefix}.{n}.weight"), rows, cols);
+pub fn load_mlp(weights: &dyn WeightSource, prefix: &str, names: [&str; 3], hidden: usize, intermediate: usize) -> Result<Mlp, ModelError> {
+    let w = |n: &str, rows, cols| weights.matrix(&format!("{prefix}.{n}.weight"), rows, cols);
     Mlp::new(
         prefix,
         w(names[0], intermediate, hidden)?,

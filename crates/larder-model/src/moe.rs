@@ -12,10 +12,10 @@ use larder_router::{Route, Router};
 use larder_tensor::ops::sigmoid;
 use larder_tensor::{Linear, Mat};
 
-use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
 use crate::expert::ExpertProvider;
 use crate::mlp::Mlp;
+use crate::source::WeightSource;
 
 /// An always-applied shared expert.
 pub struct SharedExpert {
@@ -35,10 +35,10 @@ pub struct LatentProj {
 impl LatentProj {
     /// `{block}.fc1_latent_proj.weight` and `{block}.fc2_latent_proj.weight`
     /// (no biases: Kimi's MLPs have none); a missing tensor is an error naming it.
-    pub fn load(ckpt: &Checkpoint, block: &str, hidden: usize, latent: usize) -> Result<LatentProj, ModelError> {
+    pub fn load(weights: &dyn WeightSource, block: &str, hidden: usize, latent: usize) -> Result<LatentProj, ModelError> {
         Ok(LatentProj {
-            down: Linear::new(ckpt.matrix(&format!("{block}.fc1_latent_proj.weight"), latent, hidden)?, None),
-            up: Linear::new(ckpt.matrix(&format!("{block}.fc2_latent_proj.weight"), hidden, latent)?, None),
+            down: Linear::new(weights.matrix(&format!("{block}.fc1_latent_proj.weight"), latent, hidden)?, None),
+            up: Linear::new(weights.matrix(&format!("{block}.fc2_latent_proj.weight"), hidden, latent)?, None),
         })
     }
 }

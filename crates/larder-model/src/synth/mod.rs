@@ -37,6 +37,8 @@
 
 mod config;
 mod gpt_oss;
+#[cfg(test)]
+mod recorded;
 mod tensors;
 mod write;
 
