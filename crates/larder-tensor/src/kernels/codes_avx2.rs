@@ -20,12 +20,12 @@
 //!   [`e2m1_lanes`] shuffles all 64 nibbles of a 64-column group at once.
 //!   e8m0 scales: [`E8M0`] (0xFF is NaN).
 //!
-//! No form ever holds an f32 subnormal: on AMD Zen 3 (this project's
-//! machines) every FMA or multiply with a subnormal operand takes a
-//! microcode assist of about 100 cycles (measured: 36 ns against 1.4 ns per
-//! FMA), which made fused kernels that decoded fp8 and e2m1 codes to
-//! subnormal-range f32 (value x 2^-120 and x 2^-126) 40-100x slower there
-//! than the same kernels on a CPU without the assist. Results are the same
+//! No form ever holds an f32 subnormal: without DAZ, an FMA or multiply
+//! with a subnormal operand takes a microcode assist (measured on the
+//! Intel Xeon, family 6 model 167, of bench/results/2026-12-02-kernels-4bit.md:
+//! 36 ns against 1.4 ns per FMA), which made fused kernels that decoded fp8
+//! and e2m1 codes to subnormal-range f32 (value x 2^-120 and x 2^-126)
+//! 35-100x slower than their roofs there. Results are the same
 //! bits either way: the codes are only scaled by a different power of two,
 //! which [`super::quant_avx2::prescale`]'s unscaling undoes exactly.
 //! - **int4** (offset 8): the integer value: [`nibbles8`] / [`nibbles32`]
