@@ -4,7 +4,11 @@
 //! load and match transformers is tests/fixtures.rs; that streaming matches
 //! in-RAM bit for bit is larder-engine's tests/streaming.rs.)
 
-use std::path::{Path, PathBuf};
+mod scratch;
+
+use std::path::Path;
+
+use scratch::FixtureCopy;
 
 use larder_model::load_model;
 use safetensors::tensor::TensorView;
@@ -15,15 +19,8 @@ const INT4: &str = "deepseek_v3_int4";
 const MXFP4: &str = "deepseek_v3_mxfp4";
 const GATE: &str = "model.layers.1.mlp.experts.0.gate_proj";
 
-fn copy_fixture(name: &str, tag: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name);
-    let dst = std::env::temp_dir().join(format!("larder-ct-{}-{name}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dst);
-    std::fs::create_dir_all(&dst).unwrap();
-    for e in std::fs::read_dir(&src).unwrap().flatten() {
-        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
-    }
-    dst
+fn copy_fixture(name: &str, tag: &str) -> FixtureCopy {
+    FixtureCopy::new(&format!("larder-ct-{name}"), name, tag)
 }
 
 fn edit_config(dir: &Path, f: impl FnOnce(&mut Value)) {

@@ -1,20 +1,17 @@
 //! DeepSeek-V3 / Kimi-K2 checkpoints: bad input gets clear errors naming the field or tensor;
 //! multi-token-prediction layers are left out of the main model.
 
-use std::path::{Path, PathBuf};
+mod scratch;
+
+use std::path::Path;
+
+use scratch::FixtureCopy;
 
 use larder_model::load_model;
 use serde_json::Value;
 
-fn copy_fixture(name: &str, tag: &str) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name);
-    let dst = std::env::temp_dir().join(format!("larder-ds-err-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dst);
-    std::fs::create_dir_all(&dst).unwrap();
-    for e in std::fs::read_dir(&src).unwrap().flatten() {
-        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
-    }
-    dst
+fn copy_fixture(name: &str, tag: &str) -> FixtureCopy {
+    FixtureCopy::new("larder-ds-err", name, tag)
 }
 
 fn edit(dir: &Path, f: impl FnOnce(&mut Value)) {
@@ -150,5 +147,4 @@ fn latent_norms_keep_their_own_epsilon() {
             other => panic!("deepseek_v3 layers are MLA: {other:?}"),
         }
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
