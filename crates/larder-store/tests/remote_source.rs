@@ -47,7 +47,9 @@ fn open_hub(server: &HubServer, arg: &str, token: Option<&str>) -> Box<dyn FileS
 fn hub_listing_meta_and_verified_stream() {
     let server = HubServer::start(&fixture());
     let src = open_hub(&server, REPO, None);
+    server.fault(Op::Api, "", common::Fault::Status(502));
     let listing = src.list_files().unwrap();
+    assert_eq!(src.transferred().retries, 1, "a 502 on the listing is retried");
     assert_eq!(listing.commit.as_deref(), Some(COMMIT));
     let names: Vec<_> = listing.files.iter().map(|f| f.name.as_str()).collect();
     assert!(names.contains(&"config.json") && names.contains(&"model.safetensors"), "{names:?}");
@@ -67,7 +69,7 @@ fn hub_listing_meta_and_verified_stream() {
     let gets: Vec<_> = server.log().into_iter().filter(|s| s.op == Op::Get).collect();
     assert!(gets.iter().all(|s| s.path.contains(&format!("/resolve/{COMMIT}/"))), "{gets:?}");
     let t = src.transferred();
-    assert_eq!(t.retries, 0);
+    assert_eq!(t.retries, 1);
     assert!(t.bytes >= out.len() as u64);
 
     // A small file (no LFS sha): streamed, not verified.

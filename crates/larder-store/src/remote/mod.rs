@@ -11,7 +11,7 @@
 //!   and failure sorting, transfer counters;
 //! - [`http`]: [`HttpSource`] (metadata, ETag-pinned ranges, streaming);
 //! - [`local`]: [`LocalSource`] (the same API over a folder);
-//! - [`error`]: [`RemoteError`].
+//! - [`error`]: every failure, as [`RemoteError`].
 //!
 //! Why `ureq` 3 and not an async client: the store's readers are blocking
 //! threads (pread pool, io_uring completions on the caller), so a blocking
@@ -128,8 +128,7 @@ pub trait FileSource: Send + Sync {
     fn read_ranges(&self, file: &str, ranges: &[(u64, u64)], parallel: usize) -> Result<Vec<Vec<u8>>, RemoteError> {
         let workers = parallel.clamp(1, ranges.len().max(1));
         let next = std::sync::atomic::AtomicUsize::new(0);
-        let results: Vec<std::sync::Mutex<Option<Result<Vec<u8>, RemoteError>>>> =
-            ranges.iter().map(|_| std::sync::Mutex::new(None)).collect();
+        let results: Vec<RangeSlot> = ranges.iter().map(|_| std::sync::Mutex::new(None)).collect();
         std::thread::scope(|scope| {
             for _ in 0..workers {
                 scope.spawn(|| loop {
@@ -155,6 +154,9 @@ pub trait FileSource: Send + Sync {
         Ok(out)
     }
 }
+
+/// One range's result in `read_ranges`, filled by whichever worker read it.
+type RangeSlot = std::sync::Mutex<Option<Result<Vec<u8>, RemoteError>>>;
 
 /// Opens `source` for reading (no request is sent yet).
 pub fn open_source(source: &CheckpointSource, env: &HubEnv, options: &RemoteOptions) -> Result<Box<dyn FileSource>, RemoteError> {

@@ -43,7 +43,7 @@ pub enum Fault {
     /// Send only `len` bytes with an honest Content-Length but a
     /// Content-Range claiming the whole range.
     Short { len: usize },
-    /// Change the file (new content, new ETag) before answering.
+    /// Change the file (its last byte, and so its ETag) before answering.
     Change,
 }
 
@@ -221,10 +221,8 @@ async fn route(st: &Arc<State>, req: &Request<hyper::body::Incoming>, path: &str
     let api_prefix = format!("/api/models/{REPO}/revision/");
     let resolve_prefix = format!("/{REPO}/resolve/");
     if let Some(rev) = path.strip_prefix(&api_prefix) {
-        if let Some(f) = take_fault(st, Op::Api, "") {
-            if let Fault::Status(s) = f {
-                return (error(s, "Injected"), op, 0);
-            }
+        if let Some(Fault::Status(s)) = take_fault(st, Op::Api, "") {
+            return (error(s, "Injected"), op, 0);
         }
         if rev != "main" && rev != COMMIT {
             return (error(404, "RevisionNotFound"), op, 0);
@@ -296,7 +294,8 @@ async fn serve_file(st: &Arc<State>, req: &Request<hyper::body::Incoming>, file:
     }
     if let Some(Fault::Change) = fault {
         if let Some((bytes, version)) = st.files.lock().unwrap().get_mut(file) {
-            bytes[0] ^= 0xff;
+            let last = bytes.len() - 1;
+            bytes[last] ^= 0xff;
             *version += 1;
         }
     }
