@@ -184,3 +184,66 @@ fn local_folder_has_the_same_api() {
     assert!(err.to_string().contains("model.safetensors"), "{err}");
     assert!(src.read_range("../etc/passwd", 0, 1).is_err());
 }
+
+/// A folder holding a sharded checkpoint: config.json, an index naming
+/// `shards` (the first `present` of them written).
+fn sharded_dir(tag: &str, shards: &[&str], present: usize) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("larder-remote-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("config.json"), b"{}").unwrap();
+    let map: serde_json::Map<String, serde_json::Value> = shards
+        .iter()
+        .enumerate()
+        .map(|(i, s)| (format!("t{i}"), serde_json::json!(s)))
+        .collect();
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+    for (i, s) in shards.iter().take(present).enumerate() {
+        std::fs::write(dir.join(s), vec![i as u8; 1000 + i]).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn base_url_index_names_the_shards() {
+    let shards = ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"];
+    let dir = sharded_dir("index", &shards, 2);
+    let server = HubServer::start(&dir);
+    let env = HubEnv::default();
+    let src = CheckpointSource::parse(&format!("{}/{REPO}@{COMMIT}", server.url), &env).unwrap();
+    let src = open_source(&src, &env, &options()).unwrap();
+    let listing = src.list_files().unwrap();
+    let mut names: Vec<_> = listing.files.iter().map(|f| f.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["config.json", shards[0], shards[1], "model.safetensors.index.json"]);
+    assert_eq!(listing.get(shards[1]).unwrap().size, Some(1001));
+    let mut out = Vec::new();
+    assert!(src.stream_file(shards[1], &mut out, &mut StreamState::default()).unwrap().verified);
+    assert_eq!(out, vec![1u8; 1001]);
+    std::fs::remove_dir_all(&dir).unwrap();
+
+    // An index naming a shard the source does not serve.
+    let dir = sharded_dir("missing", &shards, 1);
+    let server = HubServer::start(&dir);
+    let src = CheckpointSource::parse(&format!("{}/{REPO}", server.url), &env).unwrap();
+    let err = open_source(&src, &env, &options()).unwrap().list_files().unwrap_err();
+    assert!(matches!(err, RemoteError::NotFound { .. }), "{err}");
+    assert!(err.to_string().contains(shards[1]), "{err}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn cdn_redirect_change_mid_stream_is_caught() {
+    let server = HubServer::start(&fixture());
+    *server.state.redirect_lfs.lock().unwrap() = true;
+    let src = open_hub(&server, REPO, None);
+    let want = server.file("model.safetensors");
+    server.fault(Op::Get, "model.safetensors", common::Fault::Reset { after: 50_000 });
+    server.fault(Op::Get, "model.safetensors", common::Fault::Change);
+    let mut out = Vec::new();
+    let mut state = StreamState::default();
+    let err = src.stream_file("model.safetensors", &mut out, &mut state).unwrap_err();
+    assert!(matches!(err, RemoteError::FileChanged { .. }), "{err}");
+    assert_eq!((state.offset, &out[..]), (50_000, &want[..50_000]));
+}
