@@ -284,7 +284,9 @@ impl FileSource for HttpSource {
     }
 
     fn read_range(&self, file: &str, offset: u64, len: u64) -> Result<Vec<u8>, RemoteError> {
-        let mut out = Vec::with_capacity(len as usize);
+        // Capacity grows with the bytes that arrive beyond 64 MiB: `len`
+        // comes from an index and is not trusted with an allocation.
+        let mut out = Vec::with_capacity(len.min(64 << 20) as usize);
         if len == 0 {
             return Ok(out);
         }

@@ -92,6 +92,19 @@ impl FileSource for LocalSource {
 
     fn read_range(&self, file: &str, offset: u64, len: u64) -> Result<Vec<u8>, RemoteError> {
         let (f, path) = self.open(file)?;
+        let size = f.metadata().map_err(|source| RemoteError::Local {
+            path: path.clone(),
+            source,
+        })?;
+        if offset.checked_add(len).is_none_or(|end| end > size.len()) {
+            return Err(RemoteError::Local {
+                path,
+                source: std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    format!("range {offset}+{len} is past the end of the file ({} bytes)", size.len()),
+                ),
+            });
+        }
         let mut out = vec![0u8; len as usize];
         f.read_exact_at(&mut out, offset).map_err(|source| RemoteError::Local {
             path: path.clone(),
