@@ -247,3 +247,15 @@ fn cdn_redirect_change_mid_stream_is_caught() {
     assert!(matches!(err, RemoteError::FileChanged { .. }), "{err}");
     assert_eq!((state.offset, &out[..]), (50_000, &want[..50_000]));
 }
+
+#[test]
+fn renamed_repo_redirects_are_followed() {
+    let server = HubServer::start(&fixture());
+    *server.state.redirect_lfs.lock().unwrap() = true;
+    let src = open_hub(&server, common::OLD_REPO, None);
+    let meta = src.file_meta("model.safetensors").unwrap();
+    assert_eq!(meta.sha256.as_deref(), Some(server.sha256("model.safetensors").as_str()));
+    assert_eq!(src.file_meta("config.json").unwrap().size, server.file("config.json").len() as u64);
+    let want = server.file("model.safetensors");
+    assert_eq!(src.read_range("model.safetensors", 7, 70).unwrap(), want[7..77]);
+}

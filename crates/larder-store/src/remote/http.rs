@@ -137,16 +137,26 @@ impl HttpSource {
             arg: file.to_string(),
             reason,
         })?;
-        let url = self.file_url(file);
-        self.client.with_retries(&url, || {
-            let resp = match self.client.send(&url, true, &[]) {
-                Ok(r) => r,
-                Err(e) => return self.client.transport(&url, e),
-            };
-            if let Some(retry) = self.client.status(&url, &resp, "-")? {
-                return Ok(Attempt::Retry(retry));
+        let first = self.file_url(file);
+        self.client.with_retries(&first, || {
+            let mut url = first.clone();
+            for _ in 0..MAX_RELATIVE_REDIRECTS {
+                let resp = match self.client.send(&url, true, &[]) {
+                    Ok(r) => r,
+                    Err(e) => return self.client.transport(&url, e),
+                };
+                if let Some(retry) = self.client.status(&url, &resp, "-")? {
+                    return Ok(Attempt::Retry(retry));
+                }
+                match relative_redirect(&url, &resp) {
+                    Some(next) => url = next,
+                    None => return meta_from_head(&url, &resp).map(Attempt::Done),
+                }
             }
-            meta_from_head(&url, &resp).map(Attempt::Done)
+            Err(RemoteError::Transport {
+                url: first.clone(),
+                reason: format!("more than {MAX_RELATIVE_REDIRECTS} redirects within the hub"),
+            })
         })
     }
 
@@ -334,6 +344,26 @@ impl FileSource for HttpSource {
     fn transferred(&self) -> Transferred {
         self.client.counters.snapshot()
     }
+}
+
+/// Relative redirects followed by a metadata HEAD (a renamed repo).
+const MAX_RELATIVE_REDIRECTS: usize = 5;
+
+/// The next URL when `resp` is a redirect within the same host (the hub
+/// answers that way for renamed repos) that carries no LFS headers; a
+/// redirect to another host (the hub's CDN) is where the metadata is.
+fn relative_redirect(url: &str, resp: &Response) -> Option<String> {
+    if !resp.status().is_redirection() || header(resp, "x-linked-size").is_some() {
+        return None;
+    }
+    let location = header(resp, "location")?;
+    let path = location.strip_prefix('/')?;
+    if path.starts_with('/') {
+        return None;
+    }
+    let scheme_end = url.find("://")? + 3;
+    let host_end = url[scheme_end..].find('/').map_or(url.len(), |i| scheme_end + i);
+    Some(format!("{}/{path}", &url[..host_end]))
 }
 
 /// Size, LFS sha256, ETag and commit from a HEAD response (2xx, or the

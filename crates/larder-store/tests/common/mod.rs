@@ -21,6 +21,9 @@ use hyper_util::rt::TokioIo;
 use sha2::{Digest, Sha256};
 
 pub const REPO: &str = "larder-test/qwen3-moe-tiny";
+/// The repo's former name: its resolve URLs answer a relative 307 to
+/// [`REPO`]'s, as the hub does for renamed repos.
+pub const OLD_REPO: &str = "larder-test/old-name";
 pub const COMMIT: &str = "0123456789abcdef0123456789abcdef01234567";
 
 /// Which kind of request a fault applies to.
@@ -231,6 +234,10 @@ async fn route(st: &Arc<State>, req: &Request<hyper::body::Incoming>, path: &str
     }
     if path.starts_with("/api/models/") {
         return (error(404, "RepoNotFound"), op, 0);
+    }
+    if let Some(rest) = path.strip_prefix(&format!("/{OLD_REPO}/")) {
+        let location = format!("/{REPO}/{rest}");
+        return (reply(307, &[("Location", location)], full("")), op, 0);
     }
     let Some(rest) = path.strip_prefix(&resolve_prefix) else {
         return (error(404, "RepoNotFound"), op, 0);
