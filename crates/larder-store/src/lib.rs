@@ -7,7 +7,9 @@
 //! - [`cache`]: the byte-budgeted RAM expert cache (fair LRU by default);
 //! - [`store`]: [`ExpertStore`], cache + backend + digests + [`StoreStats`];
 //! - [`pack`] / [`verify`]: writing and checking packed stores; [`drive`]:
-//!   bandwidth probes and placement over drives.
+//!   bandwidth probes and placement over drives;
+//! - [`remote`]: checkpoint sources (hub repo, hub-layout URL, folder) read
+//!   by range or streamed with sha256 checks (issue 22).
 //!
 //! This crate knows bytes, files and drives; it does not know tensors or
 //! models (the engine maps records to expert weights).
@@ -27,6 +29,7 @@ pub mod pack;
 mod prefetch;
 mod queue;
 pub mod record;
+pub mod remote;
 pub mod size;
 pub mod spine;
 pub mod stats;
