@@ -29,6 +29,7 @@ pub mod pack;
 mod prefetch;
 mod queue;
 pub mod record;
+#[cfg(feature = "remote")]
 pub mod remote;
 pub mod size;
 pub mod spine;
