@@ -1,10 +1,13 @@
 //! `larder synth`'s output is pinned byte for byte: the sha256 of every file
 //! [`synth::write`] writes, for every architecture x tiny preset x experts
 //! format, latent-space experts (`--moe-latent-size`) and skewed routing,
-//! against tests/data/synth_digests.txt. The digests were recorded with the
-//! hand-written tensor lists synth had before it learned them from the
-//! weight recorder, so they prove the recorder-built plan writes the same
-//! bytes. Regenerate (only for an intended change of synth's output) with
+//! against tests/data/synth_digests.txt. Synth's tensor list now comes from
+//! the loaders (weight recorder), in the order they read tensors, with values
+//! seeded by tensor name: the digests changed once for that (they were
+//! recorded first with the hand-written lists and position seeds); that the
+//! recorded list is the hand-written one, tensor for tensor, is pinned by
+//! `synth::plan_tests`. Regenerate (only for an intended change of synth's
+//! output) with
 //! `LARDER_SYNTH_DIGESTS_WRITE=1 cargo test -p larder-model --test synth_digests`.
 
 use std::path::Path;
@@ -71,5 +74,8 @@ fn synth_output_is_byte_identical_to_the_pinned_digests() {
     }
     let want = std::fs::read_to_string(&path).expect("read pinned digests");
     let differ: Vec<_> = got.lines().zip(want.lines()).filter(|(g, w)| g != w).collect();
-    assert!(differ.is_empty() && got.lines().count() == want.lines().count(), "differ: {differ:#?}");
+    assert!(
+        differ.is_empty() && got.lines().count() == want.lines().count(),
+        "differ: {differ:#?}"
+    );
 }
