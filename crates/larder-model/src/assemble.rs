@@ -377,6 +377,34 @@ pub fn gpt_oss_expert(
     slices: &[(&str, SharedBytes)],
     activation: GluActivation,
 ) -> Result<SwigluExpert, WeightError> {
+    build_gpt_oss_expert(name, hidden, inter, mxfp4, slices, activation, true)
+}
+
+/// [`gpt_oss_expert`] over zero-filled placeholder slices (a
+/// [`Recorder`](crate::Recorder)'s answers): the transpose of zeros is the
+/// same zeros, so bf16 slices are viewed as they are instead of moved into
+/// owned memory (a recorded load holds no weight bytes).
+pub(crate) fn gpt_oss_placeholder_expert(
+    name: &str,
+    hidden: usize,
+    inter: usize,
+    mxfp4: bool,
+    slices: &[(&str, SharedBytes)],
+    activation: GluActivation,
+) -> Result<SwigluExpert, WeightError> {
+    build_gpt_oss_expert(name, hidden, inter, mxfp4, slices, activation, false)
+}
+
+/// A gpt-oss expert; `move_elements` false views bf16 slices untransposed.
+fn build_gpt_oss_expert(
+    name: &str,
+    hidden: usize,
+    inter: usize,
+    mxfp4: bool,
+    slices: &[(&str, SharedBytes)],
+    activation: GluActivation,
+    move_elements: bool,
+) -> Result<SwigluExpert, WeightError> {
     let layout = |message: String| WeightError::Layout {
         name: name.to_string(),
         message,
@@ -405,16 +433,23 @@ pub fn gpt_oss_expert(
         let d = WeightMatrix::mxfp4(&format!("{name}.down"), hidden, inter, slices[3].1.clone(), slices[4].1.clone())?;
         (gu, bias(&slices[2], 2 * inter)?, d, bias(&slices[5], hidden)?)
     } else {
-        let gu = transposed(&format!("{name}.gate_up"), &slices[0], hidden, 2 * inter)?;
-        let d = transposed(&format!("{name}.down"), &slices[2], inter, hidden)?;
+        let gu = transposed(&format!("{name}.gate_up"), &slices[0], hidden, 2 * inter, move_elements)?;
+        let d = transposed(&format!("{name}.down"), &slices[2], inter, hidden, move_elements)?;
         (gu, bias(&slices[1], 2 * inter)?, d, bias(&slices[3], hidden)?)
     };
     SwigluExpert::interleaved(name, gate_up, gate_up_bias, down, down_bias, activation)
 }
 
 /// An input-major `[n_in, n_out]` dense slice as the `[n_out, n_in]`
-/// matrix it means (the stored elements, moved).
-fn transposed(name: &str, (dtype, bytes): &(&str, SharedBytes), n_in: usize, n_out: usize) -> Result<WeightMatrix, WeightError> {
+/// matrix it means (the stored elements, moved; or, with `move_elements`
+/// false, for zero-filled placeholders, the bytes viewed as they are).
+fn transposed(
+    name: &str,
+    (dtype, bytes): &(&str, SharedBytes),
+    n_in: usize,
+    n_out: usize,
+    move_elements: bool,
+) -> Result<WeightMatrix, WeightError> {
     let d = dense_dtype(dtype).ok_or_else(|| WeightError::Layout {
         name: name.to_string(),
         message: format!("dtype {dtype} is not a dense weight dtype"),
@@ -425,6 +460,9 @@ fn transposed(name: &str, (dtype, bytes): &(&str, SharedBytes), n_in: usize, n_o
             name: name.to_string(),
             message: format!("{} bytes for [{n_in}, {n_out}] {dtype}", bytes.len()),
         });
+    }
+    if !move_elements {
+        return WeightMatrix::new(name, d, n_out, n_in, bytes.clone());
     }
     let src = bytes.as_slice();
     let mut out = vec![0u8; src.len()];

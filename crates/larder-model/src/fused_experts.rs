@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 use larder_tensor::expert::GluActivation;
 
-use crate::assemble::{check_fused_part, gpt_oss_expert, gpt_oss_fused_parts, FusedPart};
+use crate::assemble::{check_fused_part, gpt_oss_expert, gpt_oss_fused_parts, gpt_oss_placeholder_expert, FusedPart};
 use crate::checkpoint::Checkpoint;
 use crate::config::{ExpertKind, FfnSpec, ModelSpec};
 use crate::error::ModelError;
@@ -151,7 +151,11 @@ pub fn load_gpt_oss_layer(spec: &ModelSpec, layer: usize, weights: &dyn WeightSo
                 })
                 .collect();
             let name = format!("{}.experts.{e}", fused.block);
-            let mlp = gpt_oss_expert(&name, fused.hidden, fused.intermediate, fused.mxfp4, &slices, fused.activation)?;
+            let build = match weights.zero_placeholders() {
+                true => gpt_oss_placeholder_expert,
+                false => gpt_oss_expert,
+            };
+            let mlp = build(&name, fused.hidden, fused.intermediate, fused.mxfp4, &slices, fused.activation)?;
             Ok(Arc::new(mlp))
         })
         .collect()

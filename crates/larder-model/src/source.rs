@@ -104,6 +104,13 @@ pub trait WeightSource {
     /// its fp8 block size and compressed-tensors scheme from it).
     fn configure(&self, _spec: &ModelSpec) {}
 
+    /// Whether every answer is a zero-filled placeholder (the [`Recorder`]):
+    /// a loader may then skip rearranging bytes (a transpose of zeros is the
+    /// same zeros), so a recorded load holds no weight-sized buffers.
+    fn zero_placeholders(&self) -> bool {
+        false
+    }
+
     /// The config.json that errors about a config field point at.
     fn config_path(&self) -> PathBuf {
         PathBuf::from("config.json")

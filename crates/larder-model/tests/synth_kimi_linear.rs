@@ -57,7 +57,7 @@ fn tiny_kimi_linear_loads_with_the_k3_layer_ratio_and_runs() {
     let spec = tiny(3);
     let mut written = 0u64;
     write(&spec, &dir, &mut |b| written += b).unwrap();
-    assert_eq!(written, spec.total_bytes(), "progress counts every tensor byte");
+    assert_eq!(written, spec.total_bytes().unwrap(), "progress counts every tensor byte");
 
     let config: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["model_type"], "kimi_linear");
@@ -106,7 +106,7 @@ fn latent_experts_are_written_at_their_width_and_load() {
     spec.moe_latent_size = Some(24);
     let mut written = 0u64;
     write(&spec, &dir, &mut |b| written += b).unwrap();
-    assert_eq!(written, spec.total_bytes());
+    assert_eq!(written, spec.total_bytes().unwrap());
     assert_eq!(spec.expert_bytes(), 3 * 32 * 24 * 2);
     let config: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["moe_latent_size"], 24);

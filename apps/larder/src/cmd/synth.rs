@@ -180,7 +180,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     let started = Instant::now();
     let total = spec.total_expert_bytes();
-    let bar = bar(spec.total_bytes(), args.json);
+    let bar = bar(spec.total_bytes().context("cannot plan the synthetic tensors")?, args.json);
     let files = write(&spec, &args.out, &mut |b| bar.inc(b)).with_context(|| format!("cannot write {}", args.out.display()))?;
     bar.finish_and_clear();
     let written: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();

@@ -43,7 +43,11 @@ pub fn supported() -> Vec<&'static str> {
 
 /// Reads `dir/config.json` into a [`ModelSpec`].
 pub fn read_spec(dir: &Path) -> Result<ModelSpec, ModelError> {
-    let cfg = ConfigJson::read(dir)?;
+    spec_from_config(&ConfigJson::read(dir)?)
+}
+
+/// A parsed config.json into a [`ModelSpec`] (errors name `cfg.path`).
+pub fn spec_from_config(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     let model_type = cfg
         .opt_str("model_type")?
         .ok_or_else(|| cfg.err("model_type", "missing; cannot tell the architecture"))?
@@ -57,7 +61,7 @@ pub fn read_spec(dir: &Path) -> Result<ModelSpec, ModelError> {
             model_type: model_type.clone(),
             supported: supported().join(", "),
         })?;
-    parse(&cfg)
+    parse(cfg)
 }
 
 /// Loads a checkpoint folder: config, then every weight (experts from

@@ -38,8 +38,14 @@ use crate::quant::{CompressedTensors, ModuleRule};
 /// What a recorded tensor is to the model.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RecordedRole {
-    /// Part `part` of linear weight `weight` (`X.weight`).
-    Linear { weight: String, part: PartKind },
+    /// Part `part` of linear weight `weight` (`X.weight`), whose logical
+    /// (unpacked) shape is `[rows, cols]`.
+    Linear {
+        weight: String,
+        part: PartKind,
+        rows: usize,
+        cols: usize,
+    },
     /// A 2-D parameter that is not a linear weight (embedding, router).
     Param,
     /// A small tensor widened to f32 (norms, biases, conv taps).
@@ -141,6 +147,8 @@ impl Recorder {
                 true => RecordedRole::Linear {
                     weight: name.to_string(),
                     part: kind,
+                    rows,
+                    cols,
                 },
                 false => RecordedRole::Param,
             };
@@ -205,6 +213,10 @@ impl WeightSource for Recorder {
                 }))
             }
         }
+    }
+
+    fn zero_placeholders(&self) -> bool {
+        true
     }
 
     fn configure(&self, spec: &ModelSpec) {

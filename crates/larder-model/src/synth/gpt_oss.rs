@@ -1,10 +1,9 @@
 //! Synthetic gpt-oss checkpoints: the presets (`tiny`, and `20b` / `120b`
-//! with the shapes of openai/gpt-oss-20b and -120b), the per-layer tensors
-//! and the config.json, all as fixtures/gpt_oss_tiny (MXFP4 experts,
+//! with the shapes of openai/gpt-oss-20b and -120b) and the config.json,
+//! as fixtures/gpt_oss_tiny (MXFP4 experts,
 //! `quant_method: mxfp4`) and fixtures/gpt_oss_bf16 (unquantized fused
-//! experts) ship them.
-//!
-//! Experts are fused per layer: bf16 `gate_up_proj` `[E, H, 2I]` (gate and
+//! experts) ship them. The tensors come from the loader ([`super::plan`]):
+//! experts are fused per layer: bf16 `gate_up_proj` `[E, H, 2I]` (gate and
 //! up interleaved in the last dimension) and `down_proj` `[E, I, H]`; or
 //! MXFP4 `gate_up_proj_blocks` u8 `[E, 2I, H/32, 16]`, `gate_up_proj_scales`
 //! u8 `[E, 2I, H/32]`, `down_proj_blocks` `[E, H, I/32, 16]`,
@@ -13,7 +12,6 @@
 
 use serde_json::{json, Value};
 
-use super::tensors::{t, typed, Dtype, Init, TensorPlan, PROJ, SMALL};
 use super::{ExpertsFormat, GptOssShape, Routing, SynthSpec};
 
 /// `tiny`, `20b` or `120b`, with MXFP4 experts (as gpt-oss ships).
@@ -44,53 +42,6 @@ pub(super) fn preset(preset: &str) -> Result<SynthSpec, String> {
         experts_format: ExpertsFormat::Mxfp4,
         gpt_oss: Some(GptOssShape { sliding_window: window }),
     })
-}
-
-/// Every tensor of gpt-oss layer `l`: norms, attention with biases and
-/// sinks, the biased router and the fused experts.
-pub(super) fn layer_tensors(spec: &SynthSpec, l: usize) -> Vec<TensorPlan> {
-    let (h, hd, i, e) = (spec.hidden, spec.head_dim, spec.expert_intermediate, spec.experts);
-    let (q, kv) = (spec.heads * hd, spec.kv_heads * hd);
-    let p = format!("model.layers.{l}");
-    let a = format!("{p}.self_attn");
-    let mut v = vec![
-        t(&format!("{p}.input_layernorm.weight"), &[h], Init::Ones),
-        t(&format!("{p}.post_attention_layernorm.weight"), &[h], Init::Ones),
-        t(&format!("{a}.q_proj.weight"), &[q, h], Init::Uniform(PROJ)),
-        t(&format!("{a}.q_proj.bias"), &[q], Init::Uniform(PROJ)),
-        t(&format!("{a}.k_proj.weight"), &[kv, h], Init::Uniform(PROJ)),
-        t(&format!("{a}.k_proj.bias"), &[kv], Init::Uniform(PROJ)),
-        t(&format!("{a}.v_proj.weight"), &[kv, h], Init::Uniform(PROJ)),
-        t(&format!("{a}.v_proj.bias"), &[kv], Init::Uniform(PROJ)),
-        t(&format!("{a}.o_proj.weight"), &[h, q], Init::Uniform(SMALL)),
-        t(&format!("{a}.o_proj.bias"), &[h], Init::Uniform(SMALL)),
-        // Learned per-head sink logits, spread around 0.
-        t(&format!("{a}.sinks"), &[spec.heads], Init::Uniform(0.5)),
-        t(&format!("{p}.mlp.router.weight"), &[e, h], Init::Router),
-        t(&format!("{p}.mlp.router.bias"), &[e], Init::Zeros),
-    ];
-    let x = format!("{p}.mlp.experts");
-    match spec.experts_format {
-        ExpertsFormat::Mxfp4 => {
-            let u8s = |name: &str, shape: &[usize], kind: Init| typed(&format!("{x}.{name}"), shape, kind, Dtype::U8);
-            v.extend([
-                u8s("gate_up_proj_blocks", &[e, 2 * i, h / 32, 16], Init::Codes),
-                u8s("gate_up_proj_scales", &[e, 2 * i, h / 32], Init::E8m0(PROJ)),
-                u8s("down_proj_blocks", &[e, h, i / 32, 16], Init::Codes),
-                u8s("down_proj_scales", &[e, h, i / 32], Init::E8m0(SMALL)),
-            ]);
-        }
-        // Bf16 (Int4 is refused by SynthSpec::set_experts_format).
-        _ => v.extend([
-            t(&format!("{x}.gate_up_proj"), &[e, h, 2 * i], Init::Uniform(PROJ)),
-            t(&format!("{x}.down_proj"), &[e, i, h], Init::Uniform(SMALL)),
-        ]),
-    }
-    v.extend([
-        t(&format!("{x}.gate_up_proj_bias"), &[e, 2 * i], Init::Uniform(PROJ)),
-        t(&format!("{x}.down_proj_bias"), &[e, h], Init::Uniform(SMALL)),
-    ]);
-    v
 }
 
 /// config.json with exactly the keys of fixtures/gpt_oss_tiny (openai's

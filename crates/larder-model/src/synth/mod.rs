@@ -5,15 +5,16 @@
 //! layers in the K3 ratio 3:1, DeepSeek-style MoE) and `gpt_oss` (fused
 //! experts with biases, attention sinks, alternating sliding windows); this
 //! module owns the shapes and presets, [`config`] the config.json of each,
-//! [`tensors`] the tensor list, [`gpt_oss`] gpt-oss's presets, tensors and
-//! config, and [`write`](mod@write) the files.
+//! [`plan`] the tensor list (learned from the loaders through the weight
+//! [`Recorder`](crate::Recorder); synth declares only how values are drawn),
+//! [`gpt_oss`] gpt-oss's presets and config, and [`write`](mod@write) the files.
 //!
 //! Routed experts ship in bf16 or, as the largest checkpoints ship them, in
 //! 4 bits ([`ExpertsFormat`]): compressed-tensors `pack-quantized` INT4 or
 //! `mxfp4-pack-quantized` on the DeepSeek-V3 / Kimi layouts, gpt-oss's own
 //! MXFP4 (`_blocks` / `_scales`) on gpt-oss. Codes are uniform random; scales
 //! give the dequantized weights the std the bf16 experts have (see
-//! [`tensors`]).
+//! [`plan`]).
 //!
 //! Scales are chosen so routing behaves like a trained model's would in the
 //! case being tested, rather than collapsing (random matrices at one small
@@ -37,9 +38,9 @@
 
 mod config;
 mod gpt_oss;
+mod plan;
 #[cfg(test)]
-mod recorded;
-mod tensors;
+mod plan_tests;
 mod write;
 
 use serde::Serialize;
@@ -279,13 +280,11 @@ impl SynthSpec {
     }
 
     /// Bytes of every tensor [`write`](write()) writes (the total its progress counts):
-    /// embeddings, final norm, LM head and every layer, experts included.
-    pub fn total_bytes(&self) -> u64 {
-        let top: u64 = tensors::top_tensors(self).iter().map(|t| t.bytes()).sum();
-        top + (0..self.layers)
-            .flat_map(|l| tensors::layer_tensors(self, l))
-            .map(|t| t.bytes())
-            .sum::<u64>()
+    /// embeddings, final norm, LM head and every layer, experts included;
+    /// learned, as the tensors are, from recording the architecture's loader.
+    pub fn total_bytes(&self) -> Result<u64, crate::ModelError> {
+        let shards = plan::shards(self, std::path::Path::new("."))?;
+        Ok(shards.iter().flatten().map(|t| t.bytes()).sum())
     }
 }
 

@@ -1,15 +1,16 @@
 //! Writing a synthetic checkpoint: one safetensors shard per layer (plus one
 //! for embeddings, final norm and LM head), index, generation config and
 //! config.json last; each file under a `.partial` name until complete.
-//! Values are drawn per row from seeded SplitMix64 streams, in parallel, so
-//! the same spec and seed always give the same bytes.
+//! Values are drawn per row from SplitMix64 streams seeded by the spec's seed
+//! and the tensor's name, in parallel, so the same spec and seed always give
+//! the same bytes, whatever order the tensors are listed in.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
-use super::tensors::{layer_tensors, top_tensors, Dtype, Init, TensorPlan};
+use super::plan::{self, Dtype, Init, TensorPlan};
 use super::{Routing, SynthSpec};
 use crate::error::ModelError;
 
@@ -37,19 +38,15 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
     }
     std::fs::create_dir_all(out).map_err(|e| io(out, e))?;
     // Shard 0: embeddings, final norm, LM head; shard l+1: layer l.
-    let mut shards: Vec<Vec<TensorPlan>> = vec![top_tensors(spec)];
-    for l in 0..spec.layers {
-        shards.push(layer_tensors(spec, l));
-    }
+    let shards = plan::shards(spec, out)?;
     let n = shards.len();
     let mut weight_map = serde_json::Map::new();
     let mut files = Vec::new();
-    let mut seed_index = 0u64;
     for (s, tensors) in shards.iter().enumerate() {
         let name = format!("model-{:05}-of-{:05}.safetensors", s + 1, n);
         let path = out.join(&name);
         let tmp = out.join(format!("{name}.partial"));
-        write_shard(spec, &tmp, tensors, &mut seed_index, progress).map_err(|e| io(&tmp, e))?;
+        write_shard(spec, &tmp, tensors, progress).map_err(|e| io(&tmp, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
         for tp in tensors {
             weight_map.insert(tp.name.clone(), serde_json::Value::String(name.clone()));
@@ -74,13 +71,7 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
     Ok(files)
 }
 
-fn write_shard(
-    spec: &SynthSpec,
-    path: &Path,
-    tensors: &[TensorPlan],
-    seed_index: &mut u64,
-    progress: &mut dyn FnMut(u64),
-) -> std::io::Result<()> {
+fn write_shard(spec: &SynthSpec, path: &Path, tensors: &[TensorPlan], progress: &mut dyn FnMut(u64)) -> std::io::Result<()> {
     let mut header = serde_json::Map::new();
     let mut at = 0u64;
     for tp in tensors {
@@ -99,7 +90,6 @@ fn write_shard(
     f.write_all(&(text.len() as u64).to_le_bytes())?;
     f.write_all(&text)?;
     for tp in tensors {
-        *seed_index += 1;
         // Rows: every dimension but the last (generated in parallel).
         let cols = tp.shape.last().copied().unwrap_or(1).max(1);
         let rows = tp.shape.iter().product::<usize>() / cols;
@@ -109,7 +99,7 @@ fn write_shard(
             tp.dtype,
             rows,
             cols,
-            spec.seed.wrapping_mul(0x9e37_79b9).wrapping_add(*seed_index),
+            spec.seed.wrapping_mul(0x9e37_79b9).wrapping_add(tp.seed),
         );
         f.write_all(&data)?;
         progress(data.len() as u64);
