@@ -33,7 +33,7 @@ pub mod stats;
 pub mod store;
 pub mod verify;
 
-pub use buf::{AlignedBuf, ByteOwner, ByteView};
+pub use buf::{AlignedBuf, ByteOwner, SharedBytes};
 pub use cache::ExpertCache;
 pub use digest::Digest;
 pub use error::StoreError;
