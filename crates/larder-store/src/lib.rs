@@ -9,8 +9,10 @@
 //! - [`pack`] / [`verify`]: writing and checking packed stores; [`drive`]:
 //!   bandwidth probes and placement over drives.
 //!
-//! This crate knows bytes, files and drives; it does not know tensors or
-//! models (the engine maps records to expert weights).
+//! This crate knows bytes, files and drives; it does not know tensor math or
+//! models (the engine maps records to expert weights). Its reads return
+//! larder-tensor's [`SharedBytes`], the one byte-view type, and its spine is
+//! written by larder-tensor's safetensors writer.
 
 pub mod bench;
 pub mod buf;
