@@ -1,5 +1,5 @@
 //! The one safetensors writer of larder (synthetic and upcycled checkpoints,
-//! a packed store's spine, the demo's GGUF conversion).
+//! a packed store's spine; the demo's GGUF conversion is still to switch).
 //!
 //! A [`Header`] is built from the list of tensors (name, dtype, shape, byte
 //! length), data laid out back to back in list order, the JSON padded with
