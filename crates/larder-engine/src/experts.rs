@@ -17,7 +17,6 @@ use larder_model::{expert_layers, expert_parts, expert_tensors, ExpertProvider, 
 use larder_store::manifest::SourceIdentity;
 use larder_store::{Digest, ExpertIndex, ExpertLocation, ExpertRecord, ExpertStore, Extent, Manifest, Part, PartDesc, StoreError};
 use larder_tensor::expert::{ComponentLayout, ExpertLayout, SwigluExpert};
-use larder_tensor::weight::SharedBytes;
 use larder_tensor::{WeightFormat, WeightMatrix};
 
 use crate::error::EngineError;
@@ -159,7 +158,7 @@ impl StoreExperts {
             let slices: Vec<_> = self.parts[layer]
                 .iter()
                 .zip(p)
-                .map(|(d, v)| (d.dtype.as_str(), SharedBytes::new(v.owner.clone(), v.start, v.len)))
+                .map(|(d, v)| (d.dtype.as_str(), v.clone()))
                 .collect();
             return Ok(gpt_oss_expert(&name, f.hidden, f.intermediate, f.mxfp4, &slices, f.activation)?);
         }
@@ -167,17 +166,15 @@ impl StoreExperts {
         let (h, i) = (self.width[layer], self.intermediate[layer]);
         let name = format!("layer {layer} expert {expert}");
         let p = &rec.parts;
-        let one_owner = p.iter().all(|v| Arc::ptr_eq(&v.owner, &p[0].owner));
+        let one_owner = p.iter().all(|v| v.same_owner(&p[0]));
         let all_dense = layout.iter().all(|pr| matches!(pr.format, WeightFormat::Dense(_)));
         if one_owner && all_dense {
             // One view over the record, so adjacent gate and up fuse.
-            let owner = p[0].owner.clone();
-            let total = (*owner).as_ref().len();
-            let record = SharedBytes::new(owner, 0, total);
+            let record = p[0].whole_owner();
             let c = |k: usize| ComponentLayout {
                 format: layout[k].format,
-                offset: p[layout[k].codes].start,
-                len: p[layout[k].codes].len,
+                offset: p[layout[k].codes].start(),
+                len: p[layout[k].codes].len(),
                 scales: None,
             };
             let layout = ExpertLayout {
@@ -190,7 +187,7 @@ impl StoreExperts {
             return Ok(SwigluExpert::from_record(&name, &record, &layout)?);
         }
         let parts = &self.parts[layer];
-        let bytes = |k: usize| SharedBytes::new(p[k].owner.clone(), p[k].start, p[k].len);
+        let bytes = |k: usize| p[k].clone();
         let m = |k: usize, rows, cols| -> Result<WeightMatrix, ModelError> {
             let pr = layout[k];
             if let Some(s) = pr.shape {

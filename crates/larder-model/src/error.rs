@@ -105,3 +105,17 @@ impl ModelError {
         }
     }
 }
+
+impl From<larder_tensor::safetensors_write::SafetensorsWriteError> for ModelError {
+    fn from(e: larder_tensor::safetensors_write::SafetensorsWriteError) -> Self {
+        use larder_tensor::safetensors_write::SafetensorsWriteError as W;
+        match e {
+            W::Io { path, source } => ModelError::Io { path, source },
+            W::Data { path, name, message } => ModelError::Safetensors {
+                path,
+                message: format!("tensor `{name}`: {message}"),
+            },
+            W::Header(message) => ModelError::Experts(format!("safetensors header: {message}")),
+        }
+    }
+}

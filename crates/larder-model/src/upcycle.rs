@@ -26,6 +26,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use larder_tensor::safetensors_write::{Header, KeyOrder, SafetensorsWriter, TensorHeader};
 use serde::Serialize;
 use serde_json::{json, Map, Value};
 
@@ -137,15 +138,15 @@ struct OutTensor {
     src: Source,
 }
 
-/// One output shard: its header (already padded) and its tensors.
+/// One output shard: its header and its tensors.
 struct Shard {
-    header: Vec<u8>,
+    header: Header,
     tensors: Vec<OutTensor>,
 }
 
 impl Shard {
     fn file_bytes(&self) -> u64 {
-        8 + self.header.len() as u64 + self.tensors.iter().map(|t| t.bytes).sum::<u64>()
+        self.header.file_len()
     }
 }
 
@@ -187,13 +188,12 @@ pub fn upcycle(spec: &UpcycleSpec, progress: &mut dyn FnMut(u64, u64)) -> Result
     let mut data_bytes = 0u64;
     for (i, s) in shards.iter().enumerate() {
         let name = format!("model-{:05}-of-{:05}.safetensors", i + 1, n);
-        let (path, tmp) = (spec.out.join(&name), spec.out.join(format!("{name}.partial")));
+        let path = spec.out.join(&name);
         let mut report = |b: u64| {
             done += b;
             progress(done, total);
         };
-        write_shard(&tmp, s, &ckpt, spec, &mut report)?;
-        std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        write_shard(&path, s, &ckpt, spec, &mut report)?;
         for t in &s.tensors {
             weight_map.insert(t.name.clone(), Value::String(name.clone()));
             data_bytes += t.bytes;
@@ -578,36 +578,26 @@ fn shard(plan: Vec<OutTensor>) -> Result<Vec<Shard>, ModelError> {
     groups
         .into_iter()
         .map(|tensors| {
-            let mut header = Map::new();
-            let mut at = 0u64;
-            for t in &tensors {
-                header.insert(
-                    t.name.clone(),
-                    json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [at, at + t.bytes]}),
-                );
-                at += t.bytes;
-            }
-            header.insert("__metadata__".into(), json!({"format": "pt"}));
-            let mut header = serde_json::to_vec(&Value::Object(header)).map_err(|e| ModelError::Experts(e.to_string()))?;
-            while header.len() % 8 != 0 {
-                header.push(b' ');
-            }
+            let list: Vec<TensorHeader> = tensors
+                .iter()
+                .map(|t| TensorHeader {
+                    name: t.name.clone(),
+                    dtype: t.dtype.clone(),
+                    shape: t.shape.clone(),
+                    len: t.bytes,
+                })
+                .collect();
+            let header = Header::new(&list, &[("format", "pt")], KeyOrder::Sorted)?;
             Ok(Shard { header, tensors })
         })
         .collect()
 }
 
-/// Writes one shard; a layer's MLP tensors are read once for all its experts.
+/// Writes one shard at `path` (via `path.partial`); a layer's MLP tensors
+/// are read once for all its experts.
 fn write_shard(path: &Path, shard: &Shard, ckpt: &Checkpoint, spec: &UpcycleSpec, progress: &mut dyn FnMut(u64)) -> Result<(), ModelError> {
-    let io = |e: std::io::Error| ModelError::Io {
-        path: path.to_path_buf(),
-        source: e,
-    };
-    let file = std::fs::File::create(path).map_err(io)?;
-    let mut f = std::io::BufWriter::with_capacity(16 << 20, file);
-    f.write_all(&(shard.header.len() as u64).to_le_bytes()).map_err(io)?;
-    f.write_all(&shard.header).map_err(io)?;
-    progress(8 + shard.header.len() as u64);
+    let mut f = SafetensorsWriter::create(path, &shard.header)?;
+    progress(shard.header.data_start());
     // The source tensors last read: a layer's three MLP weights stay here while
     // its experts are written.
     let mut recent: Vec<(String, Vec<u8>)> = Vec::new();
@@ -616,7 +606,7 @@ fn write_shard(path: &Path, shard: &Shard, ckpt: &Checkpoint, spec: &UpcycleSpec
             Source::Router(l) => router_bytes(spec.seed, *l, t.shape[0], t.shape[1], &t.dtype),
             Source::Copy(name) => {
                 if let Some((_, b)) = recent.iter().find(|(n, _)| n == name) {
-                    f.write_all(b).map_err(io)?;
+                    f.write(b)?;
                     progress(b.len() as u64);
                     continue;
                 }
@@ -627,7 +617,7 @@ fn write_shard(path: &Path, shard: &Shard, ckpt: &Checkpoint, spec: &UpcycleSpec
                     }
                     recent.push((name.clone(), b));
                     let b = &recent.last().expect("just pushed").1;
-                    f.write_all(b).map_err(io)?;
+                    f.write(b)?;
                     progress(b.len() as u64);
                     continue;
                 }
@@ -642,11 +632,11 @@ fn write_shard(path: &Path, shard: &Shard, ckpt: &Checkpoint, spec: &UpcycleSpec
                 t.bytes
             )));
         }
-        f.write_all(&bytes).map_err(io)?;
+        f.write(&bytes)?;
         progress(bytes.len() as u64);
     }
-    let file = f.into_inner().map_err(|e| io(e.into_error()))?;
-    file.sync_all().map_err(io)
+    f.finish()?.commit()?;
+    Ok(())
 }
 
 /// The router of layer `l`: `[experts, hidden]`, uniform with std

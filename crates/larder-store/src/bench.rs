@@ -79,7 +79,7 @@ pub fn measure_reads(
         backend.read(&jobs, &mut |job, r| match r {
             Ok(views) => {
                 for v in &views {
-                    bytes += v.len as u64;
+                    bytes += v.len() as u64;
                     if backend.is_mapped() {
                         // A mapping reads nothing until touched: touch every page.
                         for b in v.as_slice().iter().step_by(4096) {

@@ -1,7 +1,7 @@
 //! Byte buffers the I/O backends fill and the model computes on without a
-//! copy: [`AlignedBuf`] (4 KiB-aligned memory, as O_DIRECT requires) and
-//! [`ByteView`], a shared view of a range of any byte owner (a buffer or a
-//! file mapping).
+//! copy: [`AlignedBuf`] (4 KiB-aligned memory, as O_DIRECT requires). Reads
+//! hand out views of them as [`SharedBytes`] (larder-tensor's one byte-view
+//! type, re-exported here), so the model takes them without a conversion.
 //!
 //! Each buffer is its own anonymous mapping, so a freed buffer goes back to
 //! the kernel at once (heap allocations of this size can stay in the
@@ -15,8 +15,9 @@
 //! buffers: it is the one pool that adds to a streamed model's RSS beyond
 //! the RAM budget and the spine (see docs/store.md).
 
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
+pub use larder_tensor::bytes::{ByteOwner, SharedBytes};
 use memmap2::MmapMut;
 
 /// Alignment of every buffer and of every O_DIRECT offset and length.
@@ -126,36 +127,6 @@ impl Drop for AlignedBuf {
             pool.free.push(map);
         }
         // Else the mapping is unmapped here: its memory goes back to the kernel.
-    }
-}
-
-/// Anything that owns bytes the model may compute on.
-pub type ByteOwner = Arc<dyn AsRef<[u8]> + Send + Sync>;
-
-/// `owner[start..start + len]`, shared.
-#[derive(Clone)]
-pub struct ByteView {
-    pub owner: ByteOwner,
-    pub start: usize,
-    pub len: usize,
-}
-
-impl ByteView {
-    /// # Panics
-    /// If the range is outside the owner (backends build views from ranges they filled).
-    pub fn new(owner: ByteOwner, start: usize, len: usize) -> Self {
-        assert!(start + len <= (*owner).as_ref().len(), "ByteView out of range");
-        ByteView { owner, start, len }
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        &(*self.owner).as_ref()[self.start..self.start + self.len]
-    }
-}
-
-impl std::fmt::Debug for ByteView {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "ByteView({} bytes at {})", self.len, self.start)
     }
 }
 

@@ -70,3 +70,13 @@ impl StoreError {
         }
     }
 }
+
+impl From<larder_tensor::safetensors_write::SafetensorsWriteError> for StoreError {
+    fn from(e: larder_tensor::safetensors_write::SafetensorsWriteError) -> Self {
+        use larder_tensor::safetensors_write::SafetensorsWriteError as W;
+        match e {
+            W::Io { path, source } => StoreError::Io { path, source },
+            other => StoreError::Invalid(other.to_string()),
+        }
+    }
+}

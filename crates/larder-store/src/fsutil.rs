@@ -8,10 +8,9 @@ use std::path::{Path, PathBuf};
 use crate::StoreError;
 
 /// The temporary name a file is written under before it is renamed.
+/// (`<name>.partial`, the name larder-tensor's safetensors writer uses too).
 pub fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    name.push(".partial");
-    path.with_file_name(name)
+    larder_tensor::safetensors_write::partial_path(path)
 }
 
 /// Writes `bytes` to `path` atomically.

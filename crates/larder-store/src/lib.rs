@@ -11,8 +11,10 @@
 //! - [`remote`]: checkpoint sources (hub repo, hub-layout URL, folder) read
 //!   by range or streamed with sha256 checks (issue 22).
 //!
-//! This crate knows bytes, files and drives; it does not know tensors or
-//! models (the engine maps records to expert weights).
+//! This crate knows bytes, files and drives; it does not know tensor math or
+//! models (the engine maps records to expert weights). Its reads return
+//! larder-tensor's [`SharedBytes`], the one byte-view type, and its spine is
+//! written by larder-tensor's safetensors writer.
 
 pub mod bench;
 pub mod buf;
@@ -37,7 +39,7 @@ pub mod stats;
 pub mod store;
 pub mod verify;
 
-pub use buf::{AlignedBuf, ByteOwner, ByteView};
+pub use buf::{AlignedBuf, ByteOwner, SharedBytes};
 pub use cache::ExpertCache;
 pub use digest::Digest;
 pub use error::StoreError;

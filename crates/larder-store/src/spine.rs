@@ -7,12 +7,12 @@
 //! takes it ([`crate::manifest::SpineTensorEntry::check`]).
 
 use std::fs::File;
-use std::io::Write;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
+use larder_tensor::safetensors_write::{partial_path, Finished, Header, KeyOrder, SafetensorsWriter, TensorHeader};
+
 use crate::digest::Digest;
-use crate::fsutil::{commit, temp_path};
 use crate::io::FileTable;
 use crate::location::Extent;
 use crate::manifest::{SpineFile, SpineTensorEntry};
@@ -33,88 +33,80 @@ const CHUNK: usize = 8 << 20;
 /// returns its manifest entry.
 pub fn write_spine(sources: &FileTable, tensors: &[SpineTensor], root: &Path, name: &str) -> Result<SpineFile, StoreError> {
     let path = root.join(name);
-    let header = spine_header(tensors)?;
-    let data_start = 8 + header.len() as u64;
-    let tmp = temp_path(&path);
-    let result = (|| {
-        let mut f = std::io::BufWriter::with_capacity(CHUNK, File::create(&tmp).map_err(|e| StoreError::io(&tmp, e))?);
-        f.write_all(&(header.len() as u64).to_le_bytes())
-            .map_err(|e| StoreError::io(&tmp, e))?;
-        f.write_all(&header).map_err(|e| StoreError::io(&tmp, e))?;
-        let mut buf = vec![0u8; CHUNK];
-        let mut entries = Vec::with_capacity(tensors.len());
-        let mut at = data_start;
-        for t in tensors {
-            let mut h = xxhash_rust::xxh3::Xxh3::new();
-            let mut off = 0;
-            while off < t.extent.len {
-                let n = (t.extent.len - off).min(buf.len() as u64) as usize;
-                sources.files[t.extent.file]
-                    .read_exact_at(&mut buf[..n], t.extent.offset + off)
-                    .map_err(|e| sources.read_error(t.extent.file, t.extent.offset + off, n as u64, e))?;
-                h.update(&buf[..n]);
-                f.write_all(&buf[..n]).map_err(|e| StoreError::io(&tmp, e))?;
-                off += n as u64;
-            }
-            entries.push(SpineTensorEntry {
-                name: t.name.clone(),
-                dtype: t.dtype.clone(),
-                shape: t.shape.clone(),
-                offset: at,
-                len: t.extent.len,
-                digest: Digest(h.digest128()).to_string(),
-            });
-            at += t.extent.len;
-        }
-        let f = f.into_inner().map_err(|e| StoreError::io(&tmp, e.into_error()))?;
-        f.sync_all().map_err(|e| StoreError::io(&tmp, e))?;
-        let entry = SpineFile {
-            file: name.to_string(),
-            size: at,
-            header_digest: Digest::of(&header).to_string(),
-            tensors: entries,
-        };
-        let bad = check_spine(&tmp, &entry)?;
-        if let Some(first) = bad.first() {
-            return Err(StoreError::Invalid(format!(
-                "{}: read back after writing: {first} (is the drive failing?)",
-                tmp.display()
-            )));
-        }
-        Ok(entry)
-    })();
-    match result {
-        Ok(entry) => {
-            commit(&tmp, &path)?;
+    match write_checked(sources, tensors, &path, name) {
+        Ok((entry, done)) => {
+            done.commit()?;
             Ok(entry)
         }
         Err(e) => {
-            let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(partial_path(&path));
             Err(e)
         }
     }
 }
 
-/// The safetensors header of the spine: tensors back to back in order.
-fn spine_header(tensors: &[SpineTensor]) -> Result<Vec<u8>, StoreError> {
-    let mut header = serde_json::Map::new();
-    let mut at = 0u64;
+/// Writes the spine under its `.partial` name, digesting each tensor's
+/// bytes as they are copied, and reads it back against its entry.
+fn write_checked(sources: &FileTable, tensors: &[SpineTensor], path: &Path, name: &str) -> Result<(SpineFile, Finished), StoreError> {
+    let header = spine_header(tensors)?;
+    let mut f = SafetensorsWriter::create(path, &header)?;
+    let mut buf = vec![0u8; CHUNK];
+    let mut entries = Vec::with_capacity(tensors.len());
+    let mut at = header.data_start();
     for t in tensors {
-        header.insert(
-            t.name.clone(),
-            serde_json::json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [at, at + t.extent.len]}),
-        );
+        let mut h = xxhash_rust::xxh3::Xxh3::new();
+        let mut off = 0;
+        while off < t.extent.len {
+            let n = (t.extent.len - off).min(buf.len() as u64) as usize;
+            sources.files[t.extent.file]
+                .read_exact_at(&mut buf[..n], t.extent.offset + off)
+                .map_err(|e| sources.read_error(t.extent.file, t.extent.offset + off, n as u64, e))?;
+            h.update(&buf[..n]);
+            f.write(&buf[..n])?;
+            off += n as u64;
+        }
+        entries.push(SpineTensorEntry {
+            name: t.name.clone(),
+            dtype: t.dtype.clone(),
+            shape: t.shape.clone(),
+            offset: at,
+            len: t.extent.len,
+            digest: Digest(h.digest128()).to_string(),
+        });
         at += t.extent.len;
     }
-    header.insert(
-        "__metadata__".into(),
-        serde_json::json!({"format": "pt", "written_by": "larder pack"}),
-    );
-    let mut text = serde_json::to_vec(&serde_json::Value::Object(header)).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    while text.len() % 8 != 0 {
-        text.push(b' ');
+    let done = f.finish()?;
+    let entry = SpineFile {
+        file: name.to_string(),
+        size: at,
+        header_digest: Digest::of(header.json()).to_string(),
+        tensors: entries,
+    };
+    if let Some(first) = check_spine(done.partial(), &entry)?.first() {
+        return Err(StoreError::Invalid(format!(
+            "{}: read back after writing: {first} (is the drive failing?)",
+            done.partial().display()
+        )));
     }
-    Ok(text)
+    Ok((entry, done))
+}
+
+/// The safetensors header of the spine: tensors back to back in order.
+fn spine_header(tensors: &[SpineTensor]) -> Result<Header, StoreError> {
+    let list: Vec<TensorHeader> = tensors
+        .iter()
+        .map(|t| TensorHeader {
+            name: t.name.clone(),
+            dtype: t.dtype.clone(),
+            shape: t.shape.clone(),
+            len: t.extent.len,
+        })
+        .collect();
+    Ok(Header::new(
+        &list,
+        &[("format", "pt"), ("written_by", "larder pack")],
+        KeyOrder::Sorted,
+    )?)
 }
 
 /// Re-reads the spine file at `path` and checks size, header and every

@@ -9,7 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use crate::buf::ByteView;
+use crate::buf::SharedBytes;
 use crate::cache::{ExpertCache, Key};
 use crate::digest::Digest;
 use crate::io::{open_backend, FileTable, IoBackend, IoKind, IoOptions};
@@ -20,7 +20,7 @@ use crate::StoreError;
 
 /// One expert's component bytes, in component order.
 pub struct ExpertRecord {
-    pub parts: Vec<ByteView>,
+    pub parts: Vec<SharedBytes>,
     /// RAM this record holds (buffer sizes; 0 for mapped views).
     pub bytes: u64,
 }
@@ -303,17 +303,14 @@ impl Shared {
         &self,
         layer: usize,
         expert: usize,
-        views: &[ByteView],
+        views: &[SharedBytes],
         verify_s: &mut f64,
     ) -> Result<(Arc<ExpertRecord>, u64), StoreError> {
         let loc = self.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
-        let parts: Vec<ByteView> = loc
+        let parts: Vec<SharedBytes> = loc
             .parts
             .iter()
-            .map(|p| {
-                let v = &views[p.extent];
-                ByteView::new(v.owner.clone(), v.start + p.offset as usize, p.len as usize)
-            })
+            .map(|p| views[p.extent].slice(p.offset as usize, p.len as usize))
             .collect();
         if let (true, Some(want)) = (self.verify, loc.digest) {
             let t = Instant::now();
@@ -336,7 +333,7 @@ impl Shared {
         let held = if mapped {
             0
         } else {
-            views.first().map_or(0, |v| (*v.owner).as_ref().len() as u64)
+            views.first().map_or(0, |v| v.owner_len() as u64)
         };
         let record = Arc::new(ExpertRecord { parts, bytes: held });
         if !mapped {

@@ -11,6 +11,7 @@
 //! (batch invariance, docs/design.md §3).
 
 pub mod bench;
+pub mod bytes;
 pub mod device;
 pub mod dtype;
 pub mod expert;
@@ -19,8 +20,10 @@ pub mod kernels;
 pub mod linear;
 pub mod mat;
 pub mod ops;
+pub mod safetensors_write;
 pub mod weight;
 
+pub use bytes::{ByteOwner, SharedBytes};
 pub use dtype::WeightDType;
 pub use linear::Linear;
 pub use mat::Mat;

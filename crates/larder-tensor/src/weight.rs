@@ -1,10 +1,11 @@
 //! `WeightMatrix`: a 2-D weight kept in the dtype its checkpoint ships in.
 //!
-//! The bytes are shared (an `Arc` over an mmap, a file buffer or a Vec), never
-//! converted on load: kernels widen them to f32 as they stream through.
+//! The bytes are a [`SharedBytes`] view (over an mmap, a store read buffer or
+//! a Vec), never converted on load: kernels widen them to f32 as they stream through.
 
 use std::sync::Arc;
 
+pub use crate::bytes::SharedBytes;
 use crate::dtype::WeightDType;
 use crate::formats;
 
@@ -13,70 +14,6 @@ use crate::formats;
 pub enum WeightError {
     #[error("weight {name}: {message}")]
     Layout { name: String, message: String },
-}
-
-/// An immutable byte range shared between owners.
-#[derive(Clone)]
-pub struct SharedBytes {
-    owner: Arc<dyn AsRef<[u8]> + Send + Sync>,
-    start: usize,
-    len: usize,
-}
-
-impl SharedBytes {
-    /// A view of `owner[start..start + len]`.
-    ///
-    /// # Panics
-    /// If the range is out of bounds (callers validate ranges from file headers first).
-    pub fn new(owner: Arc<dyn AsRef<[u8]> + Send + Sync>, start: usize, len: usize) -> Self {
-        let total = (*owner).as_ref().len();
-        assert!(start.checked_add(len).is_some_and(|end| end <= total), "SharedBytes out of range");
-        SharedBytes { owner, start, len }
-    }
-
-    /// Takes ownership of a vector.
-    pub fn from_vec(v: Vec<u8>) -> Self {
-        let len = v.len();
-        SharedBytes {
-            owner: Arc::new(v),
-            start: 0,
-            len,
-        }
-    }
-
-    pub fn as_slice(&self) -> &[u8] {
-        &(*self.owner).as_ref()[self.start..self.start + self.len]
-    }
-
-    /// A sub-range of this view, sharing the owner.
-    ///
-    /// # Panics
-    /// If the range is out of bounds (callers check ranges first).
-    pub fn slice(&self, offset: usize, len: usize) -> SharedBytes {
-        assert!(
-            offset.checked_add(len).is_some_and(|end| end <= self.len),
-            "SharedBytes::slice out of range"
-        );
-        SharedBytes {
-            owner: self.owner.clone(),
-            start: self.start + offset,
-            len,
-        }
-    }
-
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-}
-
-impl std::fmt::Debug for SharedBytes {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "SharedBytes({} bytes)", self.len)
-    }
 }
 
 /// How a weight's values are stored.

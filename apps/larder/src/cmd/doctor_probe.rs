@@ -171,7 +171,7 @@ fn measure(paths: &[PathBuf], kind: IoKind, direct: bool, bytes: u64, record: u6
 
 fn read_batch(backend: &dyn IoBackend, batch: &[&[Extent]], progress: &Progress, failure: &mut Option<larder_store::StoreError>) {
     backend.read(batch, &mut |_, r| match r {
-        Ok(views) => progress.inc(views.iter().map(|v| v.len as u64).sum()),
+        Ok(views) => progress.inc(views.iter().map(|v| v.len() as u64).sum()),
         Err(e) => {
             failure.get_or_insert(e);
         }

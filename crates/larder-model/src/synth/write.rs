@@ -1,13 +1,14 @@
 //! Writing a synthetic checkpoint: one safetensors shard per layer (plus one
 //! for embeddings, final norm and LM head), index, generation config and
-//! config.json last; each file under a `.partial` name until complete.
+//! config.json last; each file under a `.partial` name until complete (the
+//! shards through larder-tensor's one safetensors writer).
 //! Values are drawn per row from SplitMix64 streams seeded by the spec's seed
 //! and the tensor's name, in parallel, so the same spec and seed always give
 //! the same bytes, whatever order the tensors are listed in.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use larder_tensor::safetensors_write::{Header, KeyOrder, SafetensorsWriter, TensorHeader};
 use rayon::prelude::*;
 
 use super::plan::{self, Dtype, Init, TensorPlan};
@@ -44,10 +45,7 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
     let mut files = Vec::new();
     for (s, tensors) in shards.iter().enumerate() {
         let name = format!("model-{:05}-of-{:05}.safetensors", s + 1, n);
-        let path = out.join(&name);
-        let tmp = out.join(format!("{name}.partial"));
-        write_shard(spec, &tmp, tensors, progress).map_err(|e| io(&tmp, e))?;
-        std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))?;
+        let path = write_shard(spec, &out.join(&name), tensors, progress)?;
         for tp in tensors {
             weight_map.insert(tp.name.clone(), serde_json::Value::String(name.clone()));
         }
@@ -71,24 +69,24 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
     Ok(files)
 }
 
-fn write_shard(spec: &SynthSpec, path: &Path, tensors: &[TensorPlan], progress: &mut dyn FnMut(u64)) -> std::io::Result<()> {
-    let mut header = serde_json::Map::new();
-    let mut at = 0u64;
-    for tp in tensors {
-        header.insert(
-            tp.name.clone(),
-            serde_json::json!({"dtype": tp.dtype.name(), "shape": tp.shape, "data_offsets": [at, at + tp.bytes()]}),
-        );
-        at += tp.bytes();
-    }
-    header.insert("__metadata__".into(), serde_json::json!({"format": "pt"}));
-    let mut text = serde_json::to_vec(&serde_json::Value::Object(header))?;
-    while text.len() % 8 != 0 {
-        text.push(b' ');
-    }
-    let mut f = std::io::BufWriter::with_capacity(16 << 20, std::fs::File::create(path)?);
-    f.write_all(&(text.len() as u64).to_le_bytes())?;
-    f.write_all(&text)?;
+/// Writes one shard at `path` (via `path.partial`); returns `path`.
+fn write_shard(
+    spec: &SynthSpec,
+    path: &Path,
+    tensors: &[TensorPlan],
+    progress: &mut dyn FnMut(u64),
+) -> Result<PathBuf, ModelError> {
+    let list: Vec<TensorHeader> = tensors
+        .iter()
+        .map(|tp| TensorHeader {
+            name: tp.name.clone(),
+            dtype: tp.dtype.name().to_string(),
+            shape: tp.shape.clone(),
+            len: tp.bytes(),
+        })
+        .collect();
+    let header = Header::new(&list, &[("format", "pt")], KeyOrder::Sorted)?;
+    let mut f = SafetensorsWriter::create(path, &header)?;
     for tp in tensors {
         // Rows: every dimension but the last (generated in parallel).
         let cols = tp.shape.last().copied().unwrap_or(1).max(1);
@@ -101,11 +99,10 @@ fn write_shard(spec: &SynthSpec, path: &Path, tensors: &[TensorPlan], progress: 
             cols,
             spec.seed.wrapping_mul(0x9e37_79b9).wrapping_add(tp.seed),
         );
-        f.write_all(&data)?;
+        f.write(&data)?;
         progress(data.len() as u64);
     }
-    let f = f.into_inner().map_err(|e| e.into_error())?;
-    f.sync_all()
+    Ok(f.finish()?.commit()?)
 }
 
 /// rms of an INT4 code q = u - 8 over uniform u in 0..16: sqrt(mean of q^2) = sqrt(21.5).

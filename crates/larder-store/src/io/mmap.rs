@@ -25,7 +25,7 @@ use std::sync::Arc;
 use memmap2::{Mmap, UncheckedAdvice};
 
 use super::{IoBackend, ReadResult};
-use crate::buf::{align_down, align_up, ByteOwner, ByteView, ALIGN};
+use crate::buf::{align_down, align_up, ByteOwner, SharedBytes, ALIGN};
 use crate::location::Extent;
 use crate::StoreError;
 
@@ -127,7 +127,7 @@ impl MmapBackend {
             .iter()
             .filter_map(|x| {
                 let (_, owner, start) = spans.iter().find(|s| s.0 == x.file)?;
-                Some(ByteView::new(owner.clone(), x.offset as usize - start, x.len as usize))
+                Some(SharedBytes::new(owner.clone(), x.offset as usize - start, x.len as usize))
             })
             .collect())
     }
@@ -136,7 +136,7 @@ impl MmapBackend {
 /// A job over several files (an expert split across checkpoint shards): its
 /// bytes copied into one buffer, as the store's RAM cache counts one buffer
 /// per job. The spans (already faulted in) are let go at once.
-fn copy_job(spans: &[(usize, ByteOwner, usize)], extents: &[Extent]) -> Vec<ByteView> {
+fn copy_job(spans: &[(usize, ByteOwner, usize)], extents: &[Extent]) -> Vec<SharedBytes> {
     let (plan, total) = super::plan(extents, false);
     let mut buf = crate::buf::AlignedBuf::for_read(total as usize);
     for (p, x) in plan.iter().zip(extents) {
@@ -192,8 +192,8 @@ mod tests {
         assert_eq!(views[0].as_slice(), &bytes[100..5100]);
         assert_eq!(views[1].as_slice(), &bytes[9000..9010]);
         // One owner per job, whole pages: what the RAM cache counts.
-        assert!(Arc::ptr_eq(&views[0].owner, &views[1].owner));
-        assert_eq!((*views[0].owner).as_ref().len(), 3 * ALIGN);
+        assert!(views[0].same_owner(&views[1]));
+        assert_eq!(views[0].owner_len(), 3 * ALIGN);
         drop(views);
         std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(4096).unwrap();
         let err = b.read_job(&job).unwrap_err();
@@ -237,7 +237,7 @@ mod tests {
         let views = backend.read_job(&job).unwrap();
         assert_eq!(views[0].as_slice(), &b[10..5010]);
         assert_eq!(views[1].as_slice(), &a[4000..4300]);
-        assert!(Arc::ptr_eq(&views[0].owner, &views[1].owner));
+        assert!(views[0].same_owner(&views[1]));
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

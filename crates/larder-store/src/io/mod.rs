@@ -29,12 +29,12 @@ pub use uring::UringBackend;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use crate::buf::ByteView;
+use crate::buf::SharedBytes;
 use crate::location::Extent;
 use crate::StoreError;
 
 /// One view per extent of the job, in extent order.
-pub type ReadResult = Result<Vec<ByteView>, StoreError>;
+pub type ReadResult = Result<Vec<SharedBytes>, StoreError>;
 
 /// Reads extents of a fixed set of files.
 pub trait IoBackend: Send + Sync {
@@ -163,12 +163,12 @@ pub(crate) fn plan(extents: &[Extent], direct: bool) -> (Vec<Span>, u64) {
 }
 
 /// The views of a filled job buffer.
-pub(crate) fn views(buf: crate::buf::AlignedBuf, spans: &[Span], extents: &[Extent]) -> Vec<ByteView> {
+pub(crate) fn views(buf: crate::buf::AlignedBuf, spans: &[Span], extents: &[Extent]) -> Vec<SharedBytes> {
     let owner: crate::buf::ByteOwner = Arc::new(buf);
     spans
         .iter()
         .zip(extents)
-        .map(|(s, x)| ByteView::new(owner.clone(), (s.buf_offset + s.skip) as usize, x.len as usize))
+        .map(|(s, x)| SharedBytes::new(owner.clone(), (s.buf_offset + s.skip) as usize, x.len as usize))
         .collect()
 }
 
