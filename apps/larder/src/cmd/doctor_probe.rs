@@ -137,7 +137,7 @@ fn reads_one_block(paths: &[PathBuf], kind: IoKind, direct: bool) -> bool {
     }];
     let mut ok = false;
     backend.read(&[&extent], &mut |_, r| {
-        ok = r.is_ok_and(|v| v.first().is_some_and(|b| b.len == 4096))
+        ok = r.is_ok_and(|v| v.first().is_some_and(|b| b.len() == 4096))
     });
     ok
 }

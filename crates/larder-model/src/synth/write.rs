@@ -70,12 +70,7 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
 }
 
 /// Writes one shard at `path` (via `path.partial`); returns `path`.
-fn write_shard(
-    spec: &SynthSpec,
-    path: &Path,
-    tensors: &[TensorPlan],
-    progress: &mut dyn FnMut(u64),
-) -> Result<PathBuf, ModelError> {
+fn write_shard(spec: &SynthSpec, path: &Path, tensors: &[TensorPlan], progress: &mut dyn FnMut(u64)) -> Result<PathBuf, ModelError> {
     let list: Vec<TensorHeader> = tensors
         .iter()
         .map(|tp| TensorHeader {
