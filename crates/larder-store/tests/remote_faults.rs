@@ -7,39 +7,21 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use common::{Fault, HubServer, Op, REPO};
-use larder_store::remote::{open_source, CheckpointSource, FileSource, HubEnv, RemoteError, RemoteOptions, RetryPolicy, StreamState};
+use common::{client_options, Fault, HubServer, Op, REPO};
+use larder_store::remote::{open_source, CheckpointSource, FileSource, HubEnv, RemoteError, StreamState};
 
 const MODEL: &str = "model.safetensors";
 
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tiny")
-}
-
-fn options() -> RemoteOptions {
-    RemoteOptions {
-        retry: RetryPolicy {
-            attempts: 4,
-            base_delay: Duration::from_millis(1),
-            max_delay: Duration::from_millis(5),
-        },
-        connect_timeout: Duration::from_secs(2),
-        read_timeout: Duration::from_millis(400),
-        parallel: 4,
-    }
-}
-
 fn setup() -> (HubServer, Box<dyn FileSource>) {
-    let server = HubServer::start(&fixture());
+    let server = HubServer::start(&common::fixture());
     let env = HubEnv {
         endpoint: Some(server.url.clone()),
         token: None,
     };
     let src = CheckpointSource::parse(REPO, &env).unwrap();
-    let src = open_source(&src, &env, &options()).unwrap();
+    let src = open_source(&src, &env, &client_options(400)).unwrap();
     (server, src)
 }
 

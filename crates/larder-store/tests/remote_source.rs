@@ -8,27 +8,9 @@
 mod common;
 
 use std::path::PathBuf;
-use std::time::Duration;
 
-use common::{HubServer, Op, COMMIT, REPO};
-use larder_store::remote::{open_source, CheckpointSource, FileSource, HubEnv, RemoteError, RemoteOptions, RetryPolicy, StreamState};
-
-fn fixture() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tiny")
-}
-
-fn options() -> RemoteOptions {
-    RemoteOptions {
-        retry: RetryPolicy {
-            attempts: 4,
-            base_delay: Duration::from_millis(1),
-            max_delay: Duration::from_millis(5),
-        },
-        connect_timeout: Duration::from_secs(2),
-        read_timeout: Duration::from_millis(500),
-        parallel: 4,
-    }
-}
+use common::{client_options, HubServer, Op, COMMIT, REPO};
+use larder_store::remote::{open_source, CheckpointSource, FileSource, HubEnv, RemoteError, StreamState};
 
 fn hub_env(server: &HubServer, token: Option<&str>) -> HubEnv {
     HubEnv {
@@ -40,12 +22,12 @@ fn hub_env(server: &HubServer, token: Option<&str>) -> HubEnv {
 fn open_hub(server: &HubServer, arg: &str, token: Option<&str>) -> Box<dyn FileSource> {
     let env = hub_env(server, token);
     let src = CheckpointSource::parse(arg, &env).unwrap();
-    open_source(&src, &env, &options()).unwrap()
+    open_source(&src, &env, &client_options(500)).unwrap()
 }
 
 #[test]
 fn hub_listing_meta_and_verified_stream() {
-    let server = HubServer::start(&fixture());
+    let server = HubServer::start(&common::fixture());
     let src = open_hub(&server, REPO, None);
     server.fault(Op::Api, "", common::Fault::Status(502));
     let listing = src.list_files().unwrap();
@@ -81,7 +63,7 @@ fn hub_listing_meta_and_verified_stream() {
 
 #[test]
 fn cdn_redirect_keeps_lfs_headers_and_ranges() {
-    let server = HubServer::start(&fixture());
+    let server = HubServer::start(&common::fixture());
     *server.state.redirect_lfs.lock().unwrap() = true;
     let src = open_hub(&server, &format!("{REPO}@main"), None);
     src.list_files().unwrap();
@@ -97,7 +79,7 @@ fn cdn_redirect_keeps_lfs_headers_and_ranges() {
 
 #[test]
 fn token_missing_or_wrong_is_a_clear_error() {
-    let server = HubServer::start(&fixture());
+    let server = HubServer::start(&common::fixture());
     *server.state.token.lock().unwrap() = Some("secret".into());
     let err = open_hub(&server, REPO, None).list_files().unwrap_err();
     assert!(matches!(err, RemoteError::Unauthorized { status: 401, .. }), "{err}");
@@ -114,7 +96,7 @@ fn token_missing_or_wrong_is_a_clear_error() {
 
 #[test]
 fn missing_repo_revision_and_file_are_named() {
-    let server = HubServer::start(&fixture());
+    let server = HubServer::start(&common::fixture());
     let err = open_hub(&server, "nobody/nothing", None).list_files().unwrap_err();
     assert!(matches!(&err, RemoteError::NotFound { what, .. } if what == "repository"), "{err}");
     assert!(err.to_string().contains("nobody/nothing"), "{err}");
@@ -130,7 +112,7 @@ fn missing_repo_revision_and_file_are_named() {
 
 #[test]
 fn wrong_sha256_fails_the_stream() {
-    let server = HubServer::start(&fixture());
+    let server = HubServer::start(&common::fixture());
     server.state.wrong_sha.lock().unwrap().push("model.safetensors".into());
     let src = open_hub(&server, REPO, None);
     // Without a listing: the served X-Linked-Etag is the only sha256 known.
@@ -151,11 +133,11 @@ fn wrong_sha256_fails_the_stream() {
 
 #[test]
 fn plain_base_url_lists_its_files() {
-    let server = HubServer::start(&fixture());
+    let server = HubServer::start(&common::fixture());
     let env = HubEnv::default();
     let src = CheckpointSource::parse(&format!("{}/{REPO}", server.url), &env).unwrap();
     assert!(matches!(src, CheckpointSource::Http { .. }));
-    let src = open_source(&src, &env, &options()).unwrap();
+    let src = open_source(&src, &env, &client_options(500)).unwrap();
     let listing = src.list_files().unwrap();
     let mut names: Vec<_> = listing.files.iter().map(|f| f.name.clone()).collect();
     names.sort();
@@ -168,11 +150,11 @@ fn plain_base_url_lists_its_files() {
 #[test]
 fn local_folder_has_the_same_api() {
     let env = HubEnv::default();
-    let src = CheckpointSource::parse(fixture().to_str().unwrap(), &env).unwrap();
-    let src = open_source(&src, &env, &options()).unwrap();
+    let src = CheckpointSource::parse(common::fixture().to_str().unwrap(), &env).unwrap();
+    let src = open_source(&src, &env, &client_options(500)).unwrap();
     let listing = src.list_files().unwrap();
     assert!(listing.get("model.safetensors").is_some());
-    let want = std::fs::read(fixture().join("model.safetensors")).unwrap();
+    let want = std::fs::read(common::fixture().join("model.safetensors")).unwrap();
     assert_eq!(src.read_range("model.safetensors", 8, 100).unwrap(), want[8..108]);
     let mut out = Vec::new();
     let mut state = StreamState::from_prefix(&want[..1000]).unwrap();
@@ -212,7 +194,7 @@ fn base_url_index_names_the_shards() {
     let server = HubServer::start(&dir);
     let env = HubEnv::default();
     let src = CheckpointSource::parse(&format!("{}/{REPO}@{COMMIT}", server.url), &env).unwrap();
-    let src = open_source(&src, &env, &options()).unwrap();
+    let src = open_source(&src, &env, &client_options(500)).unwrap();
     let listing = src.list_files().unwrap();
     let mut names: Vec<_> = listing.files.iter().map(|f| f.name.as_str()).collect();
     names.sort();
@@ -227,7 +209,7 @@ fn base_url_index_names_the_shards() {
     let dir = sharded_dir("missing", &shards, 1);
     let server = HubServer::start(&dir);
     let src = CheckpointSource::parse(&format!("{}/{REPO}", server.url), &env).unwrap();
-    let err = open_source(&src, &env, &options()).unwrap().list_files().unwrap_err();
+    let err = open_source(&src, &env, &client_options(500)).unwrap().list_files().unwrap_err();
     assert!(matches!(err, RemoteError::NotFound { .. }), "{err}");
     assert!(err.to_string().contains(shards[1]), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
@@ -235,7 +217,7 @@ fn base_url_index_names_the_shards() {
 
 #[test]
 fn cdn_redirect_change_mid_stream_is_caught() {
-    let server = HubServer::start(&fixture());
+    let server = HubServer::start(&common::fixture());
     *server.state.redirect_lfs.lock().unwrap() = true;
     let src = open_hub(&server, REPO, None);
     let want = server.file("model.safetensors");
@@ -250,7 +232,7 @@ fn cdn_redirect_change_mid_stream_is_caught() {
 
 #[test]
 fn renamed_repo_redirects_are_followed() {
-    let server = HubServer::start(&fixture());
+    let server = HubServer::start(&common::fixture());
     *server.state.redirect_lfs.lock().unwrap() = true;
     let src = open_hub(&server, common::OLD_REPO, None);
     let meta = src.file_meta("model.safetensors").unwrap();

@@ -160,6 +160,27 @@ impl HubServer {
     }
 }
 
+/// The checkpoint the test hub serves by default.
+pub fn fixture() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tiny")
+}
+
+/// Client options for tests: 4 attempts with millisecond backoff, a read
+/// timeout of `read_timeout_ms` (stall tests wait longer than it).
+pub fn client_options(read_timeout_ms: u64) -> larder_store::remote::RemoteOptions {
+    use larder_store::remote::{RemoteOptions, RetryPolicy};
+    RemoteOptions {
+        retry: RetryPolicy {
+            attempts: 4,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        },
+        connect_timeout: Duration::from_secs(2),
+        read_timeout: Duration::from_millis(read_timeout_ms),
+        parallel: 4,
+    }
+}
+
 pub fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
