@@ -152,7 +152,9 @@ int main(void) {
             fflush(stdout);
             pid_t p = fork();
             if (p == 0) {
-                char *argv[] = {path, "--test-threads=1", 0};
+                /* Recording real-size presets is about host memory, not kernels
+                 * (and maps 4 GB of zeros: more than this guest's RAM). */
+                char *argv[] = {path, "--test-threads=1", "--skip", "real_size_presets_record_without_weight_bytes", 0};
                 char *envp[] = {"LARDER_REQUIRE_KERNELS=avx512,avx2", "LARDER_KERNEL=avx512", "RUST_BACKTRACE=1",
                                 "HOME=/tmp", "TMPDIR=/tmp", 0};
                 execve(path, argv, envp);

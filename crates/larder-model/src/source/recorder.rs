@@ -167,7 +167,13 @@ impl Recorder {
         let map = match zeros.as_ref().filter(|m| m.len() >= len) {
             Some(m) => m.clone(),
             None => {
-                let m = memmap2::MmapMut::map_anon(len)
+                // MAP_NORESERVE: the zeros are never written, so a mapping larger
+                // than RAM (gpt-oss 120b's bf16 fused experts: 4.2 GB) must not be
+                // refused by the kernel's overcommit check on a small machine.
+                let m = memmap2::MmapOptions::new()
+                    .len(len)
+                    .no_reserve_swap()
+                    .map_anon()
                     .and_then(|m| m.make_read_only())
                     .map_err(|e| ModelError::Source(format!("mapping {len} zero bytes: {e}")))?;
                 zeros.insert(Arc::new(m)).clone()
