@@ -13,7 +13,7 @@ use larder_model::assemble::{check_fused_part, check_weight_shape, gpt_oss_exper
 use larder_model::checkpoint::Checkpoint;
 use larder_model::fused_experts::{gpt_oss_layer_parts, FusedLayer};
 use larder_model::quant::ModuleRule;
-use larder_model::{expert_layers, expert_parts, expert_tensors, ExpertProvider, ModelError, ModelSpec};
+use larder_model::{expert_layers, expert_tensors, routed_expert_parts, ExpertPart, ExpertProvider, ModelError, ModelSpec};
 use larder_store::manifest::SourceIdentity;
 use larder_store::{Digest, ExpertIndex, ExpertLocation, ExpertRecord, ExpertStore, Extent, Manifest, Part, PartDesc, StoreError};
 use larder_tensor::expert::{ComponentLayout, ExpertLayout, SwigluExpert};
@@ -262,15 +262,20 @@ fn meta(q: &PartDesc) -> PartMeta<'_> {
 /// or a gpt-oss expert's slice `[e]` of each fused per-layer tensor); direct
 /// streaming, and the input of pack.
 pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, EngineError> {
-    ckpt.configure(spec);
+    index_of_parts(ckpt, routed_expert_parts(spec, ckpt)?)
+}
+
+/// The index of `parts` (`[layer][expert]`, from [`routed_expert_parts`]):
+/// one extent per part, where it lies in `ckpt`'s files.
+pub fn index_of_parts(ckpt: &Checkpoint, parts: Vec<Vec<Vec<ExpertPart>>>) -> Result<ExpertIndex, EngineError> {
     let mut index = ExpertIndex {
         files: ckpt.file_paths(),
-        layers: vec![Vec::new(); spec.layers.len()],
-        parts: vec![Vec::new(); spec.layers.len()],
+        layers: vec![Vec::new(); parts.len()],
+        parts: vec![Vec::new(); parts.len()],
     };
-    for (l, n) in expert_layers(spec) {
-        let mut experts = Vec::with_capacity(n);
-        for e in 0..n {
+    for (l, layer) in parts.into_iter().enumerate() {
+        let mut experts = Vec::with_capacity(layer.len());
+        for (e, parts) in layer.into_iter().enumerate() {
             let mut loc = ExpertLocation {
                 extents: Vec::new(),
                 parts: Vec::new(),
@@ -278,7 +283,7 @@ pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, 
                 digest_seed: 0,
             };
             let mut descs = Vec::new();
-            for part in expert_parts(spec, ckpt, l, e)? {
+            for part in parts {
                 loc.parts.push(Part {
                     extent: loc.extents.len(),
                     offset: 0,

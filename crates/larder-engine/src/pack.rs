@@ -7,12 +7,12 @@ use std::path::Path;
 
 use larder_model::arch::read_spec;
 use larder_model::checkpoint::Checkpoint;
-use larder_model::DecoderModel;
+use larder_model::{routed_expert_parts, DecoderModel};
 use larder_store::pack::{PackLayer, PackSource, SpineTensor};
 use larder_store::Extent;
 
 use crate::error::EngineError;
-use crate::experts::{direct_index, source_identity};
+use crate::experts::{index_of_parts, source_identity};
 
 /// Files copied next to the spine so a store loads like a checkpoint.
 pub const CARRIED_FILES: &[&str] = &[
@@ -33,15 +33,12 @@ pub fn pack_source(dir: &Path) -> Result<PackSource, EngineError> {
     let spec = read_spec(dir)?;
     validate(dir, &spec)?;
     let ckpt = Checkpoint::open(dir)?;
-    let index = direct_index(&spec, &ckpt)?;
-    let mut expert_names = HashSet::new();
+    let parts = routed_expert_parts(&spec, &ckpt)?;
+    // Every tensor a record is cut from; the rest of the checkpoint is spine.
+    let expert_names: HashSet<String> = parts.iter().flatten().flatten().map(|p| p.tensor.clone()).collect();
+    let index = index_of_parts(&ckpt, parts)?;
     let mut layers = Vec::new();
-    for (l, n) in larder_model::expert_layers(&spec) {
-        for e in 0..n {
-            for part in larder_model::expert_parts(&spec, &ckpt, l, e)? {
-                expert_names.insert(part.tensor);
-            }
-        }
+    for (l, _) in larder_model::expert_layers(&spec) {
         layers.push(PackLayer {
             layer: l,
             parts: index.parts[l].clone(),

@@ -30,7 +30,7 @@ use crate::mla::{MlaAttention, QueryProj};
 use crate::mlp::{load_mlp, Mlp};
 use crate::moe::{LatentProj, MoeBlock, SharedExpert};
 use crate::rope::Rope;
-use crate::source::WeightSource;
+use crate::source::{with_expert_tag, ExpertTag, WeightSource};
 use crate::state::SequenceState;
 
 /// The feed-forward half of a layer.
@@ -167,7 +167,14 @@ impl DecoderModel {
                             .map(|e| {
                                 let [g, u, d] = expert_tensors(&spec, l, e)
                                     .ok_or_else(|| ModelError::Experts(format!("layer {l}: not a MoE layer")))?;
-                                let w = |t: &ExpertTensor| weights.matrix(&t.name, t.shape[0], t.shape[1]);
+                                let w = |t: &ExpertTensor| {
+                                    let tag = ExpertTag {
+                                        layer: l,
+                                        expert: Some(e),
+                                        role: t.role,
+                                    };
+                                    with_expert_tag(weights, tag, || weights.matrix(&t.name, t.shape[0], t.shape[1]))
+                                };
                                 Ok(Arc::new(Mlp::new(&format!("{bp}.experts.{e}"), w(&g)?, w(&u)?, w(&d)?)?))
                             })
                             .collect::<Result<Vec<_>, ModelError>>()?

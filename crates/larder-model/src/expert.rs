@@ -2,17 +2,21 @@
 //! the experts of one layer step and never learns whether their bytes were in
 //! RAM, in a cache or on a drive.
 //!
-//! Also: the names and shapes of each routed expert's tensors in a
-//! checkpoint ([`expert_tensors`]), and every shipped part of one expert
-//! where it lies ([`expert_parts`]: whole tensors, or slices `[e]` of fused
-//! per-layer tensors for gpt-oss), which direct streaming and `pack` read.
+//! Also: the names and shapes of each routed expert's tensors, as the
+//! loader asks for them ([`expert_tensors`]), and every shipped part of
+//! every expert where it lies ([`routed_expert_parts`]: whole tensors, or
+//! slices `[e]` of fused per-layer tensors for gpt-oss), learned by
+//! recording the loader; direct streaming and `pack` read them.
 
 use std::sync::Arc;
 
+use crate::assemble::PartKind;
 use crate::checkpoint::{Checkpoint, TensorInfo};
 use crate::config::{FfnSpec, ModelSpec};
+use crate::decoder::DecoderModel;
 use crate::error::ModelError;
 use crate::mlp::Mlp;
+use crate::source::{RecordedRole, RecordedTensor, Recorder};
 
 /// Supplies routed expert weights.
 pub trait ExpertProvider: Send + Sync {
@@ -131,35 +135,62 @@ pub struct ExpertPart {
     pub info: TensorInfo,
 }
 
-/// Every shipped part of expert `expert` of MoE layer `layer`, in record
-/// order, after the checks the in-RAM loader makes: per projection codes,
-/// then scales and `weight_shape` where shipped
-/// ([`Checkpoint::weight_parts`]); for gpt-oss, slice `[expert]` of each
-/// fused tensor ([`crate::fused_experts::gpt_oss_layer_parts`]: six for
-/// MXFP4, four unquantized).
-pub fn expert_parts(spec: &ModelSpec, ckpt: &Checkpoint, layer: usize, expert: usize) -> Result<Vec<ExpertPart>, ModelError> {
-    if let Some(fused) = crate::fused_experts::gpt_oss_layer_parts(spec, layer, Some(ckpt))? {
-        return fused
-            .parts
-            .iter()
-            .map(|p| {
-                Ok(ExpertPart {
-                    role: p.role.to_string(),
-                    tensor: p.name.clone(),
-                    info: ckpt.slice_info(&p.name, expert)?,
-                })
-            })
-            .collect();
+/// Every shipped part of every routed expert, `[layer][expert]` (empty for
+/// dense layers), each expert's in record order. Which tensors are routed
+/// experts, and their roles and logical shapes, are learned by recording
+/// the architecture's loader ([`Recorder`], whose requests the loader tags
+/// with [`ExpertTag`]s); where each part lies, and the checks the in-RAM
+/// loader makes, are the checkpoint's: per projection
+/// [`Checkpoint::weight_parts`] (codes, then scales and `weight_shape`
+/// where shipped); for gpt-oss, slice `[e]` of each fused tensor, checked by
+/// [`crate::fused_experts::gpt_oss_layer_parts`].
+pub fn routed_expert_parts(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<Vec<Vec<Vec<ExpertPart>>>, ModelError> {
+    ckpt.configure(spec);
+    let recorder = Recorder::with_names(ckpt.names().into_iter().map(str::to_string));
+    DecoderModel::load(spec.clone(), &recorder, None)?;
+    let mut parts: Vec<Vec<Vec<ExpertPart>>> = vec![Vec::new(); spec.layers.len()];
+    for (l, n) in expert_layers(spec) {
+        parts[l] = vec![Vec::new(); n];
+        // gpt-oss: the fused tensors' dtypes and shapes, checked as the in-RAM loader checks them.
+        crate::fused_experts::gpt_oss_layer_parts(spec, l, Some(ckpt))?;
     }
-    let tensors = expert_tensors(spec, layer, expert).ok_or_else(|| ModelError::Experts(format!("layer {layer}: not a MoE layer")))?;
-    let mut parts = Vec::new();
-    for t in &tensors {
-        for part in ckpt.weight_parts(&t.name, t.shape[0], t.shape[1])? {
-            parts.push(ExpertPart {
-                role: part.kind.role(t.role),
-                tensor: part.name,
-                info: part.info,
-            });
+    let bad = |t: &RecordedTensor, m: &str| ModelError::Experts(format!("tensor `{}`: {m}", t.name));
+    for t in recorder.tensors() {
+        let Some(tag) = t.expert else { continue };
+        let layer = parts
+            .get_mut(tag.layer)
+            .filter(|p| !p.is_empty())
+            .ok_or_else(|| bad(&t, &format!("tagged for layer {}, which has no routed experts", tag.layer)))?;
+        match (tag.expert, &t.role) {
+            (Some(e), RecordedRole::Linear { weight, part, rows, cols }) => {
+                // Each weight once, by its codes; the checkpoint says which parts ship.
+                if *part != PartKind::Codes {
+                    continue;
+                }
+                let expert = layer.get_mut(e).ok_or_else(|| bad(&t, &format!("tagged expert {e} of layer {}", tag.layer)))?;
+                for p in ckpt.weight_parts(weight, *rows, *cols)? {
+                    expert.push(ExpertPart {
+                        role: p.kind.role(tag.role),
+                        tensor: p.name,
+                        info: p.info,
+                    });
+                }
+            }
+            (None, RecordedRole::FusedRaw) => {
+                for (e, expert) in layer.iter_mut().enumerate() {
+                    expert.push(ExpertPart {
+                        role: tag.role.to_string(),
+                        tensor: t.name.clone(),
+                        info: ckpt.slice_info(&t.name, e)?,
+                    });
+                }
+            }
+            (_, role) => return Err(bad(&t, &format!("a routed-expert tensor recorded as {role:?}"))),
+        }
+    }
+    for (l, layer) in parts.iter().enumerate() {
+        if let Some(e) = layer.iter().position(Vec::is_empty) {
+            return Err(ModelError::Experts(format!("layer {l}: the loader read no tensors for expert {e}")));
         }
     }
     Ok(parts)

@@ -23,7 +23,7 @@ use crate::config::{ExpertKind, FfnSpec, ModelSpec};
 use crate::error::ModelError;
 use crate::mlp::Mlp;
 use crate::quant::{ModuleRule, PackedFormat};
-use crate::source::WeightSource;
+use crate::source::{with_expert_tag, ExpertTag, WeightSource};
 
 /// The fused tensors of a gpt-oss MoE layer's experts.
 #[derive(Debug, Clone, PartialEq)]
@@ -137,7 +137,12 @@ pub fn load_gpt_oss_layer(spec: &ModelSpec, layer: usize, weights: &dyn WeightSo
     }
     let mut tensors = Vec::with_capacity(fused.parts.len());
     for part in &fused.parts {
-        let t = weights.raw_tensor(&part.name, part.dtypes, &part.shape)?;
+        let tag = ExpertTag {
+            layer,
+            expert: None,
+            role: part.role,
+        };
+        let t = with_expert_tag(weights, tag, || weights.raw_tensor(&part.name, part.dtypes, &part.shape))?;
         check_fused_part(part, &t.dtype, &t.shape, false).map_err(|m| ModelError::Experts(format!("{m} ({says})")))?;
         tensors.push((t.dtype, t.bytes));
     }

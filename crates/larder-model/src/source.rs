@@ -70,6 +70,29 @@ impl WeightRequest<'_> {
     }
 }
 
+/// Which routed expert the tensors a loader asks for next belong to (see
+/// [`WeightSource::tag_expert`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertTag {
+    pub layer: usize,
+    /// The expert; `None` for a fused per-layer tensor holding every
+    /// expert of the layer (gpt-oss), whose slice `[e]` is expert `e`'s.
+    pub expert: Option<usize>,
+    /// The projection or fused part the tensors are (`gate`, `up`, `down`;
+    /// gpt-oss: `gate_up`, `gate_up.scale`, `down.bias`, ...): the role of
+    /// their codes in a store record.
+    pub role: &'static str,
+}
+
+/// Runs `load` with the requests it makes tagged `tag` (routed-expert
+/// tensors), untagging afterwards whatever `load` returns.
+pub fn with_expert_tag<T>(weights: &dyn WeightSource, tag: ExpertTag, load: impl FnOnce() -> T) -> T {
+    weights.tag_expert(Some(tag));
+    let out = load();
+    weights.tag_expert(None);
+    out
+}
+
 /// A whole shipped tensor: its safetensors dtype, shape and bytes.
 #[derive(Debug, Clone)]
 pub struct RawTensor {
@@ -110,6 +133,12 @@ pub trait WeightSource {
     fn zero_placeholders(&self) -> bool {
         false
     }
+
+    /// Told that the requests that follow read routed expert `tag` (until
+    /// told `None`): the [`Recorder`] tags what it records, so pack and
+    /// direct streaming learn which tensors are routed experts from the
+    /// loaders. Use [`with_expert_tag`]. Default: ignored.
+    fn tag_expert(&self, _tag: Option<ExpertTag>) {}
 
     /// The config.json that errors about a config field point at.
     fn config_path(&self) -> PathBuf {

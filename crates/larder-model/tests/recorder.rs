@@ -96,3 +96,44 @@ fn quantized_fixtures_record_their_formats_parts() {
     let blocks = "model.layers.0.mlp.experts.gate_up_proj_blocks";
     assert_eq!(gpt_oss[blocks], (RecordedRole::FusedRaw, vec!["U8"]));
 }
+
+/// The loaders tag every routed-expert request and nothing else: a tagged
+/// record is a tensor of `mlp.experts` / `block_sparse_moe.experts` (by the
+/// hub's naming, which no loader code consults), and
+/// `routed_expert_parts` cuts every expert from exactly those tensors, in
+/// the same parts for every expert of a layer.
+#[test]
+fn loaders_tag_routed_expert_tensors_and_only_those() {
+    for dir in model_fixtures() {
+        let ckpt = Checkpoint::open(&dir).unwrap();
+        let spec = read_spec(&dir).unwrap();
+        let recorded = record(&dir, &ckpt);
+        for t in &recorded {
+            let named_expert = t.name.contains(".experts.") && !t.name.contains("shared_expert");
+            assert_eq!(
+                t.expert.is_some(),
+                named_expert,
+                "{}: `{}` tagged {:?}",
+                dir.display(),
+                t.name,
+                t.expert
+            );
+        }
+        let tagged: std::collections::BTreeSet<&str> =
+            recorded.iter().filter(|t| t.expert.is_some()).map(|t| t.name.as_str()).collect();
+        let parts = larder_model::routed_expert_parts(&spec, &ckpt).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        let mut cut_from = std::collections::BTreeSet::new();
+        for (l, n) in larder_model::expert_layers(&spec) {
+            assert_eq!(parts[l].len(), n, "{}: layer {l}", dir.display());
+            let roles = |e: usize| parts[l][e].iter().map(|p| p.role.clone()).collect::<Vec<_>>();
+            for e in 0..n {
+                assert!(!parts[l][e].is_empty(), "{}: layer {l} expert {e} has no parts", dir.display());
+                assert_eq!(roles(e), roles(0), "{}: layer {l} expert {e}", dir.display());
+                cut_from.extend(parts[l][e].iter().map(|p| p.tensor.clone()));
+            }
+            assert_eq!(roles(0).first().map(String::as_str).map(|r| r.starts_with("gate")), Some(true));
+        }
+        let cut_from: std::collections::BTreeSet<&str> = cut_from.iter().map(String::as_str).collect();
+        assert_eq!(cut_from, tagged, "{}", dir.display());
+    }
+}

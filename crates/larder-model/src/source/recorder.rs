@@ -29,7 +29,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use larder_tensor::weight::SharedBytes;
 use larder_tensor::{WeightDType, WeightMatrix};
 
-use super::{RawTensor, Weight, WeightRequest, WeightSource};
+use super::{ExpertTag, RawTensor, Weight, WeightRequest, WeightSource};
 use crate::assemble::{self, PartKind, PartLayout, ShippedAs, FLOAT_DTYPES};
 use crate::config::ModelSpec;
 use crate::error::ModelError;
@@ -65,6 +65,8 @@ pub struct RecordedTensor {
     /// The shapes it may have (one, except small tensors a loader accepts
     /// in several layouts, such as Kimi's `A_log`).
     pub shapes: Vec<Vec<usize>>,
+    /// The routed expert it belongs to (`None`: the spine).
+    pub expert: Option<ExpertTag>,
 }
 
 /// Whether a tensor ships (see [`Recorder::new`]).
@@ -84,6 +86,8 @@ pub struct Recorder {
     /// The shared zero-filled mapping placeholders view.
     zeros: Mutex<Option<Arc<memmap2::Mmap>>>,
     tensors: Mutex<Vec<RecordedTensor>>,
+    /// What the loader said the requests it makes now are for.
+    tag: Mutex<Option<ExpertTag>>,
 }
 
 impl Recorder {
@@ -95,6 +99,7 @@ impl Recorder {
             formats: Mutex::new(Formats::default()),
             zeros: Mutex::new(None),
             tensors: Mutex::new(Vec::new()),
+            tag: Mutex::new(None),
         }
     }
 
@@ -115,6 +120,7 @@ impl Recorder {
             role,
             dtypes: dtypes.to_vec(),
             shapes,
+            expert: *lock(&self.tag),
         });
     }
 
@@ -223,6 +229,10 @@ impl WeightSource for Recorder {
 
     fn zero_placeholders(&self) -> bool {
         true
+    }
+
+    fn tag_expert(&self, tag: Option<ExpertTag>) {
+        *lock(&self.tag) = tag;
     }
 
     fn configure(&self, spec: &ModelSpec) {
