@@ -48,6 +48,8 @@ enum Command {
     Serve(cmd::serve::Args),
     /// Pack a checkpoint's routed experts into a store: contiguous aligned records over one or more drives.
     Pack(cmd::pack::Args),
+    /// Pull a remote checkpoint (hub repo, URL or folder) straight into a store, resumable, no second copy.
+    Pull(cmd::pull::Args),
     /// Prove a packed store is exactly the checkpoint it was packed from, and that it loads.
     Verify(cmd::verify::Args),
     /// Write a synthetic checkpoint (real layout, random weights, any size), or upcycle a dense one
@@ -84,6 +86,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Run(a) => cmd::run::run(a),
         Command::Serve(a) => cmd::serve::run_cmd(a),
         Command::Pack(a) => cmd::pack::run(a),
+        Command::Pull(a) => cmd::pull::run(a),
         Command::Verify(a) => cmd::verify::run(a),
         Command::Synth(a) => cmd::synth::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),

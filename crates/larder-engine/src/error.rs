@@ -13,6 +13,10 @@ use larder_model::ModelError;
 pub enum EngineError {
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// A remote checkpoint source failed (names URL, status and file).
+    #[cfg(feature = "remote")]
+    #[error(transparent)]
+    Remote(#[from] larder_store::remote::RemoteError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,

@@ -324,17 +324,12 @@ pub fn source_identity(dir: &Path, ckpt: &Checkpoint) -> Result<SourceIdentity, 
         .file_paths()
         .iter()
         .enumerate()
-        .map(|(i, p)| {
-            let size = std::fs::metadata(p)
-                .map_err(|source| EngineError::Io { path: p.clone(), source })?
-                .len();
-            Ok(larder_store::manifest::SourceFile {
-                name: p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
-                size,
-                header_digest: Digest::of(ckpt.file_header(i)).to_string(),
-            })
+        .map(|(i, p)| larder_store::manifest::SourceFile {
+            name: p.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default(),
+            size: ckpt.file_size(i),
+            header_digest: Digest::of(ckpt.file_header(i)).to_string(),
         })
-        .collect::<Result<_, EngineError>>()?;
+        .collect();
     Ok(SourceIdentity {
         config_digest: Digest::of(&bytes).to_string(),
         files,

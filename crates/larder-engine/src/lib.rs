@@ -32,6 +32,8 @@ pub mod generation;
 pub mod integrity;
 pub mod pack;
 pub mod plan;
+#[cfg(feature = "remote")]
+pub mod pull;
 pub mod return_points;
 pub mod sampling;
 pub mod scheduler;

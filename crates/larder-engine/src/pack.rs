@@ -7,7 +7,7 @@ use std::path::Path;
 
 use larder_model::arch::read_spec;
 use larder_model::checkpoint::Checkpoint;
-use larder_model::{routed_expert_parts, DecoderModel};
+use larder_model::{routed_expert_parts, DecoderModel, ModelSpec};
 use larder_store::pack::{PackLayer, PackSource, SpineTensor};
 use larder_store::Extent;
 
@@ -33,12 +33,19 @@ pub fn pack_source(dir: &Path) -> Result<PackSource, EngineError> {
     let spec = read_spec(dir)?;
     validate(dir, &spec)?;
     let ckpt = Checkpoint::open(dir)?;
-    let parts = routed_expert_parts(&spec, &ckpt)?;
+    describe(dir, &spec, &ckpt)
+}
+
+/// The pack description of checkpoint `ckpt` (opened or known from its
+/// headers) whose config and small files are in `dir`: its routed experts
+/// by extent, every other tensor as spine, the files to carry.
+pub fn describe(dir: &Path, spec: &ModelSpec, ckpt: &Checkpoint) -> Result<PackSource, EngineError> {
+    let parts = routed_expert_parts(spec, ckpt)?;
     // Every tensor a record is cut from; the rest of the checkpoint is spine.
     let expert_names: HashSet<String> = parts.iter().flatten().flatten().map(|p| p.tensor.clone()).collect();
-    let index = index_of_parts(&ckpt, parts)?;
+    let index = index_of_parts(ckpt, parts)?;
     let mut layers = Vec::new();
-    for (l, _) in larder_model::expert_layers(&spec) {
+    for (l, _) in larder_model::expert_layers(spec) {
         layers.push(PackLayer {
             layer: l,
             parts: index.parts[l].clone(),
@@ -65,7 +72,7 @@ pub fn pack_source(dir: &Path) -> Result<PackSource, EngineError> {
     let copy = CARRIED_FILES.iter().map(|f| dir.join(f)).filter(|p| p.is_file()).collect();
     Ok(PackSource {
         model_type: spec.model_type.clone(),
-        identity: source_identity(dir, &ckpt)?,
+        identity: source_identity(dir, ckpt)?,
         files: index.files.clone(),
         spine,
         layers,
@@ -75,7 +82,7 @@ pub fn pack_source(dir: &Path) -> Result<PackSource, EngineError> {
 
 /// Builds the whole model from the checkpoint's headers, reading no weight
 /// bytes: the same errors `run` would give, before anything is written.
-fn validate(dir: &Path, spec: &larder_model::ModelSpec) -> Result<(), EngineError> {
+fn validate(dir: &Path, spec: &ModelSpec) -> Result<(), EngineError> {
     let ckpt = Checkpoint::open_unread(dir)?;
     DecoderModel::load(spec.clone(), &ckpt, None)?;
     Ok(())

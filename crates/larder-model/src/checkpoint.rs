@@ -46,6 +46,8 @@ struct TensorEntry {
 
 struct SourceFile {
     path: PathBuf,
+    /// The file's length in bytes.
+    size: u64,
     /// `None` for a checkpoint opened with [`Checkpoint::open_unread`].
     file: Option<File>,
     /// The JSON header as read at open.
@@ -83,6 +85,16 @@ pub type TensorCheck = dyn Fn(&str, &TensorInfo, &[u8]) -> Result<(), String> + 
 /// Told the size of every tensor as it is handed out (read, or zeros when
 /// unread): a load's progress, or (over an unread checkpoint) its total.
 pub type ReadProgress = dyn Fn(u64) + Send + Sync;
+
+/// A safetensors file known by its header (see [`Checkpoint::from_headers`]).
+#[derive(Debug, Clone)]
+pub struct ShardHeader {
+    /// Where the file is, or would be (errors name it).
+    pub path: PathBuf,
+    pub size: u64,
+    /// The JSON header (without the 8-byte length before it).
+    pub header: Vec<u8>,
+}
 
 /// All tensors of a checkpoint folder, by name.
 pub struct Checkpoint {
@@ -153,11 +165,39 @@ impl Checkpoint {
         };
         let file = File::open(&path).map_err(io)?;
         let size = file.metadata().map_err(io)?.len();
+        let (_, header) = read_header(&file, size).map_err(|message| ModelError::Safetensors {
+            path: path.clone(),
+            message,
+        })?;
+        self.add_header(path, size, header, read.then_some(file))
+    }
+
+    /// A checkpoint known from its files' headers alone (a remote one, read
+    /// by range): like [`open_unread`](Self::open_unread), with each file's
+    /// `path` (where errors point), size and JSON header given.
+    pub fn from_headers(shards: Vec<ShardHeader>) -> Result<Self, ModelError> {
+        let mut ckpt = Checkpoint {
+            files: Vec::new(),
+            tensors: HashMap::new(),
+            fp8_block: std::sync::OnceLock::new(),
+            compressed: std::sync::OnceLock::new(),
+            check: None,
+            progress: None,
+        };
+        for s in shards {
+            ckpt.add_header(s.path, s.size, s.header, None)?;
+        }
+        Ok(ckpt)
+    }
+
+    /// Adds the tensors of the file at `path` (`size` bytes) whose JSON
+    /// header is `header`, after checking it against the size.
+    fn add_header(&mut self, path: PathBuf, size: u64, header: Vec<u8>, file: Option<File>) -> Result<(), ModelError> {
+        let header_len = header.len();
         let bad = |message: String| ModelError::Safetensors {
             path: path.clone(),
             message,
         };
-        let (header_len, header) = read_header(&file, size).map_err(&bad)?;
         let meta: safetensors::tensor::Metadata = serde_json::from_slice(&header).map_err(|e| {
             bad(format!(
                 "invalid safetensors header ({e}); the file may be truncated or not a safetensors file"
@@ -196,11 +236,7 @@ impl Checkpoint {
                 },
             );
         }
-        self.files.push(SourceFile {
-            path,
-            file: read.then_some(file),
-            header,
-        });
+        self.files.push(SourceFile { path, size, file, header });
         Ok(())
     }
 
@@ -301,6 +337,11 @@ impl Checkpoint {
     /// The checkpoint's safetensors files, in index order.
     pub fn file_paths(&self) -> Vec<PathBuf> {
         self.files.iter().map(|f| f.path.clone()).collect()
+    }
+
+    /// The length in bytes of file `file`.
+    pub fn file_size(&self, file: usize) -> u64 {
+        self.files[file].size
     }
 
     /// The JSON header of file `file` (its identity: names, dtypes, shapes, offsets).
@@ -628,21 +669,30 @@ struct Shipped {
 
 /// Reads a safetensors file's header: its length and JSON bytes.
 fn read_header(file: &File, size: u64) -> Result<(usize, Vec<u8>), String> {
-    let truncated = |what: &str| format!("{what}; the file may be truncated or not a safetensors file");
     let mut len = [0u8; 8];
+    if size >= 8 {
+        file.read_exact_at(&mut len, 0)
+            .map_err(|e| format!("reading the header length: {e}; the file may be truncated or not a safetensors file"))?;
+    }
+    let n = header_len(len, size)?;
+    let mut header = vec![0u8; n as usize];
+    file.read_exact_at(&mut header, 8)
+        .map_err(|e| format!("reading the header: {e}; the file may be truncated or not a safetensors file"))?;
+    Ok((n as usize, header))
+}
+
+/// The JSON header's length from a safetensors file's first 8 bytes
+/// (`prefix`), checked against the file's `size` and a 100 MiB limit.
+pub fn header_len(prefix: [u8; 8], size: u64) -> Result<u64, String> {
+    let truncated = |what: &str| format!("{what}; the file may be truncated or not a safetensors file");
     if size < 8 {
         return Err(truncated(&format!("only {size} bytes, less than the 8-byte header length")));
     }
-    file.read_exact_at(&mut len, 0)
-        .map_err(|e| truncated(&format!("reading the header length: {e}")))?;
-    let n = u64::from_le_bytes(len);
+    let n = u64::from_le_bytes(prefix);
     if n > size - 8 || n > 100 << 20 {
         return Err(truncated(&format!("header length {n} does not fit in a {size}-byte file")));
     }
-    let mut header = vec![0u8; n as usize];
-    file.read_exact_at(&mut header, 8)
-        .map_err(|e| truncated(&format!("reading the header: {e}")))?;
-    Ok((n as usize, header))
+    Ok(n)
 }
 
 /// Fills `buf` from `file` at `offset`, [`READ_CHUNK`] bytes per `pread`.
@@ -654,35 +704,45 @@ fn read_range(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<()> {
 }
 
 /// The safetensors files of a checkpoint folder, in a stable order.
-fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
-    let index = dir.join("model.safetensors.index.json");
-    if index.exists() {
-        let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io {
-            path: index.clone(),
-            source,
-        })?;
-        let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
-            path: index.clone(),
-            message: e.to_string(),
-        })?;
-        let map = json
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .ok_or_else(|| ModelError::config(&index, "weight_map", "missing or not an object"))?;
-        let mut files = BTreeSet::new();
-        for (tensor, file) in map {
-            let f = file
-                .as_str()
-                .ok_or_else(|| ModelError::config(&index, "weight_map", format!("entry for `{tensor}` is not a file name")))?;
-            if f.contains('/') || f.contains('\\') || f == ".." {
-                return Err(ModelError::config(
-                    &index,
-                    "weight_map",
-                    format!("file name {f:?} leaves the folder"),
-                ));
-            }
-            files.insert(f.to_string());
+/// The index of a sharded checkpoint.
+pub const INDEX: &str = "model.safetensors.index.json";
+
+/// The files a `model.safetensors.index.json` names (sorted, each once),
+/// refusing names that leave the folder.
+pub fn index_shards(index: &Path) -> Result<Vec<String>, ModelError> {
+    let text = std::fs::read_to_string(index).map_err(|source| ModelError::Io {
+        path: index.to_path_buf(),
+        source,
+    })?;
+    let json: serde_json::Value = serde_json::from_str(&text).map_err(|e| ModelError::Json {
+        path: index.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| ModelError::config(index, "weight_map", "missing or not an object"))?;
+    let mut files = BTreeSet::new();
+    for (tensor, file) in map {
+        let f = file
+            .as_str()
+            .ok_or_else(|| ModelError::config(index, "weight_map", format!("entry for `{tensor}` is not a file name")))?;
+        if f.contains('/') || f.contains('\\') || f == ".." {
+            return Err(ModelError::config(
+                index,
+                "weight_map",
+                format!("file name {f:?} leaves the folder"),
+            ));
         }
+        files.insert(f.to_string());
+    }
+    Ok(files.into_iter().collect())
+}
+
+fn shard_paths(dir: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    let index = dir.join(INDEX);
+    if index.exists() {
+        let files = index_shards(&index)?;
         let paths: Vec<PathBuf> = files.into_iter().map(|f| dir.join(f)).collect();
         for p in &paths {
             if !p.exists() {

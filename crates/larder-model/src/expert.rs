@@ -167,7 +167,9 @@ pub fn routed_expert_parts(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<Vec<Ve
                 if *part != PartKind::Codes {
                     continue;
                 }
-                let expert = layer.get_mut(e).ok_or_else(|| bad(&t, &format!("tagged expert {e} of layer {}", tag.layer)))?;
+                let expert = layer
+                    .get_mut(e)
+                    .ok_or_else(|| bad(&t, &format!("tagged expert {e} of layer {}", tag.layer)))?;
                 for p in ckpt.weight_parts(weight, *rows, *cols)? {
                     expert.push(ExpertPart {
                         role: p.kind.role(tag.role),

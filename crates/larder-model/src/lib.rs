@@ -42,7 +42,7 @@ pub use arch::load_model;
 pub use config::{FfnSpec, ModelSpec, MoeSpec};
 pub use decoder::{BatchSeq, DecoderModel, RouteTrace, Wanted};
 pub use error::ModelError;
-pub use expert::{expert_layers, routed_expert_parts, expert_tensors, ExpertPart, ExpertProvider, ExpertTensor, InMemoryExperts};
+pub use expert::{expert_layers, expert_tensors, routed_expert_parts, ExpertPart, ExpertProvider, ExpertTensor, InMemoryExperts};
 pub use kv_cache::KvLayer;
 pub use source::{ExpertTag, RandomSource, Recorder, Weight, WeightRequest, WeightSource};
 pub use state::{LayerState, RecurrentLayer, RecurrentValues, SequenceState, StateSnapshot};

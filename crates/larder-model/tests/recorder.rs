@@ -119,8 +119,7 @@ fn loaders_tag_routed_expert_tensors_and_only_those() {
                 t.expert
             );
         }
-        let tagged: std::collections::BTreeSet<&str> =
-            recorded.iter().filter(|t| t.expert.is_some()).map(|t| t.name.as_str()).collect();
+        let tagged: std::collections::BTreeSet<&str> = recorded.iter().filter(|t| t.expert.is_some()).map(|t| t.name.as_str()).collect();
         let parts = larder_model::routed_expert_parts(&spec, &ckpt).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
         let mut cut_from = std::collections::BTreeSet::new();
         for (l, n) in larder_model::expert_layers(&spec) {

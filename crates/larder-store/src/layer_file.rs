@@ -64,6 +64,42 @@ impl LayerFile<'_> {
         }
     }
 
+    /// Seals a file whose records `pull` wrote in place under its temporary
+    /// name (header block first): digests every record as it lies, reads
+    /// the file back against the digests, commits it and writes its
+    /// sidecar. A file an interrupted earlier seal already committed (its
+    /// sidecar and header match) is kept as it is.
+    pub fn seal(&self) -> Result<Vec<ExpertEntry>, StoreError> {
+        let tmp = temp_path(&self.path);
+        if !tmp.exists() {
+            if let Some(entries) = self.read_sidecar().filter(|_| self.header.check(&self.path).is_ok()) {
+                return Ok(entries);
+            }
+        }
+        let file = File::open(&tmp).map_err(|e| StoreError::io(&tmp, e))?;
+        let mut buf = AlignedBuf::new(self.record_len as usize);
+        let mut entries = Vec::with_capacity(self.mine.len());
+        for (i, &e) in self.mine.iter().enumerate() {
+            file.read_exact_at(buf.as_mut_slice(), self.offset(i))
+                .map_err(|err| StoreError::io(&tmp, err))?;
+            let digest = Digest::of_parts_seeded(self.seeds[e], [&buf.as_ref()[..self.payload_len() as usize]]);
+            entries.push(ExpertEntry {
+                expert: e,
+                drive: self.header.drive,
+                file: self.name.clone(),
+                offset: self.offset(i),
+                len: self.record_len,
+                digest: digest.to_string(),
+            });
+        }
+        file.sync_all().map_err(|e| StoreError::io(&tmp, e))?;
+        drop(file);
+        self.check_file(&tmp, &entries)?;
+        commit(&tmp, &self.path)?;
+        self.write_sidecar(&entries)?;
+        Ok(entries)
+    }
+
     fn payload_len(&self) -> u64 {
         self.parts.iter().map(|p| p.len).sum()
     }
@@ -86,7 +122,7 @@ impl LayerFile<'_> {
     }
 
     fn offset(&self, i: usize) -> u64 {
-        LAYER_HEADER_LEN + i as u64 * self.record_len
+        record_offset(i, self.record_len)
     }
 
     /// Reads expert `e`'s components from the source into `buf` (zero
@@ -225,6 +261,11 @@ impl LayerFile<'_> {
         }
         Ok(())
     }
+}
+
+/// Where the `i`-th record of a layer file starts (after the header block).
+pub(crate) fn record_offset(i: usize, record_len: u64) -> u64 {
+    LAYER_HEADER_LEN + i as u64 * record_len
 }
 
 fn sidecar(path: &Path) -> PathBuf {

@@ -29,6 +29,8 @@ pub mod location;
 pub mod manifest;
 pub mod pack;
 mod prefetch;
+#[cfg(feature = "remote")]
+pub mod pull;
 mod queue;
 pub mod record;
 #[cfg(feature = "remote")]

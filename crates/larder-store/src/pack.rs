@@ -147,12 +147,12 @@ pub struct PackReport {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-struct Plan {
-    store_id: String,
-    identity: SourceIdentity,
-    drives: Vec<DriveEntry>,
+pub(crate) struct Plan {
+    pub(crate) store_id: String,
+    pub(crate) identity: SourceIdentity,
+    pub(crate) drives: Vec<DriveEntry>,
     /// Per packed layer: drive of each expert.
-    placement: Vec<(usize, Vec<usize>)>,
+    pub(crate) placement: Vec<(usize, Vec<usize>)>,
 }
 
 /// Packs `src` into `out`, layer files on `drives` (the store root when empty).
@@ -288,7 +288,7 @@ pub fn store_folder(id: &str) -> String {
 }
 
 /// Refuses a complete store unless repairing it; refuses another model's store.
-fn check_existing_store(src: &PackSource, out: &Path, opts: PackOptions) -> Result<(), StoreError> {
+pub(crate) fn check_existing_store(src: &PackSource, out: &Path, opts: PackOptions) -> Result<(), StoreError> {
     if !Manifest::is_store(out) {
         return Ok(());
     }
@@ -320,7 +320,7 @@ fn check_existing_store(src: &PackSource, out: &Path, opts: PackOptions) -> Resu
     Ok(())
 }
 
-fn resolve(root: &Path, p: &str) -> PathBuf {
+pub(crate) fn resolve(root: &Path, p: &str) -> PathBuf {
     let p = Path::new(p);
     if p.is_absolute() {
         p.to_path_buf()
@@ -330,7 +330,7 @@ fn resolve(root: &Path, p: &str) -> PathBuf {
 }
 
 /// Copies the small files into the store root, with their digests.
-fn copy_files(copy: &[PathBuf], out: &Path) -> Result<Vec<CarriedFile>, StoreError> {
+pub(crate) fn copy_files(copy: &[PathBuf], out: &Path) -> Result<Vec<CarriedFile>, StoreError> {
     copy.iter()
         .map(|f| {
             let name = f
@@ -363,7 +363,12 @@ fn new_store_id(src: &PackSource, out: &Path) -> String {
     format!("{:016x}", Digest::seed_of(what.as_bytes()))
 }
 
-fn load_or_make_plan(src: &PackSource, out: &Path, drives: &[DriveSpec], progress: &mut dyn FnMut(PackEvent)) -> Result<Plan, StoreError> {
+pub(crate) fn load_or_make_plan(
+    src: &PackSource,
+    out: &Path,
+    drives: &[DriveSpec],
+    progress: &mut dyn FnMut(PackEvent),
+) -> Result<Plan, StoreError> {
     let path = out.join(PLAN);
     let wanted: Vec<String> = if drives.is_empty() {
         vec![".".into()]
@@ -451,7 +456,7 @@ fn drive_path_string(out: &Path, dir: &Path) -> Result<String, StoreError> {
 }
 
 /// Components back to back (as shipped); the record padded to 4 KiB.
-fn record_layout(parts: &[PartDesc], experts: &[Vec<Extent>]) -> (Vec<PartEntry>, u64) {
+pub(crate) fn record_layout(parts: &[PartDesc], experts: &[Vec<Extent>]) -> (Vec<PartEntry>, u64) {
     let lens: Vec<u64> = experts.first().map(|x| x.iter().map(|e| e.len).collect()).unwrap_or_default();
     let mut at = 0;
     let entries = parts

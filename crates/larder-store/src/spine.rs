@@ -92,7 +92,7 @@ fn write_checked(sources: &FileTable, tensors: &[SpineTensor], path: &Path, name
 }
 
 /// The safetensors header of the spine: tensors back to back in order.
-fn spine_header(tensors: &[SpineTensor]) -> Result<Header, StoreError> {
+pub(crate) fn spine_header(tensors: &[SpineTensor]) -> Result<Header, StoreError> {
     let list: Vec<TensorHeader> = tensors
         .iter()
         .map(|t| TensorHeader {

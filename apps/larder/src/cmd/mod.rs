@@ -10,6 +10,7 @@ pub mod doctor;
 pub mod forward;
 pub mod pack;
 pub mod progress;
+pub mod pull;
 pub mod run;
 pub mod serve;
 pub mod synth;

@@ -1,0 +1,143 @@
+//! What `larder pull` pulls: a remote checkpoint (hub repo, base URL or
+//! folder, any [`FileSource`]) described for [`larder_store::pull`] from
+//! its small files and its shards' safetensors headers, read by range, and
+//! checked as `larder run` would load it before a byte of weights moves.
+
+use std::path::{Path, PathBuf};
+
+use larder_model::arch::read_spec;
+use larder_model::checkpoint::{header_len, index_shards, Checkpoint, ShardHeader, INDEX};
+use larder_model::DecoderModel;
+use larder_store::fsutil::write_atomic;
+use larder_store::pack::PackSource;
+use larder_store::pull::PullFile;
+use larder_store::remote::{FileSource, Listing, StreamState};
+
+use crate::error::EngineError;
+use crate::experts::store_err;
+use crate::pack::{describe, CARRIED_FILES};
+
+/// Small files larger than this are refused (a listing that calls a
+/// weight file `tokenizer.json` must not be read into memory).
+const SMALL_FILE_LIMIT: u64 = 256 << 20;
+
+/// A remote checkpoint ready to pull: its pack description and its shards.
+pub struct RemoteCheckpoint {
+    pub source: PackSource,
+    pub files: Vec<PullFile>,
+}
+
+/// Fetches `remote`'s config, tokenizer, template and index files into
+/// `staging` (their sha256 checked where the source publishes one), reads
+/// every shard's header by range, and checks the whole model loads from
+/// them (names, shapes, dtypes, every tensor the architecture needs).
+pub fn describe_remote(remote: &dyn FileSource, staging: &Path) -> Result<RemoteCheckpoint, EngineError> {
+    let listing = remote.list_files()?;
+    std::fs::create_dir_all(staging).map_err(|source| EngineError::Io {
+        path: staging.to_path_buf(),
+        source,
+    })?;
+    if listing.get("config.json").is_none() {
+        return Err(EngineError::Invalid {
+            field: "SOURCE",
+            message: "the source has no config.json at its root; is it a Hugging Face checkpoint?".into(),
+        });
+    }
+    for name in CARRIED_FILES.iter().chain([&INDEX]) {
+        if listing.get(name).is_some() {
+            fetch_small(remote, &listing, name, staging)?;
+        }
+    }
+    let spec = read_spec(staging)?;
+    let mut files = Vec::new();
+    let mut headers = Vec::new();
+    for name in shard_names(&listing, staging)? {
+        let (file, header) = read_head(remote, &name, staging)?;
+        headers.push(header);
+        files.push(file);
+    }
+    let ckpt = Checkpoint::from_headers(headers)?;
+    DecoderModel::load(spec.clone(), &ckpt, None)?;
+    let source = describe(staging, &spec, &ckpt)?;
+    Ok(RemoteCheckpoint { source, files })
+}
+
+/// The checkpoint's shards: those its index names, or `model.safetensors`,
+/// or every `*.safetensors` at the root (as a local folder is read).
+fn shard_names(listing: &Listing, staging: &Path) -> Result<Vec<String>, EngineError> {
+    let names = if listing.get(INDEX).is_some() {
+        index_shards(&staging.join(INDEX))?
+    } else if listing.get("model.safetensors").is_some() {
+        vec!["model.safetensors".to_string()]
+    } else {
+        let mut n: Vec<String> = listing
+            .files
+            .iter()
+            .filter(|f| !f.name.contains('/') && f.name.ends_with(".safetensors"))
+            .map(|f| f.name.clone())
+            .collect();
+        n.sort();
+        n
+    };
+    if names.is_empty() {
+        return Err(EngineError::Invalid {
+            field: "SOURCE",
+            message: "the source lists no *.safetensors files".into(),
+        });
+    }
+    if let Some(missing) = names.iter().find(|n| listing.get(n).is_none()) {
+        return Err(EngineError::File {
+            path: staging.join(INDEX),
+            message: format!("names shard `{missing}`, which the source does not list: its files disagree with its index"),
+        });
+    }
+    Ok(names)
+}
+
+/// Shard `name`'s size and safetensors header, read by range.
+fn read_head(remote: &dyn FileSource, name: &str, staging: &Path) -> Result<(PullFile, ShardHeader), EngineError> {
+    let path = staging.join(name);
+    let size = remote.file_meta(name)?.size;
+    let bad = |message: String| {
+        EngineError::Model(larder_model::ModelError::Safetensors {
+            path: path.clone(),
+            message,
+        })
+    };
+    if size < 8 {
+        return Err(bad(format!("only {size} bytes, less than the 8-byte header length")));
+    }
+    let prefix = remote.read_range(name, 0, 8)?;
+    let prefix: [u8; 8] = prefix.try_into().map_err(|_| bad("short read of the header length".into()))?;
+    let n = header_len(prefix, size).map_err(bad)?;
+    let header = remote.read_range(name, 8, n)?;
+    let mut head = prefix.to_vec();
+    head.extend_from_slice(&header);
+    Ok((
+        PullFile {
+            name: name.to_string(),
+            size,
+            head,
+        },
+        ShardHeader {
+            path: path.clone(),
+            size,
+            header,
+        },
+    ))
+}
+
+/// Fetches small file `name` into `staging` (sha256 checked where published).
+fn fetch_small(remote: &dyn FileSource, listing: &Listing, name: &str, staging: &Path) -> Result<PathBuf, EngineError> {
+    let path = staging.join(name);
+    if let Some(size) = listing.get(name).and_then(|f| f.size).filter(|s| *s > SMALL_FILE_LIMIT) {
+        return Err(EngineError::File {
+            path,
+            message: format!("the source lists it at {size} bytes; a config or tokenizer file is far smaller"),
+        });
+    }
+    let mut bytes = Vec::new();
+    remote.stream_file(name, &mut bytes, &mut StreamState::default())?;
+    write_atomic(&path, &bytes).map_err(store_err)?;
+    Ok(path)
+}

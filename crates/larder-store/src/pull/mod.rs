@@ -1,0 +1,359 @@
+//! `pull`: a store straight from a remote checkpoint, without a second
+//! copy of it. Each source file streams once, in order, from a
+//! [`FileSource`]; its bytes land where `pack` would put them (expert
+//! records in the layer files on their drives, spine tensors in the spine
+//! file), written in place under temporary names ([`scatter`]). Each file
+//! is hashed as it streams and checked against the sha256 the source
+//! publishes (the hub's LFS one). Then every file is sealed as `pack` seals
+//! it (record digests, read back, committed; [`seal`]), the small files
+//! copied, and `manifest.json` written last: the result is the store `pack`
+//! makes of the same checkpoint, record for record.
+//!
+//! Resumable: progress per source file is saved in `pull-state.json`
+//! ([`journal`]) after the bytes it counts are synced, at least every
+//! [`PullOptions::checkpoint_bytes`] and whenever a stream fails; a rerun
+//! re-hashes the kept prefix from where it landed and fetches only the
+//! rest. Locked and planned like `pack` (same `pack-plan.json`), so a
+//! folder holds one pull at a time and keeps its store id across reruns.
+
+pub mod journal;
+mod scatter;
+mod seal;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::fsutil::lock_exclusive;
+use crate::manifest::{DriveEntry, Manifest, FORMAT, MANIFEST, VERSION};
+use crate::pack::{
+    check_existing_store, copy_files, load_or_make_plan, resolve, store_folder, DriveSpec, PackEvent, PackOptions, PackSource, LOCK, SPINE,
+};
+use crate::remote::{FileSource, RemoteError, StreamState};
+use crate::StoreError;
+use journal::{FileProgress, Journal};
+use scatter::{GatherReader, Layout, OpenOutputs, Piece, ScatterSink};
+
+pub use journal::PULL_STATE;
+
+/// One source file as the pull sees it: its name at the source, its size,
+/// and its first bytes as read before the download (the safetensors
+/// length prefix and header), which the stream must repeat.
+#[derive(Debug, Clone)]
+pub struct PullFile {
+    pub name: String,
+    pub size: u64,
+    pub head: Vec<u8>,
+}
+
+/// How to pull.
+#[derive(Debug, Clone, Copy)]
+pub struct PullOptions {
+    /// Source files streamed at once.
+    pub jobs: usize,
+    /// Bytes a stream writes between two saves of its progress (the most a
+    /// killed pull fetches again per stream).
+    pub checkpoint_bytes: u64,
+}
+
+impl Default for PullOptions {
+    fn default() -> Self {
+        PullOptions {
+            jobs: 4,
+            checkpoint_bytes: 64 << 20,
+        }
+    }
+}
+
+/// What a pull reports as it goes.
+#[derive(Debug, Clone)]
+pub enum PullEvent {
+    /// Measuring a drive's read speed (placement over several drives).
+    MeasuringDrive {
+        dir: PathBuf,
+    },
+    DriveMeasured {
+        dir: PathBuf,
+        gbps: f64,
+    },
+    /// All source bytes, and those already on the drive from an earlier run.
+    Started {
+        total_bytes: u64,
+        done_bytes: u64,
+        files: usize,
+    },
+    /// A file's stream starts at `from` (more than 0 when resumed).
+    FileStarted {
+        file: String,
+        size: u64,
+        from: u64,
+    },
+    /// More bytes arrived and were written.
+    Advanced {
+        bytes: u64,
+    },
+    FileDone {
+        file: String,
+        verified: bool,
+    },
+    /// Every file is in; the store files are being digested and checked.
+    Sealing,
+}
+
+/// The outcome of a pull.
+#[derive(Debug, Clone, Serialize)]
+pub struct PullReport {
+    pub out: PathBuf,
+    pub store_id: String,
+    pub files: usize,
+    /// Bytes of all source files.
+    pub total_bytes: u64,
+    /// Bytes streamed by this run (less than the total when resumed).
+    pub fetched_bytes: u64,
+    /// Files whose sha256 was checked against the source's.
+    pub verified_files: usize,
+    /// Files the source published no sha256 for.
+    pub unverified_files: Vec<String>,
+    pub layers: usize,
+    pub experts: usize,
+    pub drives: Vec<DriveEntry>,
+    pub seconds: f64,
+}
+
+/// Pulls `src` (described from the headers in `files`, `files[i]` being
+/// `src.files[i]`) from `remote` into the store `out`, layer files on
+/// `drives` (the store root when empty).
+pub fn pull(
+    remote: &dyn FileSource,
+    files: &[PullFile],
+    src: &PackSource,
+    out: &Path,
+    drives: &[DriveSpec],
+    opts: PullOptions,
+    progress: &(dyn Fn(PullEvent) + Sync),
+) -> Result<PullReport, StoreError> {
+    let started = Instant::now();
+    if files.len() != src.files.len() {
+        return Err(StoreError::Invalid(format!(
+            "pull: {} source files described, {} given",
+            src.files.len(),
+            files.len()
+        )));
+    }
+    std::fs::create_dir_all(out).map_err(|e| StoreError::io(out, e))?;
+    let _out_lock = lock_exclusive(&out.join(LOCK), "another `larder pull` or `larder pack` into this --out")?;
+    check_existing_store(src, out, PackOptions::default())?;
+    let plan = load_or_make_plan(src, out, drives, &mut |e| match e {
+        PackEvent::MeasuringDrive { dir } => progress(PullEvent::MeasuringDrive { dir }),
+        PackEvent::DriveMeasured { dir, gbps } => progress(PullEvent::DriveMeasured { dir, gbps }),
+        _ => {}
+    })?;
+    let drive_dirs: Vec<PathBuf> = plan.drives.iter().map(|d| resolve(out, &d.path)).collect();
+    let mut _drive_locks = Vec::new();
+    for dir in &drive_dirs {
+        let sub = dir.join(store_folder(&plan.store_id));
+        std::fs::create_dir_all(&sub).map_err(|e| StoreError::io(&sub, e))?;
+        _drive_locks.push(lock_exclusive(&sub.join(LOCK), "another `larder pull` of this store")?);
+    }
+    let layout = Layout::new(src, &plan, &drive_dirs, out.join(SPINE))?;
+    let journal = Journal::open(out, &plan.store_id)?;
+    let total_bytes: u64 = files.iter().map(|f| f.size).sum();
+    let mut fetched_bytes = 0;
+    if !files.iter().all(|f| journal.get(&f.name).done) {
+        let (outputs, created) = OpenOutputs::open(&layout)?;
+        if created {
+            // A store file was (re)created: nothing counted before is on the drive.
+            journal.reset()?;
+        }
+        let done_bytes = files.iter().map(|f| journal.get(&f.name).offset).sum();
+        progress(PullEvent::Started {
+            total_bytes,
+            done_bytes,
+            files: files.len(),
+        });
+        let streams = Streams {
+            remote,
+            files,
+            layout: &layout,
+            outputs: &outputs,
+            journal: &journal,
+            opts,
+            progress,
+        };
+        fetched_bytes = streams.run()?;
+    }
+    progress(PullEvent::Sealing);
+    let (layers, spine) = seal::seal(src, &layout, out)?;
+    let carried = copy_files(&src.copy, out)?;
+    let manifest = Manifest {
+        format: FORMAT.into(),
+        version: VERSION,
+        store_id: plan.store_id.clone(),
+        model_type: src.model_type.clone(),
+        source: src.identity.clone(),
+        files: carried,
+        spine: vec![spine],
+        drives: plan.drives.clone(),
+        layers,
+        digest: String::new(),
+    };
+    manifest.write(out)?;
+    let verified: Vec<bool> = files.iter().map(|f| journal.get(&f.name).verified).collect();
+    journal.remove()?;
+    debug_assert!(out.join(MANIFEST).exists());
+    Ok(PullReport {
+        out: out.to_path_buf(),
+        store_id: plan.store_id,
+        files: files.len(),
+        total_bytes,
+        fetched_bytes,
+        verified_files: verified.iter().filter(|v| **v).count(),
+        unverified_files: files
+            .iter()
+            .zip(&verified)
+            .filter(|(_, v)| !**v)
+            .map(|(f, _)| f.name.clone())
+            .collect(),
+        layers: manifest.layers.len(),
+        experts: manifest.layers.iter().map(|l| l.experts.len()).sum(),
+        drives: plan.drives,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// The streams of one run: up to `opts.jobs` source files at once.
+struct Streams<'a> {
+    remote: &'a dyn FileSource,
+    files: &'a [PullFile],
+    layout: &'a Layout,
+    outputs: &'a OpenOutputs,
+    journal: &'a Journal,
+    opts: PullOptions,
+    progress: &'a (dyn Fn(PullEvent) + Sync),
+}
+
+impl Streams<'_> {
+    /// Streams every unfinished file; the bytes fetched. After the first
+    /// failure no new file starts; the ones streaming finish or fail.
+    fn run(&self) -> Result<u64, StoreError> {
+        let todo: Vec<usize> = (0..self.files.len())
+            .filter(|&i| !self.journal.get(&self.files[i].name).done)
+            .collect();
+        let next = AtomicUsize::new(0);
+        let fetched = AtomicU64::new(0);
+        let failed: Mutex<Option<StoreError>> = Mutex::new(None);
+        let workers = self.opts.jobs.clamp(1, todo.len().max(1));
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| loop {
+                    if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
+                        return;
+                    }
+                    let Some(&i) = todo.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                        return;
+                    };
+                    match self.stream(&self.files[i], &self.layout.pieces[i]) {
+                        Ok(n) => {
+                            fetched.fetch_add(n, Ordering::Relaxed);
+                        }
+                        Err(e) => {
+                            failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        match failed.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(fetched.into_inner()),
+        }
+    }
+
+    /// Streams `file` from where the journal says it stopped into its
+    /// `pieces`; the bytes fetched.
+    fn stream(&self, file: &PullFile, pieces: &[Piece]) -> Result<u64, StoreError> {
+        let saved = self.journal.get(&file.name);
+        let mut state = StreamState::default();
+        if saved.offset > 0 {
+            let kept = GatherReader {
+                head: &file.head,
+                pieces,
+                outputs: self.outputs,
+                pos: 0,
+                end: saved.offset,
+            };
+            // A prefix that cannot be read back is fetched again.
+            state = StreamState::from_prefix(kept).unwrap_or_default();
+        }
+        let from = state.offset;
+        (self.progress)(PullEvent::FileStarted {
+            file: file.name.clone(),
+            size: file.size,
+            from,
+        });
+        let (mut reported, mut saved_at) = (from, from);
+        let mut advanced = |pos: u64| -> std::io::Result<()> {
+            (self.progress)(PullEvent::Advanced { bytes: pos - reported });
+            reported = pos;
+            if pos - saved_at >= self.opts.checkpoint_bytes {
+                self.save(&file.name, pos, false, false).map_err(std::io::Error::other)?;
+                saved_at = pos;
+            }
+            Ok(())
+        };
+        let mut sink = ScatterSink {
+            head: &file.head,
+            pieces,
+            outputs: self.outputs,
+            pos: from,
+            advanced: &mut advanced,
+        };
+        match self.remote.stream_file(&file.name, &mut sink, &mut state) {
+            Ok(report) if report.size == file.size => {
+                self.save(&file.name, file.size, true, report.verified)?;
+                (self.progress)(PullEvent::FileDone {
+                    file: file.name.clone(),
+                    verified: report.verified,
+                });
+                Ok(file.size - from)
+            }
+            Ok(report) => Err(StoreError::Invalid(format!(
+                "source file `{}` is {} bytes, its listing said {}: the source changed during the pull; pull again",
+                file.name, report.size, file.size
+            ))),
+            Err(e) => {
+                // Keep what arrived (all of it is bad when the sha256 disagrees).
+                let keep = match e {
+                    RemoteError::Sha256Mismatch { .. } => 0,
+                    _ => state.offset,
+                };
+                let saved = self.save(&file.name, keep, false, false);
+                Err(pull_error(e, saved.is_ok()))
+            }
+        }
+    }
+
+    /// Syncs every output, then records `file`'s progress.
+    fn save(&self, file: &str, offset: u64, done: bool, verified: bool) -> Result<(), StoreError> {
+        self.outputs.sync()?;
+        self.journal.set(file, FileProgress { offset, done, verified })
+    }
+}
+
+/// A stream's failure, saying what a rerun does.
+fn pull_error(e: RemoteError, progress_saved: bool) -> StoreError {
+    let resume = match &e {
+        RemoteError::BadSource { .. } | RemoteError::Unauthorized { .. } | RemoteError::NotFound { .. } => None,
+        RemoteError::Sha256Mismatch { .. } => Some("run `larder pull` again to fetch the file anew"),
+        _ if progress_saved => Some("the bytes that arrived are kept: run the same `larder pull` again to resume"),
+        _ => Some("run the same `larder pull` again to resume"),
+    };
+    match resume {
+        Some(hint) => StoreError::Invalid(format!("{e}; {hint}")),
+        None => StoreError::Invalid(e.to_string()),
+    }
+}

@@ -1,0 +1,309 @@
+//! Where every byte of a source file goes in the store being pulled: the
+//! [`Layout`] of the store's files (each layer file per drive and the spine,
+//! written in place under their temporary names) and, per source file, the
+//! [`Piece`]s of it that land in them. [`ScatterSink`] writes a file's byte
+//! stream to its pieces as it arrives; [`GatherReader`] reads the bytes of a
+//! file back from where they landed, so a resumed stream can hash the
+//! prefix it does not fetch again.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+use larder_tensor::safetensors_write::Header;
+
+use crate::fsutil::temp_path;
+use crate::layer_file::record_offset;
+use crate::manifest::PartEntry;
+use crate::pack::{record_layout, store_folder, PackSource, Plan};
+use crate::record::{record_seed, source_digest, LayerHeader};
+use crate::spine::spine_header;
+use crate::StoreError;
+
+/// One layer file of the store: what `LayerFile` needs to seal it.
+pub(crate) struct LayerOut {
+    /// Index into `PackSource::layers`.
+    pub layer: usize,
+    pub mine: Vec<usize>,
+    pub parts: Vec<PartEntry>,
+    pub record_len: u64,
+    pub seeds: Vec<u64>,
+    pub header: LayerHeader,
+    /// Relative to the drive folder, and the final path.
+    pub name: String,
+    pub path: PathBuf,
+}
+
+/// A file being written: its temporary path and full length.
+pub(crate) struct Output {
+    pub path: PathBuf,
+    pub len: u64,
+    /// What goes first (a layer header block, the spine's safetensors header).
+    pub head: Vec<u8>,
+}
+
+/// `len` bytes at `src` of a source file land at `dst` of output `out`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Piece {
+    pub src: u64,
+    pub len: u64,
+    pub out: usize,
+    pub dst: u64,
+}
+
+/// Every output file and, per source file, its pieces sorted by offset.
+pub(crate) struct Layout {
+    pub layers: Vec<LayerOut>,
+    /// Layer files first (in `layers` order), the spine last.
+    pub outputs: Vec<Output>,
+    pub pieces: Vec<Vec<Piece>>,
+    pub spine_header: Header,
+}
+
+impl Layout {
+    /// The store `plan` makes of `src`, every record and spine tensor placed
+    /// as `pack` places them; `drive_dirs` are the plan's drives resolved.
+    pub fn new(src: &PackSource, plan: &Plan, drive_dirs: &[PathBuf], spine_path: PathBuf) -> Result<Layout, StoreError> {
+        let mut layers = Vec::new();
+        let mut outputs = Vec::new();
+        let mut pieces: Vec<Vec<Piece>> = vec![Vec::new(); src.files.len()];
+        let source = source_digest(&src.identity);
+        for (li, (layer, (_, placement))) in src.layers.iter().zip(&plan.placement).enumerate() {
+            let (parts, record_len) = record_layout(&layer.parts, &layer.experts);
+            let seeds: Vec<u64> = (0..layer.experts.len())
+                .map(|e| record_seed(&plan.store_id, layer.layer, e, &parts))
+                .collect();
+            for (k, dir) in drive_dirs.iter().enumerate() {
+                let mine: Vec<usize> = (0..layer.experts.len()).filter(|&e| placement.get(e) == Some(&k)).collect();
+                if mine.is_empty() {
+                    continue;
+                }
+                let name = format!("{}/layer-{:03}.experts", store_folder(&plan.store_id), layer.layer);
+                let header = LayerHeader {
+                    store_id: plan.store_id.clone(),
+                    source: source.clone(),
+                    layer: layer.layer,
+                    drive: k,
+                };
+                let out = outputs.len();
+                for (i, &e) in mine.iter().enumerate() {
+                    let extents = &layer.experts[e];
+                    if extents.len() != parts.len() || extents.iter().zip(&parts).any(|(x, p)| x.len != p.len) {
+                        return Err(StoreError::Invalid(format!(
+                            "layer {} expert {e}: components differ in size from expert 0's",
+                            layer.layer
+                        )));
+                    }
+                    let record = record_offset(i, record_len);
+                    for (x, p) in extents.iter().zip(&parts) {
+                        pieces[x.file].push(Piece {
+                            src: x.offset,
+                            len: x.len,
+                            out,
+                            dst: record + p.offset,
+                        });
+                    }
+                }
+                let path = dir.join(&name);
+                outputs.push(Output {
+                    path: temp_path(&path),
+                    len: record_offset(mine.len(), record_len),
+                    head: header.to_block(),
+                });
+                layers.push(LayerOut {
+                    layer: li,
+                    mine,
+                    parts: parts.clone(),
+                    record_len,
+                    seeds: seeds.clone(),
+                    header,
+                    name,
+                    path,
+                });
+            }
+        }
+        let header = spine_header(&src.spine)?;
+        let out = outputs.len();
+        let mut at = header.data_start();
+        for t in &src.spine {
+            pieces[t.extent.file].push(Piece {
+                src: t.extent.offset,
+                len: t.extent.len,
+                out,
+                dst: at,
+            });
+            at += t.extent.len;
+        }
+        let mut head = (header.json().len() as u64).to_le_bytes().to_vec();
+        head.extend_from_slice(header.json());
+        outputs.push(Output {
+            path: temp_path(&spine_path),
+            len: at,
+            head,
+        });
+        for p in &mut pieces {
+            p.sort_by_key(|x| x.src);
+            if let Some(w) = p.windows(2).find(|w| w[0].src + w[0].len > w[1].src) {
+                return Err(StoreError::Invalid(format!(
+                    "source tensors overlap at byte {} (a malformed safetensors header)",
+                    w[1].src
+                )));
+            }
+        }
+        Ok(Layout {
+            layers,
+            outputs,
+            pieces,
+            spine_header: header,
+        })
+    }
+}
+
+/// The output files, opened for writing.
+pub(crate) struct OpenOutputs {
+    pub files: Vec<File>,
+    pub paths: Vec<PathBuf>,
+}
+
+impl OpenOutputs {
+    /// Opens every output of `layout`, creating it at full length (sparse)
+    /// with its head written when it is missing or does not start with its
+    /// head; says whether any was (then no earlier progress is on disk).
+    pub fn open(layout: &Layout) -> Result<(OpenOutputs, bool), StoreError> {
+        let mut files = Vec::with_capacity(layout.outputs.len());
+        let mut paths = Vec::with_capacity(layout.outputs.len());
+        let mut created = false;
+        for o in &layout.outputs {
+            if let Some(dir) = o.path.parent() {
+                std::fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
+            }
+            let io = |e| StoreError::io(&o.path, e);
+            let f = std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&o.path)
+                .map_err(io)?;
+            let mut head = vec![0u8; o.head.len()];
+            let same = f.metadata().map_err(io)?.len() == o.len && f.read_exact_at(&mut head, 0).is_ok() && head == o.head;
+            if !same {
+                f.set_len(0).map_err(io)?;
+                f.set_len(o.len).map_err(io)?;
+                f.write_all_at(&o.head, 0).map_err(io)?;
+                created = true;
+            }
+            files.push(f);
+            paths.push(o.path.clone());
+        }
+        Ok((OpenOutputs { files, paths }, created))
+    }
+
+    /// Flushes every output to the drive (before progress is recorded).
+    pub fn sync(&self) -> Result<(), StoreError> {
+        for (f, p) in self.files.iter().zip(&self.paths) {
+            f.sync_data().map_err(|e| StoreError::io(p, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// The piece of `pieces` holding byte `pos`, or the index of the first
+/// piece after it.
+fn find(pieces: &[Piece], pos: u64) -> Result<usize, usize> {
+    let i = pieces.partition_point(|p| p.src + p.len <= pos);
+    match pieces.get(i) {
+        Some(p) if p.src <= pos => Ok(i),
+        _ => Err(i),
+    }
+}
+
+/// Writes one source file's byte stream (from `pos`) to its pieces;
+/// checks the bytes of its safetensors header against the ones read
+/// before (the file did not change since); calls `advanced` with the
+/// offset reached after each write.
+pub(crate) struct ScatterSink<'a> {
+    pub head: &'a [u8],
+    pub pieces: &'a [Piece],
+    pub outputs: &'a OpenOutputs,
+    pub pos: u64,
+    pub advanced: &'a mut dyn FnMut(u64) -> std::io::Result<()>,
+}
+
+impl Write for ScatterSink<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut rest = buf;
+        while !rest.is_empty() {
+            let n = if self.pos < self.head.len() as u64 {
+                let at = self.pos as usize;
+                let n = rest.len().min(self.head.len() - at);
+                if rest[..n] != self.head[at..at + n] {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "its safetensors header differs from the one read before the download: the file changed at the source",
+                    ));
+                }
+                n
+            } else {
+                match find(self.pieces, self.pos) {
+                    Ok(i) => {
+                        let p = self.pieces[i];
+                        let n = rest.len().min((p.src + p.len - self.pos) as usize);
+                        let file = &self.outputs.files[p.out];
+                        file.write_all_at(&rest[..n], p.dst + (self.pos - p.src))
+                            .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", self.outputs.paths[p.out].display())))?;
+                        n
+                    }
+                    // Bytes no tensor claims (padding): hashed, not kept.
+                    Err(i) => {
+                        let next = self.pieces.get(i).map_or(u64::MAX, |p| p.src);
+                        rest.len().min((next - self.pos).min(usize::MAX as u64) as usize)
+                    }
+                }
+            };
+            rest = &rest[n..];
+            self.pos += n as u64;
+        }
+        (self.advanced)(self.pos)?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Reads a source file's bytes `0..end` back from where they were
+/// scattered; an error at bytes no piece kept (they cannot be re-hashed).
+pub(crate) struct GatherReader<'a> {
+    pub head: &'a [u8],
+    pub pieces: &'a [Piece],
+    pub outputs: &'a OpenOutputs,
+    pub pos: u64,
+    pub end: u64,
+}
+
+impl Read for GatherReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let want = (buf.len() as u64).min(self.end.saturating_sub(self.pos)) as usize;
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = if self.pos < self.head.len() as u64 {
+            let at = self.pos as usize;
+            let n = want.min(self.head.len() - at);
+            buf[..n].copy_from_slice(&self.head[at..at + n]);
+            n
+        } else {
+            let i = find(self.pieces, self.pos)
+                .map_err(|_| std::io::Error::new(std::io::ErrorKind::NotFound, format!("byte {} was not kept", self.pos)))?;
+            let p = self.pieces[i];
+            let n = want.min((p.src + p.len - self.pos) as usize);
+            self.outputs.files[p.out].read_exact_at(&mut buf[..n], p.dst + (self.pos - p.src))?;
+            n
+        };
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
