@@ -30,6 +30,8 @@ pub enum Bench {
     Decode(super::bench_store::DecodeArgs),
     /// The real server over loopback HTTP: concurrent streaming clients' tok/s, TTFT, expert bytes per token.
     Serve(super::bench_serve::ServeArgs),
+    /// `larder pull` from a loopback HTTP server vs. that server's raw range throughput.
+    Pull(super::bench_pull::PullArgs),
 }
 
 /// Arguments of `larder bench kernels`.
@@ -74,6 +76,7 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
         Bench::Io(a) => super::bench_store::io(a),
         Bench::Decode(a) => super::bench_store::decode(a),
         Bench::Serve(a) => super::bench_serve::serve(a),
+        Bench::Pull(a) => super::bench_pull::pull_bench(a),
     }
 }
 

@@ -3,11 +3,13 @@
 //! and thread flag is checked against when parsed ([`range`]).
 
 pub mod bench;
+pub mod bench_pull;
 pub mod bench_serve;
 pub mod bench_store;
 pub mod demo;
 pub mod doctor;
 pub mod forward;
+pub mod loopback_files;
 pub mod pack;
 pub mod progress;
 pub mod pull;

@@ -21,8 +21,9 @@ const STAGING: &str = ".pull";
 #[derive(clap::Args)]
 #[command(after_help = "SOURCE is a Hugging Face repo id (`org/name` or `org/name@revision`; the endpoint \
 comes from HF_ENDPOINT, default https://huggingface.co, and a token from HF_TOKEN), an http(s):// base URL \
-serving the hub's `resolve` layout (`BASE/config.json`, `BASE/model.safetensors.index.json`, ...), or a local \
-or mounted folder.\n\n\
+serving the hub's `resolve` layout (`BASE/resolve/main/config.json`, \
+`BASE/resolve/main/model.safetensors.index.json`, ...; `BASE@REV` for another revision), or a local or mounted \
+folder.\n\n\
 The config and tokenizer files are fetched first, then every shard's safetensors header by range; the \
 checkpoint is checked as `larder run` would load it before any weights move. Each shard then streams once, in \
 order, straight into the store (expert records into the layer files, everything else into the spine): there \
