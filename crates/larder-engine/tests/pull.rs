@@ -288,6 +288,7 @@ fn a_full_drive_is_named_and_the_pull_resumes_after_space_is_freed() {
         eprintln!("cannot mount a tmpfs here (not root?): full-drive test skipped");
         return;
     }
+    let _unmount = Unmount(mnt.clone());
     let out = mnt.join("store");
     let server = HubServer::start(&model);
     let result = pull_into(open_hub(&server, 2, None).as_ref(), &out, &[], PullOptions::default());
@@ -312,6 +313,16 @@ fn a_full_drive_is_named_and_the_pull_resumes_after_space_is_freed() {
     let packed = dir.join("packed");
     pack_store(&model, &packed, &[]);
     assert_same_store(&out, &packed, "after a full drive");
-    let _ = std::process::Command::new("umount").arg(&mnt).status();
-    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Unmounts a test mount and removes its scratch folder, even on panic.
+struct Unmount(std::path::PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }

@@ -162,6 +162,10 @@ pub fn pull(
     let journal = Journal::open(out, &plan.store_id)?;
     let total_bytes: u64 = files.iter().map(|f| f.size).sum();
     let mut fetched_bytes = 0;
+    if !layout.all_on_drive() {
+        // A store file was removed since the journal counted its bytes.
+        journal.reset()?;
+    }
     if !files.iter().all(|f| journal.get(&f.name).done) {
         let (outputs, created) = OpenOutputs::open(&layout)?;
         if created {

@@ -35,9 +35,10 @@ pub(crate) struct LayerOut {
     pub path: PathBuf,
 }
 
-/// A file being written: its temporary path and full length.
+/// A file being written: its temporary path, final path and full length.
 pub(crate) struct Output {
     pub path: PathBuf,
+    pub final_path: PathBuf,
     pub len: u64,
     /// What goes first (a layer header block, the spine's safetensors header).
     pub head: Vec<u8>,
@@ -108,6 +109,7 @@ impl Layout {
                 let path = dir.join(&name);
                 outputs.push(Output {
                     path: temp_path(&path),
+                    final_path: path.clone(),
                     len: record_offset(mine.len(), record_len),
                     head: header.to_block(),
                 });
@@ -139,6 +141,7 @@ impl Layout {
         head.extend_from_slice(header.json());
         outputs.push(Output {
             path: temp_path(&spine_path),
+            final_path: spine_path,
             len: at,
             head,
         });
@@ -157,6 +160,16 @@ impl Layout {
             pieces,
             spine_header: header,
         })
+    }
+}
+
+impl Layout {
+    /// Whether every output is on the drive, written (under its temporary
+    /// name, at full length) or already sealed.
+    pub fn all_on_drive(&self) -> bool {
+        self.outputs
+            .iter()
+            .all(|o| std::fs::metadata(&o.path).is_ok_and(|m| m.len() == o.len) || o.final_path.exists())
     }
 }
 
@@ -305,5 +318,106 @@ impl Read for GatherReader<'_> {
         };
         self.pos += n as u64;
         Ok(n)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn outputs(dir: &std::path::Path) -> OpenOutputs {
+        let path = dir.join("out.bin");
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .unwrap();
+        file.set_len(6).unwrap();
+        OpenOutputs {
+            files: vec![file],
+            paths: vec![path],
+        }
+    }
+
+    /// Bytes `HEAD` | `abcd` -> out[0..4] | 2 bytes no tensor claims | `ef` -> out[4..6].
+    const PIECES: [Piece; 2] = [
+        Piece {
+            src: 4,
+            len: 4,
+            out: 0,
+            dst: 0,
+        },
+        Piece {
+            src: 10,
+            len: 2,
+            out: 0,
+            dst: 4,
+        },
+    ];
+
+    #[test]
+    fn scatter_writes_each_piece_where_it_lands_and_gather_reads_it_back() {
+        let dir = std::env::temp_dir().join(format!("larder-scatter-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = outputs(&dir);
+        let mut reached = Vec::new();
+        let mut advanced = |pos: u64| {
+            reached.push(pos);
+            Ok(())
+        };
+        let mut sink = ScatterSink {
+            head: b"HEAD",
+            pieces: &PIECES,
+            outputs: &out,
+            pos: 0,
+            advanced: &mut advanced,
+        };
+        // In uneven writes, across the header, pieces and the gap.
+        for part in [&b"HE"[..], b"ADab", b"cdXX", b"e", b"f"] {
+            sink.write_all(part).unwrap();
+        }
+        assert_eq!(reached, vec![2, 6, 10, 11, 12]);
+        assert_eq!(std::fs::read(&out.paths[0]).unwrap(), b"abcdef");
+        let mut back = Vec::new();
+        GatherReader {
+            head: b"HEAD",
+            pieces: &PIECES,
+            outputs: &out,
+            pos: 0,
+            end: 8,
+        }
+        .read_to_end(&mut back)
+        .unwrap();
+        assert_eq!(back, b"HEADabcd");
+        // Bytes no piece kept cannot be read back (the prefix is fetched again).
+        let mut gap = GatherReader {
+            head: b"HEAD",
+            pieces: &PIECES,
+            outputs: &out,
+            pos: 0,
+            end: 11,
+        };
+        assert!(gap.read_to_end(&mut Vec::new()).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_stream_whose_header_differs_is_refused() {
+        let dir = std::env::temp_dir().join(format!("larder-scatter-head-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let out = outputs(&dir);
+        let mut advanced = |_| Ok(());
+        let mut sink = ScatterSink {
+            head: b"HEAD",
+            pieces: &PIECES,
+            outputs: &out,
+            pos: 0,
+            advanced: &mut advanced,
+        };
+        let err = sink.write_all(b"HEAT").unwrap_err();
+        assert!(err.to_string().contains("changed at the source"), "{err}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
