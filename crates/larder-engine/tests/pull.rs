@@ -127,6 +127,29 @@ fn pulled_store_is_the_packed_store_and_runs_bit_identical() {
     }
 }
 
+/// One file at a time, read in sequential 64 KiB ranges, progress saved
+/// after each.
+fn small_ranges() -> PullOptions {
+    PullOptions {
+        jobs: 1,
+        ranges: 1,
+        range_bytes: 64 << 10,
+        checkpoint_bytes: 64 << 10,
+    }
+}
+
+/// The data request after the next `ok` ones for `model.safetensors` fails (HTTP 500).
+fn fail_range(server: &HubServer, ok: usize) {
+    for _ in 0..ok {
+        let pass = hub::Fault::Slow {
+            after: 0,
+            pause: Duration::ZERO,
+        };
+        server.fault(Op::Get, "model.safetensors", pass);
+    }
+    server.fault(Op::Get, "model.safetensors", hub::Fault::Status(500));
+}
+
 /// Drive folders for the packed copy (beside the pulled one's).
 fn specs_again(dir: &Path, drives: usize) -> Vec<DriveSpec> {
     if drives == 1 {
@@ -142,21 +165,17 @@ fn an_interrupted_pull_resumes_with_only_the_missing_bytes() {
     let out = dir.join("store");
     let server = HubServer::start(&model);
     let size = server.file("model.safetensors").len() as u64;
-    let opts = PullOptions {
-        jobs: 1,
-        checkpoint_bytes: 64 << 10,
-    };
-    // One try per request, so a reset mid-stream ends the run.
+    let opts = small_ranges();
+    // One try per request, so a failed request ends the run: the fifth range.
     let remote = open_hub(&server, 1, None);
     let RemoteCheckpoint { source, files } = describe_remote(remote.as_ref(), &out.join(".pull")).unwrap();
-    let cut = (size / 2) as usize;
-    server.fault(Op::Get, "model.safetensors", hub::Fault::Reset { after: cut });
+    fail_range(&server, 4);
     let err = pull(remote.as_ref(), &files, &source, &out, &[], opts, &|_| {}).unwrap_err();
     assert!(err.to_string().contains("resume"), "{err}");
     assert!(!Manifest::is_store(&out), "no manifest after a failed pull");
     let state: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join(PULL_STATE)).unwrap()).unwrap();
     let kept = state["files"]["model.safetensors"]["offset"].as_u64().unwrap();
-    assert!(kept > 0 && kept <= cut as u64, "kept {kept} of the {cut} bytes sent");
+    assert_eq!(kept, 4 * opts.range_bytes, "the four ranges that arrived are kept");
 
     server.clear_log();
     let remote = open_hub(&server, 4, None);
@@ -235,19 +254,10 @@ fn a_pull_killed_between_saves_resumes_from_the_last_save() {
     let out = dir.join("store");
     let server = HubServer::start(&model);
     let size = server.file("model.safetensors").len() as u64;
-    let opts = PullOptions {
-        jobs: 1,
-        checkpoint_bytes: 64 << 10,
-    };
+    let opts = small_ranges();
     let remote = open_hub(&server, 1, None);
     let RemoteCheckpoint { source, files } = describe_remote(remote.as_ref(), &out.join(".pull")).unwrap();
-    server.fault(
-        Op::Get,
-        "model.safetensors",
-        hub::Fault::Reset {
-            after: (size * 3 / 4) as usize,
-        },
-    );
+    fail_range(&server, 6);
     pull(remote.as_ref(), &files, &source, &out, &[], opts, &|_| {}).unwrap_err();
     // As if killed: the journal still says an earlier checkpoint.
     let path = out.join(PULL_STATE);

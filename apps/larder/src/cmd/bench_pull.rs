@@ -15,6 +15,8 @@ use super::loopback_files;
 
 /// Bytes per range request of the raw measurement.
 const RAW_CHUNK: u64 = 16 << 20;
+/// Bytes written to measure the drive's synced write rate.
+const WRITE_PROBE: u64 = 1 << 30;
 
 /// Arguments of `larder bench pull`.
 #[derive(clap::Args)]
@@ -33,7 +35,7 @@ pub struct PullArgs {
     /// Store folder to pull into (removed afterwards unless --keep).
     #[arg(long, value_name = "DIR")]
     store: PathBuf,
-    /// Streams at once (pull) and ranges in flight (raw), 1 to 64.
+    /// Files at once and ranges in flight per file (pull), ranges in flight (raw), 1 to 64.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     jobs: u64,
     /// Keep the pulled store.
@@ -64,11 +66,14 @@ pub fn pull_bench(args: PullArgs) -> anyhow::Result<()> {
     eprintln!("[larder] {} shards, {:.2} GB, served at {url}", names.len(), total as f64 / 1e9);
     let raw_before = raw_gbps(remote.as_ref(), &names, jobs)?;
     eprintln!("[larder] raw range reads: {raw_before:.2} GB/s");
+    let write_before = write_gbps(&args.store, total.min(WRITE_PROBE))?;
+    eprintln!("[larder] drive writes (synced): {write_before:.2} GB/s");
 
     let stream_start = Mutex::new(None::<Instant>);
     let stream_end = Mutex::new(None::<Instant>);
     let opts = PullOptions {
         jobs,
+        ranges: jobs,
         ..PullOptions::default()
     };
     let started = Instant::now();
@@ -92,6 +97,7 @@ pub fn pull_bench(args: PullArgs) -> anyhow::Result<()> {
         _ => total_s,
     };
     let raw_after = raw_gbps(remote.as_ref(), &names, jobs)?;
+    let write_after = write_gbps(&args.store, total.min(WRITE_PROBE))?;
     if !args.keep {
         std::fs::remove_dir_all(&args.store).with_context(|| format!("removing {}", args.store.display()))?;
     }
@@ -104,6 +110,8 @@ pub fn pull_bench(args: PullArgs) -> anyhow::Result<()> {
         "jobs": jobs,
         "raw_gbps_before": raw_before,
         "raw_gbps_after": raw_after,
+        "drive_write_gbps_before": write_before,
+        "drive_write_gbps_after": write_after,
         "pull_stream_seconds": stream_s,
         "pull_stream_gbps": stream_gbps,
         "pull_total_seconds": total_s,
@@ -113,7 +121,8 @@ pub fn pull_bench(args: PullArgs) -> anyhow::Result<()> {
     });
     eprintln!(
         "[larder] pull: streaming {stream_gbps:.2} GB/s ({:.2} of raw {raw_mean:.2} GB/s), end to end {:.2} GB/s \
-         with sealing (digests and read-back); raw after: {raw_after:.2} GB/s",
+         with sealing (digests and read-back); raw after: {raw_after:.2} GB/s; drive writes {write_before:.2} / \
+         {write_after:.2} GB/s (before / after)",
         stream_gbps / raw_mean,
         total as f64 / total_s / 1e9
     );
@@ -140,6 +149,28 @@ fn raw_gbps(remote: &dyn FileSource, files: &[(String, u64)], jobs: usize) -> an
         }
     }
     Ok(bytes as f64 / started.elapsed().as_secs_f64() / 1e9)
+}
+
+/// Writes `bytes` into a probe file in `dir` (8 MiB writes, then
+/// `fdatasync`), removes it; GB/s. Pull's writes land on the same drive.
+fn write_gbps(dir: &std::path::Path, bytes: u64) -> anyhow::Result<f64> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("bench-write-probe");
+    let buf = vec![0x5au8; 8 << 20];
+    let started = Instant::now();
+    let mut f = std::fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(buf.len() as u64) as usize;
+        f.write_all(&buf[..n])?;
+        left -= n as u64;
+    }
+    f.sync_data()?;
+    let gbps = bytes as f64 / started.elapsed().as_secs_f64() / 1e9;
+    drop(f);
+    std::fs::remove_file(&path)?;
+    Ok(gbps)
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {

@@ -26,7 +26,7 @@ serving the hub's `resolve` layout (`BASE/resolve/main/config.json`, \
 folder.\n\n\
 The config and tokenizer files are fetched first, then every shard's safetensors header by range; the \
 checkpoint is checked as `larder run` would load it before any weights move. Each shard then streams once, in \
-order, straight into the store (expert records into the layer files, everything else into the spine): there \
+order (in 16 MiB ranges, --ranges in flight), straight into the store (expert records into the layer files, everything else into the spine): there \
 is never a second copy of the checkpoint on disk. Each shard is hashed as it streams and checked against the \
 sha256 the hub publishes for it (its LFS id). The store is the one `larder pack` makes of the same checkpoint, \
 record for record; `larder verify` checks it.\n\n\
@@ -46,9 +46,12 @@ pub struct Args {
     /// A drive directory for layer files, optionally with its read bandwidth (DIR:GBps). Repeat for several drives.
     #[arg(long = "drive", value_name = "DIR[:GBps]", value_parser = DriveSpec::parse)]
     drives: Vec<DriveSpec>,
-    /// Shards streamed at once (each one connection).
+    /// Shards streamed at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     jobs: u64,
+    /// Range requests (16 MiB each) in flight per shard; each shard is still hashed and written in order.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    ranges: u64,
     /// Seconds to wait for a response or for the next bytes of one before retrying.
     #[arg(long, default_value_t = 30, value_name = "SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
     timeout: u64,
@@ -72,6 +75,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         larder_engine::pull::describe_remote(remote.as_ref(), &staging).with_context(|| format!("cannot pull {}", args.source))?;
     let opts = PullOptions {
         jobs: args.jobs as usize,
+        ranges: args.ranges as usize,
         ..PullOptions::default()
     };
     let report = pull(

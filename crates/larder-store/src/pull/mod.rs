@@ -2,9 +2,9 @@
 //! copy of it. Each source file streams once, in order, from a
 //! [`FileSource`]; its bytes land where `pack` would put them (expert
 //! records in the layer files on their drives, spine tensors in the spine
-//! file), written in place under temporary names ([`scatter`]). Each file
-//! is hashed as it streams and checked against the sha256 the source
-//! publishes (the hub's LFS one). Then every file is sealed as `pack` seals
+//! file), written in place under temporary names ([`scatter`]). A file is
+//! read in ranges, several in flight, and hashed and written in order, then
+//! checked against the sha256 the source publishes (the hub's LFS one). Then every file is sealed as `pack` seals
 //! it (record digests, read back, committed; [`seal`]), the small files
 //! copied, and `manifest.json` written last: the result is the store `pack`
 //! makes of the same checkpoint, record for record.
@@ -20,6 +20,7 @@ pub mod journal;
 mod scatter;
 mod seal;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -54,6 +55,10 @@ pub struct PullFile {
 pub struct PullOptions {
     /// Source files streamed at once.
     pub jobs: usize,
+    /// Range requests in flight per file (the file is still hashed and
+    /// written in order), and bytes per request.
+    pub ranges: usize,
+    pub range_bytes: u64,
     /// Bytes a stream writes between two saves of its progress (the most a
     /// killed pull fetches again per stream).
     pub checkpoint_bytes: u64,
@@ -63,6 +68,8 @@ impl Default for PullOptions {
     fn default() -> Self {
         PullOptions {
             jobs: 4,
+            ranges: 4,
+            range_bytes: 16 << 20,
             checkpoint_bytes: 64 << 20,
         }
     }
@@ -316,19 +323,15 @@ impl Streams<'_> {
             pos: from,
             advanced: &mut advanced,
         };
-        match self.remote.stream_file(&file.name, &mut sink, &mut state) {
-            Ok(report) if report.size == file.size => {
-                self.save(&file.name, file.size, true, report.verified)?;
+        match self.fetch(file, &mut sink, &mut state) {
+            Ok(verified) => {
+                self.save(&file.name, file.size, true, verified)?;
                 (self.progress)(PullEvent::FileDone {
                     file: file.name.clone(),
-                    verified: report.verified,
+                    verified,
                 });
                 Ok(file.size - from)
             }
-            Ok(report) => Err(StoreError::Invalid(format!(
-                "source file `{}` is {} bytes, its listing said {}: the source changed during the pull; pull again",
-                file.name, report.size, file.size
-            ))),
             Err(e) => {
                 // Keep what arrived (all of it is bad when the sha256 disagrees).
                 let keep = match e {
@@ -338,6 +341,52 @@ impl Streams<'_> {
                 let saved = self.save(&file.name, keep, false, false);
                 Err(pull_error(e, saved.is_ok()))
             }
+        }
+    }
+
+    /// Reads `file` from `state.offset` to its end into `sink` in ranges of
+    /// [`PullOptions::range_bytes`], [`PullOptions::ranges`] in flight,
+    /// hashing and writing them in order; checks the sha256 the source
+    /// publishes. Whether it was checked. (`FileSource::stream_file` with
+    /// several requests in flight, so one large file is not one connection's
+    /// speed.)
+    fn fetch(&self, file: &PullFile, sink: &mut dyn Write, state: &mut StreamState) -> Result<bool, RemoteError> {
+        let meta = self.remote.file_meta(&file.name)?;
+        if meta.size != file.size {
+            return Err(RemoteError::ListingMismatch {
+                url: file.name.clone(),
+                file: file.name.clone(),
+                reason: format!("{} bytes now, {} when its header was read", meta.size, file.size),
+            });
+        }
+        let step = self.opts.range_bytes.max(1);
+        let mut next = state.offset;
+        while next < file.size {
+            let group: Vec<(u64, u64)> = (0..self.opts.ranges.max(1) as u64)
+                .map(|i| next + i * step)
+                .take_while(|&at| at < file.size)
+                .map(|at| (at, step.min(file.size - at)))
+                .collect();
+            for bytes in self.remote.read_ranges(&file.name, &group, group.len())? {
+                sink.write_all(&bytes).map_err(|source| RemoteError::Sink {
+                    file: file.name.clone(),
+                    offset: state.offset,
+                    source,
+                })?;
+                state.consume(&bytes);
+            }
+            next = state.offset;
+        }
+        let got = state.sha256_hex();
+        match meta.sha256 {
+            Some(expected) if expected != got => Err(RemoteError::Sha256Mismatch {
+                url: file.name.clone(),
+                file: file.name.clone(),
+                expected,
+                got,
+            }),
+            Some(_) => Ok(true),
+            None => Ok(false),
         }
     }
 

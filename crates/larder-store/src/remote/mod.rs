@@ -81,12 +81,12 @@ impl StreamState {
         }
     }
 
-    fn consume(&mut self, bytes: &[u8]) {
+    pub(crate) fn consume(&mut self, bytes: &[u8]) {
         self.hasher.update(bytes);
         self.offset += bytes.len() as u64;
     }
 
-    fn sha256_hex(&self) -> String {
+    pub(crate) fn sha256_hex(&self) -> String {
         hex(&self.hasher.clone().finalize())
     }
 }
