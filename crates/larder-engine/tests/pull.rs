@@ -128,13 +128,13 @@ fn pulled_store_is_the_packed_store_and_runs_bit_identical() {
 }
 
 /// One file at a time, read in sequential 64 KiB ranges, progress saved
-/// after each.
+/// every millisecond.
 fn small_ranges() -> PullOptions {
     PullOptions {
         jobs: 1,
         ranges: 1,
         range_bytes: 64 << 10,
-        checkpoint_bytes: 64 << 10,
+        save_every: Duration::from_millis(1),
     }
 }
 
@@ -232,6 +232,10 @@ fn faults_are_clear_errors_and_never_a_store_that_looks_valid() {
     let remote = open_source(&nope, &env, &hub::client_options(500)).unwrap();
     let err = describe_remote(remote.as_ref(), &dir.join("nope")).err().unwrap();
     assert!(err.to_string().contains("404") || err.to_string().contains("not found"), "{err}");
+    let rev = CheckpointSource::parse(&format!("{REPO}@no-such-revision"), &env).unwrap();
+    let remote = open_source(&rev, &env, &hub::client_options(500)).unwrap();
+    let err = describe_remote(remote.as_ref(), &dir.join("rev")).err().unwrap();
+    assert!(err.to_string().contains("404") && err.to_string().contains("revision"), "{err}");
     *server.state.token.lock().unwrap() = Some("secret".into());
     let err = describe_remote(open_hub(&server, 2, None).as_ref(), &dir.join("anon"))
         .err()

@@ -30,7 +30,7 @@ order (in 16 MiB ranges, --ranges in flight), straight into the store (expert re
 is never a second copy of the checkpoint on disk. Each shard is hashed as it streams and checked against the \
 sha256 the hub publishes for it (its LFS id). The store is the one `larder pack` makes of the same checkpoint, \
 record for record; `larder verify` checks it.\n\n\
-Resumable: progress is saved in STORE/pull-state.json every 64 MiB per stream and on any failure; run the \
+Resumable: progress is saved in STORE/pull-state.json every 2 s (after syncing what it counts) and on any failure; run the \
 same command again and only what is missing is fetched. manifest.json is written last, so an unfinished pull \
 is never mistaken for a store.\n\n\
 Examples:\n  larder pull moonshotai/Kimi-Linear-48B-A3B-Instruct --out /fast/kimi-linear\n  \

@@ -76,6 +76,19 @@ impl Journal {
         self.save(&s)
     }
 
+    /// Raises the saved offset of each unfinished `(file, offset)` that
+    /// went further (the caller has synced their bytes); one save.
+    pub fn advance<'a>(&self, reached: impl Iterator<Item = (&'a str, u64)>) -> Result<(), StoreError> {
+        let mut s = self.lock();
+        for (file, offset) in reached {
+            let p = s.files.entry(file.to_string()).or_default();
+            if !p.done && offset > p.offset {
+                p.offset = offset;
+            }
+        }
+        self.save(&s)
+    }
+
     /// Removes the journal (the store is complete).
     pub fn remove(&self) -> Result<(), StoreError> {
         match std::fs::remove_file(&self.path) {

@@ -10,8 +10,8 @@
 //! makes of the same checkpoint, record for record.
 //!
 //! Resumable: progress per source file is saved in `pull-state.json`
-//! ([`journal`]) after the bytes it counts are synced, at least every
-//! [`PullOptions::checkpoint_bytes`] and whenever a stream fails; a rerun
+//! ([`journal`]) after the bytes it counts are synced, every
+//! [`PullOptions::save_every`] and whenever a stream ends; a rerun
 //! re-hashes the kept prefix from where it landed and fetches only the
 //! rest. Locked and planned like `pack` (same `pack-plan.json`), so a
 //! folder holds one pull at a time and keeps its store id across reruns.
@@ -24,7 +24,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -36,7 +36,7 @@ use crate::pack::{
 use crate::remote::{FileSource, RemoteError, StreamState};
 use crate::StoreError;
 use journal::{FileProgress, Journal};
-use scatter::{GatherReader, Layout, OpenOutputs, Piece, ScatterSink};
+use scatter::{GatherReader, Layout, OpenOutputs, ScatterSink};
 
 pub use journal::PULL_STATE;
 
@@ -59,9 +59,10 @@ pub struct PullOptions {
     /// written in order), and bytes per request.
     pub ranges: usize,
     pub range_bytes: u64,
-    /// Bytes a stream writes between two saves of its progress (the most a
-    /// killed pull fetches again per stream).
-    pub checkpoint_bytes: u64,
+    /// How often progress is saved (after syncing what it counts), by a
+    /// thread of its own so streams never wait for the drive: about what a
+    /// killed pull fetches again.
+    pub save_every: Duration,
 }
 
 impl Default for PullOptions {
@@ -70,7 +71,7 @@ impl Default for PullOptions {
             jobs: 4,
             ranges: 4,
             range_bytes: 16 << 20,
-            checkpoint_bytes: 64 << 20,
+            save_every: Duration::from_secs(2),
         }
     }
 }
@@ -193,6 +194,8 @@ pub fn pull(
             journal: &journal,
             opts,
             progress,
+            reached: Mutex::new(vec![None; files.len()]),
+            saving: Mutex::new(()),
         };
         fetched_bytes = streams.run()?;
     }
@@ -244,6 +247,11 @@ struct Streams<'a> {
     journal: &'a Journal,
     opts: PullOptions,
     progress: &'a (dyn Fn(PullEvent) + Sync),
+    /// Per file, the offset its stream has written up to (while it runs).
+    reached: Mutex<Vec<Option<u64>>>,
+    /// Held while progress is synced and saved, so a stream's final save is
+    /// never overtaken by an older snapshot.
+    saving: Mutex<()>,
 }
 
 impl Streams<'_> {
@@ -257,24 +265,42 @@ impl Streams<'_> {
         let fetched = AtomicU64::new(0);
         let failed: Mutex<Option<StoreError>> = Mutex::new(None);
         let workers = self.opts.jobs.clamp(1, todo.len().max(1));
+        let streaming = AtomicUsize::new(workers);
         std::thread::scope(|scope| {
-            for _ in 0..workers {
-                scope.spawn(|| loop {
-                    if failed.lock().unwrap_or_else(|p| p.into_inner()).is_some() {
-                        return;
-                    }
-                    let Some(&i) = todo.get(next.fetch_add(1, Ordering::Relaxed)) else {
-                        return;
-                    };
-                    match self.stream(&self.files[i], &self.layout.pieces[i]) {
-                        Ok(n) => {
-                            fetched.fetch_add(n, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            failed.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+            scope.spawn(|| {
+                // Saves progress every `save_every` while streams run.
+                let mut last = Instant::now();
+                while streaming.load(Ordering::Acquire) > 0 {
+                    std::thread::sleep(Duration::from_millis(20));
+                    if last.elapsed() >= self.opts.save_every {
+                        if let Err(e) = self.save_reached() {
+                            lock(&failed).get_or_insert(e);
                             return;
                         }
+                        last = Instant::now();
                     }
+                }
+            });
+            for _ in 0..workers {
+                scope.spawn(|| {
+                    loop {
+                        if lock(&failed).is_some() {
+                            break;
+                        }
+                        let Some(&i) = todo.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                            break;
+                        };
+                        match self.stream(i) {
+                            Ok(n) => {
+                                fetched.fetch_add(n, Ordering::Relaxed);
+                            }
+                            Err(e) => {
+                                lock(&failed).get_or_insert(e);
+                                break;
+                            }
+                        }
+                    }
+                    streaming.fetch_sub(1, Ordering::Release);
                 });
             }
         });
@@ -284,9 +310,27 @@ impl Streams<'_> {
         }
     }
 
-    /// Streams `file` from where the journal says it stopped into its
-    /// `pieces`; the bytes fetched.
-    fn stream(&self, file: &PullFile, pieces: &[Piece]) -> Result<u64, StoreError> {
+    /// Syncs every output, then saves the offset each running stream had
+    /// reached before the sync.
+    fn save_reached(&self) -> Result<(), StoreError> {
+        let _saving = lock(&self.saving);
+        let reached: Vec<(usize, u64)> = lock(&self.reached)
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| r.map(|at| (i, at)))
+            .collect();
+        if reached.is_empty() {
+            return Ok(());
+        }
+        self.outputs.sync()?;
+        self.journal
+            .advance(reached.iter().map(|&(i, at)| (self.files[i].name.as_str(), at)))
+    }
+
+    /// Streams file `i` from where the journal says it stopped into its
+    /// pieces; the bytes fetched.
+    fn stream(&self, i: usize) -> Result<u64, StoreError> {
+        let (file, pieces) = (&self.files[i], &self.layout.pieces[i][..]);
         let saved = self.journal.get(&file.name);
         let mut state = StreamState::default();
         if saved.offset > 0 {
@@ -306,14 +350,11 @@ impl Streams<'_> {
             size: file.size,
             from,
         });
-        let (mut reported, mut saved_at) = (from, from);
+        let mut reported = from;
         let mut advanced = |pos: u64| -> std::io::Result<()> {
             (self.progress)(PullEvent::Advanced { bytes: pos - reported });
             reported = pos;
-            if pos - saved_at >= self.opts.checkpoint_bytes {
-                self.save(&file.name, pos, false, false).map_err(std::io::Error::other)?;
-                saved_at = pos;
-            }
+            lock(&self.reached)[i] = Some(pos);
             Ok(())
         };
         let mut sink = ScatterSink {
@@ -325,7 +366,7 @@ impl Streams<'_> {
         };
         match self.fetch(file, &mut sink, &mut state) {
             Ok(verified) => {
-                self.save(&file.name, file.size, true, verified)?;
+                self.save(i, file.size, true, verified)?;
                 (self.progress)(PullEvent::FileDone {
                     file: file.name.clone(),
                     verified,
@@ -338,7 +379,7 @@ impl Streams<'_> {
                     RemoteError::Sha256Mismatch { .. } => 0,
                     _ => state.offset,
                 };
-                let saved = self.save(&file.name, keep, false, false);
+                let saved = self.save(i, keep, false, false);
                 Err(pull_error(e, saved.is_ok()))
             }
         }
@@ -390,11 +431,17 @@ impl Streams<'_> {
         }
     }
 
-    /// Syncs every output, then records `file`'s progress.
-    fn save(&self, file: &str, offset: u64, done: bool, verified: bool) -> Result<(), StoreError> {
+    /// Ends file `i`'s stream: syncs every output, then records its progress.
+    fn save(&self, i: usize, offset: u64, done: bool, verified: bool) -> Result<(), StoreError> {
+        let _saving = lock(&self.saving);
+        lock(&self.reached)[i] = None;
         self.outputs.sync()?;
-        self.journal.set(file, FileProgress { offset, done, verified })
+        self.journal.set(&self.files[i].name, FileProgress { offset, done, verified })
     }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 /// A stream's failure, saying what a rerun does.
