@@ -413,3 +413,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "convert_bytes_tests.rs"]
+mod bytes_tests;
