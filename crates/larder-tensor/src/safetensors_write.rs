@@ -1,5 +1,5 @@
 //! The one safetensors writer of larder (synthetic and upcycled checkpoints,
-//! a packed store's spine; the demo's GGUF conversion is still to switch).
+//! a packed store's spine, the demo's GGUF conversion).
 //!
 //! A [`Header`] is built from the list of tensors (name, dtype, shape, byte
 //! length), data laid out back to back in list order, the JSON padded with
@@ -14,7 +14,7 @@
 //! them: what synth, upcycle and pack write) and [`KeyOrder::AsGiven`]
 //! (tensors in list order, keys `dtype`, `shape`, `data_offsets`, metadata
 //! last, non-ASCII escaped: Python's `json.dumps` in the reference
-//! conversion script).
+//! conversion script, which the demo's GGUF conversion matches byte for byte).
 //!
 //! [`finish`]: SafetensorsWriter::finish
 

@@ -2,14 +2,15 @@
 //! same bytes `scripts/smollm2_from_gguf.py` writes: f32 tensors dequantised
 //! as ggml does, llama.cpp's rope permutation of `attn_q` / `attn_k` undone,
 //! tensors in the script's order, `config.json`, `generation_config.json`
-//! and the tokenizer files. Written to `OUT.tmp`, renamed to `OUT` last.
+//! and the tokenizer files. Written to `OUT.tmp`, renamed to `OUT` last;
+//! model.safetensors goes through larder-tensor's one safetensors writer
+//! (`safetensors_write`, the script's `KeyOrder::AsGiven` header).
 
 use std::collections::HashMap;
-use std::fs::File;
-use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
+use larder_tensor::safetensors_write::{Header, KeyOrder, SafetensorsWriter, TensorHeader};
 
 use super::gguf::{Gguf, TensorInfo, Value};
 use super::json::{self, Style, J};
@@ -272,36 +273,28 @@ fn write_json(dir: &Path, name: &str, v: &J, style: Style, newline: bool) -> any
     std::fs::write(&path, s).with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// The safetensors header the script writes (compact JSON, padded with spaces to 8 bytes).
-fn safetensors_header(tensors: &[Planned]) -> anyhow::Result<Vec<u8>> {
-    let mut offset = 0u64;
-    let mut pairs = Vec::with_capacity(tensors.len() + 1);
-    for t in tensors {
-        let n = t.info.elements() * 4;
-        let shape = J::Arr(t.shape.iter().map(|&d| J::Int(d as i64)).collect());
-        let offsets = J::Arr(vec![J::Int(offset as i64), J::Int((offset + n) as i64)]);
-        pairs.push((
-            t.name.clone(),
-            J::obj(vec![("dtype", J::s("F32")), ("shape", shape), ("data_offsets", offsets)]),
-        ));
-        offset += n;
-    }
-    pairs.push(("__metadata__".to_string(), J::obj(vec![("format", J::s("pt"))])));
-    let mut hb = json::to_string(&J::Obj(pairs), Style::COMPACT)
-        .map_err(|e| anyhow::anyhow!(e))?
-        .into_bytes();
-    hb.resize(hb.len().div_ceil(8) * 8, b' ');
-    Ok(hb)
+/// The safetensors header the script writes: its tensor order, all F32,
+/// `{"format": "pt"}` metadata, laid out as its `json.dumps` prints it
+/// (larder-tensor's `KeyOrder::AsGiven`: compact, padded with spaces to 8 bytes).
+fn safetensors_header(tensors: &[Planned]) -> anyhow::Result<Header> {
+    let list: Vec<TensorHeader> = tensors
+        .iter()
+        .map(|t| TensorHeader {
+            name: t.name.clone(),
+            dtype: "F32".to_string(),
+            shape: t.shape.clone(),
+            len: t.info.elements() * 4,
+        })
+        .collect();
+    Header::new(&list, &[("format", "pt")], KeyOrder::AsGiven).context("model.safetensors header")
 }
 
+/// Writes `path` through the shared safetensors writer (under `.partial`,
+/// renamed when complete); returns its size.
 fn write_safetensors(path: &Path, g: &Gguf, tensors: &[Planned], progress: &mut dyn FnMut(u64, u64)) -> anyhow::Result<u64> {
     let header = safetensors_header(tensors)?;
-    let total: u64 = tensors.iter().map(|t| t.info.elements() * 4).sum();
-    let file = File::create(path).with_context(|| format!("cannot create {}", path.display()))?;
-    let mut w = BufWriter::with_capacity(8 << 20, file);
-    let err = |e| anyhow::Error::new(e).context(format!("cannot write {}", path.display()));
-    w.write_all(&(header.len() as u64).to_le_bytes()).map_err(err)?;
-    w.write_all(&header).map_err(err)?;
+    let total = header.file_len() - header.data_start();
+    let mut w = SafetensorsWriter::create(path, &header)?;
     let mut done = 0u64;
     for t in tensors {
         let mut values = g.dequantize(t.info);
@@ -309,12 +302,12 @@ fn write_safetensors(path: &Path, g: &Gguf, tensors: &[Planned], progress: &mut 
             values = unpermute_rope(&values, t.shape[0], t.shape[1], heads).with_context(|| t.name.clone())?;
         }
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-        w.write_all(&bytes).map_err(err)?;
+        w.write(&bytes)?;
         done += bytes.len() as u64;
         progress(done, total);
     }
-    w.into_inner().map_err(|e| err(e.into_error()))?.sync_all().map_err(err)?;
-    Ok(8 + header.len() as u64 + total)
+    w.finish()?.commit()?;
+    Ok(header.file_len())
 }
 
 /// Converts `g` into the checkpoint folder `out` (via `out.tmp`, renamed last);
@@ -413,3 +406,7 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+#[path = "convert_bytes_tests.rs"]
+mod bytes_tests;

@@ -1,7 +1,8 @@
 //! A small ordered JSON value and a writer that prints it byte for byte as
-//! Python's `json.dump` does (key order kept, `repr` floats such as `1e-05`,
-//! `ensure_ascii` on or off, `indent=2` or Python's default separators), so
-//! the converted checkpoint's files equal those of the reference script.
+//! Python's `json.dump(..., ensure_ascii=False)` does (key order kept, `repr`
+//! floats such as `1e-05`, `indent=2` or Python's default separators), so
+//! the converted checkpoint's JSON files equal those of the reference script.
+//! (model.safetensors' header is larder-tensor's `safetensors_write`.)
 
 use std::fmt::Write;
 
@@ -39,31 +40,13 @@ impl J {
 pub struct Style {
     /// `indent=2` (None: everything on one line).
     pub indent: Option<usize>,
-    /// `separators=(",", ":")` instead of Python's default `(", ", ": ")` (one-line output only).
-    pub compact: bool,
-    /// Escape every non-ASCII character as `\uXXXX` (Python's default).
-    pub ensure_ascii: bool,
 }
 
 impl Style {
     /// `json.dump(obj, f, indent=2, ensure_ascii=False)`.
-    pub const PRETTY: Style = Style {
-        indent: Some(2),
-        compact: false,
-        ensure_ascii: false,
-    };
+    pub const PRETTY: Style = Style { indent: Some(2) };
     /// `json.dump(obj, f, ensure_ascii=False)`.
-    pub const LINE: Style = Style {
-        indent: None,
-        compact: false,
-        ensure_ascii: false,
-    };
-    /// `json.dumps(obj, separators=(",", ":"))`.
-    pub const COMPACT: Style = Style {
-        indent: None,
-        compact: true,
-        ensure_ascii: true,
-    };
+    pub const LINE: Style = Style { indent: None };
 }
 
 /// Prints `value` as Python would; a NaN or infinite float is an error (the converter never writes one).
@@ -81,7 +64,7 @@ fn write_value(out: &mut String, v: &J, style: Style, depth: usize) -> Result<()
             let _ = write!(out, "{i}");
         }
         J::Float(f) => out.push_str(&py_float_repr(*f)?),
-        J::Str(s) => write_str(out, s, style.ensure_ascii),
+        J::Str(s) => write_str(out, s),
         J::Arr(items) => {
             if items.is_empty() {
                 out.push_str("[]");
@@ -103,8 +86,8 @@ fn write_value(out: &mut String, v: &J, style: Style, depth: usize) -> Result<()
             out.push('{');
             for (i, (k, item)) in pairs.iter().enumerate() {
                 separator(out, style, depth + 1, i == 0);
-                write_str(out, k, style.ensure_ascii);
-                out.push_str(if style.compact { ":" } else { ": " });
+                write_str(out, k);
+                out.push_str(": ");
                 write_value(out, item, style, depth + 1)?;
             }
             close(out, style, depth);
@@ -125,7 +108,7 @@ fn separator(out: &mut String, style: Style, depth: usize, first: bool) {
             out.extend(std::iter::repeat_n(' ', n * depth));
         }
         None if first => {}
-        None => out.push_str(if style.compact { "," } else { ", " }),
+        None => out.push_str(", "),
     }
 }
 
@@ -137,9 +120,9 @@ fn close(out: &mut String, style: Style, depth: usize) {
     }
 }
 
-/// A JSON string literal with Python's escapes (`\n`, `\u001f`, and `\uXXXX`
-/// surrogate pairs for non-ASCII when `ensure_ascii`).
-fn write_str(out: &mut String, s: &str, ensure_ascii: bool) {
+/// A JSON string literal with Python's escapes (`\n`, `\u001f`); non-ASCII
+/// is written as is (`ensure_ascii=False`).
+fn write_str(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -152,12 +135,6 @@ fn write_str(out: &mut String, s: &str, ensure_ascii: bool) {
             '\u{c}' => out.push_str("\\f"),
             c if (c as u32) < 0x20 => {
                 let _ = write!(out, "\\u{:04x}", c as u32);
-            }
-            c if ensure_ascii && !c.is_ascii() => {
-                let mut units = [0u16; 2];
-                for u in c.encode_utf16(&mut units) {
-                    let _ = write!(out, "\\u{u:04x}");
-                }
             }
             c => out.push(c),
         }
@@ -242,10 +219,6 @@ mod tests {
         assert_eq!(
             to_string(&v, Style::LINE).unwrap(),
             "{\"a\": [\"x\\u0001é\", 3], \"b\": {}, \"c\": [], \"d\": null}"
-        );
-        assert_eq!(
-            to_string(&v, Style::COMPACT).unwrap(),
-            "{\"a\":[\"x\\u0001\\u00e9\",3],\"b\":{},\"c\":[],\"d\":null}"
         );
     }
 }
