@@ -14,7 +14,7 @@ use serde_json::json;
 use super::loopback_files;
 
 /// Bytes per range request of the raw measurement.
-const RAW_CHUNK: u64 = 16 << 20;
+const RAW_CHUNK: u64 = 8 << 20;
 /// Bytes written to measure the drive's synced write rate.
 const WRITE_PROBE: u64 = 1 << 30;
 
@@ -22,7 +22,7 @@ const WRITE_PROBE: u64 = 1 << 30;
 #[derive(clap::Args)]
 #[command(
     after_help = "Serves --model on a loopback HTTP server (byte ranges, keep-alive) and measures: the \
-raw range throughput (every shard read in 16 MiB ranges, --jobs at once, bytes dropped), then `larder pull` \
+raw range throughput (every shard read in 8 MiB ranges, --jobs at once, bytes dropped), then `larder pull` \
 of the same URL into --store (streaming: each shard once, hashed, scattered into records and spine; then \
 sealing: every record digested and read back), then the raw throughput again. The ratio is pull's streaming \
 rate over the mean raw rate. Pick a checkpoint that fits in RAM twice (the server reads through the page \

@@ -26,7 +26,7 @@ serving the hub's `resolve` layout (`BASE/resolve/main/config.json`, \
 folder.\n\n\
 The config and tokenizer files are fetched first, then every shard's safetensors header by range; the \
 checkpoint is checked as `larder run` would load it before any weights move. Each shard then streams once, in \
-order (in 16 MiB ranges, --ranges in flight), straight into the store (expert records into the layer files, everything else into the spine): there \
+order (in 8 MiB ranges, --ranges in flight and the next ones requested while these are written), straight into the store (expert records into the layer files, everything else into the spine): there \
 is never a second copy of the checkpoint on disk. Each shard is hashed as it streams and checked against the \
 sha256 the hub publishes for it (its LFS id). The store is the one `larder pack` makes of the same checkpoint, \
 record for record; `larder verify` checks it.\n\n\
@@ -49,7 +49,7 @@ pub struct Args {
     /// Shards streamed at once.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     jobs: u64,
-    /// Range requests (16 MiB each) in flight per shard; each shard is still hashed and written in order.
+    /// Range requests (8 MiB each) in flight per shard; each shard is still hashed and written in order.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     ranges: u64,
     /// Seconds to wait for a response or for the next bytes of one before retrying.

@@ -70,7 +70,7 @@ impl Default for PullOptions {
         PullOptions {
             jobs: 4,
             ranges: 4,
-            range_bytes: 16 << 20,
+            range_bytes: 8 << 20,
             save_every: Duration::from_secs(2),
         }
     }
@@ -401,23 +401,37 @@ impl Streams<'_> {
             });
         }
         let step = self.opts.range_bytes.max(1);
-        let mut next = state.offset;
-        while next < file.size {
-            let group: Vec<(u64, u64)> = (0..self.opts.ranges.max(1) as u64)
+        let group_at = |next: u64| -> Vec<(u64, u64)> {
+            (0..self.opts.ranges.max(1) as u64)
                 .map(|i| next + i * step)
                 .take_while(|&at| at < file.size)
                 .map(|at| (at, step.min(file.size - at)))
-                .collect();
-            for bytes in self.remote.read_ranges(&file.name, &group, group.len())? {
-                sink.write_all(&bytes).map_err(|source| RemoteError::Sink {
-                    file: file.name.clone(),
-                    offset: state.offset,
-                    source,
-                })?;
-                state.consume(&bytes);
+                .collect()
+        };
+        let read = |group: Vec<(u64, u64)>| self.remote.read_ranges(&file.name, &group, group.len());
+        // The next group of ranges is in flight while this one is hashed and written.
+        std::thread::scope(|scope| {
+            let mut group = group_at(state.offset);
+            let mut pending = (!group.is_empty()).then(|| scope.spawn(move || read(group)));
+            let mut next = state.offset;
+            while let Some(handle) = pending.take() {
+                let ranges = handle.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
+                next += ranges.iter().map(|b| b.len() as u64).sum::<u64>();
+                group = group_at(next);
+                if !group.is_empty() {
+                    pending = Some(scope.spawn(move || read(group)));
+                }
+                for bytes in ranges {
+                    sink.write_all(&bytes).map_err(|source| RemoteError::Sink {
+                        file: file.name.clone(),
+                        offset: state.offset,
+                        source,
+                    })?;
+                    state.consume(&bytes);
+                }
             }
-            next = state.offset;
-        }
+            Ok::<(), RemoteError>(())
+        })?;
         let got = state.sha256_hex();
         match meta.sha256 {
             Some(expected) if expected != got => Err(RemoteError::Sha256Mismatch {
