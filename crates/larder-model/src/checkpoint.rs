@@ -128,16 +128,21 @@ impl Checkpoint {
         Self::open_with(dir, false)
     }
 
-    fn open_with(dir: &Path, read: bool) -> Result<Self, ModelError> {
-        let paths = shard_paths(dir)?;
-        let mut ckpt = Checkpoint {
+    /// No files yet.
+    fn empty() -> Checkpoint {
+        Checkpoint {
             files: Vec::new(),
             tensors: HashMap::new(),
             fp8_block: std::sync::OnceLock::new(),
             compressed: std::sync::OnceLock::new(),
             check: None,
             progress: None,
-        };
+        }
+    }
+
+    fn open_with(dir: &Path, read: bool) -> Result<Self, ModelError> {
+        let paths = shard_paths(dir)?;
+        let mut ckpt = Checkpoint::empty();
         for path in paths {
             ckpt.add_file(path, read)?;
         }
@@ -176,14 +181,7 @@ impl Checkpoint {
     /// by range): like [`open_unread`](Self::open_unread), with each file's
     /// `path` (where errors point), size and JSON header given.
     pub fn from_headers(shards: Vec<ShardHeader>) -> Result<Self, ModelError> {
-        let mut ckpt = Checkpoint {
-            files: Vec::new(),
-            tensors: HashMap::new(),
-            fp8_block: std::sync::OnceLock::new(),
-            compressed: std::sync::OnceLock::new(),
-            check: None,
-            progress: None,
-        };
+        let mut ckpt = Checkpoint::empty();
         for s in shards {
             ckpt.add_header(s.path, s.size, s.header, None)?;
         }

@@ -124,13 +124,14 @@ fn loaders_tag_routed_expert_tensors_and_only_those() {
         let mut cut_from = std::collections::BTreeSet::new();
         for (l, n) in larder_model::expert_layers(&spec) {
             assert_eq!(parts[l].len(), n, "{}: layer {l}", dir.display());
-            let roles = |e: usize| parts[l][e].iter().map(|p| p.role.clone()).collect::<Vec<_>>();
-            for e in 0..n {
-                assert!(!parts[l][e].is_empty(), "{}: layer {l} expert {e} has no parts", dir.display());
-                assert_eq!(roles(e), roles(0), "{}: layer {l} expert {e}", dir.display());
-                cut_from.extend(parts[l][e].iter().map(|p| p.tensor.clone()));
+            let roles = |expert: &[larder_model::ExpertPart]| expert.iter().map(|p| p.role.clone()).collect::<Vec<_>>();
+            let first = roles(&parts[l][0]);
+            for (e, expert) in parts[l].iter().enumerate() {
+                assert!(!expert.is_empty(), "{}: layer {l} expert {e} has no parts", dir.display());
+                assert_eq!(roles(expert), first, "{}: layer {l} expert {e}", dir.display());
+                cut_from.extend(expert.iter().map(|p| p.tensor.clone()));
             }
-            assert_eq!(roles(0).first().map(String::as_str).map(|r| r.starts_with("gate")), Some(true));
+            assert_eq!(first.first().map(|r| r.starts_with("gate")), Some(true));
         }
         let cut_from: std::collections::BTreeSet<&str> = cut_from.iter().map(String::as_str).collect();
         assert_eq!(cut_from, tagged, "{}", dir.display());

@@ -69,6 +69,7 @@ impl LayerFile<'_> {
     /// the file back against the digests, commits it and writes its
     /// sidecar. A file an interrupted earlier seal already committed (its
     /// sidecar and header match) is kept as it is.
+    #[cfg(feature = "remote")]
     pub fn seal(&self) -> Result<Vec<ExpertEntry>, StoreError> {
         let tmp = temp_path(&self.path);
         if !tmp.exists() {
@@ -83,14 +84,7 @@ impl LayerFile<'_> {
             file.read_exact_at(buf.as_mut_slice(), self.offset(i))
                 .map_err(|err| StoreError::io(&tmp, err))?;
             let digest = Digest::of_parts_seeded(self.seeds[e], [&buf.as_ref()[..self.payload_len() as usize]]);
-            entries.push(ExpertEntry {
-                expert: e,
-                drive: self.header.drive,
-                file: self.name.clone(),
-                offset: self.offset(i),
-                len: self.record_len,
-                digest: digest.to_string(),
-            });
+            entries.push(self.entry(i, e, digest));
         }
         file.sync_all().map_err(|e| StoreError::io(&tmp, e))?;
         drop(file);
@@ -98,6 +92,18 @@ impl LayerFile<'_> {
         commit(&tmp, &self.path)?;
         self.write_sidecar(&entries)?;
         Ok(entries)
+    }
+
+    /// The manifest entry of expert `e`, record `i` of this file.
+    fn entry(&self, i: usize, e: usize, digest: Digest) -> ExpertEntry {
+        ExpertEntry {
+            expert: e,
+            drive: self.header.drive,
+            file: self.name.clone(),
+            offset: self.offset(i),
+            len: self.record_len,
+            digest: digest.to_string(),
+        }
     }
 
     fn payload_len(&self) -> u64 {
@@ -161,14 +167,7 @@ impl LayerFile<'_> {
                 let digest = self.read_source(e, &mut buf)?;
                 f.write_all(&buf.as_ref()[..self.record_len as usize])
                     .map_err(|err| StoreError::io(&tmp, err))?;
-                entries.push(ExpertEntry {
-                    expert: e,
-                    drive: self.header.drive,
-                    file: self.name.clone(),
-                    offset: self.offset(i),
-                    len: self.record_len,
-                    digest: digest.to_string(),
-                });
+                entries.push(self.entry(i, e, digest));
                 progress(PackEvent::Advanced { bytes: self.payload_len() });
             }
             f.sync_all().map_err(|e| StoreError::io(&tmp, e))?;

@@ -27,6 +27,20 @@ pub struct SpineTensor {
     pub extent: Extent,
 }
 
+impl SpineTensor {
+    /// Its manifest entry, at `offset` of the spine file.
+    pub(crate) fn entry(&self, offset: u64, digest: Digest) -> SpineTensorEntry {
+        SpineTensorEntry {
+            name: self.name.clone(),
+            dtype: self.dtype.clone(),
+            shape: self.shape.clone(),
+            offset,
+            len: self.extent.len,
+            digest: digest.to_string(),
+        }
+    }
+}
+
 const CHUNK: usize = 8 << 20;
 
 /// Writes `tensors` as the safetensors file `root/name` (atomically) and
@@ -65,14 +79,7 @@ fn write_checked(sources: &FileTable, tensors: &[SpineTensor], path: &Path, name
             f.write(&buf[..n])?;
             off += n as u64;
         }
-        entries.push(SpineTensorEntry {
-            name: t.name.clone(),
-            dtype: t.dtype.clone(),
-            shape: t.shape.clone(),
-            offset: at,
-            len: t.extent.len,
-            digest: Digest(h.digest128()).to_string(),
-        });
+        entries.push(t.entry(at, Digest(h.digest128())));
         at += t.extent.len;
     }
     let done = f.finish()?;

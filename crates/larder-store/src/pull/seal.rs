@@ -15,7 +15,7 @@ use crate::digest::Digest;
 use crate::fsutil::{commit, temp_path};
 use crate::io::FileTable;
 use crate::layer_file::LayerFile;
-use crate::manifest::{ExpertEntry, LayerEntry, SpineFile, SpineTensorEntry};
+use crate::manifest::{ExpertEntry, LayerEntry, SpineFile};
 use crate::pack::{record_layout, PackSource, SPINE};
 use crate::spine::check_spine;
 use crate::StoreError;
@@ -82,14 +82,7 @@ fn seal_spine(src: &PackSource, header: &Header, out: &Path) -> Result<SpineFile
             h.update(&buf[..n]);
             off += n as u64;
         }
-        tensors.push(SpineTensorEntry {
-            name: t.name.clone(),
-            dtype: t.dtype.clone(),
-            shape: t.shape.clone(),
-            offset: at,
-            len: t.extent.len,
-            digest: Digest(h.digest128()).to_string(),
-        });
+        tensors.push(t.entry(at, Digest(h.digest128())));
         at += t.extent.len;
     }
     let entry = SpineFile {
