@@ -223,6 +223,17 @@ fn faults_are_clear_errors_and_never_a_store_that_looks_valid() {
     assert!(err.to_string().contains("changed"), "{err}");
     assert!(!Manifest::is_store(&out));
 
+    // More range requests in flight than buffers allow: refused before anything is written.
+    let out = dir.join("too-many");
+    let greedy = PullOptions {
+        jobs: 16,
+        ranges: 16,
+        ..PullOptions::default()
+    };
+    let err = pull_into(open_hub(&server, 2, None).as_ref(), &out, &[], greedy).unwrap_err();
+    assert!(err.contains("--jobs 16 x --ranges 16"), "{err}");
+    assert!(!out.join("pack-plan.json").exists());
+
     // Missing repo; token missing.
     let env = HubEnv {
         endpoint: Some(server.url.clone()),

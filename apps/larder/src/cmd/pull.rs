@@ -50,6 +50,7 @@ pub struct Args {
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     jobs: u64,
     /// Range requests (8 MiB each) in flight per shard; each shard is still hashed and written in order.
+    /// --jobs x --ranges is at most 64.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     ranges: u64,
     /// Seconds to wait for a response or for the next bytes of one before retrying.

@@ -50,6 +50,11 @@ pub struct PullFile {
     pub head: Vec<u8>,
 }
 
+/// Most range requests in flight over all streams (`jobs × ranges`): each
+/// buffers up to [`PullOptions::range_bytes`], and the next group is in
+/// flight while one is written.
+pub const MAX_IN_FLIGHT: usize = 64;
+
 /// How to pull.
 #[derive(Debug, Clone, Copy)]
 pub struct PullOptions {
@@ -149,6 +154,16 @@ pub fn pull(
             "pull: {} source files described, {} given",
             src.files.len(),
             files.len()
+        )));
+    }
+    let in_flight = opts.jobs.max(1).saturating_mul(opts.ranges.max(1));
+    if in_flight > MAX_IN_FLIGHT {
+        return Err(StoreError::Invalid(format!(
+            "--jobs {} x --ranges {} = {in_flight} range requests in flight (each buffering up to {} MiB, twice); \
+             at most {MAX_IN_FLIGHT}: lower --jobs or --ranges",
+            opts.jobs,
+            opts.ranges,
+            opts.range_bytes >> 20
         )));
     }
     std::fs::create_dir_all(out).map_err(|e| StoreError::io(out, e))?;
