@@ -138,6 +138,22 @@ fn small_ranges() -> PullOptions {
     }
 }
 
+/// A pull of the hub into `out` ([`small_ranges`], one try per request)
+/// whose data request after the first `ok` fails; its error.
+fn pull_failing_after(server: &HubServer, out: &Path, ok: usize) -> String {
+    let remote = open_hub(server, 1, None);
+    let RemoteCheckpoint { source, files } = describe_remote(remote.as_ref(), &out.join(".pull")).unwrap();
+    fail_range(server, ok);
+    let err = pull(remote.as_ref(), &files, &source, out, &[], small_ranges(), &|_| {}).unwrap_err();
+    err.to_string()
+}
+
+/// The offset `pull-state.json` in `out` saved for `model.safetensors`.
+fn saved_offset(out: &Path) -> u64 {
+    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join(PULL_STATE)).unwrap()).unwrap();
+    state["files"]["model.safetensors"]["offset"].as_u64().unwrap()
+}
+
 /// The data request after the next `ok` ones for `model.safetensors` fails (HTTP 500).
 fn fail_range(server: &HubServer, ok: usize) {
     for _ in 0..ok {
@@ -166,15 +182,10 @@ fn an_interrupted_pull_resumes_with_only_the_missing_bytes() {
     let server = HubServer::start(&model);
     let size = server.file("model.safetensors").len() as u64;
     let opts = small_ranges();
-    // One try per request, so a failed request ends the run: the fifth range.
-    let remote = open_hub(&server, 1, None);
-    let RemoteCheckpoint { source, files } = describe_remote(remote.as_ref(), &out.join(".pull")).unwrap();
-    fail_range(&server, 4);
-    let err = pull(remote.as_ref(), &files, &source, &out, &[], opts, &|_| {}).unwrap_err();
-    assert!(err.to_string().contains("resume"), "{err}");
+    let err = pull_failing_after(&server, &out, 4);
+    assert!(err.contains("resume"), "{err}");
     assert!(!Manifest::is_store(&out), "no manifest after a failed pull");
-    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(out.join(PULL_STATE)).unwrap()).unwrap();
-    let kept = state["files"]["model.safetensors"]["offset"].as_u64().unwrap();
+    let kept = saved_offset(&out);
     assert_eq!(kept, 4 * opts.range_bytes, "the four ranges that arrived are kept");
 
     server.clear_log();
@@ -270,14 +281,11 @@ fn a_pull_killed_between_saves_resumes_from_the_last_save() {
     let server = HubServer::start(&model);
     let size = server.file("model.safetensors").len() as u64;
     let opts = small_ranges();
-    let remote = open_hub(&server, 1, None);
-    let RemoteCheckpoint { source, files } = describe_remote(remote.as_ref(), &out.join(".pull")).unwrap();
-    fail_range(&server, 6);
-    pull(remote.as_ref(), &files, &source, &out, &[], opts, &|_| {}).unwrap_err();
+    pull_failing_after(&server, &out, 6);
     // As if killed: the journal still says an earlier checkpoint.
     let path = out.join(PULL_STATE);
     let mut state: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
-    let written = state["files"]["model.safetensors"]["offset"].as_u64().unwrap();
+    let written = saved_offset(&out);
     let saved = (size / 4) & !0xffff;
     assert!(saved > 0 && saved < written);
     state["files"]["model.safetensors"]["offset"] = saved.into();
