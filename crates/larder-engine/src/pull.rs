@@ -3,7 +3,7 @@
 //! its small files and its shards' safetensors headers, read by range, and
 //! checked as `larder run` would load it before a byte of weights moves.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use larder_model::arch::read_spec;
 use larder_model::checkpoint::{header_len, index_shards, Checkpoint, ShardHeader, INDEX};
@@ -128,7 +128,7 @@ fn read_head(remote: &dyn FileSource, name: &str, staging: &Path) -> Result<(Pul
 }
 
 /// Fetches small file `name` into `staging` (sha256 checked where published).
-fn fetch_small(remote: &dyn FileSource, listing: &Listing, name: &str, staging: &Path) -> Result<PathBuf, EngineError> {
+fn fetch_small(remote: &dyn FileSource, listing: &Listing, name: &str, staging: &Path) -> Result<(), EngineError> {
     let path = staging.join(name);
     if let Some(size) = listing.get(name).and_then(|f| f.size).filter(|s| *s > SMALL_FILE_LIMIT) {
         return Err(EngineError::File {
@@ -138,6 +138,5 @@ fn fetch_small(remote: &dyn FileSource, listing: &Listing, name: &str, staging: 
     }
     let mut bytes = Vec::new();
     remote.stream_file(name, &mut bytes, &mut StreamState::default())?;
-    write_atomic(&path, &bytes).map_err(store_err)?;
-    Ok(path)
+    write_atomic(&path, &bytes).map_err(store_err)
 }

@@ -29,7 +29,7 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 
 use crate::fsutil::lock_exclusive;
-use crate::manifest::{DriveEntry, Manifest, FORMAT, MANIFEST, VERSION};
+use crate::manifest::{DriveEntry, Manifest, FORMAT, VERSION};
 use crate::pack::{
     check_existing_store, copy_files, load_or_make_plan, resolve, store_folder, DriveSpec, PackEvent, PackOptions, PackSource, LOCK, SPINE,
 };
@@ -232,7 +232,6 @@ pub fn pull(
     manifest.write(out)?;
     let verified: Vec<bool> = files.iter().map(|f| journal.get(&f.name).verified).collect();
     journal.remove()?;
-    debug_assert!(out.join(MANIFEST).exists());
     Ok(PullReport {
         out: out.to_path_buf(),
         store_id: plan.store_id,
