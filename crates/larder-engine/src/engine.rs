@@ -102,6 +102,9 @@ pub struct Engine {
     /// reported when a chat is rendered, not at load (plain prompts need none).
     chat: Result<Option<ChatTemplate>, String>,
     generation: GenerationConfig,
+    /// A lazy cache's backend and folder lock, held while the engine lives.
+    #[cfg(feature = "remote")]
+    pub(crate) lazy: Option<(Arc<larder_store::lazy::LazyBackend>, larder_store::fsutil::FileLock)>,
 }
 
 impl Engine {
@@ -125,6 +128,13 @@ impl Engine {
 
     fn load_inner(dir: &Path, opts: &LoadOptions, progress: Option<Arc<LoadProgress>>) -> Result<Self, EngineError> {
         check_dir(dir)?;
+        #[cfg(feature = "remote")]
+        if larder_store::lazy::is_lazy(dir) {
+            return Err(EngineError::File {
+                path: dir.to_path_buf(),
+                message: "a lazy cache: run it with `--model SOURCE --cache-dir DIR` (the source it was made from)".into(),
+            });
+        }
         if larder_store::pack::is_unfinished(dir) {
             return Err(EngineError::File {
                 path: dir.to_path_buf(),
@@ -170,7 +180,7 @@ impl Engine {
         Self::assemble(dir, model, None)
     }
 
-    fn assemble(dir: &Path, model: DecoderModel, store: Option<Arc<ExpertStore>>) -> Result<Self, EngineError> {
+    pub(crate) fn assemble(dir: &Path, model: DecoderModel, store: Option<Arc<ExpertStore>>) -> Result<Self, EngineError> {
         let tokenizer = TextTokenizer::from_dir(dir)?;
         let chat = ChatTemplate::from_dir(dir).map_err(|e| e.to_string());
         let generation = GenerationConfig::from_dir(dir)?;
@@ -181,6 +191,8 @@ impl Engine {
             tokenizer,
             chat,
             generation,
+            #[cfg(feature = "remote")]
+            lazy: None,
         })
     }
 
@@ -441,7 +453,7 @@ pub type LoadProgress = dyn Fn(u64, u64) + Send + Sync;
 /// Hooks `progress` to `ckpt`'s reads, with the total a load over `dir`
 /// reads: counted by building the model over the headers alone (an error
 /// there leaves the total 0; the real load reports it).
-fn report_reads(
+pub(crate) fn report_reads(
     ckpt: &mut Checkpoint,
     dir: &Path,
     spec: &larder_model::ModelSpec,

@@ -12,7 +12,7 @@ use std::sync::Arc;
 use larder_model::arch::read_spec;
 use larder_model::checkpoint::{Checkpoint, TensorCheck, TensorInfo};
 use larder_model::DecoderModel;
-use larder_store::manifest::SpineTensorEntry;
+use larder_store::manifest::{CarriedFile, SpineFile, SpineTensorEntry};
 use larder_store::verify::VerifyReport;
 use larder_store::{Digest, ExpertStore, Manifest, StoreOptions};
 
@@ -24,7 +24,12 @@ use crate::pack::CARRIED_FILES;
 /// has its packed digest, and no file larder reads (config, tokenizer,
 /// templates) is present without being listed.
 pub fn check_carried_files(dir: &Path, manifest: &Manifest) -> Result<(), EngineError> {
-    for f in &manifest.files {
+    check_carried(dir, &manifest.files)
+}
+
+/// Checks carried files against their list (a manifest's or a lazy cache's).
+pub fn check_carried(dir: &Path, files: &[CarriedFile]) -> Result<(), EngineError> {
+    for f in files {
         let path = dir.join(&f.name);
         let bytes = std::fs::read(&path).map_err(|source| EngineError::Io {
             path: path.clone(),
@@ -39,7 +44,7 @@ pub fn check_carried_files(dir: &Path, manifest: &Manifest) -> Result<(), Engine
     }
     for name in CARRIED_FILES {
         let path = dir.join(name);
-        if path.exists() && !manifest.files.iter().any(|f| f.name == *name) {
+        if path.exists() && !files.iter().any(|f| f.name == *name) {
             return Err(EngineError::File {
                 path,
                 message: "is not part of this store (the manifest does not list it) but would change the output; remove it".into(),
@@ -51,8 +56,11 @@ pub fn check_carried_files(dir: &Path, manifest: &Manifest) -> Result<(), Engine
 
 /// The check every spine tensor must pass as the model takes it.
 pub fn spine_check(manifest: &Manifest) -> Arc<TensorCheck> {
-    let entries: HashMap<String, SpineTensorEntry> = manifest
-        .spine
+    spine_check_of(&manifest.spine)
+}
+
+fn spine_check_of(spine: &[SpineFile]) -> Arc<TensorCheck> {
+    let entries: HashMap<String, SpineTensorEntry> = spine
         .iter()
         .flat_map(|s| s.tensors.iter())
         .map(|t| (t.name.clone(), t.clone()))
@@ -66,7 +74,13 @@ pub fn spine_check(manifest: &Manifest) -> Arc<TensorCheck> {
 /// Opens a store's spine as a checkpoint whose every tensor is checked
 /// against the manifest, after checking the spine files' names, sizes and headers.
 pub fn open_spine(dir: &Path, manifest: &Manifest) -> Result<Checkpoint, EngineError> {
-    for s in &manifest.spine {
+    open_spine_files(dir, &manifest.spine)
+}
+
+/// Opens spine files as a checkpoint whose every tensor is checked against
+/// their entries (a manifest's or a lazy cache's).
+pub fn open_spine_files(dir: &Path, spine: &[SpineFile]) -> Result<Checkpoint, EngineError> {
+    for s in spine {
         let path = dir.join(&s.file);
         if !path.is_file() {
             return Err(EngineError::File {
@@ -78,16 +92,16 @@ pub fn open_spine(dir: &Path, manifest: &Manifest) -> Result<Checkpoint, EngineE
         }
     }
     let mut ckpt = Checkpoint::open(dir)?;
-    check_spine_files(dir, manifest, &ckpt)?;
-    ckpt.set_tensor_check(spine_check(manifest));
+    check_spine_files(dir, spine, &ckpt)?;
+    ckpt.set_tensor_check(spine_check_of(spine));
     Ok(ckpt)
 }
 
 /// The checkpoint's safetensors files are exactly the manifest's spine
 /// files, with their packed sizes and headers.
-fn check_spine_files(dir: &Path, manifest: &Manifest, ckpt: &Checkpoint) -> Result<(), EngineError> {
+fn check_spine_files(dir: &Path, spine: &[SpineFile], ckpt: &Checkpoint) -> Result<(), EngineError> {
     let files = ckpt.file_paths();
-    let spine_names: Vec<_> = manifest.spine.iter().map(|s| dir.join(&s.file)).collect();
+    let spine_names: Vec<_> = spine.iter().map(|s| dir.join(&s.file)).collect();
     if files != spine_names {
         return Err(EngineError::File {
             path: dir.to_path_buf(),
@@ -96,7 +110,7 @@ fn check_spine_files(dir: &Path, manifest: &Manifest, ckpt: &Checkpoint) -> Resu
             ),
         });
     }
-    for (i, s) in manifest.spine.iter().enumerate() {
+    for (i, s) in spine.iter().enumerate() {
         let path = &files[i];
         let size = std::fs::metadata(path)
             .map_err(|source| EngineError::Io {
@@ -130,7 +144,7 @@ fn check_loads(dir: &Path) -> Result<(), EngineError> {
     let (manifest, index) = crate::experts::packed_index(dir)?;
     let spec = read_spec(dir)?;
     let ckpt = Checkpoint::open_unread(dir)?;
-    check_spine_files(dir, &manifest, &ckpt)?;
+    check_spine_files(dir, &manifest.spine, &ckpt)?;
     let store = Arc::new(
         ExpertStore::open(
             index,

@@ -30,6 +30,8 @@ pub mod error;
 pub mod experts;
 pub mod generation;
 pub mod integrity;
+#[cfg(feature = "remote")]
+pub mod lazy;
 pub mod pack;
 pub mod plan;
 #[cfg(feature = "remote")]

@@ -56,6 +56,69 @@ pub fn describe_remote(remote: &dyn FileSource, staging: &Path) -> Result<Remote
         headers.push(header);
         files.push(file);
     }
+    save_heads(staging, &files)?;
+    describe_headers(staging, spec, headers, files)
+}
+
+/// The description [`describe_remote`] left in `staging` (its small files
+/// and shard headers), read again without the network: how a lazy cache
+/// reopens offline. `None` when `staging` holds no complete description.
+pub fn describe_staged(staging: &Path) -> Result<Option<RemoteCheckpoint>, EngineError> {
+    let Ok(listed) = std::fs::read(staging.join(HEADS)) else { return Ok(None) };
+    let Ok(names) = serde_json::from_slice::<Vec<(String, u64)>>(&listed) else { return Ok(None) };
+    let spec = read_spec(staging)?;
+    let mut files = Vec::new();
+    let mut headers = Vec::new();
+    for (name, size) in names {
+        let path = staging.join(&name);
+        let Ok(head) = std::fs::read(head_path(staging, &name)) else { return Ok(None) };
+        if head.len() < 8 {
+            return Ok(None);
+        }
+        headers.push(ShardHeader {
+            path,
+            size,
+            header: head[8..].to_vec(),
+        });
+        files.push(PullFile { name, size, head });
+    }
+    describe_headers(staging, spec, headers, files).map(Some)
+}
+
+/// The list of shards (name, size) whose heads are saved in the staging folder.
+const HEADS: &str = "shard-heads.json";
+
+fn head_path(staging: &Path, name: &str) -> std::path::PathBuf {
+    staging.join(format!("{name}.head"))
+}
+
+/// Saves each shard's head beside the small files, the list last.
+fn save_heads(staging: &Path, files: &[PullFile]) -> Result<(), EngineError> {
+    for f in files {
+        let path = head_path(staging, &f.name);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|source| EngineError::Io {
+                path: dir.to_path_buf(),
+                source,
+            })?;
+        }
+        write_atomic(&path, &f.head).map_err(store_err)?;
+    }
+    let names: Vec<(&str, u64)> = files.iter().map(|f| (f.name.as_str(), f.size)).collect();
+    let text = serde_json::to_vec(&names).map_err(|e| EngineError::Invalid {
+        field: "SOURCE",
+        message: e.to_string(),
+    })?;
+    write_atomic(&staging.join(HEADS), &text).map_err(store_err)
+}
+
+/// Checks the model loads from the shard headers and describes it for pack.
+fn describe_headers(
+    staging: &Path,
+    spec: larder_model::ModelSpec,
+    headers: Vec<ShardHeader>,
+    files: Vec<PullFile>,
+) -> Result<RemoteCheckpoint, EngineError> {
     let ckpt = Checkpoint::from_headers(headers)?;
     DecoderModel::load(spec.clone(), &ckpt, None)?;
     let source = describe(staging, &spec, &ckpt)?;

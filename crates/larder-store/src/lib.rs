@@ -9,7 +9,8 @@
 //! - [`pack`] / [`verify`]: writing and checking packed stores; [`drive`]:
 //!   bandwidth probes and placement over drives;
 //! - [`remote`]: checkpoint sources (hub repo, hub-layout URL, folder) read
-//!   by range or streamed with sha256 checks (issue 22).
+//!   by range or streamed with sha256 checks; [`pull`]: a store streamed
+//!   from one; [`lazy`]: a partial store that fetches experts on first use.
 //!
 //! This crate knows bytes, files and drives; it does not know tensor math or
 //! models (the engine maps records to expert weights). Its reads return
@@ -25,6 +26,8 @@ mod error;
 pub mod fsutil;
 pub mod io;
 mod layer_file;
+#[cfg(feature = "remote")]
+pub mod lazy;
 pub mod location;
 pub mod manifest;
 pub mod pack;

@@ -38,7 +38,7 @@ pub struct Part {
 }
 
 /// One expert's extents and components.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ExpertLocation {
     pub extents: Vec<Extent>,
     /// In component order (the order the model expects, e.g. gate, up, down).

@@ -1,7 +1,9 @@
 //! Background reads of experts the model predicts it will need (docs/design.md
 //! §3.5): while layer L computes, its caller hints layer L+1's likely
-//! experts; a few threads read them (pread, O_DIRECT per the store's
-//! options), check digests and put them in the cache.
+//! experts; a few threads read them through the store's one backend
+//! ([`IoBackend::read_blocking`](crate::io::IoBackend::read_blocking), so a
+//! lazy store fetches them from its source), check digests and put them in
+//! the cache.
 //!
 //! Demand always wins: a demanded expert whose prefetch has not started is
 //! taken back and read on demand; one being read is waited for; a failed
@@ -12,7 +14,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use crate::cache::Key;
-use crate::io::FileTable;
 use crate::io::{check_range, spawn};
 use crate::queue::WorkQueue;
 use crate::store::{lock, ExpertRecord, Shared, MAX_PREFETCH_THREADS};
@@ -52,9 +53,8 @@ pub(crate) struct Prefetcher {
 impl Prefetcher {
     /// Starts `threads` workers (at most [`MAX_PREFETCH_THREADS`]); an
     /// error, with none left running, when out of range or a spawn fails.
-    pub(crate) fn start(shared: Arc<Shared>, files: FileTable, threads: usize) -> Result<Prefetcher, StoreError> {
+    pub(crate) fn start(shared: Arc<Shared>, threads: usize) -> Result<Prefetcher, StoreError> {
         check_range("prefetch threads (--prefetch)", threads, 0, MAX_PREFETCH_THREADS)?;
-        let files = Arc::new(files);
         // On an error, dropping the prefetcher shuts down and joins the threads started.
         let mut p = Prefetcher {
             shared,
@@ -62,9 +62,9 @@ impl Prefetcher {
             threads: Vec::with_capacity(threads),
         };
         for i in 0..threads {
-            let (s, q, f) = (p.shared.clone(), p.queue.clone(), files.clone());
+            let (s, q) = (p.shared.clone(), p.queue.clone());
             p.threads
-                .push(spawn("prefetch", format!("larder-prefetch-{i}"), move || worker(&s, &q, &f))?);
+                .push(spawn("prefetch", format!("larder-prefetch-{i}"), move || worker(&s, &q))?);
         }
         Ok(p)
     }
@@ -96,7 +96,7 @@ impl Prefetcher {
     }
 }
 
-fn worker(sh: &Shared, queue: &WorkQueue<Key>, files: &FileTable) {
+fn worker(sh: &Shared, queue: &WorkQueue<Key>) {
     while let Some(key) = queue.pop() {
         // Claim it, unless a demand read took it back.
         let pending = {
@@ -108,7 +108,7 @@ fn worker(sh: &Shared, queue: &WorkQueue<Key>, files: &FileTable) {
         let (layer, expert) = key;
         let mut verify_s = 0.0;
         let result = match sh.index.get(layer, expert) {
-            Some(loc) => crate::io::read_job(files, &loc.extents).and_then(|views| sh.record(layer, expert, &views, &mut verify_s)),
+            Some(loc) => sh.backend.read_blocking(&loc.extents).and_then(|views| sh.record(layer, expert, &views, &mut verify_s)),
             None => Err(crate::StoreError::MissingExpert { layer, expert }),
         };
         {

@@ -12,7 +12,7 @@ use std::time::Instant;
 use crate::buf::SharedBytes;
 use crate::cache::{ExpertCache, Key};
 use crate::digest::Digest;
-use crate::io::{open_backend, FileTable, IoBackend, IoKind, IoOptions};
+use crate::io::{open_backend, IoBackend, IoKind, IoOptions};
 use crate::location::{ExpertIndex, Extent};
 use crate::prefetch::{Pending, PendingState, Prefetcher};
 use crate::stats::StoreStats;
@@ -115,14 +115,28 @@ impl ExpertStore {
         opts.check()?;
         opts.check_budget(&index)?;
         let backend = open_backend(&index.files, opts.io)?;
-        let prefetch_files = if opts.prefetch_threads > 0 && opts.io.kind != IoKind::Mmap {
-            Some(FileTable::open(&index.files, opts.io.direct)?)
-        } else {
-            None
-        };
-        let mut store = Self::with_backend(index, backend, opts.ram_budget, opts.verify);
-        if let Some(files) = prefetch_files {
-            store.prefetcher = Some(Prefetcher::start(store.shared.clone(), files, opts.prefetch_threads)?);
+        let prefetch = if opts.io.kind == IoKind::Mmap { 0 } else { opts.prefetch_threads };
+        Self::with_backend_and_prefetch(index, backend, opts.ram_budget, opts.verify, prefetch)
+    }
+
+    /// A store over a given backend (a lazy store's, say) with `prefetch`
+    /// background threads reading through it; options checked as in [`open`](Self::open).
+    pub fn over_backend(index: ExpertIndex, backend: Arc<dyn IoBackend>, opts: StoreOptions) -> Result<ExpertStore, StoreError> {
+        opts.check()?;
+        opts.check_budget(&index)?;
+        Self::with_backend_and_prefetch(index, backend, opts.ram_budget, opts.verify, opts.prefetch_threads)
+    }
+
+    fn with_backend_and_prefetch(
+        index: ExpertIndex,
+        backend: Arc<dyn IoBackend>,
+        ram_budget: u64,
+        verify: bool,
+        prefetch: usize,
+    ) -> Result<ExpertStore, StoreError> {
+        let mut store = Self::with_backend(index, backend, ram_budget, verify);
+        if prefetch > 0 {
+            store.prefetcher = Some(Prefetcher::start(store.shared.clone(), prefetch)?);
         }
         Ok(store)
     }

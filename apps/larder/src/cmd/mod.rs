@@ -9,6 +9,7 @@ pub mod bench_store;
 pub mod demo;
 pub mod doctor;
 pub mod forward;
+pub mod lazy;
 pub mod loopback_files;
 pub mod pack;
 pub mod progress;
@@ -84,6 +85,19 @@ pub struct ExpertArgs {
     /// 0 to 64 (0: no prefetch). Predictions change when bytes arrive, never results.
     #[arg(long, value_name = "N", default_value_t = 2, value_parser = range(0, MAX_PREFETCH_THREADS))]
     pub prefetch: usize,
+    /// Lazy mode: --model is then a SOURCE (a hub repo id `org/name[@rev]`
+    /// with HF_ENDPOINT/HF_TOKEN, an http(s) base URL in the hub's layout,
+    /// or a folder). The small files and the spine are fetched into DIR
+    /// first; each routed expert is fetched the first time it is used and
+    /// kept in DIR as a record of a partial store that survives restarts.
+    /// Output is bit-identical to a local run.
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// With --cache-dir: most bytes DIR may hold (spine, small files and
+    /// expert records, e.g. 300GiB); the least-used experts are evicted to
+    /// stay under it. Default: no limit.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "cache_dir")]
+    pub disk_quota: Option<u64>,
 }
 
 fn parse_io(s: &str) -> Result<IoKind, String> {
@@ -91,24 +105,28 @@ fn parse_io(s: &str) -> Result<IoKind, String> {
 }
 
 impl ExpertArgs {
+    /// The store options these flags ask for when experts stream.
+    fn store_options(&self) -> StoreOptions {
+        StoreOptions {
+            io: IoOptions {
+                kind: self.io.unwrap_or_else(IoKind::best),
+                direct: !self.no_direct,
+                depth: self.io_depth,
+            },
+            ram_budget: self.ram_budget.unwrap_or_else(default_budget),
+            verify: self.verify == "on",
+            prefetch_threads: self.prefetch,
+        }
+    }
+
     /// The load options these flags ask for, for the model at `model`.
     pub fn load_options(&self, model: &Path) -> LoadOptions {
         let packed = Manifest::is_store(model);
-        if !packed && self.ram_budget.is_none() && self.io.is_none() {
+        if self.cache_dir.is_none() && !packed && self.ram_budget.is_none() && self.io.is_none() {
             return LoadOptions::default();
         }
-        let ram_budget = self.ram_budget.unwrap_or_else(default_budget);
         LoadOptions {
-            experts: ExpertMode::Stream(StoreOptions {
-                io: IoOptions {
-                    kind: self.io.unwrap_or_else(IoKind::best),
-                    direct: !self.no_direct,
-                    depth: self.io_depth,
-                },
-                ram_budget,
-                verify: self.verify == "on",
-                prefetch_threads: self.prefetch,
-            }),
+            experts: ExpertMode::Stream(self.store_options()),
         }
     }
 }
@@ -131,6 +149,9 @@ pub fn load_engine(model: &Path, experts: &ExpertArgs) -> anyhow::Result<Engine>
 
 /// [`load_engine`], its progress shown as JSON lines when `json` (the command's --json).
 pub fn load_engine_with(model: &Path, experts: &ExpertArgs, json: bool) -> anyhow::Result<Engine> {
+    if let Some(dir) = &experts.cache_dir {
+        return lazy::load(model, dir, experts, json);
+    }
     let opts = experts.load_options(model);
     check_budget(model, &opts)?;
     load_with_options(model, &opts, json)

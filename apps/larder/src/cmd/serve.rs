@@ -134,8 +134,10 @@ fn kv_budget(args: &Args) -> Option<u64> {
 pub fn run_cmd(args: Args) -> anyhow::Result<()> {
     let kv = kv_budget(&args);
     let name = args.served_name.clone().unwrap_or_else(|| {
+        // A lazy SOURCE (`org/name`, a URL) is named by its last part.
         std::fs::canonicalize(&args.model)
             .ok()
+            .or_else(|| args.experts.cache_dir.as_ref().map(|_| args.model.clone()))
             .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
             .unwrap_or_else(|| "larder".into())
     });

@@ -157,6 +157,10 @@ impl IoBackend for MmapBackend {
         false
     }
 
+    fn read_blocking(&self, extents: &[Extent]) -> ReadResult {
+        self.read_job(extents)
+    }
+
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
         for (job, extents) in jobs.iter().enumerate() {
             done(job, self.read_job(extents));

@@ -43,6 +43,9 @@ pub trait IoBackend: Send + Sync {
     /// Reads every job, calling `done(job, result)` on this thread as each
     /// completes (any order; every job exactly once).
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult));
+    /// Reads one job on this thread, queueing behind no other caller's
+    /// batch (prefetch threads read this way, beside demand batches).
+    fn read_blocking(&self, extents: &[Extent]) -> ReadResult;
     /// Whether views are not RAM the process holds (then the RAM cache does
     /// not count them). No backend here says so: even mmap views own the
     /// pages they touched until evicted.

@@ -121,6 +121,10 @@ impl IoBackend for PreadPool {
         self.shared.files.direct
     }
 
+    fn read_blocking(&self, extents: &[Extent]) -> ReadResult {
+        read_job(&self.shared.files, extents)
+    }
+
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
         let (tx, rx) = mpsc::channel();
         self.shared.queue.push_all(jobs.iter().enumerate().map(|(job, extents)| Task {

@@ -81,6 +81,11 @@ impl IoBackend for UringBackend {
         self.files.direct
     }
 
+    fn read_blocking(&self, extents: &[Extent]) -> ReadResult {
+        // pread on the ring's files: the ring serves one batch at a time.
+        super::read_job(&self.files, extents)
+    }
+
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
         let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
         let mut states: Vec<JobState> = Vec::with_capacity(jobs.len());

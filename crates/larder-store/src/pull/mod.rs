@@ -17,8 +17,8 @@
 //! folder holds one pull at a time and keeps its store id across reruns.
 
 pub mod journal;
-mod scatter;
-mod seal;
+pub(crate) mod scatter;
+pub(crate) mod seal;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};

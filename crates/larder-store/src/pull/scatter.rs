@@ -44,6 +44,33 @@ pub(crate) struct Output {
     pub head: Vec<u8>,
 }
 
+impl Output {
+    /// Opens the file for reading and writing, creating it at full length
+    /// (sparse) with its head written when it is missing or does not start
+    /// with its head; whether it was (then nothing in it is kept).
+    pub fn open(&self) -> Result<(File, bool), StoreError> {
+        if let Some(dir) = self.path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
+        }
+        let io = |e| StoreError::io(&self.path, e);
+        let f = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&self.path)
+            .map_err(io)?;
+        let mut head = vec![0u8; self.head.len()];
+        let same = f.metadata().map_err(io)?.len() == self.len && f.read_exact_at(&mut head, 0).is_ok() && head == self.head;
+        if !same {
+            f.set_len(0).map_err(io)?;
+            f.set_len(self.len).map_err(io)?;
+            f.write_all_at(&self.head, 0).map_err(io)?;
+        }
+        Ok((f, !same))
+    }
+}
+
 /// `len` bytes at `src` of a source file land at `dst` of output `out`.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Piece {
@@ -188,25 +215,8 @@ impl OpenOutputs {
         let mut paths = Vec::with_capacity(layout.outputs.len());
         let mut created = false;
         for o in &layout.outputs {
-            if let Some(dir) = o.path.parent() {
-                std::fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
-            }
-            let io = |e| StoreError::io(&o.path, e);
-            let f = std::fs::OpenOptions::new()
-                .read(true)
-                .write(true)
-                .create(true)
-                .truncate(false)
-                .open(&o.path)
-                .map_err(io)?;
-            let mut head = vec![0u8; o.head.len()];
-            let same = f.metadata().map_err(io)?.len() == o.len && f.read_exact_at(&mut head, 0).is_ok() && head == o.head;
-            if !same {
-                f.set_len(0).map_err(io)?;
-                f.set_len(o.len).map_err(io)?;
-                f.write_all_at(&o.head, 0).map_err(io)?;
-                created = true;
-            }
+            let (f, new) = o.open()?;
+            created |= new;
             files.push(f);
             paths.push(o.path.clone());
         }

@@ -64,7 +64,7 @@ pub(crate) fn seal(src: &PackSource, layout: &Layout, out: &Path) -> Result<(Vec
 
 /// Digests the spine written in place, checks and commits it (or, when an
 /// earlier seal committed it, digests the committed file).
-fn seal_spine(src: &PackSource, header: &Header, out: &Path) -> Result<SpineFile, StoreError> {
+pub(crate) fn seal_spine(src: &PackSource, header: &Header, out: &Path) -> Result<SpineFile, StoreError> {
     let path = out.join(SPINE);
     let tmp = temp_path(&path);
     let written = if tmp.exists() { tmp.clone() } else { path.clone() };

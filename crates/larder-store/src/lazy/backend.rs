@@ -1,0 +1,445 @@
+//! [`LazyBackend`]: the I/O backend of a lazy store. A record on the
+//! drive is read through the local backend and checked against the digest
+//! it was written with; a missing one is fetched from the source by range
+//! (its components, several in flight), checked for length, digested,
+//! written in place into its layer file, synced and logged present, and
+//! handed to the caller from the bytes that arrived. Under a disk quota the
+//! coldest records make room (their holes punched). The store above it
+//! (cache, prefetch) does not know the difference.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+
+use serde::Serialize;
+
+use super::records::{Key, Records};
+use super::SourceFileMeta;
+use crate::buf::{AlignedBuf, ByteOwner, SharedBytes};
+use crate::digest::Digest;
+use crate::io::{IoBackend, ReadResult};
+use crate::location::Extent;
+use crate::remote::FileSource;
+use crate::store::lock;
+use crate::StoreError;
+
+/// One record of the lazy store: where it lies and where it comes from.
+pub(crate) struct Rec {
+    pub key: Key,
+    /// Index of its layer file, and its place there.
+    pub file: usize,
+    pub offset: u64,
+    pub len: u64,
+    pub payload: u64,
+    pub seed: u64,
+    /// Each component: its extent in a source file and its offset in the record.
+    pub parts: Vec<(Extent, u64)>,
+}
+
+/// What a lazy store did since it opened.
+#[derive(Debug, Clone, Copy, Default, Serialize, PartialEq, Eq)]
+pub struct LazyCounts {
+    /// Records fetched from the source, and their payload bytes.
+    pub fetched_records: u64,
+    pub fetched_bytes: u64,
+    /// Records read from the drive.
+    pub local_reads: u64,
+    /// Records evicted to stay under the quota.
+    pub evicted: u64,
+    /// Fetched records not kept on the drive (the quota had no room while
+    /// the batch needing them ran).
+    pub not_kept: u64,
+    /// Records on the drive that failed their digest and were fetched again.
+    pub repaired: u64,
+    /// Records on the drive now, and their bytes.
+    pub present_records: u64,
+    pub present_bytes: u64,
+}
+
+pub struct LazyBackend {
+    pub(crate) local: Arc<dyn IoBackend>,
+    pub(crate) writers: Vec<File>,
+    pub(crate) paths: Vec<PathBuf>,
+    pub(crate) recs: Vec<Rec>,
+    pub(crate) by_extent: HashMap<(usize, u64), usize>,
+    pub(crate) by_key: HashMap<Key, usize>,
+    pub(crate) records: Mutex<Records>,
+    /// Records being fetched by some thread; the condvar wakes waiters.
+    pub(crate) fetching: Mutex<HashSet<Key>>,
+    pub(crate) fetched: Condvar,
+    pub(crate) remote: Arc<dyn FileSource>,
+    pub(crate) sources: Vec<SourceFileMeta>,
+    /// Per source file: whether it is still the file the cache was made from
+    /// (checked once per run, at its first fetch).
+    pub(crate) checked: Vec<OnceLock<Result<(), String>>>,
+    pub(crate) ranges: usize,
+    pub(crate) counts: Mutex<LazyCounts>,
+    /// The last problem that did not fail a read (a record not kept).
+    pub(crate) problem: Mutex<Option<String>>,
+}
+
+/// A fetched record ready to hand out, and what must be logged for it.
+struct Fetched {
+    views: Vec<SharedBytes>,
+    written: Option<(Key, Digest, u64)>,
+}
+
+impl LazyBackend {
+    pub fn counts(&self) -> LazyCounts {
+        let mut c = *lock(&self.counts);
+        let (n, bytes) = lock(&self.records).held();
+        c.present_records = n as u64;
+        c.present_bytes = bytes;
+        c
+    }
+
+    /// The last problem that cost a kept record but failed no read (a
+    /// write or sync error), for the caller to report.
+    pub fn last_problem(&self) -> Option<String> {
+        lock(&self.problem).clone()
+    }
+
+    fn note(&self, problem: String) {
+        *lock(&self.problem) = Some(problem);
+    }
+
+    /// The record a job reads (a lazy store's jobs are one whole record each).
+    fn rec_of(&self, extents: &[Extent]) -> Result<usize, StoreError> {
+        match extents {
+            [x] => self
+                .by_extent
+                .get(&(x.file, x.offset))
+                .copied()
+                .filter(|&r| self.recs[r].len == x.len)
+                .ok_or_else(|| StoreError::Invalid(format!("lazy store: no record at {}:{}", x.file, x.offset))),
+            _ => Err(StoreError::Invalid("lazy store: a read must be one whole record".into())),
+        }
+    }
+
+    /// Claims `key` for fetching; `false` when another thread holds it
+    /// (after waiting for it to finish).
+    fn claim(&self, key: Key) -> bool {
+        let mut f = lock(&self.fetching);
+        if f.insert(key) {
+            return true;
+        }
+        while f.contains(&key) {
+            f = self.fetched.wait(f).unwrap_or_else(|e| e.into_inner());
+        }
+        false
+    }
+
+    fn unclaim(&self, keys: impl IntoIterator<Item = Key>) {
+        let mut f = lock(&self.fetching);
+        for k in keys {
+            f.remove(&k);
+        }
+        self.fetched.notify_all();
+    }
+
+    /// Checks a record read from the drive against its logged digest.
+    fn check_local(&self, r: &Rec, views: &[SharedBytes]) -> bool {
+        let want = lock(&self.records).digest(r.key);
+        let got = Digest::of_parts_seeded(r.seed, [&views[0].as_slice()[..r.payload as usize]]);
+        want == Some(got)
+    }
+
+    /// Whether source file `f` is still the one the cache was made from.
+    fn check_source(&self, f: usize) -> Result<(), String> {
+        self.checked[f]
+            .get_or_init(|| {
+                let want = &self.sources[f];
+                let meta = self.remote.file_meta(&want.name).map_err(|e| e.to_string())?;
+                let same_sha = match (&meta.sha256, &want.sha256) {
+                    (Some(a), Some(b)) => a == b,
+                    _ => true,
+                };
+                if meta.size != want.size || !same_sha {
+                    return Err(format!(
+                        "{} changed at the source since this cache was made ({} bytes, sha256 {:?}; now {} bytes, sha256 {:?}): \
+                         use a new --cache-dir",
+                        want.name, want.size, want.sha256, meta.size, meta.sha256
+                    ));
+                }
+                Ok(())
+            })
+            .clone()
+    }
+
+    /// Fetches the records `todo` (claimed) from the source, several
+    /// components in flight, calling `done(i, result)` for `todo[i]` as each
+    /// record completes; writes and logs the ones kept.
+    fn fetch(&self, todo: &[usize], batch: &HashSet<Key>, done: &mut dyn FnMut(usize, ReadResult)) {
+        let items: Vec<(usize, usize)> = todo
+            .iter()
+            .enumerate()
+            .flat_map(|(i, &r)| (0..self.recs[r].parts.len()).map(move |k| (i, k)))
+            .collect();
+        let mut bufs: Vec<Option<AlignedBuf>> = todo.iter().map(|&r| Some(AlignedBuf::new(self.recs[r].len as usize))).collect();
+        let mut left: Vec<usize> = todo.iter().map(|&r| self.recs[r].parts.len()).collect();
+        let mut failed: Vec<bool> = vec![false; todo.len()];
+        let mut written = Vec::new();
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            let (tx, rx) = mpsc::channel();
+            for _ in 0..self.ranges.clamp(1, items.len().max(1)) {
+                let (tx, items, next) = (tx.clone(), &items, &next);
+                scope.spawn(move || {
+                    while let Some(&(i, k)) = items.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let (x, _) = self.recs[todo[i]].parts[k];
+                        let got = self.check_source(x.file).and_then(|()| {
+                            let name = &self.sources[x.file].name;
+                            let bytes = self.remote.read_range(name, x.offset, x.len).map_err(|e| e.to_string())?;
+                            if bytes.len() as u64 != x.len {
+                                return Err(format!(
+                                    "{name}: {} bytes came for the {} at offset {} that its header names",
+                                    bytes.len(),
+                                    x.len,
+                                    x.offset
+                                ));
+                            }
+                            Ok(bytes)
+                        });
+                        if tx.send((i, k, got)).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+            drop(tx);
+            for (i, k, got) in rx {
+                if failed[i] {
+                    continue;
+                }
+                let r = &self.recs[todo[i]];
+                let bytes = match got {
+                    Ok(b) => b,
+                    Err(message) => {
+                        failed[i] = true;
+                        done(i, Err(fetch_error(r.key, message)));
+                        continue;
+                    }
+                };
+                let dst = r.parts[k].1 as usize;
+                if let Some(buf) = bufs[i].as_mut() {
+                    buf.as_mut_slice()[dst..dst + bytes.len()].copy_from_slice(&bytes);
+                }
+                left[i] -= 1;
+                if left[i] == 0 {
+                    let buf = bufs[i].take().unwrap_or_else(|| AlignedBuf::new(0));
+                    match self.keep(r, buf, batch) {
+                        Ok(f) => {
+                            written.extend(f.written);
+                            done(i, Ok(f.views));
+                        }
+                        Err(e) => done(i, Err(e)),
+                    }
+                }
+            }
+        });
+        let mut c = lock(&self.counts);
+        for (i, &r) in todo.iter().enumerate() {
+            if !failed[i] {
+                c.fetched_records += 1;
+                c.fetched_bytes += self.recs[r].payload;
+            }
+        }
+        drop(c);
+        if let Err(e) = self.log_written(&written) {
+            lock(&self.counts).not_kept += written.len() as u64;
+            self.note(format!("records fetched but not kept: {e}"));
+        }
+        self.unclaim(todo.iter().map(|&r| self.recs[r].key));
+    }
+
+    /// Digests a fetched record and writes it in place when the quota has
+    /// room (evicting colder records); its views either way.
+    fn keep(&self, r: &Rec, buf: AlignedBuf, batch: &HashSet<Key>) -> Result<Fetched, StoreError> {
+        let digest = Digest::of_parts_seeded(r.seed, [&buf.as_ref()[..r.payload as usize]]);
+        let victims = lock(&self.records).reserve(r.len, batch)?;
+        let mut written = None;
+        match victims {
+            Some(victims) => {
+                self.punch(&victims)?;
+                let path = &self.paths[r.file];
+                let wrote = self.writers[r.file].write_all_at(buf.as_ref(), r.offset);
+                match wrote {
+                    Ok(()) => written = Some((r.key, digest, r.len)),
+                    Err(e) => {
+                        lock(&self.records).release(r.len);
+                        self.note(format!("cannot keep layer {} expert {}: {}: {e}", r.key.0, r.key.1, path.display()));
+                        lock(&self.counts).not_kept += 1;
+                    }
+                }
+            }
+            None => lock(&self.counts).not_kept += 1,
+        }
+        let owner: ByteOwner = Arc::new(buf);
+        Ok(Fetched {
+            views: vec![SharedBytes::new(owner, 0, r.len as usize)],
+            written,
+        })
+    }
+
+    /// Syncs the layer files written, then logs their records present.
+    fn log_written(&self, written: &[(Key, Digest, u64)]) -> Result<(), StoreError> {
+        if written.is_empty() {
+            return Ok(());
+        }
+        let files: HashSet<usize> = written.iter().filter_map(|w| self.rec_by_key(w.0)).map(|r| self.recs[r].file).collect();
+        let synced = files.iter().try_for_each(|&f| {
+            self.writers[f]
+                .sync_data()
+                .map_err(|e| StoreError::io(&self.paths[f], e))
+        });
+        let mut records = lock(&self.records);
+        if let Err(e) = synced {
+            for w in written {
+                records.release(w.2);
+            }
+            return Err(e);
+        }
+        records.add(written)
+    }
+
+    fn rec_by_key(&self, key: Key) -> Option<usize> {
+        self.by_key.get(&key).copied()
+    }
+
+    /// Punches the holes of evicted records (their eviction is logged).
+    pub(crate) fn punch(&self, victims: &[Key]) -> Result<(), StoreError> {
+        for &key in victims {
+            let Some(r) = self.rec_by_key(key) else { continue };
+            let r = &self.recs[r];
+            punch_hole(&self.writers[r.file], r.offset, r.len).map_err(|e| StoreError::io(&self.paths[r.file], e))?;
+        }
+        lock(&self.counts).evicted += victims.len() as u64;
+        Ok(())
+    }
+}
+
+impl IoBackend for LazyBackend {
+    fn name(&self) -> &'static str {
+        "lazy"
+    }
+
+    fn is_direct(&self) -> bool {
+        self.local.is_direct()
+    }
+
+    fn read_blocking(&self, extents: &[Extent]) -> ReadResult {
+        let mut out = None;
+        self.read(&[extents], &mut |_, r| out = Some(r));
+        out.unwrap_or_else(|| Err(StoreError::Invalid("lazy store: a read reported nothing".into())))
+    }
+
+    fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
+        let mut local: Vec<usize> = Vec::new();
+        let mut todo: Vec<usize> = Vec::new();
+        for (j, extents) in jobs.iter().enumerate() {
+            let r = match self.rec_of(extents) {
+                Ok(r) => r,
+                Err(e) => {
+                    done(j, Err(e));
+                    continue;
+                }
+            };
+            let key = self.recs[r].key;
+            lock(&self.records).touch(key);
+            let present = lock(&self.records).digest(key).is_some();
+            if present || !self.claim(key) {
+                // On the drive, or another thread just fetched it (if that
+                // failed, the local read fails its check and it is fetched again).
+                local.push(j);
+            } else if lock(&self.records).digest(key).is_some() {
+                self.unclaim([key]);
+                local.push(j);
+            } else {
+                todo.push(j);
+            }
+        }
+        // Local records that fail their digest are fetched again.
+        let mut again: Vec<usize> = Vec::new();
+        if !local.is_empty() {
+            let extents: Vec<&[Extent]> = local.iter().map(|&j| jobs[j]).collect();
+            self.local.read(&extents, &mut |i, result| {
+                let j = local[i];
+                let Ok(r) = self.rec_of(jobs[j]) else { return };
+                match result {
+                    Ok(views) if self.check_local(&self.recs[r], &views) => {
+                        lock(&self.counts).local_reads += 1;
+                        done(j, Ok(views));
+                    }
+                    _ => again.push(j),
+                }
+            });
+        }
+        for &j in &again {
+            if let Ok(r) = self.rec_of(jobs[j]) {
+                let key = self.recs[r].key;
+                match lock(&self.records).remove(key) {
+                    Ok(true) => lock(&self.counts).repaired += 1,
+                    Ok(false) => {}
+                    Err(e) => self.note(e.to_string()),
+                }
+                if self.claim(key) {
+                    todo.push(j);
+                } else {
+                    // Another thread fetched it meanwhile.
+                    done(j, self.read_blocking(jobs[j]));
+                }
+            }
+        }
+        if !todo.is_empty() {
+            let recs: Vec<usize> = todo.iter().filter_map(|&j| self.rec_of(jobs[j]).ok()).collect();
+            let batch: HashSet<Key> = jobs
+                .iter()
+                .filter_map(|x| self.rec_of(x).ok())
+                .map(|r| self.recs[r].key)
+                .collect();
+            self.fetch(&recs, &batch, &mut |i, result| done(todo[i], result));
+        }
+    }
+}
+
+fn fetch_error(key: Key, message: String) -> StoreError {
+    StoreError::Invalid(format!(
+        "layer {} expert {}: not in the lazy cache yet, and fetching it failed: {message}",
+        key.0, key.1
+    ))
+}
+
+/// Frees a record's blocks, keeping the file's length.
+fn punch_hole(file: &File, offset: u64, len: u64) -> std::io::Result<()> {
+    use std::os::unix::io::AsRawFd;
+    // SAFETY: fallocate on an open file descriptor with plain integer arguments.
+    let rc = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            offset as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if rc == 0 {
+        Ok(())
+    } else {
+        let e = std::io::Error::last_os_error();
+        // A file system without hole punching keeps the bytes (the record is
+        // still absent: its log line says so).
+        match e.raw_os_error() {
+            Some(libc::EOPNOTSUPP) => Ok(()),
+            _ => Err(e),
+        }
+    }
+}
+
+impl Drop for LazyBackend {
+    /// Keeps the heat of this run for the next one.
+    fn drop(&mut self) {
+        let _ = lock(&self.records).compact();
+    }
+}
