@@ -1,0 +1,272 @@
+//! Lazy mode over real HTTP (larder-store's test hub on loopback): a model
+//! whose experts are fetched on first use runs bit-identical to the
+//! checkpoint in RAM; the first run fetches exactly the experts it uses and
+//! a second run fetches nothing (not even the description); a disk quota
+//! evicts the coldest records and punches their holes; a run interrupted
+//! mid-fetch, or a record corrupted on the drive, costs only a refetch; an
+//! offline source fails only requests that need a missing expert.
+
+mod common;
+#[path = "../../larder-store/tests/common/mod.rs"]
+mod hub;
+
+use std::collections::BTreeSet;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::time::Duration;
+
+use common::{fixture, scratch_dir, stream_outcome, StreamOutcome};
+use hub::{HubServer, Op, REPO};
+use larder_engine::lazy::LazyLoad;
+use larder_engine::Engine;
+use larder_store::lazy::{LazyOptions, RECORDS_LOG};
+use larder_store::remote::{HubEnv, RemoteOptions, RetryPolicy};
+use larder_store::{IoKind, IoOptions, StoreOptions};
+
+const PROMPT: [u32; 8] = [3, 1, 4, 1, 5, 9, 2, 6];
+
+/// Lazy load options for the hub at `server` into `dir` (no prefetch, so
+/// what is fetched is exactly what is used; a RAM cache for everything).
+fn lazy_load(server_url: &str, dir: &Path, quota: Option<u64>, prefetch: usize) -> LazyLoad {
+    LazyLoad {
+        source: REPO.to_string(),
+        cache_dir: dir.to_path_buf(),
+        lazy: LazyOptions {
+            disk_quota: quota,
+            io: io(),
+            ..LazyOptions::default()
+        },
+        store: StoreOptions {
+            io: io(),
+            ram_budget: u64::MAX,
+            verify: true,
+            prefetch_threads: prefetch,
+        },
+        remote: RemoteOptions {
+            retry: RetryPolicy {
+                attempts: 1,
+                base_delay: Duration::from_millis(1),
+                max_delay: Duration::from_millis(2),
+            },
+            connect_timeout: Duration::from_secs(2),
+            read_timeout: Duration::from_secs(5),
+            parallel: 4,
+        },
+        env: HubEnv {
+            endpoint: Some(server_url.to_string()),
+            token: None,
+        },
+    }
+}
+
+fn io() -> IoOptions {
+    IoOptions {
+        kind: IoKind::Pread,
+        direct: false,
+        depth: 4,
+    }
+}
+
+fn load(l: &LazyLoad) -> Result<Engine, String> {
+    Engine::load_lazy(l, None, &|_| {}).map_err(|e| e.to_string())
+}
+
+/// Body bytes the server sent for data GETs since the log was cleared.
+fn sent(server: &HubServer) -> usize {
+    server.log().iter().filter(|s| s.op == Op::Get).map(|s| s.body_bytes).sum()
+}
+
+/// The experts an engine's store read, and their payload bytes.
+fn used(engine: &Engine) -> (BTreeSet<(usize, usize)>, u64) {
+    let store = engine.store().unwrap();
+    let keys: BTreeSet<_> = store.cache().keys().into_iter().collect();
+    let bytes = keys
+        .iter()
+        .map(|&(l, e)| store.index().get(l, e).unwrap().payload_len())
+        .sum();
+    (keys, bytes)
+}
+
+fn assert_same(got: &StreamOutcome, want: &StreamOutcome, label: &str) {
+    assert!(
+        got.logits.len() == want.logits.len() && got.logits.iter().zip(&want.logits).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "{label}: logits differ from the checkpoint's in RAM"
+    );
+    assert_eq!(got.greedy, want.greedy, "{label}: greedy ids");
+}
+
+#[test]
+fn lazy_runs_bit_identical_fetching_exactly_the_experts_used_and_nothing_the_second_time() {
+    for name in ["qwen3_moe_tiny", "deepseek_v3_fp8", "gpt_oss_tiny", "qwen3_moe_tok"] {
+        let model = fixture(name);
+        let want = stream_outcome(&Engine::load(&model).unwrap(), &PROMPT);
+        let dir = scratch_dir(&format!("lazy-{name}"));
+        let server = HubServer::start(&model);
+        let l = lazy_load(&server.url, &dir, None, 0);
+        {
+            let engine = load(&l).unwrap();
+            server.clear_log();
+            let got = stream_outcome(&engine, &PROMPT);
+            assert_same(&got, &want, name);
+            let (keys, bytes) = used(&engine);
+            let c = engine.lazy_counts().unwrap();
+            assert!(!keys.is_empty());
+            assert_eq!(c.fetched_records, keys.len() as u64, "{name}: one fetch per expert used");
+            assert_eq!(c.fetched_bytes, bytes, "{name}: payload bytes fetched");
+            assert_eq!(sent(&server) as u64, bytes, "{name}: bytes the server sent are the experts used");
+            assert_eq!(c.present_records, keys.len() as u64);
+        }
+        server.clear_log();
+        let engine = load(&l).unwrap();
+        let got = stream_outcome(&engine, &PROMPT);
+        assert_same(&got, &want, &format!("{name}, second run"));
+        assert!(server.log().is_empty(), "{name}: the second run sent requests: {:?}", server.log());
+        let c = engine.lazy_counts().unwrap();
+        assert_eq!(c.fetched_records, 0);
+        assert_eq!(c.local_reads, used(&engine).0.len() as u64);
+        // With prefetch the output is the same.
+        drop(engine);
+        let _ = std::fs::remove_dir_all(&dir);
+        let engine = load(&lazy_load(&server.url, &dir, None, 2)).unwrap();
+        assert_same(&stream_outcome(&engine, &PROMPT), &want, &format!("{name}, prefetch"));
+        drop(engine);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+/// Bytes the folder's layer files take on the drive.
+fn allocated_layer_bytes(dir: &Path) -> u64 {
+    let mut total = 0;
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() && p.file_name().unwrap().to_string_lossy().starts_with("larder-") {
+            for f in std::fs::read_dir(&p).unwrap() {
+                total += f.unwrap().metadata().unwrap().blocks() * 512;
+            }
+        }
+    }
+    total
+}
+
+#[test]
+fn a_disk_quota_evicts_the_coldest_records_and_output_stays_identical() {
+    let model = fixture("qwen3_moe_tiny");
+    let want = stream_outcome(&Engine::load(&model).unwrap(), &PROMPT);
+    let dir = scratch_dir("lazy-quota");
+    let server = HubServer::start(&model);
+    // Learn the spine and small files' size and a record's from an unlimited cache.
+    let (fixed, record, used_records) = {
+        let engine = load(&lazy_load(&server.url, &dir, None, 0)).unwrap();
+        stream_outcome(&engine, &PROMPT);
+        let c = engine.lazy_counts().unwrap();
+        let fixed: u64 = ["spine.safetensors", "config.json", "generation_config.json"]
+            .iter()
+            .filter_map(|f| std::fs::metadata(dir.join(f)).ok())
+            .map(|m| m.len())
+            .sum();
+        (fixed, c.present_bytes / c.present_records, c.present_records)
+    };
+    assert!(used_records > 4, "the prompt uses {used_records} experts; the test needs more than 4");
+    let quota = fixed + 3 * record;
+    let engine = load(&lazy_load(&server.url, &dir, Some(quota), 0)).unwrap();
+    // Opening under the smaller quota evicted down to it.
+    let c = engine.lazy_counts().unwrap();
+    assert_eq!(c.present_records, 3);
+    assert!(c.evicted >= used_records - 3);
+    assert_same(&stream_outcome(&engine, &PROMPT), &want, "under a quota");
+    let c = engine.lazy_counts().unwrap();
+    assert!(c.present_bytes <= 3 * record, "{c:?}");
+    assert!(c.fetched_records > 0);
+    assert!(
+        allocated_layer_bytes(&dir) <= 3 * record + 64 * 1024,
+        "holes punched: {} bytes allocated",
+        allocated_layer_bytes(&dir)
+    );
+    drop(engine);
+    // The log agrees after a restart.
+    let log = std::fs::read_to_string(dir.join(RECORDS_LOG)).unwrap();
+    assert_eq!(log.lines().count(), 3);
+    // A quota below the spine is refused, naming the flag.
+    let err = load(&lazy_load(&server.url, &dir, Some(1024), 0)).err().unwrap();
+    assert!(err.contains("--disk-quota") && err.contains("spine"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_run_interrupted_mid_fetch_and_a_corrupt_record_cost_only_a_refetch() {
+    let model = fixture("qwen3_moe_tiny");
+    let want = stream_outcome(&Engine::load(&model).unwrap(), &PROMPT);
+    let dir = scratch_dir("lazy-restart");
+    let server = HubServer::start(&model);
+    let l = lazy_load(&server.url, &dir, None, 0);
+    let engine = load(&l).unwrap();
+    // The fifth expert request fails (one try): the forward pass fails, naming the expert.
+    for _ in 0..4 {
+        server.fault(
+            Op::Get,
+            "model.safetensors",
+            hub::Fault::Slow {
+                after: 0,
+                pause: Duration::ZERO,
+            },
+        );
+    }
+    server.fault(Op::Get, "model.safetensors", hub::Fault::Status(500));
+    let vocab = engine.model().spec().vocab_size as u32;
+    let prompt: Vec<u32> = PROMPT.iter().map(|t| t % vocab).collect();
+    let err = engine.forward(&prompt).err().unwrap().to_string();
+    assert!(err.contains("not in the lazy cache yet") && err.contains("500"), "{err}");
+    let kept = engine.lazy_counts().unwrap().present_records;
+    drop(engine);
+    // Restart: what was kept is read from the drive, the rest fetched.
+    server.clear_log();
+    let engine = load(&l).unwrap();
+    assert_eq!(engine.lazy_counts().unwrap().present_records, kept);
+    assert_same(&stream_outcome(&engine, &PROMPT), &want, "after a failed fetch");
+    let (keys, bytes) = used(&engine);
+    let c = engine.lazy_counts().unwrap();
+    assert_eq!(c.fetched_records, keys.len() as u64 - kept);
+    let per_record = bytes / keys.len() as u64;
+    assert_eq!(sent(&server) as u64, per_record * (keys.len() as u64 - kept));
+    drop(engine);
+    // A record damaged on the drive fails its digest and is fetched again.
+    let layer_file = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir() && p.file_name().unwrap().to_string_lossy().starts_with("larder-"))
+        .and_then(|d| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()).next())
+        .unwrap();
+    let mut bytes = std::fs::read(&layer_file).unwrap();
+    let first_record = 4096;
+    bytes[first_record + 10] ^= 0xff;
+    std::fs::write(&layer_file, &bytes).unwrap();
+    let engine = load(&l).unwrap();
+    assert_same(&stream_outcome(&engine, &PROMPT), &want, "after a corrupt record");
+    let c = engine.lazy_counts().unwrap();
+    assert_eq!((c.repaired, c.fetched_records), (1, 1), "{c:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn offline_the_cache_serves_what_it_has_and_fails_only_requests_needing_a_missing_expert() {
+    let model = fixture("qwen3_moe_tiny");
+    let reference = Engine::load(&model).unwrap();
+    let dir = scratch_dir("lazy-offline");
+    let server = HubServer::start(&model);
+    let url = server.url.clone();
+    let short = [5u32];
+    {
+        let engine = load(&lazy_load(&url, &dir, None, 0)).unwrap();
+        engine.forward(&short).unwrap();
+    }
+    drop(server);
+    let engine = load(&lazy_load(&url, &dir, None, 0)).unwrap();
+    let got = engine.forward(&short).unwrap().into_vec();
+    let want = reference.forward(&short).unwrap().into_vec();
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let err = engine.forward(&PROMPT).err().unwrap().to_string();
+    assert!(err.contains("not in the lazy cache yet") && err.contains(&url), "{err}");
+    // The engine keeps working for what it has.
+    assert!(engine.forward(&short).is_ok());
+    let _ = std::fs::remove_dir_all(&dir);
+}
