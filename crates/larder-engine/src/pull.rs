@@ -64,14 +64,20 @@ pub fn describe_remote(remote: &dyn FileSource, staging: &Path) -> Result<Remote
 /// and shard headers), read again without the network: how a lazy cache
 /// reopens offline. `None` when `staging` holds no complete description.
 pub fn describe_staged(staging: &Path) -> Result<Option<RemoteCheckpoint>, EngineError> {
-    let Ok(listed) = std::fs::read(staging.join(HEADS)) else { return Ok(None) };
-    let Ok(names) = serde_json::from_slice::<Vec<(String, u64)>>(&listed) else { return Ok(None) };
+    let Ok(listed) = std::fs::read(staging.join(HEADS)) else {
+        return Ok(None);
+    };
+    let Ok(names) = serde_json::from_slice::<Vec<(String, u64)>>(&listed) else {
+        return Ok(None);
+    };
     let spec = read_spec(staging)?;
     let mut files = Vec::new();
     let mut headers = Vec::new();
     for (name, size) in names {
         let path = staging.join(&name);
-        let Ok(head) = std::fs::read(head_path(staging, &name)) else { return Ok(None) };
+        let Ok(head) = std::fs::read(head_path(staging, &name)) else {
+            return Ok(None);
+        };
         if head.len() < 8 {
             return Ok(None);
         }

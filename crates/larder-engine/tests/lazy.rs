@@ -80,10 +80,7 @@ fn sent(server: &HubServer) -> usize {
 fn used(engine: &Engine) -> (BTreeSet<(usize, usize)>, u64) {
     let store = engine.store().unwrap();
     let keys: BTreeSet<_> = store.cache().keys().into_iter().collect();
-    let bytes = keys
-        .iter()
-        .map(|&(l, e)| store.index().get(l, e).unwrap().payload_len())
-        .sum();
+    let bytes = keys.iter().map(|&(l, e)| store.index().get(l, e).unwrap().payload_len()).sum();
     (keys, bytes)
 }
 
@@ -166,7 +163,10 @@ fn a_disk_quota_evicts_the_coldest_records_and_output_stays_identical() {
             .sum();
         (fixed, c.present_bytes / c.present_records, c.present_records)
     };
-    assert!(used_records > 4, "the prompt uses {used_records} experts; the test needs more than 4");
+    assert!(
+        used_records > 4,
+        "the prompt uses {used_records} experts; the test needs more than 4"
+    );
     let quota = fixed + 3 * record;
     let engine = load(&lazy_load(&server.url, &dir, Some(quota), 0)).unwrap();
     // Opening under the smaller quota evicted down to it.

@@ -108,7 +108,10 @@ fn worker(sh: &Shared, queue: &WorkQueue<Key>) {
         let (layer, expert) = key;
         let mut verify_s = 0.0;
         let result = match sh.index.get(layer, expert) {
-            Some(loc) => sh.backend.read_blocking(&loc.extents).and_then(|views| sh.record(layer, expert, &views, &mut verify_s)),
+            Some(loc) => sh
+                .backend
+                .read_blocking(&loc.extents)
+                .and_then(|views| sh.record(layer, expert, &views, &mut verify_s)),
             None => Err(crate::StoreError::MissingExpert { layer, expert }),
         };
         {

@@ -7,9 +7,9 @@ use std::sync::Arc;
 
 use larder_engine::lazy::LazyLoad;
 use larder_engine::Engine;
+use larder_store::format_size;
 use larder_store::lazy::{LazyEvent, LazyOptions};
 use larder_store::remote::{HubEnv, RemoteOptions};
-use larder_store::format_size;
 
 use super::progress::{Progress, Unit};
 use super::ExpertArgs;

@@ -289,12 +289,14 @@ impl LazyBackend {
         if written.is_empty() {
             return Ok(());
         }
-        let files: HashSet<usize> = written.iter().filter_map(|w| self.rec_by_key(w.0)).map(|r| self.recs[r].file).collect();
-        let synced = files.iter().try_for_each(|&f| {
-            self.writers[f]
-                .sync_data()
-                .map_err(|e| StoreError::io(&self.paths[f], e))
-        });
+        let files: HashSet<usize> = written
+            .iter()
+            .filter_map(|w| self.rec_by_key(w.0))
+            .map(|r| self.recs[r].file)
+            .collect();
+        let synced = files
+            .iter()
+            .try_for_each(|&f| self.writers[f].sync_data().map_err(|e| StoreError::io(&self.paths[f], e)));
         let mut records = lock(&self.records);
         if let Err(e) = synced {
             for w in written {
@@ -395,11 +397,7 @@ impl IoBackend for LazyBackend {
         }
         if !todo.is_empty() {
             let recs: Vec<usize> = todo.iter().filter_map(|&j| self.rec_of(jobs[j]).ok()).collect();
-            let batch: HashSet<Key> = jobs
-                .iter()
-                .filter_map(|x| self.rec_of(x).ok())
-                .map(|r| self.recs[r].key)
-                .collect();
+            let batch: HashSet<Key> = jobs.iter().filter_map(|x| self.rec_of(x).ok()).map(|r| self.recs[r].key).collect();
             self.fetch(&recs, &batch, &mut |i, result| done(todo[i], result));
         }
     }

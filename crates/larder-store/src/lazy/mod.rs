@@ -97,8 +97,13 @@ impl Default for LazyOptions {
 #[derive(Debug, Clone)]
 pub enum LazyEvent {
     /// The spine's bytes, and those already in the folder.
-    SpineStarted { total_bytes: u64, done_bytes: u64 },
-    SpineAdvanced { bytes: u64 },
+    SpineStarted {
+        total_bytes: u64,
+        done_bytes: u64,
+    },
+    SpineAdvanced {
+        bytes: u64,
+    },
     /// The spine is complete and sealed.
     SpineDone,
 }
@@ -172,12 +177,14 @@ fn read_state(root: &Path) -> Result<Option<LazyState>, StoreError> {
     let path = root.join(LAZY_STATE);
     match std::fs::read(&path) {
         Ok(bytes) => {
-            let s: LazyState =
-                serde_json::from_slice(&bytes).map_err(|e| StoreError::manifest(&path, format!("unreadable: {e}")))?;
+            let s: LazyState = serde_json::from_slice(&bytes).map_err(|e| StoreError::manifest(&path, format!("unreadable: {e}")))?;
             if s.format != FORMAT || s.version != VERSION {
                 return Err(StoreError::manifest(
                     &path,
-                    format!("a {} v{} cache; this larder reads {FORMAT} v{VERSION}: use another --cache-dir", s.format, s.version),
+                    format!(
+                        "a {} v{} cache; this larder reads {FORMAT} v{VERSION}: use another --cache-dir",
+                        s.format, s.version
+                    ),
                 ));
             }
             Ok(Some(s))
@@ -311,9 +318,7 @@ fn fetch_spine(
         total_bytes: total,
         done_bytes: done,
     });
-    let fail = |e: crate::remote::RemoteError| {
-        StoreError::Invalid(format!("{e}; the spine fetched so far is kept: run again to resume"))
-    };
+    let fail = |e: crate::remote::RemoteError| StoreError::Invalid(format!("{e}; the spine fetched so far is kept: run again to resume"));
     for (f, pieces) in files.iter().zip(&pieces) {
         let from = journal.get(&f.name).offset;
         let chunks = chunks(pieces, from, opts.range_bytes.max(1));
