@@ -2,32 +2,65 @@
 //! folder at `http://127.0.0.1:PORT/resolve/<revision>/<file>` with HEAD, GET, byte ranges
 //! (`Range: bytes=A-B`, answered 206 with `Content-Range`), a stable
 //! `ETag` per file and keep-alive connections, one thread per connection.
-//! Only what the bench needs: the source of a pull at loopback speed, so
-//! the pull's own cost is what is measured.
+//! Only what the benches need: the source of a pull at loopback speed, so
+//! the pull's own cost is what is measured, or a source throttled to a
+//! given rate over all connections (`bench lazy`: a remote link).
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// Bytes sent per write of a body.
 const CHUNK: usize = 1 << 20;
 
 /// Serves `dir` on a free loopback port until the process ends; its base URL.
 pub fn serve(dir: &Path) -> std::io::Result<String> {
+    serve_throttled(dir, None)
+}
+
+/// [`serve`], every body byte of every connection sharing one link of
+/// `bytes_per_s` (`None`: unthrottled).
+pub fn serve_throttled(dir: &Path, bytes_per_s: Option<f64>) -> std::io::Result<String> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let url = format!("http://{}", listener.local_addr()?);
     let dir = dir.to_path_buf();
+    let link = Arc::new(Link {
+        bytes_per_s,
+        free_at: Mutex::new(Instant::now()),
+    });
     std::thread::spawn(move || {
         for stream in listener.incoming().flatten() {
-            let dir = dir.clone();
+            let (dir, link) = (dir.clone(), link.clone());
             std::thread::spawn(move || {
-                let _ = connection(stream, &dir);
+                let _ = connection(stream, &dir, &link);
             });
         }
     });
     Ok(url)
+}
+
+/// The link every body byte crosses: when it is next free.
+struct Link {
+    bytes_per_s: Option<f64>,
+    free_at: Mutex<Instant>,
+}
+
+impl Link {
+    /// Waits until `n` bytes have crossed the link after those before them.
+    fn send(&self, n: usize) {
+        let Some(rate) = self.bytes_per_s else { return };
+        let done = {
+            let mut free = self.free_at.lock().unwrap_or_else(|e| e.into_inner());
+            let start = (*free).max(Instant::now());
+            *free = start + Duration::from_secs_f64(n as f64 / rate);
+            *free
+        };
+        std::thread::sleep(done.saturating_duration_since(Instant::now()));
+    }
 }
 
 /// One request: method, file and requested range.
@@ -38,13 +71,13 @@ struct Request {
 }
 
 /// Answers requests on `stream` until the client closes it.
-fn connection(stream: TcpStream, dir: &Path) -> std::io::Result<()> {
+fn connection(stream: TcpStream, dir: &Path, link: &Link) -> std::io::Result<()> {
     stream.set_nodelay(true)?;
     let mut reader = BufReader::new(stream.try_clone()?);
     let mut out = stream;
     while let Some(req) = read_request(&mut reader)? {
         match open(dir, &req.path) {
-            Some((file, size, etag)) => answer(&mut out, &req, &file, size, &etag)?,
+            Some((file, size, etag)) => answer(&mut out, &req, &file, size, &etag, link)?,
             None => out.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")?,
         }
     }
@@ -103,7 +136,7 @@ fn open(dir: &Path, path: &str) -> Option<(File, u64, String)> {
     Some((file, meta.len(), etag))
 }
 
-fn answer(out: &mut TcpStream, req: &Request, file: &File, size: u64, etag: &str) -> std::io::Result<()> {
+fn answer(out: &mut TcpStream, req: &Request, file: &File, size: u64, etag: &str, link: &Link) -> std::io::Result<()> {
     let (status, start, end) = match req.range {
         Some((a, b)) => {
             let end = b.unwrap_or(size.saturating_sub(1)).min(size.saturating_sub(1));
@@ -127,10 +160,13 @@ fn answer(out: &mut TcpStream, req: &Request, file: &File, size: u64, etag: &str
     if req.head {
         return Ok(());
     }
-    let mut buf = vec![0u8; CHUNK];
+    // Throttled bodies go in smaller pieces, so connections share the link finely.
+    let chunk = if link.bytes_per_s.is_some() { CHUNK / 16 } else { CHUNK };
+    let mut buf = vec![0u8; chunk];
     let mut at = start;
     while at < end {
-        let n = ((end - at) as usize).min(CHUNK);
+        let n = ((end - at) as usize).min(chunk);
+        link.send(n);
         file.read_exact_at(&mut buf[..n], at)?;
         out.write_all(&buf[..n])?;
         at += n as u64;
