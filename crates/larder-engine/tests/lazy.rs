@@ -270,3 +270,42 @@ fn offline_the_cache_serves_what_it_has_and_fails_only_requests_needing_a_missin
     assert!(engine.forward(&short).is_ok());
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn concurrent_batches_in_opposite_orders_all_complete_with_the_same_bytes() {
+    use larder_store::IoBackend;
+    let model = fixture("qwen3_moe_tiny");
+    let dir = scratch_dir("lazy-concurrent");
+    let server = HubServer::start(&model);
+    let opened = larder_engine::lazy::open_lazy(&lazy_load(&server.url, &dir, None, 0), &|_| {}).unwrap();
+    let layer = (0..opened.index.layers.len())
+        .find(|&l| !opened.index.layers[l].is_empty())
+        .unwrap();
+    let jobs: Vec<Vec<larder_store::Extent>> = opened.index.layers[layer].iter().map(|loc| loc.extents.clone()).collect();
+    let backend = opened.backend.clone();
+    let (tx, rx) = std::sync::mpsc::channel();
+    for t in 0..4 {
+        let (backend, tx) = (backend.clone(), tx.clone());
+        let mut order: Vec<usize> = (0..jobs.len()).collect();
+        if t % 2 == 1 {
+            order.reverse();
+        }
+        let batch: Vec<Vec<larder_store::Extent>> = order.iter().map(|&i| jobs[i].clone()).collect();
+        std::thread::spawn(move || {
+            let refs: Vec<&[larder_store::Extent]> = batch.iter().map(|j| j.as_slice()).collect();
+            let mut got = vec![Vec::new(); refs.len()];
+            backend.read(&refs, &mut |i, r| got[order[i]] = r.unwrap()[0].as_slice().to_vec());
+            tx.send(got).unwrap();
+        });
+    }
+    let results: Vec<Vec<Vec<u8>>> = (0..4)
+        .map(|_| {
+            rx.recv_timeout(Duration::from_secs(60))
+                .expect("a batch never finished (deadlock?)")
+        })
+        .collect();
+    assert!(results.iter().all(|r| r == &results[0]));
+    let c = backend.counts();
+    assert_eq!(c.fetched_records, jobs.len() as u64, "each record fetched once: {c:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

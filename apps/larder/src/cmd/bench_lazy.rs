@@ -114,7 +114,11 @@ pub fn lazy_bench(args: LazyArgs) -> anyhow::Result<()> {
     let env = HubEnv::default();
     let remote = open_source(&CheckpointSource::parse(&url, &env)?, &env, &RemoteOptions::default())?;
     let link_before = link_mbps(remote.as_ref())?;
-    eprintln!("[larder] link: {link_before:.0} MB/s measured ({} MB/s set), serving {}", args.rate_mbps, args.model.display());
+    eprintln!(
+        "[larder] link: {link_before:.0} MB/s measured ({} MB/s set), serving {}",
+        args.rate_mbps,
+        args.model.display()
+    );
     let load = LazyLoad {
         source: url.clone(),
         cache_dir: args.cache.clone(),
@@ -130,7 +134,10 @@ pub fn lazy_bench(args: LazyArgs) -> anyhow::Result<()> {
     eprintln!("[larder] first pass: {first}");
     let (second, ids_second) = pass(&load, args.new as usize)?;
     eprintln!("[larder] second pass: {second}");
-    anyhow::ensure!(ids_first == ids_second, "the passes produced different ids: {ids_first:?} vs {ids_second:?}");
+    anyhow::ensure!(
+        ids_first == ids_second,
+        "the passes produced different ids: {ids_first:?} vs {ids_second:?}"
+    );
     let link_after = link_mbps(remote.as_ref())?;
     let drive = larder_store::drive::measure_read_gbps(&args.cache).unwrap_or(0.0);
     if !args.keep {

@@ -119,17 +119,20 @@ impl LazyBackend {
         }
     }
 
-    /// Claims `key` for fetching; `false` when another thread holds it
-    /// (after waiting for it to finish).
-    fn claim(&self, key: Key) -> bool {
+    /// Claims `key` for fetching; `false` when another thread holds it.
+    /// Never waits: a thread waits for others' claims only after releasing
+    /// its own ([`wait_unclaimed`](Self::wait_unclaimed)), so two batches
+    /// needing each other's records cannot deadlock.
+    fn try_claim(&self, key: Key) -> bool {
+        lock(&self.fetching).insert(key)
+    }
+
+    /// Waits until no thread is fetching `key`.
+    fn wait_unclaimed(&self, key: Key) {
         let mut f = lock(&self.fetching);
-        if f.insert(key) {
-            return true;
-        }
         while f.contains(&key) {
             f = self.fetched.wait(f).unwrap_or_else(|e| e.into_inner());
         }
-        false
     }
 
     fn unclaim(&self, keys: impl IntoIterator<Item = Key>) {
@@ -339,8 +342,11 @@ impl IoBackend for LazyBackend {
     }
 
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
+        // Per job: on the drive (read), claimed here (fetched), or being
+        // fetched by another thread (read after it finishes).
         let mut local: Vec<usize> = Vec::new();
         let mut todo: Vec<usize> = Vec::new();
+        let mut waits: Vec<usize> = Vec::new();
         for (j, extents) in jobs.iter().enumerate() {
             let r = match self.rec_of(extents) {
                 Ok(r) => r,
@@ -350,13 +356,17 @@ impl IoBackend for LazyBackend {
                 }
             };
             let key = self.recs[r].key;
-            lock(&self.records).touch(key);
-            let present = lock(&self.records).digest(key).is_some();
-            if present || !self.claim(key) {
-                // On the drive, or another thread just fetched it (if that
-                // failed, the local read fails its check and it is fetched again).
+            let present = {
+                let mut records = lock(&self.records);
+                records.touch(key);
+                records.digest(key).is_some()
+            };
+            if present {
                 local.push(j);
+            } else if !self.try_claim(key) {
+                waits.push(j);
             } else if lock(&self.records).digest(key).is_some() {
+                // Logged by another thread between the two looks.
                 self.unclaim([key]);
                 local.push(j);
             } else {
@@ -380,25 +390,30 @@ impl IoBackend for LazyBackend {
             });
         }
         for &j in &again {
-            if let Ok(r) = self.rec_of(jobs[j]) {
-                let key = self.recs[r].key;
-                match lock(&self.records).remove(key) {
-                    Ok(true) => lock(&self.counts).repaired += 1,
-                    Ok(false) => {}
-                    Err(e) => self.note(e.to_string()),
-                }
-                if self.claim(key) {
-                    todo.push(j);
-                } else {
-                    // Another thread fetched it meanwhile.
-                    done(j, self.read_blocking(jobs[j]));
-                }
+            let Ok(r) = self.rec_of(jobs[j]) else { continue };
+            let key = self.recs[r].key;
+            match lock(&self.records).remove(key) {
+                Ok(true) => lock(&self.counts).repaired += 1,
+                Ok(false) => {}
+                Err(e) => self.note(e.to_string()),
+            }
+            if self.try_claim(key) {
+                todo.push(j);
+            } else {
+                waits.push(j);
             }
         }
         if !todo.is_empty() {
             let recs: Vec<usize> = todo.iter().filter_map(|&j| self.rec_of(jobs[j]).ok()).collect();
             let batch: HashSet<Key> = jobs.iter().filter_map(|x| self.rec_of(x).ok()).map(|r| self.recs[r].key).collect();
             self.fetch(&recs, &batch, &mut |i, result| done(todo[i], result));
+        }
+        // This thread holds no claim now: wait for the others', then read.
+        for j in waits {
+            if let Ok(r) = self.rec_of(jobs[j]) {
+                self.wait_unclaimed(self.recs[r].key);
+            }
+            done(j, self.read_blocking(jobs[j]));
         }
     }
 }

@@ -61,6 +61,8 @@ pub(crate) struct Records {
     /// Bytes records may take on the drive (`None`: no limit).
     budget: Option<u64>,
     tick: u64,
+    /// Lines in the log (it is compacted when far longer than the present set).
+    lines: usize,
 }
 
 impl Records {
@@ -107,6 +109,7 @@ impl Records {
         let log = write_snapshot(&path, &present)?;
         Ok(Records {
             log,
+            lines: present.len(),
             path,
             present,
             used,
@@ -120,6 +123,7 @@ impl Records {
     /// across restarts), atomically.
     pub fn compact(&mut self) -> Result<(), StoreError> {
         self.log = write_snapshot(&self.path, &self.present)?;
+        self.lines = self.present.len();
         Ok(())
     }
 
@@ -180,6 +184,7 @@ impl Records {
         }
         if !victims.is_empty() {
             self.sync()?;
+            self.maybe_compact()?;
         }
         self.reserved += bytes;
         Ok(Some(victims))
@@ -221,7 +226,7 @@ impl Records {
                 self.used -= old.bytes;
             }
         }
-        Ok(())
+        self.maybe_compact()
     }
 
     /// Forgets a record (its bytes failed their digest), logging it;
@@ -245,11 +250,21 @@ impl Records {
     fn append(&mut self, line: &Line) -> Result<(), StoreError> {
         let mut text = serde_json::to_string(line).map_err(|e| StoreError::Invalid(e.to_string()))?;
         text.push('\n');
+        self.lines += 1;
         self.log.write_all(text.as_bytes()).map_err(|e| StoreError::io(&self.path, e))
     }
 
     fn sync(&mut self) -> Result<(), StoreError> {
         self.log.sync_data().map_err(|e| StoreError::io(&self.path, e))
+    }
+
+    /// Compacts a log grown far past the present set (a long run with
+    /// evictions); called once the present set matches the log.
+    fn maybe_compact(&mut self) -> Result<(), StoreError> {
+        if self.lines > 2 * self.present.len() + 10_000 {
+            self.compact()?;
+        }
+        Ok(())
     }
 }
 
