@@ -241,3 +241,51 @@ fn renamed_repo_redirects_are_followed() {
     let want = server.file("model.safetensors");
     assert_eq!(src.read_range("model.safetensors", 7, 70).unwrap(), want[7..77]);
 }
+
+#[test]
+fn a_url_is_one_more_backend_reading_the_bytes_a_file_backend_reads() {
+    use larder_store::io::{open_backend, IoBackend, IoKind, IoOptions};
+    use larder_store::remote::RangeBackend;
+    use larder_store::Extent;
+    let dir = common::fixture();
+    let server = HubServer::start(&dir);
+    let remote: std::sync::Arc<dyn FileSource> = open_hub(&server, REPO, None).into();
+    let path = dir.join("model.safetensors");
+    let size = std::fs::metadata(&path).unwrap().len();
+    // Jobs of one to three scattered extents, unaligned, over the whole file.
+    let jobs: Vec<Vec<Extent>> = (0..12u64)
+        .map(|j| {
+            (0..=(j % 3))
+                .map(|k| {
+                    let len = 1 + (j * 7919 + k * 104_729) % 20_000;
+                    let offset = (j * 31_337 + k * 9_973) % (size - len);
+                    Extent { file: 0, offset, len }
+                })
+                .collect()
+        })
+        .collect();
+    let refs: Vec<&[Extent]> = jobs.iter().map(|j| j.as_slice()).collect();
+    let read = |b: &dyn IoBackend| {
+        let mut got = vec![Vec::new(); refs.len()];
+        b.read(&refs, &mut |j, r| {
+            got[j] = r.unwrap().iter().map(|v| v.as_slice().to_vec()).collect::<Vec<_>>()
+        });
+        got
+    };
+    let opts = IoOptions {
+        kind: IoKind::Pread,
+        direct: false,
+        depth: 2,
+    };
+    let file = open_backend(&[path], opts).unwrap();
+    let url = RangeBackend::new(remote, vec!["model.safetensors".into()], 4);
+    assert_eq!(read(&url), read(file.as_ref()));
+    assert_eq!(
+        url.read_blocking(&jobs[5]).unwrap()[0].as_slice(),
+        file.read_blocking(&jobs[5]).unwrap()[0].as_slice()
+    );
+    // A failing range fails its job, naming the URL.
+    server.fault(Op::Get, "model.safetensors", common::Fault::Status(404));
+    let err = url.read_blocking(&jobs[0][..1]).err().unwrap().to_string();
+    assert!(err.contains("model.safetensors") && err.contains("404"), "{err}");
+}

@@ -1,7 +1,8 @@
-//! [`LazyBackend`]: the I/O backend of a lazy store. A record on the
-//! drive is read through the local backend and checked against the digest
-//! it was written with; a missing one is fetched from the source by range
-//! (its components, several in flight), checked for length, digested,
+//! [`LazyBackend`]: the I/O backend of a lazy store, over two backends: a
+//! record on the drive is read through the local one and checked against
+//! the digest it was written with; a missing one is read through the
+//! source's [`RangeBackend`] (its components, several in flight), checked
+//! for length, digested,
 //! written in place into its layer file, synced and logged present, and
 //! handed to the caller from the bytes that arrived. Under a disk quota the
 //! coldest records make room (their holes punched). The store above it
@@ -11,8 +12,7 @@ use std::collections::{HashMap, HashSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Condvar, Mutex, OnceLock};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use serde::Serialize;
 
@@ -22,7 +22,7 @@ use crate::buf::{AlignedBuf, ByteOwner, SharedBytes};
 use crate::digest::Digest;
 use crate::io::{IoBackend, ReadResult};
 use crate::location::Extent;
-use crate::remote::FileSource;
+use crate::remote::{FileSource, RangeBackend};
 use crate::store::lock;
 use crate::StoreError;
 
@@ -70,12 +70,13 @@ pub struct LazyBackend {
     /// Records being fetched by some thread; the condvar wakes waiters.
     pub(crate) fetching: Mutex<HashSet<Key>>,
     pub(crate) fetched: Condvar,
+    /// The source's files, read by range (named as in `sources`).
+    pub(crate) source: RangeBackend,
     pub(crate) remote: Arc<dyn FileSource>,
     pub(crate) sources: Vec<SourceFileMeta>,
     /// Per source file: whether it is still the file the cache was made from
     /// (checked once per run, at its first fetch).
     pub(crate) checked: Vec<OnceLock<Result<(), String>>>,
-    pub(crate) ranges: usize,
     pub(crate) counts: Mutex<LazyCounts>,
     /// The last problem that did not fail a read (a record not kept).
     pub(crate) problem: Mutex<Option<String>>,
@@ -172,85 +173,52 @@ impl LazyBackend {
             .clone()
     }
 
-    /// Fetches the records `todo` (claimed) from the source, several
-    /// components in flight, calling `done(i, result)` for `todo[i]` as each
-    /// record completes; writes and logs the ones kept.
+    /// Fetches the records `todo` (claimed) through the source's range
+    /// backend, calling `done(i, result)` for `todo[i]` as each record
+    /// completes; writes and logs the ones kept, then releases the claims.
     fn fetch(&self, todo: &[usize], batch: &HashSet<Key>, done: &mut dyn FnMut(usize, ReadResult)) {
-        let items: Vec<(usize, usize)> = todo
-            .iter()
-            .enumerate()
-            .flat_map(|(i, &r)| (0..self.recs[r].parts.len()).map(move |k| (i, k)))
-            .collect();
-        let mut bufs: Vec<Option<AlignedBuf>> = todo.iter().map(|&r| Some(AlignedBuf::new(self.recs[r].len as usize))).collect();
-        let mut left: Vec<usize> = todo.iter().map(|&r| self.recs[r].parts.len()).collect();
-        let mut failed: Vec<bool> = vec![false; todo.len()];
-        let mut written = Vec::new();
-        let next = AtomicUsize::new(0);
-        std::thread::scope(|scope| {
-            let (tx, rx) = mpsc::channel();
-            for _ in 0..self.ranges.clamp(1, items.len().max(1)) {
-                let (tx, items, next) = (tx.clone(), &items, &next);
-                scope.spawn(move || {
-                    while let Some(&(i, k)) = items.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        let (x, _) = self.recs[todo[i]].parts[k];
-                        let got = self.check_source(x.file).and_then(|()| {
-                            let name = &self.sources[x.file].name;
-                            let bytes = self.remote.read_range(name, x.offset, x.len).map_err(|e| e.to_string())?;
-                            if bytes.len() as u64 != x.len {
-                                return Err(format!(
-                                    "{name}: {} bytes came for the {} at offset {} that its header names",
-                                    bytes.len(),
-                                    x.len,
-                                    x.offset
-                                ));
-                            }
-                            Ok(bytes)
-                        });
-                        if tx.send((i, k, got)).is_err() {
-                            return;
-                        }
-                    }
-                });
-            }
-            drop(tx);
-            for (i, k, got) in rx {
-                if failed[i] {
-                    continue;
-                }
-                let r = &self.recs[todo[i]];
-                let bytes = match got {
-                    Ok(b) => b,
-                    Err(message) => {
-                        failed[i] = true;
-                        done(i, Err(fetch_error(r.key, message)));
-                        continue;
-                    }
-                };
-                let dst = r.parts[k].1 as usize;
-                if let Some(buf) = bufs[i].as_mut() {
-                    buf.as_mut_slice()[dst..dst + bytes.len()].copy_from_slice(&bytes);
-                }
-                left[i] -= 1;
-                if left[i] == 0 {
-                    let buf = bufs[i].take().unwrap_or_else(|| AlignedBuf::new(0));
-                    match self.keep(r, buf, batch) {
-                        Ok(f) => {
-                            written.extend(f.written);
-                            done(i, Ok(f.views));
-                        }
-                        Err(e) => done(i, Err(e)),
-                    }
-                }
-            }
-        });
-        let mut c = lock(&self.counts);
+        let mut fetching: Vec<usize> = Vec::with_capacity(todo.len());
         for (i, &r) in todo.iter().enumerate() {
-            if !failed[i] {
-                c.fetched_records += 1;
-                c.fetched_bytes += self.recs[r].payload;
+            let checked = self.recs[r].parts.iter().try_for_each(|(x, _)| self.check_source(x.file));
+            match checked {
+                Ok(()) => fetching.push(i),
+                Err(message) => done(i, Err(fetch_error(self.recs[r].key, message))),
             }
         }
-        drop(c);
+        let jobs: Vec<Vec<Extent>> = fetching
+            .iter()
+            .map(|&i| self.recs[todo[i]].parts.iter().map(|p| p.0).collect())
+            .collect();
+        let refs: Vec<&[Extent]> = jobs.iter().map(|j| j.as_slice()).collect();
+        let mut written = Vec::new();
+        let (mut records, mut bytes) = (0u64, 0u64);
+        self.source.read(&refs, &mut |f, result| {
+            let i = fetching[f];
+            let r = &self.recs[todo[i]];
+            let outcome = result.map_err(|e| fetch_error(r.key, e.to_string())).and_then(|parts| {
+                records += 1;
+                bytes += r.payload;
+                // The components back to back, as the record holds them.
+                let mut buf = AlignedBuf::new(r.len as usize);
+                for (view, (_, at)) in parts.iter().zip(&r.parts) {
+                    let at = *at as usize;
+                    buf.as_mut_slice()[at..at + view.len()].copy_from_slice(view.as_slice());
+                }
+                self.keep(r, buf, batch)
+            });
+            match outcome {
+                Ok(kept) => {
+                    written.extend(kept.written);
+                    done(i, Ok(kept.views));
+                }
+                Err(e) => done(i, Err(e)),
+            }
+        });
+        {
+            let mut c = lock(&self.counts);
+            c.fetched_records += records;
+            c.fetched_bytes += bytes;
+        }
         if let Err(e) = self.log_written(&written) {
             lock(&self.counts).not_kept += written.len() as u64;
             self.note(format!("records fetched but not kept: {e}"));

@@ -35,7 +35,7 @@ use crate::pack::{copy_files, load_or_make_plan, resolve, PackSource, LOCK, SPIN
 use crate::pull::journal::{FileProgress, Journal};
 use crate::pull::scatter::{Layout, Piece};
 use crate::pull::PullFile;
-use crate::remote::FileSource;
+use crate::remote::{FileSource, RangeBackend};
 use crate::size::format_size;
 use crate::StoreError;
 use backend::Rec;
@@ -431,8 +431,10 @@ fn open_backend_of(
     let mut records = Records::open(root, budget, &size, &|k| remade.contains(&k))?;
     // A smaller quota than last time: evict down to it.
     let victims = records.reserve(0, &Default::default())?.unwrap_or_default();
+    let names = sources.iter().map(|s| s.name.clone()).collect();
     let backend = LazyBackend {
         local: open_backend(&paths, opts.io)?,
+        source: RangeBackend::new(remote.clone(), names, opts.ranges),
         writers,
         paths,
         checked: sources.iter().map(|_| OnceLock::new()).collect(),
@@ -444,7 +446,6 @@ fn open_backend_of(
         fetching: Mutex::new(Default::default()),
         fetched: Condvar::new(),
         remote,
-        ranges: opts.ranges.max(1),
         counts: Mutex::new(LazyCounts::default()),
         problem: Mutex::new(None),
     };

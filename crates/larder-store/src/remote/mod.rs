@@ -26,6 +26,7 @@
 //! whole files are hashed while streaming and checked against the hub's LFS
 //! sha256 (`X-Linked-Etag`, or the listing's `lfs.sha256`).
 
+pub mod backend;
 pub mod client;
 pub mod error;
 pub mod http;
@@ -37,6 +38,7 @@ use std::io::Write;
 
 use sha2::{Digest, Sha256};
 
+pub use backend::RangeBackend;
 pub use client::{RemoteOptions, RetryPolicy, Transferred};
 pub use error::RemoteError;
 pub use http::HttpSource;
