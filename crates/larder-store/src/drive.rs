@@ -6,7 +6,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use crate::buf::AlignedBuf;
-use crate::io::{FileTable, IoBackend, PreadPool};
+use crate::io::open_checking;
 use crate::location::Extent;
 use crate::StoreError;
 
@@ -42,11 +42,7 @@ fn probe(path: &Path) -> Result<f64, StoreError> {
         }
         f.sync_all().map_err(|e| StoreError::io(path, e))?;
     }
-    let files = match FileTable::open(&[path.to_path_buf()], true) {
-        Ok(f) => f,
-        Err(_) => FileTable::open(&[path.to_path_buf()], false)?,
-    };
-    let pool = PreadPool::new(files, 4)?;
+    let pool = open_checking(&[path.to_path_buf()], 4)?;
     let extents = Extent::tiling(0, PROBE_BYTES, PROBE_READ);
     let jobs: Vec<&[Extent]> = extents.iter().map(std::slice::from_ref).collect();
     let t = Instant::now();

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 use crate::buf::AlignedBuf;
 use crate::digest::Digest;
 use crate::fsutil::{commit, temp_path, write_atomic};
-use crate::io::FileTable;
+use crate::io::{open_checking, IoBackend};
 use crate::location::Extent;
 use crate::manifest::{ExpertEntry, PartEntry};
 use crate::pack::{PackEvent, PackLayer};
@@ -36,7 +36,8 @@ struct Sidecar {
 
 /// One layer file to write or prove.
 pub(crate) struct LayerFile<'a> {
-    pub sources: &'a FileTable,
+    /// The checkpoint's files, read through the store's one I/O path.
+    pub sources: &'a dyn IoBackend,
     pub layer: &'a PackLayer,
     /// Experts placed on this drive, in file order.
     pub mine: &'a [usize],
@@ -141,13 +142,11 @@ impl LayerFile<'_> {
                 self.layer.layer
             )));
         }
+        let views = self.sources.read_blocking(extents)?;
         let b = buf.as_mut_slice();
         b.fill(0);
-        for (x, p) in extents.iter().zip(self.parts) {
-            let dst = &mut b[p.offset as usize..(p.offset + p.len) as usize];
-            self.sources.files[x.file]
-                .read_exact_at(dst, x.offset)
-                .map_err(|err| self.sources.read_error(x.file, x.offset, x.len, err))?;
+        for (v, p) in views.iter().zip(self.parts) {
+            b[p.offset as usize..(p.offset + p.len) as usize].copy_from_slice(v.as_slice());
         }
         Ok(Digest::of_parts_seeded(
             self.seeds[e],
@@ -240,13 +239,15 @@ impl LayerFile<'_> {
     /// checks its header and every record's digest.
     fn check_file(&self, path: &Path, entries: &[ExpertEntry]) -> Result<(), StoreError> {
         self.header.check(path)?;
-        let files = FileTable::open(&[path.to_path_buf()], true).or_else(|_| FileTable::open(&[path.to_path_buf()], false))?;
-        let mut buf = AlignedBuf::new(self.record_len as usize);
+        let file = open_checking(&[path.to_path_buf()], 1)?;
         for e in entries {
-            files.files[0]
-                .read_exact_at(buf.as_mut_slice(), e.offset)
-                .map_err(|err| files.read_error(0, e.offset, e.len, err))?;
-            let got = Digest::of_parts_seeded(self.seeds[e.expert], [&buf.as_ref()[..self.payload_len() as usize]]);
+            let record = Extent {
+                file: 0,
+                offset: e.offset,
+                len: e.len,
+            };
+            let views = file.read_blocking(&[record])?;
+            let got = Digest::of_parts_seeded(self.seeds[e.expert], [&views[0].as_slice()[..self.payload_len() as usize]]);
             if got.to_string() != e.digest {
                 return Err(StoreError::Digest {
                     layer: self.layer.layer,

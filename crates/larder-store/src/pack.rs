@@ -26,7 +26,7 @@ use crate::buf::align_up;
 use crate::digest::Digest;
 use crate::drive::{measure_read_gbps, place};
 use crate::fsutil::{lock_exclusive, write_atomic, FileLock};
-use crate::io::FileTable;
+use crate::io::{open_backend, IoKind, IoOptions};
 use crate::layer_file::LayerFile;
 use crate::location::{Extent, PartDesc};
 use crate::manifest::{CarriedFile, DriveEntry, LayerEntry, Manifest, PartEntry, SourceIdentity, FORMAT, MANIFEST, VERSION};
@@ -185,7 +185,14 @@ pub fn pack_with(
     if manifest_path.exists() {
         std::fs::remove_file(&manifest_path).map_err(|e| StoreError::io(&manifest_path, e))?;
     }
-    let sources = FileTable::open(&src.files, false)?;
+    let sources = open_backend(
+        &src.files,
+        IoOptions {
+            kind: IoKind::Pread,
+            direct: false,
+            depth: 1,
+        },
+    )?;
     let total: u64 = src
         .layers
         .iter()
@@ -213,7 +220,7 @@ pub fn pack_with(
             }
             let name = format!("{}/layer-{:03}.experts", store_folder(&plan.store_id), layer.layer);
             let file = LayerFile {
-                sources: &sources,
+                sources: sources.as_ref(),
                 layer,
                 mine: &mine,
                 parts: &parts,
@@ -253,7 +260,7 @@ pub fn pack_with(
         });
     }
 
-    let spine = write_spine(&sources, &src.spine, out, SPINE)?;
+    let spine = write_spine(sources.as_ref(), &src.spine, out, SPINE)?;
     progress(PackEvent::Advanced { bytes: spine_bytes });
     let files = copy_files(&src.copy, out)?;
     let manifest = Manifest {

@@ -13,7 +13,7 @@ use std::path::Path;
 use larder_tensor::safetensors_write::{partial_path, Finished, Header, KeyOrder, SafetensorsWriter, TensorHeader};
 
 use crate::digest::Digest;
-use crate::io::FileTable;
+use crate::io::IoBackend;
 use crate::location::Extent;
 use crate::manifest::{SpineFile, SpineTensorEntry};
 use crate::StoreError;
@@ -45,7 +45,7 @@ const CHUNK: usize = 8 << 20;
 
 /// Writes `tensors` as the safetensors file `root/name` (atomically) and
 /// returns its manifest entry.
-pub fn write_spine(sources: &FileTable, tensors: &[SpineTensor], root: &Path, name: &str) -> Result<SpineFile, StoreError> {
+pub fn write_spine(sources: &dyn IoBackend, tensors: &[SpineTensor], root: &Path, name: &str) -> Result<SpineFile, StoreError> {
     let path = root.join(name);
     match write_checked(sources, tensors, &path, name) {
         Ok((entry, done)) => {
@@ -61,23 +61,26 @@ pub fn write_spine(sources: &FileTable, tensors: &[SpineTensor], root: &Path, na
 
 /// Writes the spine under its `.partial` name, digesting each tensor's
 /// bytes as they are copied, and reads it back against its entry.
-fn write_checked(sources: &FileTable, tensors: &[SpineTensor], path: &Path, name: &str) -> Result<(SpineFile, Finished), StoreError> {
+fn write_checked(sources: &dyn IoBackend, tensors: &[SpineTensor], path: &Path, name: &str) -> Result<(SpineFile, Finished), StoreError> {
     let header = spine_header(tensors)?;
     let mut f = SafetensorsWriter::create(path, &header)?;
-    let mut buf = vec![0u8; CHUNK];
     let mut entries = Vec::with_capacity(tensors.len());
     let mut at = header.data_start();
     for t in tensors {
         let mut h = xxhash_rust::xxh3::Xxh3::new();
         let mut off = 0;
         while off < t.extent.len {
-            let n = (t.extent.len - off).min(buf.len() as u64) as usize;
-            sources.files[t.extent.file]
-                .read_exact_at(&mut buf[..n], t.extent.offset + off)
-                .map_err(|e| sources.read_error(t.extent.file, t.extent.offset + off, n as u64, e))?;
-            h.update(&buf[..n]);
-            f.write(&buf[..n])?;
-            off += n as u64;
+            let n = (t.extent.len - off).min(CHUNK as u64);
+            let piece = Extent {
+                file: t.extent.file,
+                offset: t.extent.offset + off,
+                len: n,
+            };
+            let views = sources.read_blocking(&[piece])?;
+            let bytes = views[0].as_slice();
+            h.update(bytes);
+            f.write(bytes)?;
+            off += n;
         }
         entries.push(t.entry(at, Digest(h.digest128())));
         at += t.extent.len;

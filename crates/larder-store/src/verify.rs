@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::digest::Digest;
-use crate::io::{FileTable, IoBackend, PreadPool};
+use crate::io::open_checking;
 use crate::location::Extent;
 use crate::manifest::{Manifest, SourceFile};
 use crate::spine::check_spine;
@@ -74,8 +74,7 @@ pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyR
 
 /// Re-reads every record and checks its bound digest.
 fn check_records(index: &crate::ExpertIndex, report: &mut VerifyReport, progress: &mut dyn FnMut(u64)) -> Result<(), StoreError> {
-    let files = FileTable::open(&index.files, true).or_else(|_| FileTable::open(&index.files, false))?;
-    let pool = PreadPool::new(files, 4)?;
+    let pool = open_checking(&index.files, 4)?;
     for (layer, experts) in index.layers.iter().enumerate() {
         for batch in (0..experts.len()).collect::<Vec<_>>().chunks(8) {
             let jobs: Vec<&[Extent]> = batch.iter().map(|&e| experts[e].extents.as_slice()).collect();

@@ -124,6 +124,19 @@ pub fn open_backend(paths: &[PathBuf], opts: IoOptions) -> Result<Arc<dyn IoBack
     })
 }
 
+/// A pread backend over `paths` that reads with O_DIRECT where their file
+/// system allows it, else through the page cache: how checks read what was
+/// written (verify, pack's read-back, drive probes), so the drive is what
+/// they see wherever it can be.
+pub fn open_checking(paths: &[PathBuf], depth: usize) -> Result<Arc<dyn IoBackend>, StoreError> {
+    let direct = IoOptions {
+        kind: IoKind::Pread,
+        direct: true,
+        depth,
+    };
+    open_backend(paths, direct).or_else(|_| open_backend(paths, IoOptions { direct: false, ..direct }))
+}
+
 /// Where an extent's bytes go in a job buffer: the span read from the file
 /// (block-aligned when direct) and where the extent starts inside it.
 #[derive(Debug, Clone, Copy)]

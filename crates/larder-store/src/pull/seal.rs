@@ -13,7 +13,7 @@ use larder_tensor::safetensors_write::Header;
 use super::scatter::Layout;
 use crate::digest::Digest;
 use crate::fsutil::{commit, temp_path};
-use crate::io::FileTable;
+use crate::io::{open_backend, IoKind, IoOptions};
 use crate::layer_file::LayerFile;
 use crate::manifest::{ExpertEntry, LayerEntry, SpineFile};
 use crate::pack::{record_layout, PackSource, SPINE};
@@ -22,11 +22,19 @@ use crate::StoreError;
 
 /// Seals every layer file and the spine; their manifest entries.
 pub(crate) fn seal(src: &PackSource, layout: &Layout, out: &Path) -> Result<(Vec<LayerEntry>, SpineFile), StoreError> {
-    let no_sources = FileTable::open(&[], false)?;
+    // Sealing reads no source: the records are already in place.
+    let no_sources = open_backend(
+        &[],
+        IoOptions {
+            kind: IoKind::Mmap,
+            direct: false,
+            depth: 1,
+        },
+    )?;
     let mut experts: Vec<Vec<Option<ExpertEntry>>> = src.layers.iter().map(|l| vec![None; l.experts.len()]).collect();
     for lo in &layout.layers {
         let file = LayerFile {
-            sources: &no_sources,
+            sources: no_sources.as_ref(),
             layer: &src.layers[lo.layer],
             mine: &lo.mine,
             parts: &lo.parts,
