@@ -27,10 +27,10 @@ use crate::digest::Digest;
 use crate::drive::{measure_read_gbps, place};
 use crate::fsutil::{lock_exclusive, write_atomic, FileLock};
 use crate::io::{open_backend, IoKind, IoOptions};
-use crate::layer_file::LayerFile;
+use crate::layer_file::layer_outs;
 use crate::location::{Extent, PartDesc};
 use crate::manifest::{CarriedFile, DriveEntry, LayerEntry, Manifest, PartEntry, SourceIdentity, FORMAT, MANIFEST, VERSION};
-use crate::record::{record_seed, source_digest, LayerHeader};
+use crate::record::source_digest;
 use crate::spine::write_spine;
 pub use crate::spine::SpineTensor;
 use crate::StoreError;
@@ -203,39 +203,14 @@ pub fn pack_with(
         total_bytes: total + spine_bytes,
     });
 
-    let source = source_digest(&src.identity);
+    let outs = layer_outs(src, &plan, &drive_dirs)?;
     let (mut resumed, mut rewritten) = (0, 0);
     let mut layers = Vec::with_capacity(src.layers.len());
-    for (layer, (_, placement)) in src.layers.iter().zip(&plan.placement) {
-        let (parts, record_len) = record_layout(&layer.parts, &layer.experts);
-        let seeds: Vec<u64> = (0..layer.experts.len())
-            .map(|e| record_seed(&plan.store_id, layer.layer, e, &parts))
-            .collect();
+    for (li, layer) in src.layers.iter().enumerate() {
         let mut entries = vec![None; layer.experts.len()];
         let mut layer_resumed = true;
-        for (k, drive_dir) in drive_dirs.iter().enumerate() {
-            let mine: Vec<usize> = (0..layer.experts.len()).filter(|&e| placement[e] == k).collect();
-            if mine.is_empty() {
-                continue;
-            }
-            let name = format!("{}/layer-{:03}.experts", store_folder(&plan.store_id), layer.layer);
-            let file = LayerFile {
-                sources: sources.as_ref(),
-                layer,
-                mine: &mine,
-                parts: &parts,
-                record_len,
-                seeds: &seeds,
-                header: LayerHeader {
-                    store_id: plan.store_id.clone(),
-                    source: source.clone(),
-                    layer: layer.layer,
-                    drive: k,
-                },
-                path: drive_dir.join(&name),
-                name,
-            };
-            let (done, proven) = file.pack(progress)?;
+        for lo in outs.iter().filter(|o| o.layer == li) {
+            let (done, proven) = lo.file(src, sources.as_ref()).pack(progress)?;
             match proven {
                 Some(n) => rewritten += n,
                 None => layer_resumed = false,
@@ -252,7 +227,7 @@ pub fn pack_with(
         });
         layers.push(LayerEntry {
             layer: layer.layer,
-            parts,
+            parts: record_layout(&layer.parts, &layer.experts).0,
             experts: entries
                 .into_iter()
                 .map(|e| e.ok_or_else(|| StoreError::Invalid(format!("layer {}: an expert was not placed", layer.layer))))

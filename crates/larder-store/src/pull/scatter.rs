@@ -14,26 +14,10 @@ use std::path::PathBuf;
 use larder_tensor::safetensors_write::Header;
 
 use crate::fsutil::temp_path;
-use crate::layer_file::record_offset;
-use crate::manifest::PartEntry;
-use crate::pack::{record_layout, store_folder, PackSource, Plan};
-use crate::record::{record_seed, source_digest, LayerHeader};
+use crate::layer_file::{layer_outs, record_offset, LayerOut};
+use crate::pack::{PackSource, Plan};
 use crate::spine::spine_header;
 use crate::StoreError;
-
-/// One layer file of the store: what `LayerFile` needs to seal it.
-pub(crate) struct LayerOut {
-    /// Index into `PackSource::layers`.
-    pub layer: usize,
-    pub mine: Vec<usize>,
-    pub parts: Vec<PartEntry>,
-    pub record_len: u64,
-    pub seeds: Vec<u64>,
-    pub header: LayerHeader,
-    /// Relative to the drive folder, and the final path.
-    pub name: String,
-    pub path: PathBuf,
-}
 
 /// A file being written: its temporary path, final path and full length.
 pub(crate) struct Output {
@@ -93,64 +77,28 @@ impl Layout {
     /// The store `plan` makes of `src`, every record and spine tensor placed
     /// as `pack` places them; `drive_dirs` are the plan's drives resolved.
     pub fn new(src: &PackSource, plan: &Plan, drive_dirs: &[PathBuf], spine_path: PathBuf) -> Result<Layout, StoreError> {
-        let mut layers = Vec::new();
+        let layers = layer_outs(src, plan, drive_dirs)?;
         let mut outputs = Vec::new();
         let mut pieces: Vec<Vec<Piece>> = vec![Vec::new(); src.files.len()];
-        let source = source_digest(&src.identity);
-        for (li, (layer, (_, placement))) in src.layers.iter().zip(&plan.placement).enumerate() {
-            let (parts, record_len) = record_layout(&layer.parts, &layer.experts);
-            let seeds: Vec<u64> = (0..layer.experts.len())
-                .map(|e| record_seed(&plan.store_id, layer.layer, e, &parts))
-                .collect();
-            for (k, dir) in drive_dirs.iter().enumerate() {
-                let mine: Vec<usize> = (0..layer.experts.len()).filter(|&e| placement.get(e) == Some(&k)).collect();
-                if mine.is_empty() {
-                    continue;
+        for (out, lo) in layers.iter().enumerate() {
+            let layer = &src.layers[lo.layer];
+            for (i, &e) in lo.mine.iter().enumerate() {
+                let record = record_offset(i, lo.record_len);
+                for (x, p) in layer.experts[e].iter().zip(&lo.parts) {
+                    pieces[x.file].push(Piece {
+                        src: x.offset,
+                        len: x.len,
+                        out,
+                        dst: record + p.offset,
+                    });
                 }
-                let name = format!("{}/layer-{:03}.experts", store_folder(&plan.store_id), layer.layer);
-                let header = LayerHeader {
-                    store_id: plan.store_id.clone(),
-                    source: source.clone(),
-                    layer: layer.layer,
-                    drive: k,
-                };
-                let out = outputs.len();
-                for (i, &e) in mine.iter().enumerate() {
-                    let extents = &layer.experts[e];
-                    if extents.len() != parts.len() || extents.iter().zip(&parts).any(|(x, p)| x.len != p.len) {
-                        return Err(StoreError::Invalid(format!(
-                            "layer {} expert {e}: components differ in size from expert 0's",
-                            layer.layer
-                        )));
-                    }
-                    let record = record_offset(i, record_len);
-                    for (x, p) in extents.iter().zip(&parts) {
-                        pieces[x.file].push(Piece {
-                            src: x.offset,
-                            len: x.len,
-                            out,
-                            dst: record + p.offset,
-                        });
-                    }
-                }
-                let path = dir.join(&name);
-                outputs.push(Output {
-                    path: temp_path(&path),
-                    final_path: path.clone(),
-                    len: record_offset(mine.len(), record_len),
-                    head: header.to_block(),
-                });
-                layers.push(LayerOut {
-                    layer: li,
-                    mine,
-                    parts: parts.clone(),
-                    record_len,
-                    seeds: seeds.clone(),
-                    header,
-                    name,
-                    path,
-                });
             }
+            outputs.push(Output {
+                path: temp_path(&lo.path),
+                final_path: lo.path.clone(),
+                len: record_offset(lo.mine.len(), lo.record_len),
+                head: lo.header.to_block(),
+            });
         }
         let header = spine_header(&src.spine)?;
         let out = outputs.len();

@@ -14,7 +14,6 @@ use super::scatter::Layout;
 use crate::digest::Digest;
 use crate::fsutil::{commit, temp_path};
 use crate::io::{open_backend, IoKind, IoOptions};
-use crate::layer_file::LayerFile;
 use crate::manifest::{ExpertEntry, LayerEntry, SpineFile};
 use crate::pack::{record_layout, PackSource, SPINE};
 use crate::spine::check_spine;
@@ -33,17 +32,7 @@ pub(crate) fn seal(src: &PackSource, layout: &Layout, out: &Path) -> Result<(Vec
     )?;
     let mut experts: Vec<Vec<Option<ExpertEntry>>> = src.layers.iter().map(|l| vec![None; l.experts.len()]).collect();
     for lo in &layout.layers {
-        let file = LayerFile {
-            sources: no_sources.as_ref(),
-            layer: &src.layers[lo.layer],
-            mine: &lo.mine,
-            parts: &lo.parts,
-            record_len: lo.record_len,
-            seeds: &lo.seeds,
-            header: lo.header.clone(),
-            name: lo.name.clone(),
-            path: lo.path.clone(),
-        };
+        let file = lo.file(src, no_sources.as_ref());
         for entry in file.seal()? {
             let slot = experts[lo.layer]
                 .get_mut(entry.expert)
