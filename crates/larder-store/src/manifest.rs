@@ -155,6 +155,24 @@ pub struct Manifest {
     pub digest: String,
 }
 
+/// The location of a packed record: one extent, its components at their
+/// offsets inside it.
+pub(crate) fn record_location(record: Extent, parts: &[PartEntry], digest: Option<Digest>, digest_seed: u64) -> ExpertLocation {
+    ExpertLocation {
+        extents: vec![record],
+        parts: parts
+            .iter()
+            .map(|p| Part {
+                extent: 0,
+                offset: p.offset,
+                len: p.len,
+            })
+            .collect(),
+        digest,
+        digest_seed,
+    }
+}
+
 impl Manifest {
     /// Whether `dir` is a packed store (has a manifest).
     pub fn is_store(dir: &Path) -> bool {
@@ -297,24 +315,13 @@ impl Manifest {
                 let slot = experts
                     .get_mut(ee.expert)
                     .ok_or_else(|| StoreError::manifest(&mpath, format!("layer {}: expert id {} out of range", le.layer, ee.expert)))?;
-                *slot = Some(ExpertLocation {
-                    extents: vec![Extent {
-                        file,
-                        offset: ee.offset,
-                        len: ee.len,
-                    }],
-                    parts: le
-                        .parts
-                        .iter()
-                        .map(|p| Part {
-                            extent: 0,
-                            offset: p.offset,
-                            len: p.len,
-                        })
-                        .collect(),
-                    digest: Some(digest),
-                    digest_seed: record_seed(&self.store_id, le.layer, ee.expert, &le.parts),
-                });
+                let record = Extent {
+                    file,
+                    offset: ee.offset,
+                    len: ee.len,
+                };
+                let seed = record_seed(&self.store_id, le.layer, ee.expert, &le.parts);
+                *slot = Some(record_location(record, &le.parts, Some(digest), seed));
             }
             index.layers[le.layer] = experts
                 .into_iter()

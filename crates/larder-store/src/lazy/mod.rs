@@ -29,8 +29,8 @@ pub use records::RECORDS_LOG;
 
 use crate::fsutil::{lock_exclusive, write_atomic, FileLock};
 use crate::io::{open_backend, IoOptions};
-use crate::location::{ExpertIndex, ExpertLocation, Extent, Part};
-use crate::manifest::{CarriedFile, SpineFile, MANIFEST};
+use crate::location::{ExpertIndex, ExpertLocation, Extent};
+use crate::manifest::{record_location, CarriedFile, SpineFile, MANIFEST};
 use crate::pack::{copy_files, load_or_make_plan, resolve, PackSource, LOCK, SPINE};
 use crate::pull::journal::{FileProgress, Journal};
 use crate::pull::scatter::{Layout, Piece};
@@ -470,24 +470,12 @@ fn index_of(src: &PackSource, layout: &Layout, backend: &LazyBackend) -> ExpertI
         let layer = src.layers[lo.layer].layer;
         index.parts[layer] = lo.parts.iter().map(|p| p.desc.clone()).collect();
         for (i, &e) in lo.mine.iter().enumerate() {
-            index.layers[layer][e] = ExpertLocation {
-                extents: vec![Extent {
-                    file: f,
-                    offset: crate::layer_file::record_offset(i, lo.record_len),
-                    len: lo.record_len,
-                }],
-                parts: lo
-                    .parts
-                    .iter()
-                    .map(|p| Part {
-                        extent: 0,
-                        offset: p.offset,
-                        len: p.len,
-                    })
-                    .collect(),
-                digest: None,
-                digest_seed: lo.seeds[e],
+            let record = Extent {
+                file: f,
+                offset: crate::layer_file::record_offset(i, lo.record_len),
+                len: lo.record_len,
             };
+            index.layers[layer][e] = record_location(record, &lo.parts, None, lo.seeds[e]);
         }
     }
     index

@@ -39,6 +39,28 @@ struct Line {
     heat: u64,
 }
 
+impl Line {
+    fn evicted(key: Key) -> Line {
+        Line {
+            layer: key.0,
+            expert: key.1,
+            digest: None,
+            evicted: true,
+            heat: 0,
+        }
+    }
+
+    fn present(key: Key, digest: Digest, heat: u64) -> Line {
+        Line {
+            layer: key.0,
+            expert: key.1,
+            digest: Some(digest.to_string()),
+            evicted: false,
+            heat,
+        }
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }
@@ -170,13 +192,7 @@ impl Records {
             else {
                 break;
             };
-            self.append(&Line {
-                layer: key.0,
-                expert: key.1,
-                digest: None,
-                evicted: true,
-                heat: 0,
-            })?;
+            self.append(&Line::evicted(key))?;
             if let Some(e) = self.present.remove(&key) {
                 self.used -= e.bytes;
             }
@@ -198,13 +214,7 @@ impl Records {
     /// Records written and synced: logs them present (one sync for all).
     pub fn add(&mut self, written: &[(Key, Digest, u64)]) -> Result<(), StoreError> {
         for &(key, digest, _) in written {
-            self.append(&Line {
-                layer: key.0,
-                expert: key.1,
-                digest: Some(digest.to_string()),
-                evicted: false,
-                heat: 0,
-            })?;
+            self.append(&Line::present(key, digest, 0))?;
         }
         if !written.is_empty() {
             self.sync()?;
@@ -235,13 +245,7 @@ impl Records {
         let Some(e) = self.present.remove(&key) else { return Ok(false) };
         {
             self.used -= e.bytes;
-            self.append(&Line {
-                layer: key.0,
-                expert: key.1,
-                digest: None,
-                evicted: true,
-                heat: 0,
-            })?;
+            self.append(&Line::evicted(key))?;
             self.sync()?;
         }
         Ok(true)
@@ -276,13 +280,7 @@ fn write_snapshot(path: &Path, present: &HashMap<Key, Entry>) -> Result<File, St
     let mut text = String::new();
     for k in keys {
         let e = &present[k];
-        let line = Line {
-            layer: k.0,
-            expert: k.1,
-            digest: Some(e.digest.to_string()),
-            evicted: false,
-            heat: e.heat,
-        };
+        let line = Line::present(*k, e.digest, e.heat);
         text.push_str(&serde_json::to_string(&line).map_err(|e| StoreError::Invalid(e.to_string()))?);
         text.push('\n');
     }
