@@ -266,3 +266,37 @@ fn gpt_oss_fixtures_pack_verify_and_stream() {
         }
     }
 }
+
+#[test]
+fn lazy_mode_from_the_command_line_matches_the_local_run_and_names_bad_flags() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = fixture("qwen3_moe_tiny");
+    let cache = tmp.path().join("cache");
+    let ids = "5,17,42,99,3";
+    let run = |extra: &[&str]| {
+        let mut args = vec!["run", "--model", s(&model), "--ids", ids, "--max-new", "4", "--json"];
+        args.extend_from_slice(extra);
+        ok_json(&args)
+    };
+    let local = run(&[]);
+    let lazy = run(&["--cache-dir", s(&cache)]);
+    assert_eq!(lazy["ids"], local["ids"]);
+    assert_eq!(lazy["stats"]["io_backend"], "lazy");
+    // Again from the cache (nothing fetched), then under a quota too small.
+    assert_eq!(run(&["--cache-dir", s(&cache)])["ids"], local["ids"]);
+    let err = fails(&[
+        "run",
+        "--model",
+        s(&model),
+        "--ids",
+        ids,
+        "--cache-dir",
+        s(&cache),
+        "--disk-quota",
+        "1KiB",
+    ]);
+    assert!(err.contains("--disk-quota") && err.contains("spine"), "{err}");
+    // --disk-quota needs --cache-dir; the cache is not a plain --model.
+    assert!(fails(&["run", "--model", s(&model), "--ids", ids, "--disk-quota", "1GiB"]).contains("--cache-dir"));
+    assert!(fails(&["run", "--model", s(&cache), "--ids", ids]).contains("lazy cache"));
+}
