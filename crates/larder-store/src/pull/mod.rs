@@ -422,27 +422,31 @@ impl Streams<'_> {
                 .map(|at| (at, step.min(file.size - at)))
                 .collect()
         };
-        let read = |group: Vec<(u64, u64)>| self.remote.read_ranges(&file.name, &group, group.len());
-        // The next group of ranges is in flight while this one is hashed and written.
+        let read = |group: Vec<(u64, u64)>, spare: Vec<Vec<u8>>| self.remote.read_ranges_into(&file.name, &group, group.len(), spare);
+        // The next group of ranges is in flight while this one is hashed and
+        // written; a written group's buffers take the group after next.
         std::thread::scope(|scope| {
             let mut group = group_at(state.offset);
-            let mut pending = (!group.is_empty()).then(|| scope.spawn(move || read(group)));
+            let mut pending = (!group.is_empty()).then(|| scope.spawn(move || read(group, Vec::new())));
             let mut next = state.offset;
+            let mut spare: Vec<Vec<u8>> = Vec::new();
             while let Some(handle) = pending.take() {
                 let ranges = handle.join().unwrap_or_else(|p| std::panic::resume_unwind(p))?;
                 next += ranges.iter().map(|b| b.len() as u64).sum::<u64>();
                 group = group_at(next);
                 if !group.is_empty() {
-                    pending = Some(scope.spawn(move || read(group)));
+                    let reuse = std::mem::take(&mut spare);
+                    pending = Some(scope.spawn(move || read(group, reuse)));
                 }
-                for bytes in ranges {
-                    sink.write_all(&bytes).map_err(|source| RemoteError::Sink {
+                for bytes in &ranges {
+                    sink.write_all(bytes).map_err(|source| RemoteError::Sink {
                         file: file.name.clone(),
                         offset: state.offset,
                         source,
                     })?;
-                    state.consume(&bytes);
+                    state.consume(bytes);
                 }
+                spare = ranges;
             }
             Ok::<(), RemoteError>(())
         })?;

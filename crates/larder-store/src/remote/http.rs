@@ -297,8 +297,14 @@ impl FileSource for HttpSource {
         // Capacity grows with the bytes that arrive beyond 64 MiB: `len`
         // comes from an index and is not trusted with an allocation.
         let mut out = Vec::with_capacity(len.min(64 << 20) as usize);
+        self.read_range_into(file, offset, len, &mut out)?;
+        Ok(out)
+    }
+
+    fn read_range_into(&self, file: &str, offset: u64, len: u64, out: &mut Vec<u8>) -> Result<(), RemoteError> {
+        out.clear();
         if len == 0 {
-            return Ok(out);
+            return Ok(());
         }
         let end = offset.checked_add(len - 1).ok_or_else(|| RemoteError::BadSource {
             arg: file.to_string(),
@@ -308,8 +314,7 @@ impl FileSource for HttpSource {
         self.fetch(file, offset, end, total, &mut |bytes| {
             out.extend_from_slice(bytes);
             Ok(())
-        })?;
-        Ok(out)
+        })
     }
 
     fn stream_file(&self, file: &str, sink: &mut dyn Write, state: &mut StreamState) -> Result<StreamReport, RemoteError> {

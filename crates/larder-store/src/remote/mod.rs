@@ -125,18 +125,43 @@ pub trait FileSource: Send + Sync {
     /// Requests, retries and bytes so far.
     fn transferred(&self) -> Transferred;
 
+    /// [`read_range`](Self::read_range) into `out` (its old contents
+    /// dropped, its allocation reused: a stream reading range after range
+    /// touches no fresh pages).
+    fn read_range_into(&self, file: &str, offset: u64, len: u64, out: &mut Vec<u8>) -> Result<(), RemoteError> {
+        *out = self.read_range(file, offset, len)?;
+        Ok(())
+    }
+
     /// Several ranges of `file` at once (up to `parallel` in flight), in
     /// the order asked; the first error ends the read.
     fn read_ranges(&self, file: &str, ranges: &[(u64, u64)], parallel: usize) -> Result<Vec<Vec<u8>>, RemoteError> {
+        self.read_ranges_into(file, ranges, parallel, Vec::new())
+    }
+
+    /// [`read_ranges`](Self::read_ranges) reusing the buffers `spare` (one
+    /// per range as far as they go) for the bytes.
+    fn read_ranges_into(
+        &self,
+        file: &str,
+        ranges: &[(u64, u64)],
+        parallel: usize,
+        mut spare: Vec<Vec<u8>>,
+    ) -> Result<Vec<Vec<u8>>, RemoteError> {
         let workers = parallel.clamp(1, ranges.len().max(1));
         let next = std::sync::atomic::AtomicUsize::new(0);
+        let buffers: Vec<std::sync::Mutex<Vec<u8>>> = ranges
+            .iter()
+            .map(|_| std::sync::Mutex::new(spare.pop().unwrap_or_default()))
+            .collect();
         let results: Vec<RangeSlot> = ranges.iter().map(|_| std::sync::Mutex::new(None)).collect();
         std::thread::scope(|scope| {
             for _ in 0..workers {
                 scope.spawn(|| loop {
                     let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let Some(&(offset, len)) = ranges.get(i) else { return };
-                    let got = self.read_range(file, offset, len);
+                    let mut buf = std::mem::take(&mut *buffers[i].lock().unwrap_or_else(|p| p.into_inner()));
+                    let got = self.read_range_into(file, offset, len, &mut buf).map(|()| buf);
                     let failed = got.is_err();
                     *results[i].lock().unwrap_or_else(|p| p.into_inner()) = Some(got);
                     if failed {
