@@ -324,3 +324,20 @@ fn concurrent_batches_in_opposite_orders_all_complete_with_the_same_bytes() {
     assert_eq!(c.fetched_records, jobs.len() as u64, "each record fetched once: {c:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn a_source_unreachable_for_a_moment_fails_only_the_requests_of_that_moment() {
+    let model = fixture("qwen3_moe_tiny");
+    let want = Engine::load(&model).unwrap().forward(&PROMPT).unwrap().into_vec();
+    let dir = scratch_dir("lazy-transient");
+    let server = HubServer::start(&model);
+    let engine = load(&lazy_load(&server.url, &dir, None, 0)).unwrap();
+    // The check that the file is still the cached one fails once (503, one try).
+    server.fault(Op::Head, "model.safetensors", hub::Fault::Status(503));
+    let err = engine.forward(&PROMPT).err().unwrap().to_string();
+    assert!(err.contains("503") && err.contains("not in the lazy cache yet"), "{err}");
+    // Then the source answers again: the same engine serves the prompt.
+    let got = engine.forward(&PROMPT).unwrap().into_vec();
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+    let _ = std::fs::remove_dir_all(&dir);
+}

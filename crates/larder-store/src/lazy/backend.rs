@@ -75,7 +75,7 @@ pub struct LazyBackend {
     pub(crate) remote: Arc<dyn FileSource>,
     pub(crate) sources: Vec<SourceFileMeta>,
     /// Per source file: whether it is still the file the cache was made from
-    /// (checked once per run, at its first fetch).
+    /// (answered once per run, at its first fetch that reaches the source).
     pub(crate) checked: Vec<OnceLock<Result<(), String>>>,
     pub(crate) counts: Mutex<LazyCounts>,
     /// The last problem that did not fail a read (a record not kept).
@@ -153,24 +153,26 @@ impl LazyBackend {
 
     /// Whether source file `f` is still the one the cache was made from.
     fn check_source(&self, f: usize) -> Result<(), String> {
-        self.checked[f]
-            .get_or_init(|| {
-                let want = &self.sources[f];
-                let meta = self.remote.file_meta(&want.name).map_err(|e| e.to_string())?;
-                let same_sha = match (&meta.sha256, &want.sha256) {
-                    (Some(a), Some(b)) => a == b,
-                    _ => true,
-                };
-                if meta.size != want.size || !same_sha {
-                    return Err(format!(
-                        "{} changed at the source since this cache was made ({} bytes, sha256 {:?}; now {} bytes, sha256 {:?}): \
-                         use a new --cache-dir",
-                        want.name, want.size, want.sha256, meta.size, meta.sha256
-                    ));
-                }
-                Ok(())
-            })
-            .clone()
+        if let Some(answer) = self.checked[f].get() {
+            return answer.clone();
+        }
+        let want = &self.sources[f];
+        // A source that cannot be reached now may be later: not remembered.
+        let meta = self.remote.file_meta(&want.name).map_err(|e| e.to_string())?;
+        let same_sha = match (&meta.sha256, &want.sha256) {
+            (Some(a), Some(b)) => a == b,
+            _ => true,
+        };
+        let answer = if meta.size != want.size || !same_sha {
+            Err(format!(
+                "{} changed at the source since this cache was made ({} bytes, sha256 {:?}; now {} bytes, sha256 {:?}): \
+                 use a new --cache-dir",
+                want.name, want.size, want.sha256, meta.size, meta.sha256
+            ))
+        } else {
+            Ok(())
+        };
+        self.checked[f].get_or_init(|| answer).clone()
     }
 
     /// Fetches the records `todo` (claimed) through the source's range
