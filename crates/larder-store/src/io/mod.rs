@@ -21,7 +21,7 @@ mod uring;
 
 pub use files::FileTable;
 pub use mmap::MmapBackend;
-pub(crate) use pread::{check_depth, check_range, read_job, spawn};
+pub(crate) use pread::{check_depth, check_range, spawn};
 pub use pread::{PreadPool, MAX_IO_DEPTH};
 #[cfg(target_os = "linux")]
 pub use uring::UringBackend;

@@ -83,7 +83,7 @@ impl IoBackend for UringBackend {
 
     fn read_blocking(&self, extents: &[Extent]) -> ReadResult {
         // pread on the ring's files: the ring serves one batch at a time.
-        super::read_job(&self.files, extents)
+        super::pread::read_job(&self.files, extents)
     }
 
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
