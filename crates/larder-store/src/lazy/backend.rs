@@ -312,11 +312,11 @@ impl IoBackend for LazyBackend {
     }
 
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
-        // Per job: on the drive (read), claimed here (fetched), or being
-        // fetched by another thread (read after it finishes).
-        let mut local: Vec<usize> = Vec::new();
-        let mut todo: Vec<usize> = Vec::new();
-        let mut waits: Vec<usize> = Vec::new();
+        // Per job (job, record): on the drive (read), claimed here
+        // (fetched), or being fetched by another thread (read after it finishes).
+        let mut local: Vec<(usize, usize)> = Vec::new();
+        let mut todo: Vec<(usize, usize)> = Vec::new();
+        let mut waits: Vec<(usize, usize)> = Vec::new();
         for (j, extents) in jobs.iter().enumerate() {
             let r = match self.rec_of(extents) {
                 Ok(r) => r,
@@ -332,35 +332,34 @@ impl IoBackend for LazyBackend {
                 records.digest(key).is_some()
             };
             if present {
-                local.push(j);
+                local.push((j, r));
             } else if !self.try_claim(key) {
-                waits.push(j);
+                waits.push((j, r));
             } else if lock(&self.records).digest(key).is_some() {
                 // Logged by another thread between the two looks.
                 self.unclaim([key]);
-                local.push(j);
+                local.push((j, r));
             } else {
-                todo.push(j);
+                todo.push((j, r));
             }
         }
+        let batch: HashSet<Key> = local.iter().chain(&todo).chain(&waits).map(|&(_, r)| self.recs[r].key).collect();
         // Local records that fail their digest are fetched again.
-        let mut again: Vec<usize> = Vec::new();
+        let mut again: Vec<(usize, usize)> = Vec::new();
         if !local.is_empty() {
-            let extents: Vec<&[Extent]> = local.iter().map(|&j| jobs[j]).collect();
+            let extents: Vec<&[Extent]> = local.iter().map(|&(j, _)| jobs[j]).collect();
             self.local.read(&extents, &mut |i, result| {
-                let j = local[i];
-                let Ok(r) = self.rec_of(jobs[j]) else { return };
+                let (j, r) = local[i];
                 match result {
                     Ok(views) if self.check_local(&self.recs[r], &views) => {
                         lock(&self.counts).local_reads += 1;
                         done(j, Ok(views));
                     }
-                    _ => again.push(j),
+                    _ => again.push((j, r)),
                 }
             });
         }
-        for &j in &again {
-            let Ok(r) = self.rec_of(jobs[j]) else { continue };
+        for (j, r) in again {
             let key = self.recs[r].key;
             match lock(&self.records).remove(key) {
                 Ok(true) => lock(&self.counts).repaired += 1,
@@ -368,21 +367,18 @@ impl IoBackend for LazyBackend {
                 Err(e) => self.note(e.to_string()),
             }
             if self.try_claim(key) {
-                todo.push(j);
+                todo.push((j, r));
             } else {
-                waits.push(j);
+                waits.push((j, r));
             }
         }
         if !todo.is_empty() {
-            let recs: Vec<usize> = todo.iter().filter_map(|&j| self.rec_of(jobs[j]).ok()).collect();
-            let batch: HashSet<Key> = jobs.iter().filter_map(|x| self.rec_of(x).ok()).map(|r| self.recs[r].key).collect();
-            self.fetch(&recs, &batch, &mut |i, result| done(todo[i], result));
+            let recs: Vec<usize> = todo.iter().map(|&(_, r)| r).collect();
+            self.fetch(&recs, &batch, &mut |i, result| done(todo[i].0, result));
         }
         // This thread holds no claim now: wait for the others', then read.
-        for j in waits {
-            if let Ok(r) = self.rec_of(jobs[j]) {
-                self.wait_unclaimed(self.recs[r].key);
-            }
+        for (j, r) in waits {
+            self.wait_unclaimed(self.recs[r].key);
             done(j, self.read_blocking(jobs[j]));
         }
     }
