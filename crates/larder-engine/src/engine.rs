@@ -18,6 +18,7 @@ use crate::chat::{ChatMessage, ChatTemplate};
 use crate::error::EngineError;
 use crate::experts::{direct_index, packed_index, store_err, StoreExperts};
 use crate::generation::GenerationConfig;
+use crate::prefill::{passes, PrefillChunk};
 use crate::return_points::ReturnPoints;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::stats::{ExpertStats, Stats};
@@ -26,8 +27,8 @@ use larder_spec::Drafter;
 mod speculative;
 use crate::tokenizer::TextTokenizer;
 
-/// Prompt positions run through the model per forward pass during prefill.
-/// Bounds activation memory; results do not depend on it (batch invariance).
+/// Rows per pass of the fixed chunking larder used before read-once
+/// prefill ([`PrefillChunk::Rows`]), kept for comparisons.
 pub const PREFILL_CHUNK: usize = 256;
 
 /// Why generation ended.
@@ -102,6 +103,8 @@ pub struct Engine {
     /// reported when a chat is rendered, not at load (plain prompts need none).
     chat: Result<Option<ChatTemplate>, String>,
     generation: GenerationConfig,
+    /// How prompts are split into forward passes.
+    prefill: PrefillChunk,
     /// A lazy cache's backend and folder lock, held while the engine lives.
     #[cfg(feature = "remote")]
     pub(crate) lazy: Option<(Arc<larder_store::lazy::LazyBackend>, larder_store::fsutil::FileLock)>,
@@ -191,6 +194,7 @@ impl Engine {
             tokenizer,
             chat,
             generation,
+            prefill: PrefillChunk::default(),
             #[cfg(feature = "remote")]
             lazy: None,
         })
@@ -208,6 +212,17 @@ impl Engine {
     /// The expert store, when experts are streamed.
     pub fn store(&self) -> Option<&Arc<ExpertStore>> {
         self.store.as_ref()
+    }
+
+    /// Sets how prompts are split into forward passes (default: read-once,
+    /// [`PrefillChunk::Auto`]). Results never depend on it.
+    pub fn set_prefill(&mut self, prefill: PrefillChunk) {
+        self.prefill = prefill;
+    }
+
+    /// Most prompt rows one forward pass takes (see [`crate::prefill`]).
+    pub fn prefill_rows(&self) -> usize {
+        self.prefill.rows(self.model.spec())
     }
 
     pub fn generation_config(&self) -> &GenerationConfig {
@@ -417,10 +432,11 @@ impl Engine {
         Ok((ids, finish))
     }
 
-    /// Runs the rest of the prompt in chunks, returning the last position's
-    /// logits. With `points` and a state that cannot roll back, the last
-    /// token runs on its own after a snapshot of the positions before it
-    /// (the return point of a later turn sharing the prompt).
+    /// Runs the rest of the prompt in as few passes as its activations allow
+    /// ([`crate::prefill`]), returning the last position's logits. With
+    /// `points` and a state that cannot roll back, the last token runs on
+    /// its own after a snapshot of the positions before it (the return point
+    /// of a later turn sharing the prompt).
     fn prefill(
         &self,
         rest: &[u32],
@@ -431,7 +447,7 @@ impl Engine {
         let rest = match points {
             Some(points) if !state.can_rollback() => {
                 let (head, last_token) = rest.split_at(rest.len().saturating_sub(1));
-                for chunk in head.chunks(PREFILL_CHUNK) {
+                for chunk in chunks(head, self.prefill_rows()) {
                     self.model.forward_last(chunk, state, trace.as_deref_mut())?;
                 }
                 points.record(state);
@@ -440,11 +456,20 @@ impl Engine {
             _ => rest,
         };
         let mut last = Vec::new();
-        for chunk in rest.chunks(PREFILL_CHUNK) {
+        for chunk in chunks(rest, self.prefill_rows()) {
             last = self.model.forward_last(chunk, state, trace.as_deref_mut())?;
         }
         Ok(last)
     }
+}
+
+/// `ids` cut into [`passes`] of at most `max_rows`.
+fn chunks(ids: &[u32], max_rows: usize) -> impl Iterator<Item = &[u32]> {
+    let mut start = 0;
+    passes(ids.len(), max_rows).into_iter().map(move |n| {
+        start += n;
+        &ids[start - n..start]
+    })
 }
 
 /// Progress of a load: `(bytes read so far, total bytes to read)`.

@@ -34,6 +34,7 @@ pub mod integrity;
 pub mod lazy;
 pub mod pack;
 pub mod plan;
+pub mod prefill;
 #[cfg(feature = "remote")]
 pub mod pull;
 pub mod return_points;
@@ -51,6 +52,7 @@ pub use generation::GenerationConfig;
 /// Expert-store counters and sizes, for clients of the engine (the server's
 /// `/metrics` and ready line) that depend on no other larder crate.
 pub use larder_store::{format_size, StoreStats};
+pub use prefill::PrefillChunk;
 pub use return_points::ReturnPoints;
 pub use sampling::{Sampler, SamplingParams};
 pub use scheduler::{Failure, Job, Scheduler, SchedulerConfig, StepReport};

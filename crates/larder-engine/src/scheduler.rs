@@ -96,7 +96,11 @@ use sequence::{finish, sample_one, Seq};
 pub struct SchedulerConfig {
     /// Most sequences running (decoding or prefilling) at once.
     pub max_batch: usize,
-    /// Most prompt tokens one sequence prefills per step.
+    /// Most prompt tokens one sequence prefills per step; never more than
+    /// the engine's [`prefill_rows`](crate::Engine::prefill_rows) (its
+    /// activation bound). Default: as many as that allows, so a prompt is
+    /// read-once ([`crate::prefill`]); smaller values let running streams
+    /// advance between chunks of a long prompt.
     pub prefill_chunk: usize,
     /// Bytes of all sequence states and the prefix cache together (`None`: unbounded).
     pub kv_budget: Option<usize>,
@@ -108,7 +112,7 @@ impl Default for SchedulerConfig {
     fn default() -> Self {
         SchedulerConfig {
             max_batch: 8,
-            prefill_chunk: crate::engine::PREFILL_CHUNK,
+            prefill_chunk: usize::MAX,
             kv_budget: None,
             prefix_cache: 8,
         }
@@ -177,6 +181,10 @@ impl<'e> Scheduler<'e> {
                 });
             }
         }
+        let config = SchedulerConfig {
+            prefill_chunk: config.prefill_chunk.min(engine.prefill_rows()),
+            ..config
+        };
         let fresh = engine.model().new_state();
         let bytes_per_token = (0..fresh.num_layers())
             .filter_map(|l| fresh.layer(l))

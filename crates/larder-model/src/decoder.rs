@@ -392,6 +392,10 @@ impl DecoderModel {
         check_spans(&x, &spans, Stage::Embeddings)?;
         // Block states of every row (attention-residual models; docs/kimi_linear.md).
         let mut blocks: Vec<Mat> = Vec::new();
+        // A prefill step reads exactly the experts its rows route to: a guess
+        // at the next layer's union would be most of the layer, more than its
+        // share of the cache holds, and read twice (docs/design.md §3).
+        let prefilling = seqs.iter().any(|s| s.logits == Wanted::Last && s.ids.len() > 1);
         for (l, layer) in self.layers.iter().enumerate() {
             let mixer_in = layer.attn_res.as_ref().and_then(|a| a.mixer_input(&blocks, &x));
             let normed = rms_norm(mixer_in.as_ref().unwrap_or(&x), &layer.input_norm, eps);
@@ -418,7 +422,7 @@ impl DecoderModel {
             let y = match &layer.ffn {
                 Ffn::Dense(mlp) => mlp.forward(&normed),
                 Ffn::Moe(moe) => {
-                    if !resident_only {
+                    if !resident_only && !prefilling {
                         self.prefetch_next(l, &normed);
                     }
                     let (y, routes) = moe

@@ -16,6 +16,7 @@
 //! - routed experts come from an [`ExpertProvider`]; the model never knows
 //!   where expert bytes live.
 
+pub mod activation;
 pub mod arch;
 pub mod assemble;
 pub mod attention;

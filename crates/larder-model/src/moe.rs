@@ -94,9 +94,16 @@ impl MoeBlock {
         let expert_x = latent_x.as_ref().unwrap_or(x);
         // outputs[row][slot]: the output of the row's slot-th routed expert.
         let mut outputs: Vec<Vec<Option<Vec<f32>>>> = routes.iter().map(|r| vec![None; r.experts.len()]).collect();
+        // The shared expert runs when the first routed expert is handed over:
+        // a streaming provider has its reads in flight by then, so this
+        // compute overlaps them. It is added after the routed sum whenever it ran.
+        let mut shared_out: Option<(Mat, Option<Mat>)> = None;
         // Experts may arrive in any order; each fills its own slots, and the
         // sum below runs in canonical router order.
         experts.with_experts(self.layer, &union, &mut |i, mlp| {
+            if shared_out.is_none() {
+                shared_out = self.shared_forward(x);
+            }
             let e = union[i];
             let mut rows = Vec::new();
             let mut slots = Vec::new();
@@ -129,9 +136,7 @@ impl MoeBlock {
             out = p.up.forward(&out);
         }
 
-        if let Some(shared) = &self.shared {
-            let y = shared.mlp.forward(x);
-            let g = shared.gate.as_ref().map(|g| g.forward(x));
+        if let Some((y, g)) = shared_out.or_else(|| self.shared_forward(x)) {
             for r in 0..x.rows() {
                 let scale = g.as_ref().map_or(1.0, |g| sigmoid(g.row(r)[0]));
                 for (a, v) in out.row_mut(r).iter_mut().zip(y.row(r)) {
@@ -140,5 +145,12 @@ impl MoeBlock {
             }
         }
         Ok((out, routes))
+    }
+
+    /// The shared expert's output for rows `x` and its gate's logits, if
+    /// the block has one.
+    fn shared_forward(&self, x: &Mat) -> Option<(Mat, Option<Mat>)> {
+        let shared = self.shared.as_ref()?;
+        Some((shared.mlp.forward(x), shared.gate.as_ref().map(|g| g.forward(x))))
     }
 }

@@ -187,9 +187,11 @@ impl ExpertStore {
     }
 
     /// Calls `ready(i, record)` for each `ids[i]` of `layer` as soon as its
-    /// bytes are available: cached ones first, then reads in completion order,
-    /// then ones a prefetch is still reading. Stops at the first error (a
-    /// read, a digest, or one `ready` returned).
+    /// bytes are available: reads in completion order, then ones a prefetch
+    /// is still reading. Cached ones are handed over when the first read
+    /// completes (the other reads are in flight then, so computing the
+    /// cached experts overlaps them), or at once when nothing is read.
+    /// Stops at the first error (a read, a digest, or one `ready` returned).
     pub fn fetch<E: From<StoreError>>(
         &self,
         layer: usize,
@@ -199,6 +201,7 @@ impl ExpertStore {
         let sh = &*self.shared;
         let mut misses: Vec<usize> = Vec::new();
         let mut waits: Vec<(usize, Arc<Pending>)> = Vec::new();
+        let mut cached: Vec<(usize, Arc<ExpertRecord>)> = Vec::new();
         let (mut hits, mut from_prefetch) = (0u64, 0u64);
         for (i, &e) in ids.iter().enumerate() {
             if sh.index.get(layer, e).is_none() {
@@ -208,7 +211,7 @@ impl ExpertStore {
             if let Some(rec) = sh.cache.get(key) {
                 hits += 1;
                 from_prefetch += lock(&sh.prefetched).remove(&key) as u64;
-                ready(i, rec)?;
+                cached.push((i, rec));
                 continue;
             }
             let mut pending = lock(&sh.pending);
@@ -227,13 +230,28 @@ impl ExpertStore {
         let mut verify_s = 0.0f64;
         let mut bytes = 0u64;
         let mut failure: Option<E> = None;
-        if !misses.is_empty() {
+        // Hands every cached record to `ready`, timing it as compute.
+        let mut run_cached = |ready: &mut dyn FnMut(usize, Arc<ExpertRecord>) -> Result<(), E>, in_ready: &mut f64| {
+            let t = Instant::now();
+            let r = cached.drain(..).try_for_each(|(i, rec)| ready(i, rec));
+            *in_ready += t.elapsed().as_secs_f64();
+            r
+        };
+        if misses.is_empty() {
+            if let Err(e) = run_cached(ready, &mut in_ready) {
+                failure = Some(e);
+            }
+        } else {
             let jobs: Vec<&[Extent]> = misses
                 .iter()
                 .map(|&i| sh.index.get(layer, ids[i]).map(|l| l.extents.as_slice()).unwrap_or(&[]))
                 .collect();
             sh.backend.read(&jobs, &mut |job, result| {
                 if failure.is_some() {
+                    return;
+                }
+                if let Err(e) = run_cached(ready, &mut in_ready) {
+                    failure = Some(e);
                     return;
                 }
                 let i = misses[job];

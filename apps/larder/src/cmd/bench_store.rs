@@ -187,7 +187,8 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     let limit_before = measure_limit(args.seed ^ 0xb0b)?;
     larder_store::bench::drop_page_cache(&index.files);
 
-    let engine = super::load_with_options(&args.model, &opts, args.json)?;
+    let mut engine = super::load_with_options(&args.model, &opts, args.json)?;
+    engine.set_prefill(experts.prefill());
     let tokens = Progress::new("decode", args.new as u64, Unit::Count, args.json);
     let store = engine.store().context("experts are not streamed")?.clone();
     let vocab = engine.model().spec().vocab_size as u64;
@@ -218,7 +219,10 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
         Some(&mut trace),
     )?;
     tokens.finish();
-    let decode = store.stats().since(&after_prefill.unwrap_or_default());
+    let prefill_rows = engine.prefill_rows();
+    let prefill = after_prefill.clone().unwrap_or_default();
+    let decode = store.stats().since(&prefill);
+    let routed_bytes = routed_expert_bytes(&trace, prompt.len(), &index);
     drop(engine);
     let limit_after = measure_limit(args.seed ^ 0xa11)?;
     let limit = if limit_after.gbps > limit_before.gbps {
@@ -264,6 +268,12 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
         "prompt_tokens": prompt.len(),
         "new_tokens": g.stats.new_tokens,
         "prefill_tok_per_s": g.stats.prefill_tok_per_s,
+        "prefill_rows_per_pass": prefill_rows,
+        "prefill_expert_bytes_read": prefill.bytes_read,
+        "prefill_routed_expert_bytes": routed_bytes,
+        "prefill_read_amplification": if routed_bytes > 0 { prefill.bytes_read as f64 / routed_bytes as f64 } else { 0.0 },
+        "prefill_io_wait_share": if g.stats.prefill_s > 0.0 { prefill.io_wait_s / g.stats.prefill_s } else { 0.0 },
+        "prefill_prefetch_reads": prefill.prefetch_reads,
         "time_to_first_token_s": g.stats.time_to_first_token_s,
         "decode_tok_per_s": g.stats.decode_tok_per_s,
         "decode_s": g.stats.decode_s,
@@ -283,6 +293,15 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
         return super::print_json(&doc);
     }
     eprintln!(
+        "[larder] prefill: {} tokens, {} rows per pass, read amplification {:.2} ({} read / {} routed), io wait {:.0}%",
+        prompt.len(),
+        prefill_rows,
+        doc["prefill_read_amplification"].as_f64().unwrap_or(0.0),
+        larder_store::format_size(prefill.bytes_read),
+        larder_store::format_size(routed_bytes),
+        100.0 * doc["prefill_io_wait_share"].as_f64().unwrap_or(0.0),
+    );
+    eprintln!(
         "[larder] drive limit {:.2} GB/s ({}) | prefill {:.2} tok/s | first token {:.2}s | decode {:.3} tok/s | {} per token | hit {:.1}% | io wait {:.0}% | {:.0}% of the I/O bound ({:.3} tok/s) | overlap {:.3}",
         limit.gbps,
         limit.backend,
@@ -297,4 +316,20 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
         overlap
     );
     Ok(())
+}
+
+/// Bytes of the distinct experts the first `prompt` positions of `trace`
+/// routed to: what a read-once prefill reads from a cold cache.
+fn routed_expert_bytes(trace: &RouteTrace, prompt: usize, index: &ExpertIndex) -> u64 {
+    let mut distinct = std::collections::BTreeSet::new();
+    for (&l, routes) in &trace.layers {
+        for r in &routes[..prompt.min(routes.len())] {
+            distinct.extend(r.experts.iter().map(|&e| (l, e)));
+        }
+    }
+    distinct
+        .iter()
+        .filter_map(|&(l, e)| index.get(l, e))
+        .map(|loc| loc.payload_len())
+        .sum()
 }

@@ -23,7 +23,7 @@ pub mod verify;
 use std::path::Path;
 
 use anyhow::Context;
-use larder_engine::{Engine, ExpertMode, LoadOptions};
+use larder_engine::{Engine, ExpertMode, LoadOptions, PrefillChunk};
 use larder_store::io::MAX_IO_DEPTH;
 use larder_store::store::MAX_PREFETCH_THREADS;
 use larder_store::{format_size, parse_size, IoKind, IoOptions, Manifest, StoreOptions};
@@ -99,6 +99,16 @@ pub struct ExpertArgs {
     /// stay under it. Default: no limit.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "cache_dir")]
     pub disk_quota: Option<u64>,
+    /// Activation memory one prefill pass may hold (e.g. 2GiB, the
+    /// default). A prompt runs in one pass, reading each routed expert once,
+    /// unless its activations would exceed this; then in as few equal passes
+    /// as fit. Results never depend on it.
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub prefill_memory: Option<u64>,
+    /// Run prompts in fixed passes of N tokens instead (1 to 1048576; the
+    /// chunking larder used before read-once prefill was 256), for comparisons.
+    #[arg(long, value_name = "N", value_parser = range(1, MAX_COUNT), conflicts_with = "prefill_memory")]
+    pub prefill_chunk: Option<usize>,
 }
 
 fn parse_io(s: &str) -> Result<IoKind, String> {
@@ -117,6 +127,15 @@ impl ExpertArgs {
             ram_budget: self.ram_budget.unwrap_or_else(default_budget),
             verify: self.verify == "on",
             prefetch_threads: self.prefetch,
+        }
+    }
+
+    /// How prompts are split into forward passes.
+    pub fn prefill(&self) -> PrefillChunk {
+        match (self.prefill_chunk, self.prefill_memory) {
+            (Some(n), _) => PrefillChunk::Rows(n),
+            (None, Some(memory)) => PrefillChunk::Auto { memory },
+            (None, None) => PrefillChunk::default(),
         }
     }
 
@@ -150,12 +169,16 @@ pub fn load_engine(model: &Path, experts: &ExpertArgs) -> anyhow::Result<Engine>
 
 /// [`load_engine`], its progress shown as JSON lines when `json` (the command's --json).
 pub fn load_engine_with(model: &Path, experts: &ExpertArgs, json: bool) -> anyhow::Result<Engine> {
-    if let Some(dir) = &experts.cache_dir {
-        return lazy::load(model, dir, experts, json);
-    }
-    let opts = experts.load_options(model);
-    check_budget(model, &opts)?;
-    load_with_options(model, &opts, json)
+    let mut engine = match &experts.cache_dir {
+        Some(dir) => lazy::load(model, dir, experts, json)?,
+        None => {
+            let opts = experts.load_options(model);
+            check_budget(model, &opts)?;
+            load_with_options(model, &opts, json)?
+        }
+    };
+    engine.set_prefill(experts.prefill());
+    Ok(engine)
 }
 
 /// Loads `model` with `opts` (budget already checked), showing progress and
