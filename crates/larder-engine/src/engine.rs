@@ -434,30 +434,32 @@ impl Engine {
 
     /// Runs the rest of the prompt in as few passes as its activations allow
     /// ([`crate::prefill`]), returning the last position's logits. With
-    /// `points` and a state that cannot roll back, the last token runs on
-    /// its own after a snapshot of the positions before it (the return point
-    /// of a later turn sharing the prompt).
+    /// `points` and a state that cannot roll back, the pass holding the
+    /// prompt's last token also snapshots the positions before it (the
+    /// return point of a later turn sharing the prompt), so the last token
+    /// needs no pass of its own and its experts are read once.
     fn prefill(
         &self,
         rest: &[u32],
         state: &mut SequenceState,
         mut trace: Option<&mut RouteTrace>,
-        points: Option<&mut ReturnPoints>,
+        mut points: Option<&mut ReturnPoints>,
     ) -> Result<Vec<f32>, EngineError> {
-        let rest = match points {
-            Some(points) if !state.can_rollback() => {
-                let (head, last_token) = rest.split_at(rest.len().saturating_sub(1));
-                for chunk in chunks(head, self.prefill_rows()) {
-                    self.model.forward_last(chunk, state, trace.as_deref_mut())?;
-                }
-                points.record(state);
-                last_token
-            }
-            _ => rest,
+        let point = match &points {
+            Some(_) if !state.can_rollback() => rest.len().checked_sub(1),
+            _ => None,
         };
         let mut last = Vec::new();
+        let mut fed = 0;
         for chunk in chunks(rest, self.prefill_rows()) {
+            if let Some(p) = point.filter(|p| (fed..fed + chunk.len()).contains(p)) {
+                state.mark_after(p - fed);
+            }
             last = self.model.forward_last(chunk, state, trace.as_deref_mut())?;
+            if let (Some(snap), Some(points)) = (state.take_marked(), points.as_deref_mut()) {
+                points.keep(snap);
+            }
+            fed += chunk.len();
         }
         Ok(last)
     }

@@ -10,17 +10,34 @@
 //! What bounds a pass is its activations
 //! ([`larder_model::activation::activation_bytes_per_row`]). By default
 //! ([`PrefillChunk::Auto`]) a prompt runs in one pass unless its activations
-//! would exceed [`DEFAULT_PREFILL_MEMORY`] (`--prefill-memory`); a longer one
-//! runs in as few equal passes of at most that many rows as it needs.
+//! would exceed [`default_prefill_memory`] (`--prefill-memory`): an eighth of
+//! the memory available when the engine starts, at least 1 GiB. A longer
+//! prompt runs in as few equal passes of at most that many rows as it needs.
 //! Results never depend on the chunking (batch invariance, docs/design.md §3).
+//!
+//! Scale: a Kimi-K3-class row (hidden 7168, 16 routed experts) holds about
+//! 1 MB of activations, so 8 GiB (a 64 GiB machine) runs an 8k-token prompt
+//! in one pass; the k3-mini of the benchmarks (hidden 2048, top-8) about
+//! 0.2 MB a row.
 
 use larder_model::activation::prefill_rows;
 use larder_model::ModelSpec;
 
-/// The activation memory a prefill pass may hold by default: 2 GiB. Next to
-/// a streamed model's expert cache this is a small share; it keeps a 2.8 T
-/// Kimi-K3-class prompt of ~8k tokens in one pass.
-pub const DEFAULT_PREFILL_MEMORY: u64 = 2 << 30;
+/// The least activation memory [`default_prefill_memory`] gives a pass: 1 GiB.
+pub const MIN_PREFILL_MEMORY: u64 = 1 << 30;
+
+/// The activation memory a prefill pass may hold by default: an eighth of
+/// `MemAvailable` now (Linux), at least [`MIN_PREFILL_MEMORY`]; 2 GiB where
+/// that cannot be read.
+pub fn default_prefill_memory() -> u64 {
+    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
+        m.lines()
+            .find(|l| l.starts_with("MemAvailable:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|kb| kb.parse::<u64>().ok())
+    });
+    available.map_or(2 << 30, |kb| (kb * 1024 / 8).max(MIN_PREFILL_MEMORY))
+}
 
 /// How a prompt is split into forward passes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,7 +52,7 @@ pub enum PrefillChunk {
 impl Default for PrefillChunk {
     fn default() -> Self {
         PrefillChunk::Auto {
-            memory: DEFAULT_PREFILL_MEMORY,
+            memory: default_prefill_memory(),
         }
     }
 }
@@ -65,6 +82,11 @@ pub fn passes(len: usize, max_rows: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_default_memory_is_at_least_the_floor() {
+        assert!(default_prefill_memory() >= MIN_PREFILL_MEMORY);
+    }
 
     #[test]
     fn passes_are_few_and_even() {

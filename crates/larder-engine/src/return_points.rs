@@ -74,12 +74,22 @@ impl ReturnPoints {
     /// (a KV-only state needs none) and none is kept at that length yet.
     /// Returns whether one was taken.
     pub fn record(&mut self, state: &SequenceState) -> bool {
-        if state.can_rollback() || state.is_empty() || self.snapshots.iter().any(|s| s.len() == state.len()) {
+        if state.can_rollback() {
+            return false;
+        }
+        self.keep(state.snapshot())
+    }
+
+    /// Keeps `snap`, a snapshot of this sequence's state taken inside a pass
+    /// ([`SequenceState::take_marked`]), as [`record`](Self::record) keeps
+    /// one of the state: `false` when empty or when one of its length is kept.
+    pub fn keep(&mut self, snap: StateSnapshot) -> bool {
+        if snap.is_empty() || self.snapshots.iter().any(|s| s.len() == snap.len()) {
             return false;
         }
         // Snapshots past this point belong to another continuation.
-        self.snapshots.retain(|s| s.len() < state.len());
-        self.snapshots.push(state.snapshot());
+        self.snapshots.retain(|s| s.len() < snap.len());
+        self.snapshots.push(snap);
         if self.snapshots.len() > MAX_RETURN_POINTS {
             self.snapshots.remove(0);
         }

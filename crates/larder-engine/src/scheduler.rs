@@ -416,21 +416,22 @@ impl<'e> Scheduler<'e> {
         self.running.len() * self.bytes_per_sequence + positions * self.bytes_per_token + snapshots
     }
 
-    /// Keeps a snapshot of each running sequence at its return point (see
-    /// the module docs), when it fits the KV budget with everything else.
+    /// Asks each running sequence whose next pass crosses its return point
+    /// to snapshot it there, inside the pass (see the module docs), when the
+    /// snapshot fits the KV budget with everything else.
     fn take_snapshots(&mut self) {
+        let chunk = self.config.prefill_chunk;
         for i in 0..self.running.len() {
-            if !self.running[i].wants_snapshot() {
+            let Some(mark) = self.running[i].snapshot_mark(self.running[i].rows(chunk)) else {
                 continue;
-            }
+            };
             let size = self.running[i].state.snapshot().bytes();
             let fits = self
                 .config
                 .kv_budget
                 .is_none_or(|b| self.step_bytes() + self.cache.bytes() + size <= b);
             if fits {
-                let s = &mut self.running[i];
-                s.points.record(&s.state);
+                self.running[i].state.mark_after(mark);
             }
         }
     }
@@ -542,6 +543,9 @@ impl<'e> Scheduler<'e> {
         let secs = started.elapsed().as_secs_f64();
         let mut result = Vec::with_capacity(out.len());
         for ((s, (ids, last)), m) in self.running.iter_mut().zip(&inputs).zip(out) {
+            if let Some(snap) = s.state.take_marked() {
+                s.points.keep(snap);
+            }
             s.account(ids.len(), *last, secs);
             result.push(last.then(|| m.into_vec()));
         }

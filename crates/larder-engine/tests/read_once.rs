@@ -106,3 +106,44 @@ fn a_prompt_reads_each_routed_expert_once() {
         assert_eq!(g.ids, ids, "{name}: streamed and in RAM agree");
     }
 }
+
+/// Kimi Linear in a conversation keeps a return point before the prompt's
+/// last token (its KDA state cannot roll back); it is taken inside the
+/// prefill pass, so the last token needs no pass of its own and the
+/// prompt's experts are still read once.
+#[test]
+fn a_conversation_keeps_its_return_point_without_a_second_read() {
+    use larder_engine::{Conversation, Drafting, Request, RequestEvent};
+    let model = fixture("kimi_linear_tiny");
+    let prompt: Vec<u32> = (0..40u32).map(|i| (i * 31 + 5) % 100).collect();
+    let budget = 3 * expert_bytes(&model);
+    let (ids, _, distinct) = prefill(&Engine::load_with(&model, &streamed(budget)).unwrap(), &prompt);
+
+    let engine = Engine::load_with(&model, &streamed(budget)).unwrap();
+    let store = engine.store().unwrap().clone();
+    let opts = GenerateOptions {
+        max_new: 4,
+        stop_at_eos: false,
+        ..GenerateOptions::default()
+    };
+    let drafting = Drafting::default();
+    let request = Request {
+        prompt: &prompt,
+        options: &opts,
+        stop: &[],
+        drafting: &drafting,
+        cancel: None,
+    };
+    let mut at_first = None;
+    let mut conv = Conversation::new(&engine);
+    let out = conv
+        .run(&engine, &request, &mut |e: RequestEvent<'_>| {
+            if let RequestEvent::Token { .. } = e {
+                at_first.get_or_insert_with(|| store.stats());
+            }
+            true
+        })
+        .unwrap();
+    assert_eq!(out.ids, ids);
+    assert_eq!(at_first.unwrap().bytes_read, distinct, "read amplification must be exactly 1");
+}

@@ -5,8 +5,9 @@
 //! the union of the rows' experts) before layer L+1, so a prompt run in one
 //! pass reads each routed expert at most once, whatever its length. What
 //! bounds the pass is its activations: per row, the residual stream and its
-//! normed copies, the mixer's projections, the router logits, and each routed
-//! expert's input, intermediate and output for the row (`top_k` of them). KV
+//! normed copies, the mixer's projections, the router logits, the row's
+//! kept output of each of its `top_k` routed experts (summed in canonical
+//! order once all have run), and the temporaries of one expert call. KV
 //! and recurrent state are not activations: they are the sequence's state
 //! and are counted by the KV budget.
 //!
@@ -65,8 +66,10 @@ fn ffn_floats(spec: &ModelSpec, ffn: &FfnSpec) -> usize {
         FfnSpec::Dense { intermediate } => 2 * intermediate + h,
         FfnSpec::Moe(m) => {
             let w = m.expert_width(h);
-            // Per routed expert: the gathered input, gate and up, the output and its kept copy.
-            let routed = m.top_k * (3 * w + 2 * m.expert_intermediate);
+            // The row's kept output of each routed expert, and the temporaries
+            // of the expert call running now (its gathered input, gate, up and
+            // output: at most one row's worth per row, when every row chose it).
+            let routed = m.top_k * w + 2 * w + 2 * m.expert_intermediate;
             let shared = m.shared_expert.as_ref().map_or(0, |s| 2 * s.intermediate + h + 1);
             m.num_experts + 2 * w + routed + shared
         }

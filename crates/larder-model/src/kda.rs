@@ -167,11 +167,16 @@ impl KdaMixer {
         let f = self.f_b.forward(&self.f_a.forward(x));
         let b = self.b_proj.forward(x);
         let gate = self.output_gate.forward(x);
-        let o = state.update(|source, result| {
+        // A return point inside this pass: the values after its first `mark` rows.
+        let mark = state.mark().filter(|&m| m <= rows);
+        let (o, marked) = state.update(|source, result| {
             let mut inputs = self.convolve(&p, &source.window, &mut result.window);
+            let window = mark.map(|m| self.window_at(&p, &source.window, m));
             self.gates(&f, &b, &mut inputs);
-            self.recurrence(&inputs, rows, source, result)
+            let (o, matrix) = self.recurrence(&inputs, rows, source, result, mark);
+            (o, matrix.zip(window).map(|(matrix, window)| RecurrentValues { matrix, window }))
         });
+        state.set_marked(marked);
         let mut gated = Mat::zeros(rows, hd);
         let mut normed = vec![0.0f32; self.head_dim];
         for r in 0..rows {
@@ -231,6 +236,26 @@ impl KdaMixer {
         }
     }
 
+    /// The convolution window after the first `rows` rows of `p` (the
+    /// `kernel - 1` inputs before row `rows`, oldest first), as `convolve`
+    /// writes it after the last row.
+    fn window_at(&self, p: &[Mat; 3], window: &[f32], rows: usize) -> Vec<f32> {
+        let hd = self.heads * self.head_dim;
+        let (channels, past) = (3 * hd, self.kernel - 1);
+        let mut out = vec![0.0f32; past * channels];
+        for (slot, row) in out.chunks_exact_mut(channels).enumerate() {
+            let i = rows + slot;
+            for (c, v) in row.iter_mut().enumerate() {
+                *v = if i < past {
+                    window[i * channels + c]
+                } else {
+                    p[c / hd].row(i - past)[c % hd]
+                };
+            }
+        }
+        out
+    }
+
     /// Step 4: per-channel decays `exp(g)` from the forget-gate projection
     /// `f` (`[rows, H·D]`) and per-head betas from `b` (`[rows, H]`).
     fn gates(&self, f: &Mat, b: &Mat, inputs: &mut RecurrenceInputs) {
@@ -249,11 +274,18 @@ impl KdaMixer {
 
     /// Step 5, token after token, each head on its own (in parallel): the
     /// state starts from `source` and ends in `result`; returns the outputs
-    /// `[rows, H·D]`.
-    fn recurrence(&self, inputs: &RecurrenceInputs, rows: usize, source: &RecurrentValues, result: &mut RecurrentValues) -> Vec<f32> {
+    /// `[rows, H·D]` and, with a `mark`, every head's state after that many rows.
+    fn recurrence(
+        &self,
+        inputs: &RecurrenceInputs,
+        rows: usize,
+        source: &RecurrentValues,
+        result: &mut RecurrentValues,
+        mark: Option<usize>,
+    ) -> (Vec<f32>, Option<Vec<f32>>) {
         let (h, d) = (self.heads, self.head_dim);
         let hd = h * d;
-        let per_head: Vec<Vec<f32>> = result
+        let per_head: Vec<(Vec<f32>, Option<Vec<f32>>)> = result
             .matrix
             .par_chunks_mut(d * d)
             .zip(source.matrix.par_chunks(d * d))
@@ -263,6 +295,7 @@ impl KdaMixer {
                     s.copy_from_slice(s0);
                 }
                 let mut o = vec![0.0f32; rows * d];
+                let mut at_mark = (mark == Some(0)).then(|| s0.to_vec());
                 for r in 0..rows {
                     let at = r * hd + head * d;
                     let token = Token {
@@ -274,17 +307,21 @@ impl KdaMixer {
                     };
                     let from = if r == 0 { Some(s0) } else { None };
                     delta_rule_step(s, from, &token, &mut o[r * d..(r + 1) * d]);
+                    if mark == Some(r + 1) {
+                        at_mark = Some(s.to_vec());
+                    }
                 }
-                o
+                (o, at_mark)
             })
             .collect();
         let mut out = vec![0.0f32; rows * hd];
-        for (head, o) in per_head.iter().enumerate() {
+        for (head, (o, _)) in per_head.iter().enumerate() {
             for r in 0..rows {
                 out[r * hd + head * d..r * hd + (head + 1) * d].copy_from_slice(&o[r * d..(r + 1) * d]);
             }
         }
-        out
+        let marked = mark.map(|_| per_head.into_iter().flat_map(|(_, m)| m.unwrap_or_default()).collect());
+        (out, marked)
     }
 }
 

@@ -75,7 +75,11 @@ impl LayerState {
     fn discard_uncommitted(&mut self, len: usize) {
         match self {
             LayerState::Kv(kv) => kv.truncate(len),
-            LayerState::Recurrent(r) => r.pending = false,
+            LayerState::Recurrent(r) => {
+                r.pending = false;
+                r.mark = None;
+                r.marked = None;
+            }
         }
     }
 }
@@ -102,6 +106,10 @@ pub struct RecurrentLayer {
     work: RecurrentValues,
     /// `work` holds a pass's result not yet committed.
     pending: bool,
+    /// A return point inside the next pass: copy the values after its first
+    /// `mark` rows into `marked` ([`SequenceState::mark_after`]).
+    mark: Option<usize>,
+    marked: Option<RecurrentValues>,
 }
 
 impl RecurrentLayer {
@@ -120,7 +128,20 @@ impl RecurrentLayer {
             work: zero.clone(),
             committed: zero,
             pending: false,
+            mark: None,
+            marked: None,
         }
+    }
+
+    /// Rows into the next pass after which the values are wanted (a
+    /// return point inside the pass), if asked for.
+    pub(crate) fn mark(&self) -> Option<usize> {
+        self.mark
+    }
+
+    /// The values after the marked row, as the pass computed them.
+    pub(crate) fn set_marked(&mut self, values: Option<RecurrentValues>) {
+        self.marked = values;
     }
 
     /// `(heads, head_dim, channels, kernel)`.
@@ -180,6 +201,8 @@ impl RecurrentLayer {
 pub struct SequenceState {
     layers: Vec<LayerState>,
     len: usize,
+    /// The length a return point inside the next pass snapshots ([`mark_after`](Self::mark_after)).
+    mark: Option<usize>,
 }
 
 /// A point a [`SequenceState`] can return to with
@@ -210,7 +233,11 @@ impl StateSnapshot {
 impl SequenceState {
     /// An empty state with these per-layer states (each empty).
     pub fn new(layers: Vec<LayerState>) -> Self {
-        SequenceState { layers, len: 0 }
+        SequenceState {
+            layers,
+            len: 0,
+            mark: None,
+        }
     }
 
     /// Positions seen so far.
@@ -252,6 +279,39 @@ impl SequenceState {
     /// length, then running the positions after it again.
     pub fn can_rollback(&self) -> bool {
         self.layers.iter().all(LayerState::can_rollback)
+    }
+
+    /// Asks the next forward pass for a snapshot after its first `rows` rows
+    /// (a return point inside the pass: the prompt minus its last token runs
+    /// in the same pass as the last token, so its experts are read once);
+    /// [`take_marked`](Self::take_marked) hands it over after the pass. A
+    /// pass that fails drops the request.
+    pub fn mark_after(&mut self, rows: usize) {
+        self.mark = Some(self.len + rows);
+        for l in &mut self.layers {
+            if let LayerState::Recurrent(r) = l {
+                r.mark = Some(rows);
+                r.marked = None;
+            }
+        }
+    }
+
+    /// The snapshot the last pass took at its mark, if one was asked for and
+    /// every recurrent layer took it; the request is then cleared.
+    pub fn take_marked(&mut self) -> Option<StateSnapshot> {
+        let len = self.mark.take()?;
+        let mut recurrent = Vec::new();
+        let mut whole = len <= self.len;
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            if let LayerState::Recurrent(r) = l {
+                r.mark = None;
+                match r.marked.take() {
+                    Some(v) => recurrent.push((i, v)),
+                    None => whole = false,
+                }
+            }
+        }
+        whole.then_some(StateSnapshot { len, recurrent })
     }
 
     /// Goes back to the first `len` positions. An error (the state unchanged)
@@ -363,6 +423,7 @@ impl SequenceState {
     /// Drops what a failed pass wrote: KV positions past `len`, recurrent
     /// layers' uncommitted results.
     pub(crate) fn discard_uncommitted(&mut self) {
+        self.mark = None;
         let len = self.len;
         for l in &mut self.layers {
             l.discard_uncommitted(len);

@@ -56,6 +56,44 @@ fn a_batch_is_bit_identical_to_each_sequence_alone() {
     }
 }
 
+/// A snapshot taken inside a pass (`mark_after`) equals the snapshot of a
+/// state that stopped there, at every mark and chunking; the marked pass's
+/// logits are unchanged; a failed pass or no request gives none.
+#[test]
+fn a_snapshot_inside_a_pass_equals_stopping_there() {
+    for name in FIXTURES {
+        let model = load(name);
+        let prompt = prompt_of(name);
+        let n = prompt.len();
+        let mut plain = model.new_state();
+        let want_logits = model.forward(&prompt, &mut plain, None).unwrap();
+        for mark in [0, 1, n / 2, n - 1, n] {
+            let mut stopped = model.new_state();
+            if mark > 0 {
+                model.forward_last(&prompt[..mark], &mut stopped, None).unwrap();
+            }
+            let mut marked = model.new_state();
+            marked.mark_after(mark);
+            let logits = model.forward(&prompt, &mut marked, None).unwrap();
+            assert_eq!(bits(&logits), bits(&want_logits), "{name} mark {mark}: logits");
+            assert_eq!(marked.take_marked(), Some(stopped.snapshot()), "{name} mark {mark}");
+            assert_eq!(marked.take_marked(), None, "{name}: taken once");
+            // In a later pass of a chunked prefill.
+            let mut later = model.new_state();
+            model.forward_last(&prompt[..1], &mut later, None).unwrap();
+            if mark >= 1 {
+                later.mark_after(mark - 1);
+                model.forward_last(&prompt[1..], &mut later, None).unwrap();
+                assert_eq!(later.take_marked(), Some(stopped.snapshot()), "{name} mark {mark} second pass");
+            }
+        }
+        let mut failed = model.new_state();
+        failed.mark_after(1);
+        assert!(model.forward_last(&[u32::MAX], &mut failed, None).is_err());
+        assert_eq!(failed.take_marked(), None, "{name}: a failed pass takes no snapshot");
+    }
+}
+
 #[test]
 fn snapshot_restore_is_exact_and_rollback_is_refused() {
     for name in FIXTURES {

@@ -99,10 +99,11 @@ pub struct ExpertArgs {
     /// stay under it. Default: no limit.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "cache_dir")]
     pub disk_quota: Option<u64>,
-    /// Activation memory one prefill pass may hold (e.g. 2GiB, the
-    /// default). A prompt runs in one pass, reading each routed expert once,
-    /// unless its activations would exceed this; then in as few equal passes
-    /// as fit. Results never depend on it.
+    /// Activation memory one prefill pass may hold (e.g. 4GiB; default: an
+    /// eighth of the RAM available at start, at least 1GiB). A prompt runs in
+    /// one pass, reading each routed expert once, unless its activations
+    /// would exceed this; then in as few equal passes as fit. Results never
+    /// depend on it.
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub prefill_memory: Option<u64>,
     /// Run prompts in fixed passes of N tokens instead (1 to 1048576; the

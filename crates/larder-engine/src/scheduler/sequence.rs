@@ -51,11 +51,7 @@ impl Seq {
     pub fn rows(&self, chunk: usize) -> usize {
         match self.next {
             Some(_) => 1,
-            None => {
-                // A prefill chunk stops at the return point, to snapshot it.
-                let end = self.return_point().filter(|&p| self.fed < p).unwrap_or(self.feed.len());
-                chunk.min(end - self.fed)
-            }
+            None => chunk.min(self.feed.len() - self.fed),
         }
     }
 
@@ -68,12 +64,14 @@ impl Seq {
         (!self.state.can_rollback() && point > 0).then_some(point)
     }
 
-    /// Whether its state is now at its return point with no snapshot there yet.
-    pub fn wants_snapshot(&self) -> bool {
-        self.next.is_none()
-            && self.return_point() == Some(self.fed)
-            && self.state.len() == self.fed
-            && !self.points.lengths().contains(&self.fed)
+    /// Rows into its next pass (of `rows` rows) after which its return point
+    /// lies, when it has none kept there yet: the pass snapshots it there
+    /// ([`SequenceState::mark_after`]), so the prompt's last token runs in
+    /// the same pass as the rest and its experts are read once.
+    pub fn snapshot_mark(&self, rows: usize) -> Option<usize> {
+        let p = self.return_point()?;
+        let here = self.next.is_none() && self.state.len() == self.fed && (self.fed..self.fed + rows).contains(&p);
+        (here && !self.points.lengths().contains(&p)).then(|| p - self.fed)
     }
 
     /// The ids of its next forward pass, and whether its last row's logits
