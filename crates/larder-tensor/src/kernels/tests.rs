@@ -129,6 +129,31 @@ fn batch_invariant_for_every_path_and_format() {
 }
 
 #[test]
+fn batch_invariant_for_many_rows_at_any_offset() {
+    // Prefill sizes: many-row register blocks and panels (5..256 rows),
+    // shorter column chunks for many rows, rows at every position of a
+    // block. k = 1152: whole chunks, a short last chunk, ragged fp8-40 blocks.
+    let (n, k, total) = (12, 1152, 256);
+    let x = Mat::from_vec(total, k, random(total * k, 71));
+    for path in KernelPath::available() {
+        for w in weights(n, k) {
+            let all = matmul_t_with(path, &x, &w);
+            for (first, m) in [(0, 5), (3, 6), (1, 7), (7, 16), (11, 65), (100, 100), (0, 129)] {
+                let rows: Vec<usize> = (first..first + m).collect();
+                let some = matmul_t_with(path, &x.gather_rows(&rows), &w);
+                for (i, &r) in rows.iter().enumerate() {
+                    assert_eq!(some.row(i), all.row(r), "{} {}: row {r} at {i} of {m}", path.name(), w.format());
+                }
+            }
+            for r in [0, 37, 255] {
+                let alone = matmul_t_with(path, &x.gather_rows(&[r]), &w);
+                assert_eq!(alone.row(0), all.row(r), "{} {}: row {r} alone", path.name(), w.format());
+            }
+        }
+    }
+}
+
+#[test]
 fn deterministic_across_thread_counts() {
     let (m, n, k) = (4, 600, 512);
     let x = Mat::from_vec(m, k, random(m * k, 12));
@@ -305,15 +330,22 @@ fn an_fp8_nan_code_makes_its_feature_nan_on_every_path() {
         .map(|b| if b & 0x7f == 0x7f { 0x11 } else { b })
         .collect();
     let scales = vec![0.5f32; n.div_ceil(128) * k.div_ceil(128)];
-    let x = Mat::from_vec(3, k, random(3 * k, 62));
+    // 3 rows take the register blocks, 12 the many-row panel.
+    for m in [3, 12] {
+        nan_code_rows(m, n, k, &clean, &scales);
+    }
+}
+
+fn nan_code_rows(m: usize, n: usize, k: usize, clean: &[u8], scales: &[f32]) {
+    let x = Mat::from_vec(m, k, random(m * k, 62));
     for (row, col, code) in [(0, 0, 0x7fu8), (4, 300, 0xff), (8, 511, 0x7f)] {
-        let mut codes = clean.clone();
+        let mut codes = clean.to_vec();
         codes[row * k + col] = code;
-        let bad = WeightMatrix::fp8_block("nan", n, k, SharedBytes::from_vec(codes), scales.clone(), 128, 128).unwrap();
-        let good = WeightMatrix::fp8_block("clean", n, k, SharedBytes::from_vec(clean.clone()), scales.clone(), 128, 128).unwrap();
+        let bad = WeightMatrix::fp8_block("nan", n, k, SharedBytes::from_vec(codes), scales.to_vec(), 128, 128).unwrap();
+        let good = WeightMatrix::fp8_block("clean", n, k, SharedBytes::from_vec(clean.to_vec()), scales.to_vec(), 128, 128).unwrap();
         for path in KernelPath::available() {
             let (yb, yg) = (matmul_t_with(path, &x, &bad), matmul_t_with(path, &x, &good));
-            for r in 0..3 {
+            for r in 0..m {
                 for f in 0..n {
                     if f == row {
                         assert!(yb.row(r)[f].is_nan(), "{} row {r} feature {f}", path.name());
