@@ -86,11 +86,11 @@ fn mla_past_32k_positions_chunked_equals_whole_and_compact_equals_expanded() {
         let mut state = compact.new_state();
         let whole = compact.forward(&ids, &mut state, None).unwrap();
         assert_eq!(state.bytes(), N * (4 + 4) * 4);
-        // ... equals the last 8k positions again in two chunks, then the
+        // ... equals the last 4k positions again in two chunks, then the
         // last 8 token by token, bit for bit.
-        state.rollback(24576).unwrap();
-        let mut at = 24576;
-        for len in [3000, N - 8 - 27576] {
+        state.rollback(28672).unwrap();
+        let mut at = 28672;
+        for len in [3000, N - 8 - 31672] {
             let part = compact.forward(&ids[at..at + len], &mut state, None).unwrap();
             assert_eq!(bits(&part, 0..len), bits(&whole, at..at + len), "chunk at {at}");
             at += len;
