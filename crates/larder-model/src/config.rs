@@ -48,6 +48,56 @@ pub struct ModelSpec {
     /// Per-head learned attention sinks (gpt-oss, `self_attn.sinks`
     /// `[num_heads]`): one extra logit per head in every softmax denominator.
     pub attention_sinks: bool,
+    /// What MLA layers cache per position (not read from config.json: a
+    /// choice of the caller, [`MlaCache::Compact`] unless set before
+    /// [`DecoderModel::load`](crate::DecoderModel::load)).
+    pub mla_cache: MlaCache,
+}
+
+/// What an MLA layer keeps per cached position.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum MlaCache {
+    /// The RMS-normed latent (`kv_lora_rank` floats) and the shared rope key
+    /// (`qk_rope_head_dim`, post-RoPE): `kv_b_proj` is absorbed into the
+    /// queries and the output (DeepSeek's `attn_impl="absorb"`).
+    #[default]
+    Compact,
+    /// Every head's key (`nope + rope`) and value (`v_head_dim`), as
+    /// transformers computes them (for comparison).
+    Expanded,
+}
+
+impl MlaCache {
+    /// Floats per position of one MLA layer: (key, value).
+    pub fn dims(self, m: &MlaSpec, num_heads: usize) -> (usize, usize) {
+        match self {
+            MlaCache::Compact => (m.kv_lora_rank + m.qk_rope_head_dim, 0),
+            MlaCache::Expanded => (num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), num_heads * m.v_head_dim),
+        }
+    }
+}
+
+impl ModelSpec {
+    /// KV-cache bytes each further position adds, summed over the layers,
+    /// with MLA layers caching as `mla_cache` says (f32 keys and values;
+    /// recurrent layers add none). Equals
+    /// [`DecoderModel::kv_bytes_per_token`](crate::DecoderModel::kv_bytes_per_token)
+    /// of a model loaded with that choice.
+    pub fn kv_bytes_per_token(&self, mla_cache: MlaCache) -> usize {
+        let floats: usize = self
+            .layers
+            .iter()
+            .map(|l| match &l.mixer {
+                MixerSpec::Gqa => 2 * self.num_kv_heads * self.head_dim,
+                MixerSpec::Mla(m) => {
+                    let (k, v) = mla_cache.dims(m, self.num_heads);
+                    k + v
+                }
+                MixerSpec::Kda(_) => 0,
+            })
+            .sum();
+        floats * 4
+    }
 }
 
 /// The token mixer of one layer (what it computes and the state it keeps).

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use larder_router::{Route, Router, SigmoidGroupTopK, SoftmaxTopK, TopKSoftmax};
 use larder_tensor::ops::rms_norm;
@@ -22,7 +22,7 @@ use larder_tensor::{Linear, Mat, WeightMatrix};
 
 use crate::attention::{GqaAttention, Mixer};
 use crate::attn_residual::{DepthAttention, LayerAttnRes};
-use crate::config::{ExpertKind, FfnSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, Scoring};
+use crate::config::{ExpertKind, FfnSpec, LayerSpec, MixerSpec, MlaCache, MlaSpec, ModelSpec, Scoring};
 use crate::error::{ModelError, Stage};
 use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
 use crate::kda::KdaMixer;
@@ -239,6 +239,13 @@ impl DecoderModel {
 
     pub fn spec(&self) -> &ModelSpec {
         &self.spec
+    }
+
+    /// KV-cache bytes each further position of a sequence adds, over all
+    /// layers (MLA layers as [`ModelSpec::mla_cache`] says; recurrent layers
+    /// add none): [`ModelSpec::kv_bytes_per_token`] of this model's spec.
+    pub fn kv_bytes_per_token(&self) -> usize {
+        self.layers.iter().map(|l| l.mixer.new_state().bytes_per_position()).sum()
     }
 
     /// A fresh, empty state for one sequence of this model: per layer, its
@@ -632,7 +639,7 @@ fn load_mla(spec: &ModelSpec, m: &MlaSpec, weights: &dyn WeightSource, prefix: &
         h,
         "mla_use_output_gate",
     )?;
-    Ok(MlaAttention {
+    let mla = MlaAttention {
         q,
         kv_a: lin("kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, h)?,
         kv_norm: weights.vector(&format!("{a}.kv_a_layernorm.weight"), m.kv_lora_rank)?,
@@ -648,7 +655,14 @@ fn load_mla(spec: &ModelSpec, m: &MlaSpec, weights: &dyn WeightSource, prefix: &
         rotary: m.rotary,
         latent_norm_eps: m.latent_norm_eps,
         output_gate,
-    })
+        cache: spec.mla_cache,
+        absorbed: OnceLock::new(),
+    };
+    // A recorded load's zeros are never run: no f32 copy of them.
+    if spec.mla_cache == MlaCache::Compact && !weights.zero_placeholders() {
+        mla.absorbed();
+    }
+    Ok(mla)
 }
 
 /// A K3 output gate `name` (`[rows, cols]`) that config field `field`

@@ -39,8 +39,8 @@ pub mod state;
 pub mod synth;
 pub mod upcycle;
 
-pub use arch::load_model;
-pub use config::{FfnSpec, ModelSpec, MoeSpec};
+pub use arch::{load_model, load_model_with};
+pub use config::{FfnSpec, MlaCache, ModelSpec, MoeSpec};
 pub use decoder::{BatchSeq, DecoderModel, RouteTrace, Wanted};
 pub use error::ModelError;
 pub use expert::{expert_layers, expert_tensors, routed_expert_parts, ExpertPart, ExpertProvider, ExpertTensor, InMemoryExperts};

@@ -18,16 +18,30 @@
 //!   transformers' `DeepseekV3Attention` and `KimiLinear`'s MLA build them
 //!   with the RMSNorm's default eps.
 //!
-//! The KV cache holds the **expanded** keys (`heads x (nope + rope)`) and
-//! values (`heads x v`) per position: exact, and no up-projection per step.
-//! (A compact latent cache would store `kv_lora_rank + rope` floats instead;
-//! not done yet.) Each query row is computed on its own in a fixed order, so
-//! prefill chunking and token-by-token decoding agree bit for bit.
+//! What the KV cache holds per position is the layer's [`MlaCache`]:
+//!
+//! - [`MlaCache::Compact`] (default): the normed latent and the rope key,
+//!   `kv_lora_rank + rope` floats (a `KvLayer` with `v_dim = 0`). `kv_b_proj`
+//!   is absorbed (DeepSeek's `attn_impl="absorb"`): split per head into
+//!   `W_UK [nope, rank]` and `W_UV [v, rank]`, each query head becomes
+//!   `[W_UK^T q_nope | q_rope]` and is dotted with `[latent_j | k_rope_j]`;
+//!   the softmax-weighted sum of latents is mapped to the head's output by
+//!   `W_UV`. Those matrices are `kv_b_proj`'s weights decoded to f32 once
+//!   ([`Absorbed`], an exact widening through the weight's own decoder).
+//! - [`MlaCache::Expanded`]: every head's key (`nope + rope`) and value
+//!   (`v`), as transformers computes them; no up-projection per step.
+//!
+//! Either way each query row is computed on its own in a fixed order (every
+//! score by the same dot, every sum in position order), so prefill chunking
+//! and token-by-token decoding agree bit for bit.
+
+use std::sync::OnceLock;
 
 use larder_tensor::kernels::scalar::dot;
-use larder_tensor::ops::{rms_norm_chunks_in_place, sigmoid};
+use larder_tensor::ops::{rms_norm_chunks_in_place, sigmoid, softmax_in_place};
 use larder_tensor::{Linear, Mat};
 
+use crate::config::MlaCache;
 use crate::kv_cache::KvLayer;
 use crate::rope::Rope;
 
@@ -61,17 +75,64 @@ pub struct MlaAttention {
     pub latent_norm_eps: f32,
     /// The head-wise output gate `g_proj` `[heads, hidden]` (K3 extension).
     pub output_gate: Option<Linear>,
+    /// What the cache holds per position.
+    pub cache: MlaCache,
+    /// `kv_b_proj` split and decoded for [`MlaCache::Compact`], made once
+    /// (at load, or by the first compact pass).
+    pub absorbed: OnceLock<Absorbed>,
+}
+
+/// `kv_b_proj`'s weights in f32, arranged for the absorbed (compact) path.
+pub struct Absorbed {
+    /// Per head, `W_UK^T` `[rank, nope]`: row `c` is column `c` of the head's key rows.
+    uk_t: Vec<f32>,
+    /// Per head, `W_UV` `[v, rank]`: the head's value rows.
+    uv: Vec<f32>,
+}
+
+impl Absorbed {
+    /// Splits `kv_b` (`[heads * (nope + v), rank]`) per head, each row
+    /// decoded exactly as the kernels decode it.
+    pub fn new(kv_b: &Linear, heads: usize, nope: usize, v: usize, rank: usize) -> Self {
+        let w = kv_b.weight();
+        let (mut uk_t, mut uv) = (vec![0.0f32; heads * rank * nope], vec![0.0f32; heads * v * rank]);
+        let mut row = vec![0.0f32; rank];
+        for h in 0..heads {
+            for i in 0..nope {
+                w.decode_row(h * (nope + v) + i, &mut row);
+                for (c, &x) in row.iter().enumerate() {
+                    uk_t[(h * rank + c) * nope + i] = x;
+                }
+            }
+            for i in 0..v {
+                w.decode_row(h * (nope + v) + nope + i, &mut uv[(h * v + i) * rank..(h * v + i + 1) * rank]);
+            }
+        }
+        Absorbed { uk_t, uv }
+    }
 }
 
 impl MlaAttention {
     /// Key floats per cached position.
     pub fn key_dim(&self) -> usize {
-        self.num_heads * (self.nope + self.rope_dim)
+        match self.cache {
+            MlaCache::Compact => self.kv_lora_rank + self.rope_dim,
+            MlaCache::Expanded => self.num_heads * (self.nope + self.rope_dim),
+        }
     }
 
-    /// Value floats per cached position.
+    /// Value floats per cached position (none when compact).
     pub fn value_dim(&self) -> usize {
-        self.num_heads * self.v_dim
+        match self.cache {
+            MlaCache::Compact => 0,
+            MlaCache::Expanded => self.num_heads * self.v_dim,
+        }
+    }
+
+    /// The absorbed `kv_b_proj`, made on first use.
+    pub fn absorbed(&self) -> &Absorbed {
+        self.absorbed
+            .get_or_init(|| Absorbed::new(&self.kv_b, self.num_heads, self.nope, self.v_dim, self.kv_lora_rank))
     }
 
     fn rotate(&self, x: &mut [f32], cos: &[f32], sin: &[f32], scratch: &mut Vec<f32>) {
@@ -85,11 +146,16 @@ impl MlaAttention {
         }
     }
 
-    /// See [`crate::attention::Attention::forward`].
-    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
-        let (heads, nope, rd, vd, rank) = (self.num_heads, self.nope, self.rope_dim, self.v_dim, self.kv_lora_rank);
-        let qk = nope + rd;
-        let mut q = match &self.q {
+    fn cos_sin(&self, rope: &Rope, pos: usize) -> (Vec<f32>, Vec<f32>) {
+        match self.rotary {
+            true => rope.cos_sin(pos),
+            false => (Vec::new(), Vec::new()),
+        }
+    }
+
+    /// Queries, `[rows, heads * (nope + rope)]`, before RoPE.
+    fn queries(&self, x: &Mat) -> Mat {
+        match &self.q {
             QueryProj::Direct(p) => p.forward(x),
             QueryProj::LowRank { a, norm, b } => {
                 let mut t = a.forward(x);
@@ -97,24 +163,133 @@ impl MlaAttention {
                 rms_norm_chunks_in_place(t.as_mut_slice(), width, norm, self.latent_norm_eps);
                 b.forward(&t)
             }
-        };
+        }
+    }
+
+    /// `kv_a_proj_with_mqa(x)` and its normed latents `[rows, rank]`.
+    fn latents(&self, x: &Mat) -> (Mat, Mat) {
+        let rank = self.kv_lora_rank;
         let ckv = self.kv_a.forward(x);
         let mut latent = Mat::zeros(x.rows(), rank);
         for r in 0..x.rows() {
             latent.row_mut(r).copy_from_slice(&ckv.row(r)[..rank]);
         }
         rms_norm_chunks_in_place(latent.as_mut_slice(), rank, &self.kv_norm, self.latent_norm_eps);
+        (ckv, latent)
+    }
+
+    /// See [`crate::attention::Attention::forward`].
+    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
+        debug_assert_eq!(cache.len(), start);
+        let out = match self.cache {
+            MlaCache::Compact => self.attend_compact(x, start, rope, cache),
+            MlaCache::Expanded => self.attend_expanded(x, start, rope, cache),
+        };
+        self.finish(x, out)
+    }
+
+    /// The output gate (when present) and `o_proj` on the heads' outputs.
+    fn finish(&self, x: &Mat, mut out: Mat) -> Mat {
+        if let Some(g_proj) = &self.output_gate {
+            let gate = g_proj.forward(x);
+            for r in 0..x.rows() {
+                for (head, &g) in out.row_mut(r).chunks_exact_mut(self.v_dim).zip(gate.row(r)) {
+                    let s = sigmoid(g);
+                    head.iter_mut().for_each(|v| *v *= s);
+                }
+            }
+        }
+        self.o_proj.forward(&out)
+    }
+
+    /// Caches each row's latent and rotated rope key, rotates the queries'
+    /// rope parts in place, and returns them.
+    fn push_compact(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
+        let (rank, rd, qk) = (self.kv_lora_rank, self.rope_dim, self.nope + self.rope_dim);
+        let mut q = self.queries(x);
+        let (ckv, latent) = self.latents(x);
+        let (mut scratch, mut key) = (Vec::new(), vec![0.0f32; rank + rd]);
+        for r in 0..x.rows() {
+            let (cos, sin) = self.cos_sin(rope, start + r);
+            key[..rank].copy_from_slice(latent.row(r));
+            key[rank..].copy_from_slice(&ckv.row(r)[rank..rank + rd]);
+            self.rotate(&mut key[rank..], &cos, &sin, &mut scratch);
+            for head in q.row_mut(r).chunks_exact_mut(qk) {
+                self.rotate(&mut head[self.nope..], &cos, &sin, &mut scratch);
+            }
+            cache.push(&key, &[]);
+        }
+        q
+    }
+
+    /// Absorbed attention over the compact cache: heads' outputs `[rows, heads * v]`.
+    fn attend_compact(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
+        let (heads, nope, vd, rank) = (self.num_heads, self.nope, self.v_dim, self.kv_lora_rank);
+        let (qk, width) = (nope + self.rope_dim, rank + self.rope_dim);
+        let q = self.push_compact(x, start, rope, cache);
+        let w = self.absorbed();
+        let mut out = Mat::zeros(x.rows(), heads * vd);
+        let (mut q_abs, mut scores, mut ctx) = (vec![0.0f32; heads * width], Vec::new(), vec![0.0f32; heads * rank]);
+        for r in 0..x.rows() {
+            for h in 0..heads {
+                let qh = &q.row(r)[h * qk..(h + 1) * qk];
+                let dst = &mut q_abs[h * width..(h + 1) * width];
+                for (c, d) in dst[..rank].iter_mut().enumerate() {
+                    *d = dot(&w.uk_t[(h * rank + c) * nope..(h * rank + c + 1) * nope], &qh[..nope]);
+                }
+                dst[rank..].copy_from_slice(&qh[nope..]);
+            }
+            let n = start + r + 1;
+            self.latent_scores(&q_abs, cache, n, &mut scores);
+            ctx.fill(0.0);
+            for j in 0..n {
+                let lat = &cache.key(j)[..rank];
+                for h in 0..heads {
+                    axpy(scores[h * n + j], lat, &mut ctx[h * rank..(h + 1) * rank]);
+                }
+            }
+            let o = out.row_mut(r);
+            for h in 0..heads {
+                let c = &ctx[h * rank..(h + 1) * rank];
+                for i in 0..vd {
+                    o[h * vd + i] = dot(&w.uv[(h * vd + i) * rank..(h * vd + i + 1) * rank], c);
+                }
+            }
+        }
+        out
+    }
+
+    /// Softmaxed scores of every head against the first `n` cached
+    /// positions, `scores[h * n + j]`; each one dot of `[q_lat | q_rope]`
+    /// with `[latent_j | k_rope_j]`, positions outermost so a cached row is
+    /// read once for all heads.
+    fn latent_scores(&self, q_abs: &[f32], cache: &KvLayer, n: usize, scores: &mut Vec<f32>) {
+        let width = self.kv_lora_rank + self.rope_dim;
+        scores.clear();
+        scores.resize(self.num_heads * n, 0.0);
+        for j in 0..n {
+            let k = cache.key(j);
+            for h in 0..self.num_heads {
+                scores[h * n + j] = dot(&q_abs[h * width..(h + 1) * width], k) * self.softmax_scale;
+            }
+        }
+        for h in 0..self.num_heads {
+            softmax_in_place(&mut scores[h * n..(h + 1) * n]);
+        }
+    }
+
+    /// Attention over the expanded cache: heads' outputs `[rows, heads * v]`.
+    fn attend_expanded(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
+        let (heads, nope, rd, vd, rank) = (self.num_heads, self.nope, self.rope_dim, self.v_dim, self.kv_lora_rank);
+        let qk = nope + rd;
+        let mut q = self.queries(x);
+        let (ckv, latent) = self.latents(x);
         let kv = self.kv_b.forward(&latent);
 
-        debug_assert_eq!(cache.len(), start);
         let mut scratch = Vec::new();
         let (mut key, mut value) = (vec![0.0f32; heads * qk], vec![0.0f32; heads * vd]);
         for r in 0..x.rows() {
-            let (cos, sin) = if self.rotary {
-                rope.cos_sin(start + r)
-            } else {
-                (Vec::new(), Vec::new())
-            };
+            let (cos, sin) = self.cos_sin(rope, start + r);
             let mut k_rot = ckv.row(r)[rank..rank + rd].to_vec();
             self.rotate(&mut k_rot, &cos, &sin, &mut scratch);
             for head in q.row_mut(r).chunks_exact_mut(qk) {
@@ -137,24 +312,22 @@ impl MlaAttention {
                 let qh = &q.row(r)[h * qk..(h + 1) * qk];
                 scores.clear();
                 scores.extend((0..=pos).map(|j| dot(qh, &cache.key(j)[h * qk..(h + 1) * qk]) * self.softmax_scale));
-                larder_tensor::ops::softmax_in_place(&mut scores);
+                softmax_in_place(&mut scores);
                 let o = &mut out.row_mut(r)[h * vd..(h + 1) * vd];
-                for (p, j) in scores.iter().zip(0..=pos) {
-                    for (oo, vv) in o.iter_mut().zip(&cache.value(j)[h * vd..(h + 1) * vd]) {
-                        *oo += p * vv;
-                    }
+                for (j, &p) in scores.iter().enumerate() {
+                    axpy(p, &cache.value(j)[h * vd..(h + 1) * vd], o);
                 }
             }
         }
-        if let Some(g_proj) = &self.output_gate {
-            let gate = g_proj.forward(x);
-            for r in 0..x.rows() {
-                for (head, &g) in out.row_mut(r).chunks_exact_mut(vd).zip(gate.row(r)) {
-                    let s = sigmoid(g);
-                    head.iter_mut().for_each(|v| *v *= s);
-                }
-            }
-        }
-        self.o_proj.forward(&out)
+        out
+    }
+}
+
+/// `y += p * x`, element by element in order (`x` at least as long as `y`).
+#[inline]
+fn axpy(p: f32, x: &[f32], y: &mut [f32]) {
+    let x = &x[..y.len()];
+    for i in 0..y.len() {
+        y[i] += p * x[i];
     }
 }

@@ -148,3 +148,39 @@ fn latent_norms_keep_their_own_epsilon() {
         }
     }
 }
+
+/// DeepSeek-V3's real shape (61 MLA layers, 128 heads, nope 128, rope 64,
+/// v 128, kv_lora_rank 512): the expanded cache takes 61 x 128 x (192 + 128)
+/// f32 per token (9.53 MiB), the compact one 61 x (512 + 64) f32 (137.25 KiB).
+#[test]
+fn kv_bytes_per_token_of_the_real_deepseek_v3_shape() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/deepseek_v3_tiny");
+    let mut cfg = larder_model::config::ConfigJson::read(&dir).unwrap();
+    let real = serde_json::json!({
+        "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+        "num_hidden_layers": 61, "first_k_dense_replace": 3, "num_attention_heads": 128,
+        "num_key_value_heads": 128, "n_routed_experts": 256, "num_experts_per_tok": 8,
+        "n_group": 8, "topk_group": 4, "q_lora_rank": 1536, "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+        "vocab_size": 129280, "max_position_embeddings": 163840,
+        "rope_parameters": {"rope_type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+            "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0, "rope_theta": 10000.0},
+    });
+    for (k, v) in real.as_object().unwrap() {
+        cfg.value[k] = v.clone();
+    }
+    let spec = larder_model::arch::spec_from_config(&cfg).unwrap();
+    assert_eq!(spec.layers.len(), 61);
+    let expanded = spec.kv_bytes_per_token(larder_model::MlaCache::Expanded);
+    let compact = spec.kv_bytes_per_token(larder_model::MlaCache::Compact);
+    assert_eq!(expanded, 61 * 128 * (128 + 64 + 128) * 4);
+    assert_eq!(compact, 61 * (512 + 64) * 4);
+    eprintln!(
+        "DeepSeek-V3 KV per token: expanded {expanded} B ({:.2} MiB), compact {compact} B ({:.2} KiB), {:.1}x smaller",
+        expanded as f64 / (1 << 20) as f64,
+        compact as f64 / 1024.0,
+        expanded as f64 / compact as f64
+    );
+    assert!((expanded as f64 / (1 << 20) as f64 - 9.53).abs() < 0.01);
+    assert!((compact as f64 / 1024.0 - 137.25).abs() < 0.01);
+}

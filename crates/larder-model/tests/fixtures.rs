@@ -1,11 +1,13 @@
 //! Reference tests: every fixture under `fixtures/` (tiny checkpoints written
 //! by `scripts/gen_fixtures.py` with transformers) must give the same logits
 //! (within 1e-4), the same routing and the same greedy ids, and prefill must
-//! be bit-identical whether chunked or token by token.
+//! be bit-identical whether chunked or token by token. Fixtures with MLA
+//! layers pass it with either [`MlaCache`].
 
 use std::path::{Path, PathBuf};
 
-use larder_model::{load_model, DecoderModel, RouteTrace};
+use larder_model::config::MixerSpec;
+use larder_model::{load_model_with, DecoderModel, MlaCache, RouteTrace};
 use serde_json::Value;
 
 const FIXTURES: &[&str] = &[
@@ -106,9 +108,25 @@ fn greedy(model: &DecoderModel, prompt: &[u32], n: usize, eos: &[u32], use_cache
     out
 }
 
+/// Both cache layouts where the fixture has MLA layers, else the default.
+fn caches(dir: &Path) -> Vec<MlaCache> {
+    let spec = larder_model::arch::read_spec(dir).unwrap();
+    match spec.layers.iter().any(|l| matches!(l.mixer, MixerSpec::Mla(_))) {
+        true => vec![MlaCache::Compact, MlaCache::Expanded],
+        false => vec![MlaCache::default()],
+    }
+}
+
 fn check_fixture(name: &str) {
-    let dir = fixture_dir(name);
-    let model = load_model(&dir, None).unwrap_or_else(|e| panic!("{name}: {e}"));
+    for cache in caches(&fixture_dir(name)) {
+        check_fixture_with(name, cache);
+    }
+}
+
+fn check_fixture_with(fixture: &str, cache: MlaCache) {
+    let dir = fixture_dir(fixture);
+    let name = &format!("{fixture} ({cache:?})");
+    let model = load_model_with(&dir, None, cache).unwrap_or_else(|e| panic!("{name}: {e}"));
     let r = reference(&dir);
     let prompt = ids(&r.json["prompt_ids"]);
 
@@ -129,7 +147,12 @@ fn check_fixture(name: &str) {
             worst = worst.max((a - b).abs());
         }
     }
+    eprintln!(
+        "{name}: max |logit diff| {worst:.2e}, {} KV bytes per token",
+        model.kv_bytes_per_token()
+    );
     assert!(worst <= 1e-4, "{name}: max |logit diff| {worst} > 1e-4");
+    assert_eq!(model.kv_bytes_per_token(), model.spec().kv_bytes_per_token(cache), "{name}");
 
     // Routing: identical experts in router order, weights within tolerance.
     let routing = r.json["routing"].as_object().unwrap();

@@ -335,7 +335,8 @@ fn model_text(m: &ModelReport) -> String {
     format!(
         "\nModel  {} ({})\n  architecture  {}, {} layers ({} MoE), {} experts per layer, top-{}\n  \
          spine         {} ({how})\n  expert bank   {}, {} per expert\n  \
-         per token     {} of routed experts (top-{} x {} MoE layers), {} of weights in all\n",
+         per token     {} of routed experts (top-{} x {} MoE layers), {} of weights in all\n  \
+         KV cache      {} per token of context{}\n",
         m.path.display(),
         m.kind.name(),
         m.model_type,
@@ -349,7 +350,15 @@ fn model_text(m: &ModelReport) -> String {
         format_size(s.expert_bytes_per_token()),
         s.top_k,
         s.moe_layers,
-        format_size(s.active_bytes_per_token())
+        format_size(s.active_bytes_per_token()),
+        format_size(m.kv_bytes_per_token as u64),
+        match m.kv_bytes_per_token_expanded == m.kv_bytes_per_token {
+            true => String::new(),
+            false => format!(
+                " (MLA compact latent; {} expanded)",
+                format_size(m.kv_bytes_per_token_expanded as u64)
+            ),
+        }
     )
 }
 

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use larder_engine::plan::{estimate_sizes, ModelSizes, Storage};
 use larder_model::checkpoint::Checkpoint;
+use larder_model::MlaCache;
 use larder_store::Manifest;
 use serde_json::{json, Value};
 
@@ -36,6 +37,10 @@ pub struct ModelReport {
     pub kind: Kind,
     pub model_type: String,
     pub sizes: ModelSizes,
+    /// KV-cache bytes per token of context, MLA layers compact (the default)
+    /// and expanded (equal when the model has no MLA layers).
+    pub kv_bytes_per_token: usize,
+    pub kv_bytes_per_token_expanded: usize,
     /// The folder holding it (the drive its experts are read from).
     pub folder: PathBuf,
 }
@@ -77,6 +82,8 @@ pub fn inspect(path: &Path) -> anyhow::Result<ModelReport> {
         kind,
         model_type: spec.model_type.clone(),
         sizes,
+        kv_bytes_per_token: spec.kv_bytes_per_token(MlaCache::Compact),
+        kv_bytes_per_token_expanded: spec.kv_bytes_per_token(MlaCache::Expanded),
         folder: dir,
     })
 }
@@ -145,6 +152,8 @@ impl ModelReport {
             "expert_bank_bytes": s.bank_bytes,
             "expert_bytes_per_token": s.expert_bytes_per_token(),
             "active_bytes_per_token": s.active_bytes_per_token(),
+            "kv_bytes_per_token": self.kv_bytes_per_token,
+            "kv_bytes_per_token_expanded": self.kv_bytes_per_token_expanded,
         })
     }
 }

@@ -9,7 +9,9 @@
 //! layer index `num_hidden_layers` and up) are not loaded: the main model
 //! runs without them; they stay addressable in the checkpoint for drafting.
 
-use crate::config::{ConfigJson, FfnSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec};
+use crate::config::{
+    ConfigJson, FfnSpec, LayerSpec, MixerSpec, MlaCache, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec,
+};
 use crate::error::ModelError;
 use crate::rope::{RopeScaling, RopeSpec};
 
@@ -61,6 +63,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         mxfp4_experts: None,
         attn_res_block: None,
         attention_sinks: false,
+        mla_cache: MlaCache::default(),
     };
     let layers = layer_plan(cfg, &MixerSpec::Mla(mla))?;
     super::finish(cfg, spec, layers)

@@ -26,7 +26,8 @@ use serde_json::Value;
 use super::kimi_k3;
 
 use crate::config::{
-    ConfigJson, FfnSpec, KdaSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec, MAX_CONFIG_INT,
+    ConfigJson, FfnSpec, KdaSpec, LayerSpec, MixerSpec, MlaCache, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec,
+    MAX_CONFIG_INT,
 };
 use crate::error::ModelError;
 use crate::rope::{RopeScaling, RopeSpec};
@@ -255,6 +256,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         mxfp4_experts: None,
         attn_res_block: attn_res_block(cfg)?,
         attention_sinks: false,
+        mla_cache: MlaCache::default(),
     };
     let kda = MixerSpec::Kda(kda_spec(cfg)?);
     let mla = MixerSpec::Mla(mla);

@@ -14,7 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::checkpoint::Checkpoint;
-use crate::config::{ConfigJson, LayerSpec, ModelSpec, MoeNames};
+use crate::config::{ConfigJson, LayerSpec, MlaCache, ModelSpec, MoeNames};
 use crate::decoder::DecoderModel;
 use crate::error::ModelError;
 use crate::expert::ExpertProvider;
@@ -67,7 +67,15 @@ pub fn spec_from_config(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
 /// Loads a checkpoint folder: config, then every weight (experts from
 /// `experts` when given, else into RAM).
 pub fn load_model(dir: &Path, experts: Option<Arc<dyn ExpertProvider>>) -> Result<DecoderModel, ModelError> {
-    let spec = read_spec(dir)?;
+    load_model_with(dir, experts, MlaCache::default())
+}
+
+/// [`load_model`] with MLA layers caching as `mla_cache` says.
+pub fn load_model_with(dir: &Path, experts: Option<Arc<dyn ExpertProvider>>, mla_cache: MlaCache) -> Result<DecoderModel, ModelError> {
+    let spec = ModelSpec {
+        mla_cache,
+        ..read_spec(dir)?
+    };
     let ckpt = Checkpoint::open(dir)?;
     DecoderModel::load(spec, &ckpt, experts)
 }
@@ -107,6 +115,7 @@ pub(crate) fn base_spec(
         mxfp4_experts: None,
         attn_res_block: None,
         attention_sinks: false,
+        mla_cache: MlaCache::default(),
     })
 }
 

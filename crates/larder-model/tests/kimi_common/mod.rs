@@ -1,13 +1,15 @@
 //! Helpers shared by the Kimi Linear fixture tests (`kimi_linear.rs`,
 //! `kimi_linear_attn_res.rs`, `kimi_linear_latent.rs`) and `gpt_oss.rs`: fixture folders and their transformers
 //! references, the reference check (logits, routing, greedy ids), the
-//! chunking and batch bit-identity checks, and edited copies of a fixture.
+//! chunking and batch bit-identity checks (each with every [`MlaCache`] where
+//! the fixture has MLA layers), and edited copies of a fixture.
 
 #![allow(dead_code)] // each test crate uses its own subset
 
 use std::path::{Path, PathBuf};
 
-use larder_model::{load_model, BatchSeq, DecoderModel, RouteTrace, SequenceState, Wanted};
+use larder_model::config::MixerSpec;
+use larder_model::{load_model, load_model_with, BatchSeq, DecoderModel, MlaCache, RouteTrace, SequenceState, Wanted};
 use larder_tensor::Mat;
 use serde_json::Value;
 
@@ -70,6 +72,24 @@ pub fn load(name: &str) -> DecoderModel {
     load_model(&fixture_dir(name), None).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
+/// Fixture `name` loaded with each cache layout it can use (both where it
+/// has MLA layers), with a label naming the layout.
+pub fn loads(name: &str) -> Vec<(String, DecoderModel)> {
+    let dir = fixture_dir(name);
+    let spec = larder_model::arch::read_spec(&dir).unwrap();
+    let caches = match spec.layers.iter().any(|l| matches!(l.mixer, MixerSpec::Mla(_))) {
+        true => vec![MlaCache::Compact, MlaCache::Expanded],
+        false => vec![MlaCache::default()],
+    };
+    caches
+        .into_iter()
+        .map(|c| {
+            let model = load_model_with(&dir, None, c).unwrap_or_else(|e| panic!("{name}: {e}"));
+            (format!("{name} ({c:?})"), model)
+        })
+        .collect()
+}
+
 pub fn prompt_of(name: &str) -> Vec<u32> {
     ids(&reference(&fixture_dir(name)).json["prompt_ids"])
 }
@@ -105,8 +125,13 @@ pub fn max_diff(got: &Mat, want: &[f32], vocab: usize) -> f32 {
 }
 
 pub fn check_reference(name: &str) {
-    let dir = fixture_dir(name);
-    let model = load(name);
+    for (label, model) in loads(name) {
+        check_reference_of(name, &label, &model);
+    }
+}
+
+fn check_reference_of(fixture: &str, name: &str, model: &DecoderModel) {
+    let dir = fixture_dir(fixture);
     let r = reference(&dir);
     let prompt = ids(&r.json["prompt_ids"]);
     let mut state = model.new_state();
@@ -147,12 +172,12 @@ pub fn check_reference(name: &str) {
 
     let n = ids(&r.json["greedy_ids"]).len();
     assert_eq!(
-        greedy(&model, &prompt, n, true),
+        greedy(model, &prompt, n, true),
         ids(&r.json["greedy_ids"]),
         "{name}: greedy through the state"
     );
     assert_eq!(
-        greedy(&model, &prompt, n, false),
+        greedy(model, &prompt, n, false),
         ids(&r.json["greedy_ids_no_cache"]),
         "{name}: greedy recomputed"
     );
@@ -161,9 +186,13 @@ pub fn check_reference(name: &str) {
 /// A prompt prefilled token by token and in uneven chunks gives the one-pass
 /// logits bit for bit.
 pub fn check_prefill_chunking(name: &str) {
-    let model = load(name);
-    let prompt = prompt_of(name);
-    let whole = model.forward(&prompt, &mut model.new_state(), None).unwrap();
+    for (label, model) in loads(name) {
+        check_prefill_chunking_of(&prompt_of(name), &label, &model);
+    }
+}
+
+fn check_prefill_chunking_of(prompt: &[u32], name: &str, model: &DecoderModel) {
+    let whole = model.forward(prompt, &mut model.new_state(), None).unwrap();
     let mut one = model.new_state();
     for (p, &id) in prompt.iter().enumerate() {
         let row = model.forward(&[id], &mut one, None).unwrap();
@@ -191,11 +220,15 @@ pub fn check_prefill_chunking(name: &str) {
 /// Three sequences in one batch (a fresh prompt, one mid-prefill, one
 /// decoding) give each one's logits and state bit for bit as alone.
 pub fn check_batch_against_alone(name: &str) {
-    let model = load(name);
-    let prompt = prompt_of(name);
+    for (label, model) in loads(name) {
+        check_batch_against_alone_of(&prompt_of(name), &label, &model);
+    }
+}
+
+fn check_batch_against_alone_of(prompt: &[u32], name: &str, model: &DecoderModel) {
     let vocab = model.spec().vocab_size as u32;
     let other: Vec<u32> = prompt.iter().rev().map(|&t| (t * 7 + 3) % vocab).collect();
-    let prefixes: [&[u32]; 3] = [&[], &other[..5], &prompt];
+    let prefixes: [&[u32]; 3] = [&[], &other[..5], prompt];
     let nexts: [&[u32]; 3] = [&prompt[..9], &other[5..11], &[42]];
     let wanted = [Wanted::All, Wanted::All, Wanted::Last];
     let prepared = |k: usize| {
