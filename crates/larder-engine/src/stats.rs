@@ -29,7 +29,9 @@ pub struct Stats {
     /// Bytes a sequence holds whatever its length (recurrent layers' states,
     /// both buffers; 0 for a KV-only model).
     pub state_fixed_bytes: usize,
-    /// Bytes each position adds (every attention layer's keys and values, f32).
+    /// Bytes each position adds, the KV bytes per token (every attention
+    /// layer's cache, f32: keys and values for GQA; the compressed latent
+    /// and rope key for MLA's compact cache).
     pub state_bytes_per_position: usize,
     /// Bytes of the snapshots kept at the end of the request to return to
     /// (`crate::return_points`; 0 for a KV-only model).

@@ -60,7 +60,10 @@ pub struct Args {
     max_batch: u16,
     /// Memory all requests' sequence state (KV cache) may take together, e.g. 2GiB (default: half of what
     /// MemAvailable at start leaves after the expert cache budget, at least 64MiB). A request whose worst case
-    /// (prompt + max_tokens positions) cannot fit is refused with a 400.
+    /// (prompt + max_tokens positions) cannot fit is refused with a 400. KV bytes per token: `larder doctor
+    /// --model DIR` and each response's stats (`state_bytes_per_position`); MLA layers (DeepSeek-V3, Kimi)
+    /// cache the compressed latent, kv_lora_rank + rope floats per layer (DeepSeek-V3: 137 KiB per token
+    /// instead of 9.5 MiB expanded).
     #[arg(long, value_name = "SIZE", value_parser = kv_size)]
     kv_budget: Option<u64>,
     /// Largest request body accepted, 1KiB..=1GiB (e.g. 1MiB); larger bodies get 413.
