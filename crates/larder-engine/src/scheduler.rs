@@ -96,8 +96,8 @@ use crate::return_points::ReturnPoints;
 use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::tokenizer::StreamDecoder;
-use disk_tier::{DiskHit, DiskTier};
 pub use disk_tier::{check_state_dir, model_identity, DiskTierConfig, DiskTierStats};
+use disk_tier::{DiskHit, DiskTier};
 use prefix_cache::{Hit, PrefixCache};
 use sequence::{finish, sample_one, Seq};
 

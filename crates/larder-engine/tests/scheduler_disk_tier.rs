@@ -72,7 +72,10 @@ fn a_second_turn_after_a_restart_reuses_the_saved_state() {
         let mut sched = scheduler(&engine, &dir);
         let again = run_one(&mut sched, &t2, None);
         let warnings = sched.take_disk_warnings();
-        assert!(!warnings.is_empty() && warnings.iter().all(|w| w.contains("state file")), "{name}: {warnings:?}");
+        assert!(
+            !warnings.is_empty() && warnings.iter().all(|w| w.contains("state file")),
+            "{name}: {warnings:?}"
+        );
         assert_eq!((again.cached_tokens, &again.ids), (0, &solo(&engine, &t2).ids), "{name}: prefilled");
         let _ = std::fs::remove_dir_all(&dir);
     }

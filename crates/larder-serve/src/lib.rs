@@ -126,10 +126,13 @@ impl RunningServer {
             kv_budget: c.kv_budget,
             ..larder_engine::SchedulerConfig::default()
         };
-        let _ = self
-            .state
-            .worker
-            .set(worker::Worker::start_batched_with(engine, c.queue_depth, drafting, batching, c.state_dir.clone()));
+        let _ = self.state.worker.set(worker::Worker::start_batched_with(
+            engine,
+            c.queue_depth,
+            drafting,
+            batching,
+            c.state_dir.clone(),
+        ));
     }
 
     /// Whether an engine is attached.

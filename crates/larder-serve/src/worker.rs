@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
 use larder_engine::{
-    Conversation, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Outcome, Request, RequestEvent, SamplingParams, Scheduler,
-    SchedulerConfig, StoreStats, DiskTierConfig, DiskTierStats,
+    Conversation, DiskTierConfig, DiskTierStats, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Outcome, Request,
+    RequestEvent, SamplingParams, Scheduler, SchedulerConfig, StoreStats,
 };
 use tokio::sync::mpsc::UnboundedSender;
 

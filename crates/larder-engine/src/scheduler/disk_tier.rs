@@ -211,7 +211,7 @@ impl DiskTier {
             .max_by_key(|&(i, reuse)| (reuse, self.entries[i].last_used))?;
         let e = &self.entries[entry];
         let whole = reuse == e.tokens.len();
-        (reuse > 0).then(|| DiskHit {
+        (reuse > 0).then_some(DiskHit {
             entry,
             reuse,
             whole,
@@ -261,7 +261,10 @@ impl DiskTier {
         }
         self.clock += 1;
         self.entries[hit.entry].last_used = self.clock;
-        let _ = File::options().write(true).open(&path).and_then(|f| f.set_modified(SystemTime::now()));
+        let _ = File::options()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_modified(SystemTime::now()));
         self.stats.hits += 1;
         self.stats.bytes_read += len;
         self.stats.load_s += started.elapsed().as_secs_f64();
@@ -286,7 +289,9 @@ impl DiskTier {
             return;
         }
         // The files it extends go: it holds all they do.
-        let extended: Vec<usize> = (0..self.entries.len()).filter(|&i| tokens.starts_with(&self.entries[i].tokens)).collect();
+        let extended: Vec<usize> = (0..self.entries.len())
+            .filter(|&i| tokens.starts_with(&self.entries[i].tokens))
+            .collect();
         for i in extended.into_iter().rev() {
             let e = self.entries.swap_remove(i);
             let _ = fs::remove_file(&e.path);
@@ -295,7 +300,9 @@ impl DiskTier {
         let name = format!("{:032x}.{SUFFIX}", name_hash(self.identity, tokens));
         let path = self.config.dir.join(&name);
         let tmp = self.config.dir.join(format!(".{name}.{}.tmp", std::process::id()));
-        match write_atomically(&tmp, &path, |w| state_io::write_state(w, self.identity, tokens, state, points.snapshots())) {
+        match write_atomically(&tmp, &path, |w| {
+            state_io::write_state(w, self.identity, tokens, state, points.snapshots())
+        }) {
             Ok(bytes) => {
                 self.stats.bytes_written += bytes;
                 self.entries.push(Entry {
@@ -321,7 +328,9 @@ impl DiskTier {
     /// Removes least recently used files until `extra` more bytes fit the quota.
     fn fit(&mut self, extra: u64) {
         while !self.entries.is_empty() && self.bytes() + extra > self.config.quota {
-            let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else { return };
+            let Some(i) = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used) else {
+                return;
+            };
             let e = self.entries.swap_remove(i);
             let _ = fs::remove_file(&e.path);
         }

@@ -99,7 +99,10 @@ fn corrupt_truncated_and_foreign_files_are_never_used() {
     let hit = tier.lookup(IDS).unwrap();
     assert!(tier.load(hit, &m).is_none());
     let warnings = tier.take_warnings();
-    assert!(warnings.len() == 1 && warnings[0].contains(&path.display().to_string()) && warnings[0].contains("digest"), "{warnings:?}");
+    assert!(
+        warnings.len() == 1 && warnings[0].contains(&path.display().to_string()) && warnings[0].contains("digest"),
+        "{warnings:?}"
+    );
     assert!(!path.exists() && tier.lookup(IDS).is_none(), "removed and forgotten");
 
     // Cut short: refused (here already at open, the header is cut).
