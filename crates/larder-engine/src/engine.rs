@@ -200,6 +200,11 @@ impl Engine {
         })
     }
 
+    /// The folder the engine was loaded from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
     pub fn model(&self) -> &DecoderModel {
         &self.model
     }

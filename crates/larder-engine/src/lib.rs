@@ -55,6 +55,6 @@ pub use larder_store::{format_size, StoreStats};
 pub use prefill::PrefillChunk;
 pub use return_points::ReturnPoints;
 pub use sampling::{Sampler, SamplingParams};
-pub use scheduler::{Failure, Job, Scheduler, SchedulerConfig, StepReport};
+pub use scheduler::{check_state_dir, DiskTierConfig, DiskTierStats, Failure, Job, Scheduler, SchedulerConfig, StepReport};
 pub use stats::{ExpertStats, SpeculativeStats, Stats};
 pub use tokenizer::{StreamDecoder, TextTokenizer};

@@ -46,6 +46,18 @@ impl ReturnPoints {
         ReturnPoints::default()
     }
 
+    /// Snapshots read back from disk (ascending lengths, as
+    /// [`snapshots`](Self::snapshots) gave them).
+    pub fn from_snapshots(mut snapshots: Vec<StateSnapshot>) -> Self {
+        snapshots.sort_by_key(StateSnapshot::len);
+        ReturnPoints { snapshots }
+    }
+
+    /// The snapshots, by increasing length.
+    pub fn snapshots(&self) -> &[StateSnapshot] {
+        &self.snapshots
+    }
+
     /// Snapshots kept.
     pub fn len(&self) -> usize {
         self.snapshots.len()

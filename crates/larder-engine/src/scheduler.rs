@@ -64,6 +64,13 @@
 //! with everything else; under pressure, running sequences' snapshots are
 //! dropped after the prefix cache is evicted and before any preemption.
 //!
+//! **Disk tier** ([`attach_disk_tier`](Scheduler::attach_disk_tier),
+//! `disk_tier` module): finished conversations are also written to a folder
+//! under a byte quota; a request whose feed shares a longer prefix with a
+//! file than with anything in RAM loads it (same reuse rules, bit-identical
+//! logits), also after a restart. Loaded states count against the KV budget
+//! like any other.
+//!
 //! Cancelled sequences (flag or sink) are retired at the next step in any
 //! phase (queued, prefilling, decoding, preempted and queued); when nothing
 //! runs or waits, [`state_bytes`](Scheduler::state_bytes) is 0.
@@ -71,6 +78,7 @@
 //! Requests with a drafter (speculative decoding) are not batched: run them
 //! alone through [`Conversation::run`](crate::Conversation::run).
 
+mod disk_tier;
 mod prefix_cache;
 mod sequence;
 
@@ -88,6 +96,8 @@ use crate::return_points::ReturnPoints;
 use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::tokenizer::StreamDecoder;
+pub use disk_tier::{check_state_dir, model_identity, DiskTierConfig, DiskTierStats};
+use disk_tier::{DiskHit, DiskTier};
 use prefix_cache::{Hit, PrefixCache};
 use sequence::{finish, sample_one, Seq};
 
@@ -168,6 +178,7 @@ pub struct Scheduler<'e> {
     admissions: u64,
     preemptions: u64,
     cache: PrefixCache,
+    disk: Option<DiskTier>,
 }
 
 impl<'e> Scheduler<'e> {
@@ -203,7 +214,26 @@ impl<'e> Scheduler<'e> {
             admissions: 0,
             preemptions: 0,
             cache: PrefixCache::new(config.prefix_cache),
+            disk: None,
         })
+    }
+
+    /// Keeps finished conversations in `config.dir` too and reuses them from
+    /// there (see the module docs); an error when the folder cannot be
+    /// created or written, or the model's files cannot be read for its identity.
+    pub fn attach_disk_tier(&mut self, config: DiskTierConfig) -> Result<(), EngineError> {
+        self.disk = Some(DiskTier::open(config, self.engine.dir(), self.engine.model())?);
+        Ok(())
+    }
+
+    /// The disk tier's counters (`None` without one).
+    pub fn disk_stats(&self) -> Option<DiskTierStats> {
+        self.disk.as_ref().map(DiskTier::stats)
+    }
+
+    /// The disk tier's warnings since the last call (bad files, failed saves).
+    pub fn take_disk_warnings(&mut self) -> Vec<String> {
+        self.disk.as_mut().map(DiskTier::take_warnings).unwrap_or_default()
     }
 
     /// Bytes of model state one position takes in every layer.
@@ -448,14 +478,21 @@ impl<'e> Scheduler<'e> {
         while self.running.len() < self.config.max_batch {
             let Some(front) = self.queue.front() else { break };
             let hit = self.cache.lookup(&front.feed);
+            let ram = hit.map_or(0, |h| h.reuse);
+            let disk = self.disk.as_ref().and_then(|d| d.lookup(&front.feed)).filter(|d| d.reuse > ram);
             if let Some(budget) = self.config.kv_budget {
                 let running = self.step_bytes();
                 if running + self.first_pass_bytes(front, 0) > budget {
                     break; // it waits for room
                 }
-                let own = hit.map_or(0, |h| h.reuse);
-                let carried = hit.map_or(0, |h| h.carried_bytes);
-                let moved = hit.filter(|h| h.whole).map_or(0, |h| h.entry_bytes);
+                let (own, carried, moved) = match disk {
+                    Some(d) => (d.reuse, d.snapshots * self.bytes_per_sequence / 2, 0),
+                    None => (
+                        ram,
+                        hit.map_or(0, |h| h.carried_bytes),
+                        hit.filter(|h| h.whole).map_or(0, |h| h.entry_bytes),
+                    ),
+                };
                 let kept = self.cache.bytes() - moved;
                 if running + self.first_pass_bytes(front, own) + carried + kept > budget {
                     if self.cache.evict_lru() {
@@ -465,16 +502,23 @@ impl<'e> Scheduler<'e> {
                 }
             }
             let Some(mut s) = self.queue.pop_front() else { break };
-            self.start(&mut s, hit);
+            self.start(&mut s, hit, disk);
             self.running.push(s);
         }
     }
 
     /// Admits `s`: its place in the admission order, and the prefix it reuses.
-    fn start(&mut self, s: &mut Seq, hit: Option<Hit>) {
+    fn start(&mut self, s: &mut Seq, hit: Option<Hit>, disk: Option<DiskHit>) {
         s.admitted = self.admissions;
         self.admissions += 1;
-        if let Some((hit, (state, points))) = hit.and_then(|hit| self.cache.take(hit).map(|taken| (hit, taken))) {
+        if let Some((state, points, reuse)) = self.load_from_disk(disk) {
+            s.state = state;
+            s.points = points;
+            s.fed = reuse;
+            if !s.resumed() {
+                s.stats.cached_tokens = reuse;
+            }
+        } else if let Some((hit, (state, points))) = hit.and_then(|hit| self.cache.take(hit).map(|taken| (hit, taken))) {
             s.state = state;
             s.points = points;
             s.fed = hit.reuse;
@@ -484,6 +528,17 @@ impl<'e> Scheduler<'e> {
         } else {
             s.state = self.engine.model().new_state();
         }
+    }
+
+    /// The state `disk` names, loaded (with the positions it reuses); counts
+    /// a miss when the disk tier had nothing longer than RAM or failed.
+    fn load_from_disk(&mut self, disk: Option<DiskHit>) -> Option<(SequenceState, ReturnPoints, usize)> {
+        let tier = self.disk.as_mut()?;
+        let loaded = disk.and_then(|d| tier.load(d, self.engine.model()).map(|(s, p)| (s, p, d.reuse)));
+        if loaded.is_none() {
+            tier.miss();
+        }
+        loaded
     }
 
     /// Before a forward pass: while the step's need and the prefix cache
@@ -517,9 +572,13 @@ impl<'e> Scheduler<'e> {
         }
     }
 
-    /// Ends `s` (see [`finish`]) and keeps its conversation for prefix reuse.
+    /// Ends `s` (see [`finish`]) and keeps its conversation for prefix reuse
+    /// (in RAM, and on disk when there is a disk tier).
     fn end(&mut self, s: Seq, reason: FinishReason) {
         let (tokens, state, points) = finish(s, reason);
+        if let Some(disk) = &mut self.disk {
+            disk.save(&tokens, &state, &points);
+        }
         self.cache.insert(tokens, state, points);
     }
 

@@ -257,7 +257,7 @@ impl DecoderModel {
 
     /// Whether `state` has this model's layers and widths (made by
     /// [`new_state`](Self::new_state) of this model or one of its shape).
-    fn fits(&self, state: &SequenceState) -> bool {
+    pub fn fits(&self, state: &SequenceState) -> bool {
         state.num_layers() == self.layers.len()
             && self
                 .layers

@@ -24,6 +24,22 @@ impl KvLayer {
         }
     }
 
+    /// A layer holding `keys` and `values` as read back from disk
+    /// (`crate::state_io` checks their lengths against the dims).
+    pub(crate) fn from_parts(k_dim: usize, v_dim: usize, keys: Vec<f32>, values: Vec<f32>) -> Self {
+        KvLayer {
+            k_dim,
+            v_dim,
+            keys,
+            values,
+        }
+    }
+
+    /// Every position's keys, then every position's values.
+    pub(crate) fn parts(&self) -> (&[f32], &[f32]) {
+        (&self.keys, &self.values)
+    }
+
     /// Number of cached positions.
     pub fn len(&self) -> usize {
         self.keys.len() / self.k_dim.max(1)

@@ -36,6 +36,7 @@ pub mod quant;
 pub mod rope;
 pub mod source;
 pub mod state;
+pub mod state_io;
 pub mod synth;
 pub mod upcycle;
 

@@ -144,6 +144,14 @@ impl RecurrentLayer {
         self.marked = values;
     }
 
+    /// A layer whose committed state is `values` (read back from disk; the
+    /// lengths must match the dims, which `crate::state_io` checks).
+    pub(crate) fn with_values(heads: usize, head_dim: usize, channels: usize, kernel: usize, values: &RecurrentValues) -> Self {
+        let mut r = RecurrentLayer::new(heads, head_dim, channels, kernel);
+        r.set(values);
+        r
+    }
+
     /// `(heads, head_dim, channels, kernel)`.
     pub fn dims(&self) -> (usize, usize, usize, usize) {
         (self.heads, self.head_dim, self.channels, self.kernel)
@@ -224,6 +232,17 @@ impl StateSnapshot {
         self.len == 0
     }
 
+    /// A snapshot read back from disk: `len` positions, and per recurrent
+    /// layer (by index) its values.
+    pub(crate) fn from_parts(len: usize, recurrent: Vec<(usize, RecurrentValues)>) -> Self {
+        StateSnapshot { len, recurrent }
+    }
+
+    /// Per recurrent layer (by index), the values copied.
+    pub(crate) fn recurrent(&self) -> &[(usize, RecurrentValues)] {
+        &self.recurrent
+    }
+
     /// Bytes of recurrent state the snapshot copies.
     pub fn bytes(&self) -> usize {
         self.recurrent.iter().map(|(_, v)| (v.matrix.len() + v.window.len()) * 4).sum()
@@ -238,6 +257,12 @@ impl SequenceState {
             len: 0,
             mark: None,
         }
+    }
+
+    /// A state of `len` positions made of `layers` (read back from disk;
+    /// `crate::state_io` checks every layer holds `len` positions).
+    pub(crate) fn from_layers(layers: Vec<LayerState>, len: usize) -> Self {
+        SequenceState { layers, len, mark: None }
     }
 
     /// Positions seen so far.

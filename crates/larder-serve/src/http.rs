@@ -459,6 +459,20 @@ fn metrics(worker: Option<&Worker>) -> Response<ReplyBody> {
         "# TYPE larder_model_loaded gauge\nlarder_model_loaded 1\n{}",
         worker_metrics(worker)
     );
+    if let Some(d) = worker.metrics.disk.lock().ok().and_then(|d| d.clone()) {
+        text.push_str(&format!(
+            "# TYPE larder_state_disk_hits_total counter\nlarder_state_disk_hits_total {}\n\
+             # TYPE larder_state_disk_misses_total counter\nlarder_state_disk_misses_total {}\n\
+             # TYPE larder_state_disk_bytes_written_total counter\nlarder_state_disk_bytes_written_total {}\n\
+             # TYPE larder_state_disk_bytes_read_total counter\nlarder_state_disk_bytes_read_total {}\n\
+             # TYPE larder_state_disk_load_seconds_total counter\nlarder_state_disk_load_seconds_total {}\n\
+             # TYPE larder_state_disk_save_failures_total counter\nlarder_state_disk_save_failures_total {}\n\
+             # TYPE larder_state_disk_bad_files_total counter\nlarder_state_disk_bad_files_total {}\n\
+             # TYPE larder_state_disk_files gauge\nlarder_state_disk_files {}\n\
+             # TYPE larder_state_disk_bytes gauge\nlarder_state_disk_bytes {}\n",
+            d.hits, d.misses, d.bytes_written, d.bytes_read, d.load_s, d.save_failures, d.bad_files, d.files, d.bytes_on_disk
+        ));
+    }
     if let Some(s) = worker.store_stats() {
         text.push_str(&format!(
             "# TYPE larder_expert_cache_hits_total counter\nlarder_expert_cache_hits_total {}\n\

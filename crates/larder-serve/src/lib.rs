@@ -59,6 +59,9 @@ pub struct ServerConfig {
     /// Bytes of sequence state (KV) all requests may hold together; a
     /// request whose worst case cannot fit is refused (`None`: unbounded).
     pub kv_budget: Option<usize>,
+    /// The prefix cache's disk tier (`--state-dir`, `--state-quota`): finished
+    /// conversations kept on disk across restarts (`None`: RAM only).
+    pub state_dir: Option<larder_engine::DiskTierConfig>,
 }
 
 impl Default for ServerConfig {
@@ -76,6 +79,7 @@ impl Default for ServerConfig {
             cors_origins: Vec::new(),
             max_batch: 8,
             kv_budget: None,
+            state_dir: None,
         }
     }
 }
@@ -122,10 +126,13 @@ impl RunningServer {
             kv_budget: c.kv_budget,
             ..larder_engine::SchedulerConfig::default()
         };
-        let _ = self
-            .state
-            .worker
-            .set(worker::Worker::start_batched(engine, c.queue_depth, drafting, batching));
+        let _ = self.state.worker.set(worker::Worker::start_batched_with(
+            engine,
+            c.queue_depth,
+            drafting,
+            batching,
+            c.state_dir.clone(),
+        ));
     }
 
     /// Whether an engine is attached.

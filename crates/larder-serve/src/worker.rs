@@ -27,8 +27,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
 use larder_engine::{
-    Conversation, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Outcome, Request, RequestEvent, SamplingParams, Scheduler,
-    SchedulerConfig, StoreStats,
+    Conversation, DiskTierConfig, DiskTierStats, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Outcome, Request,
+    RequestEvent, SamplingParams, Scheduler, SchedulerConfig, StoreStats,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -81,6 +81,8 @@ pub struct Metrics {
     pub preemptions: AtomicU64,
     /// Sequences in the last step's batch.
     pub last_batch: AtomicUsize,
+    /// The disk tier's counters (`None` until a step ran with one).
+    pub disk: std::sync::Mutex<Option<DiskTierStats>>,
 }
 
 /// A handle to the engine thread.
@@ -111,6 +113,20 @@ impl Worker {
     /// [`start_with`](Self::start_with), batching as `batching` says
     /// (`max_batch`, `kv_budget`) when there is no drafter.
     pub fn start_batched(engine: Engine, depth: usize, drafting: Drafting, batching: SchedulerConfig) -> Worker {
+        Self::start_batched_with(engine, depth, drafting, batching, None)
+    }
+
+    /// [`start_batched`](Self::start_batched), keeping finished
+    /// conversations on disk too when `disk` is given (the scheduler's disk
+    /// tier; a folder that fails to open is logged and the server runs
+    /// without it: `larder serve` checks it before loading).
+    pub fn start_batched_with(
+        engine: Engine,
+        depth: usize,
+        drafting: Drafting,
+        batching: SchedulerConfig,
+        disk: Option<DiskTierConfig>,
+    ) -> Worker {
         let depth = depth.max(1);
         let (tx, rx) = mpsc::sync_channel::<Job>(depth);
         let in_system = Arc::new(AtomicUsize::new(0));
@@ -126,7 +142,7 @@ impl Worker {
             .spawn(move || {
                 let ctx = JobContext { defaults, drafting };
                 if ctx.drafting.is_off() {
-                    batched_loop(&engine, &rx, &m, &ctx, &count, batching);
+                    batched_loop(&engine, &rx, &m, &ctx, &count, batching, disk);
                     return;
                 }
                 // The last request's conversation, kept for prefix reuse.
@@ -320,6 +336,7 @@ fn batched_loop(
     ctx: &JobContext,
     count: &AtomicUsize,
     config: SchedulerConfig,
+    disk: Option<DiskTierConfig>,
 ) {
     let config = SchedulerConfig {
         max_batch: config.max_batch.max(1),
@@ -327,6 +344,20 @@ fn batched_loop(
         ..config
     };
     let Ok(mut sched) = Scheduler::new(engine, config) else { return };
+    if let Some(disk) = disk {
+        let dir = disk.dir.clone();
+        match sched.attach_disk_tier(disk) {
+            Ok(()) => {
+                if let Ok(mut d) = metrics.disk.lock() {
+                    *d = sched.disk_stats();
+                }
+            }
+            Err(e) => tracing::error!("state dir {}: {e}; conversations are kept in RAM only", dir.display()),
+        }
+    }
+    for w in sched.take_disk_warnings() {
+        tracing::warn!("{w}");
+    }
     let mut live: HashMap<u64, Live> = HashMap::new();
     loop {
         if sched.is_idle() {
@@ -363,6 +394,12 @@ fn batched_loop(
         metrics.kv_kept_bytes.store(sched.kept_bytes(), Ordering::Relaxed);
         metrics.kept_conversations.store(sched.kept_conversations(), Ordering::Relaxed);
         metrics.preemptions.store(sched.preemptions(), Ordering::Relaxed);
+        for w in sched.take_disk_warnings() {
+            tracing::warn!("{w}");
+        }
+        if let (Some(stats), Ok(mut d)) = (sched.disk_stats(), metrics.disk.lock()) {
+            *d = Some(stats);
+        }
     }
 }
 

@@ -82,6 +82,16 @@ pub struct Args {
     /// A small checkpoint sharing the model's vocabulary, used as draft model (implies --draft model).
     #[arg(long, value_name = "DIR")]
     draft_model: Option<PathBuf>,
+    /// Keep finished conversations' model state (KV cache, recurrent state and its snapshots) in DIR too, so a
+    /// later request sharing a prefix loads it instead of prefilling, also after a restart. Created if missing;
+    /// it must be writable. Files are digested and tagged with the model's identity; a corrupt file or another
+    /// model's is never used. Default: no disk tier (RAM only).
+    #[arg(long, value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Most bytes of state files kept in --state-dir, e.g. 20GiB (least recently used files are removed to stay
+    /// under it; a state larger than it is not saved). Default: 10% of the free space on that file system at start.
+    #[arg(long, value_name = "SIZE", value_parser = larder_store::parse_size, requires = "state_dir")]
+    state_quota: Option<u64>,
 }
 
 /// A `--max-request-bytes` value: a size in BODY_MIN..=BODY_MAX.
@@ -134,8 +144,36 @@ fn kv_budget(args: &Args) -> Option<u64> {
     Some(budget)
 }
 
+/// `--state-dir` and `--state-quota`, checked before anything loads: the
+/// folder is created and must be writable.
+fn state_dir(args: &Args) -> anyhow::Result<Option<larder_engine::DiskTierConfig>> {
+    let Some(dir) = args.state_dir.clone() else { return Ok(None) };
+    larder_engine::check_state_dir(&dir).map_err(|e| anyhow::anyhow!("--state-dir {}: {e}", dir.display()))?;
+    let quota = match args.state_quota {
+        Some(q) => q,
+        None => {
+            let free = larder_store::drive::fs_space(&dir).map(|s| s.free).unwrap_or(0);
+            let quota = default_state_quota(free);
+            eprintln!(
+                "[larder] state dir {}: quota {} (default: 10% of the {} free there; --state-quota sets it)",
+                dir.display(),
+                larder_engine::format_size(quota),
+                larder_engine::format_size(free)
+            );
+            quota
+        }
+    };
+    Ok(Some(larder_engine::DiskTierConfig { dir, quota }))
+}
+
+/// The default `--state-quota`: a tenth of the free space, at least 64 MiB.
+fn default_state_quota(free: u64) -> u64 {
+    (free / 10).max(64 << 20)
+}
+
 pub fn run_cmd(args: Args) -> anyhow::Result<()> {
     let kv = kv_budget(&args);
+    let state_dir = state_dir(&args)?;
     let name = args.served_name.clone().unwrap_or_else(|| {
         // A lazy SOURCE (`org/name`, a URL) is named by its last part.
         std::fs::canonicalize(&args.model)
@@ -155,6 +193,7 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
         cors_origins: args.cors_origin,
         max_batch: usize::from(args.max_batch),
         kv_budget: kv.map(usize::try_from).transpose()?,
+        state_dir,
         ..ServerConfig::default()
     };
     // Checked before loading, so a missing --draft-model is said at once.
@@ -170,7 +209,13 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use super::default_kv_budget;
+    use super::{default_kv_budget, default_state_quota};
+
+    #[test]
+    fn state_quota_default_is_a_tenth_of_free_space() {
+        assert_eq!(default_state_quota(100 << 30), 10 << 30);
+        assert_eq!(default_state_quota(0), 64 << 20);
+    }
 
     #[test]
     fn kv_default_is_half_of_what_the_cache_leaves() {
