@@ -7,13 +7,21 @@
 //! Accumulators carry over between chunks, so the reduction order per
 //! output equals one pass over the whole row whatever the loop order, the
 //! thread count or the rows sharing the call.
+//!
+//! Many rows (a prefill pass: hundreds to thousands) run in row blocks
+//! whose activations stay in cache ([`row_block`]), each over every
+//! feature: the weights are streamed once per block (cheap next to the
+//! block's arithmetic) instead of the activations once per feature block
+//! from RAM, with column chunks that shrink as rows grow. Rows share weight
+//! loads, never accumulators, so a block's results are the whole call's
+//! bit for bit.
 
 use rayon::prelude::*;
 
 use super::rows::{dense_columns, Call, RowPlan, Scratch};
 use super::{
-    Activations, KernelPath, ACTIVATION_CACHE_BYTES, FEATURES_PER_TASK, FEATURE_BLOCK, K_CHUNK, MAX_FEATURES_PER_TASK, PARALLEL_MIN_ELEMS,
-    TASK_ACC_BYTES,
+    Activations, KernelPath, ACTIVATION_CACHE_BYTES, FEATURES_PER_TASK, FEATURE_BLOCK, K_CHUNK, MAX_FEATURES_PER_TASK, MIN_ROW_BLOCK,
+    PARALLEL_MIN_ELEMS, TASK_ACC_BYTES,
 };
 use crate::mat::Mat;
 use crate::weight::WeightMatrix;
@@ -33,6 +41,17 @@ pub(super) fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> M
     debug_assert_eq!(x.cols(), w.cols());
     let path = if path.is_supported() { path } else { KernelPath::Scalar };
     let (m, n, k) = (x.rows(), w.rows(), w.cols());
+    let block = row_block(k);
+    if m > block {
+        let mut out = Mat::zeros(m, n);
+        for r0 in (0..m).step_by(block) {
+            let r1 = (r0 + block).min(m);
+            let rows = Mat::from_vec(r1 - r0, k, x.as_slice()[r0 * k..r1 * k].to_vec());
+            let y = matmul_t_checked(path, &rows, w);
+            out.as_mut_slice()[r0 * n..r1 * n].copy_from_slice(y.as_slice());
+        }
+        return out;
+    }
     let mut out = Mat::zeros(m, n);
     if m == 0 || n == 0 {
         return out;
@@ -104,6 +123,12 @@ pub(super) fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> M
         }
     }
     out
+}
+
+/// Rows per row block for rows of `k` columns: as many as keep the
+/// block's activations in [`ACTIVATION_CACHE_BYTES`], at least [`MIN_ROW_BLOCK`].
+fn row_block(k: usize) -> usize {
+    (ACTIVATION_CACHE_BYTES / (k.max(1) * 4)).max(MIN_ROW_BLOCK)
 }
 
 /// What every task of a call shares.

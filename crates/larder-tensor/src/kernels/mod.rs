@@ -84,6 +84,9 @@ const FEATURE_BLOCK: usize = 4;
 const K_CHUNK: usize = 512;
 /// Activations up to this size are assumed to stay in L2 between features.
 const ACTIVATION_CACHE_BYTES: usize = 256 << 10;
+/// Fewest rows of a row block when a call has more rows than fit in
+/// [`ACTIVATION_CACHE_BYTES`] (wide rows then also take column chunks).
+const MIN_ROW_BLOCK: usize = 16;
 /// Below this many weight elements a call runs on the calling thread
 /// (scheduling would cost more than it saves).
 const PARALLEL_MIN_ELEMS: usize = 1 << 16;
