@@ -199,16 +199,11 @@ impl DiskTier {
 
     /// The longest reuse for `feed` (at most `feed.len() - 1` positions).
     pub(super) fn lookup(&self, feed: &[u32]) -> Option<DiskHit> {
-        let limit = feed.len().saturating_sub(1);
-        let (entry, reuse) = self
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                let common = e.tokens.iter().zip(feed).take_while(|(a, b)| a == b).count();
-                (i, self.reachable(e, common.min(limit)))
-            })
-            .max_by_key(|&(i, reuse)| (reuse, self.entries[i].last_used))?;
+        let (entry, reuse) = super::prefix_cache::longest_reuse(
+            feed,
+            self.entries.iter().map(|e| (e.tokens.as_slice(), e.last_used)),
+            |i, common| self.reachable(&self.entries[i], common),
+        )?;
         let e = &self.entries[entry];
         let whole = reuse == e.tokens.len();
         (reuse > 0).then_some(DiskHit {

@@ -112,16 +112,11 @@ impl PrefixCache {
     /// The longest reuse for `feed` (at most `feed.len() - 1` positions), if
     /// any entry shares at least one token with it.
     pub(super) fn lookup(&self, feed: &[u32]) -> Option<Hit> {
-        let limit = feed.len().saturating_sub(1);
-        let (entry, reuse) = self
-            .entries
-            .iter()
-            .enumerate()
-            .map(|(i, e)| {
-                let common = e.tokens.iter().zip(feed).take_while(|(a, b)| a == b).count();
-                (i, e.points.reachable(&e.state, common.min(limit)))
-            })
-            .max_by_key(|&(i, reuse)| (reuse, self.entries[i].last_used))?;
+        let (entry, reuse) = longest_reuse(
+            feed,
+            self.entries.iter().map(|e| (e.tokens.as_slice(), e.last_used)),
+            |i, common| self.entries[i].points.reachable(&self.entries[i].state, common),
+        )?;
         let e = &self.entries[entry];
         let whole = reuse == e.state.len();
         (reuse > 0).then(|| Hit {
@@ -177,4 +172,25 @@ impl PrefixCache {
             last_used: self.clock,
         });
     }
+}
+
+/// Of `entries` (each its tokens and last use), the one giving `feed` the
+/// longest reuse and that reuse: `reachable(i, common)` says how much of a
+/// common prefix of `common` positions entry `i` can give (at most
+/// `feed.len() - 1`, so the request still feeds its last token); ties go to
+/// the most recently used. `None` when there is no entry.
+pub(super) fn longest_reuse<'a>(
+    feed: &[u32],
+    entries: impl Iterator<Item = (&'a [u32], u64)>,
+    reachable: impl Fn(usize, usize) -> usize,
+) -> Option<(usize, usize)> {
+    let limit = feed.len().saturating_sub(1);
+    entries
+        .enumerate()
+        .map(|(i, (tokens, last_used))| {
+            let common = tokens.iter().zip(feed).take_while(|(a, b)| a == b).count();
+            (i, reachable(i, common.min(limit)), last_used)
+        })
+        .max_by_key(|&(_, reuse, last_used)| (reuse, last_used))
+        .map(|(i, reuse, _)| (i, reuse))
 }
