@@ -90,6 +90,8 @@ pub enum ExpertMode {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct LoadOptions {
     pub experts: ExpertMode,
+    /// What MLA layers cache per position (default: the compact latent).
+    pub mla_cache: larder_model::MlaCache,
 }
 
 /// A loaded checkpoint ready to generate.
@@ -147,7 +149,8 @@ impl Engine {
         let packed = Manifest::is_store(dir);
         let stream = match (opts.experts, packed) {
             (ExpertMode::InRam, false) => {
-                let spec = read_spec(dir)?;
+                let mut spec = read_spec(dir)?;
+                spec.mla_cache = opts.mla_cache;
                 let mut ckpt = Checkpoint::open(dir)?;
                 report_reads(&mut ckpt, dir, &spec, None, progress);
                 let model = DecoderModel::load(spec, &ckpt, None)?;
@@ -159,7 +162,8 @@ impl Engine {
             },
             (ExpertMode::Stream(o), _) => o,
         };
-        let spec = read_spec(dir)?;
+        let mut spec = read_spec(dir)?;
+        spec.mla_cache = opts.mla_cache;
         let (mut ckpt, index) = if packed {
             // Carried files, spine header and every spine tensor are checked against the manifest.
             let (manifest, index) = packed_index(dir)?;

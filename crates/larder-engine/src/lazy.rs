@@ -37,6 +37,8 @@ pub struct LazyLoad {
     pub store: StoreOptions,
     pub remote: RemoteOptions,
     pub env: HubEnv,
+    /// What MLA layers cache per position.
+    pub mla_cache: larder_model::MlaCache,
 }
 
 /// Opens the lazy store `load` names: describes the source (or reads the
@@ -73,7 +75,8 @@ impl Engine {
         let opened = open_lazy(load, events)?;
         let dir = opened.root.clone();
         check_carried(&dir, &opened.carried)?;
-        let spec = read_spec(&dir)?;
+        let mut spec = read_spec(&dir)?;
+        spec.mla_cache = load.mla_cache;
         let mut ckpt = open_spine_files(&dir, &opened.spine)?;
         let backend = opened.backend.clone();
         let store = Arc::new(ExpertStore::over_backend(opened.index, backend.clone(), load.store).map_err(store_err)?);

@@ -57,6 +57,7 @@ fn lazy_load(server_url: &str, dir: &Path, quota: Option<u64>, prefetch: usize) 
             endpoint: Some(server_url.to_string()),
             token: None,
         },
+        mla_cache: larder_model::MlaCache::default(),
     }
 }
 

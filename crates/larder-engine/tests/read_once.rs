@@ -25,6 +25,7 @@ fn streamed(budget: u64) -> LoadOptions {
             verify: true,
             prefetch_threads: 2,
         }),
+        ..Default::default()
     }
 }
 

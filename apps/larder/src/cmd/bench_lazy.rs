@@ -129,6 +129,7 @@ pub fn lazy_bench(args: LazyArgs) -> anyhow::Result<()> {
         },
         remote: RemoteOptions::default(),
         env,
+        mla_cache: larder_model::MlaCache::default(),
     };
     let (first, ids_first) = pass(&load, args.new as usize)?;
     eprintln!("[larder] first pass: {first}");

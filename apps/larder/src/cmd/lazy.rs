@@ -28,6 +28,7 @@ pub fn load(source: &Path, dir: &Path, experts: &ExpertArgs, json: bool) -> anyh
         store,
         remote: RemoteOptions::default(),
         env: HubEnv::from_process(),
+        mla_cache: experts.load_options(source).mla_cache,
     };
     let started = std::time::Instant::now();
     let fetch = Progress::new("spine", 0, Unit::Bytes, json);

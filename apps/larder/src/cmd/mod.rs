@@ -24,6 +24,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use larder_engine::{Engine, ExpertMode, LoadOptions, PrefillChunk};
+use larder_model::MlaCache;
 use larder_store::io::MAX_IO_DEPTH;
 use larder_store::store::MAX_PREFETCH_THREADS;
 use larder_store::{format_size, parse_size, IoKind, IoOptions, Manifest, StoreOptions};
@@ -110,6 +111,13 @@ pub struct ExpertArgs {
     /// chunking larder used before read-once prefill was 256), for comparisons.
     #[arg(long, value_name = "N", value_parser = range(1, MAX_COUNT), conflicts_with = "prefill_memory")]
     pub prefill_chunk: Option<usize>,
+    /// What MLA layers (DeepSeek-V3, Kimi) cache per token: `compact` (default;
+    /// the compressed latent and rope key, kv_lora_rank + rope floats per
+    /// layer, 137 KiB per token for DeepSeek-V3) or `expanded` (every head's
+    /// keys and values, 9.5 MiB per token for DeepSeek-V3; for comparison).
+    /// `larder doctor --model DIR` prints the KV bytes per token.
+    #[arg(long, value_name = "compact|expanded", default_value = "compact", value_parser = ["compact", "expanded"])]
+    pub mla_cache: String,
 }
 
 fn parse_io(s: &str) -> Result<IoKind, String> {
@@ -143,11 +151,19 @@ impl ExpertArgs {
     /// The load options these flags ask for, for the model at `model`.
     pub fn load_options(&self, model: &Path) -> LoadOptions {
         let packed = Manifest::is_store(model);
+        let mla_cache = match self.mla_cache.as_str() {
+            "expanded" => MlaCache::Expanded,
+            _ => MlaCache::Compact,
+        };
         if self.cache_dir.is_none() && !packed && self.ram_budget.is_none() && self.io.is_none() {
-            return LoadOptions::default();
+            return LoadOptions {
+                mla_cache,
+                ..LoadOptions::default()
+            };
         }
         LoadOptions {
             experts: ExpertMode::Stream(self.store_options()),
+            mla_cache,
         }
     }
 }

@@ -328,6 +328,7 @@ fn measure_overlap(dir: &std::path::Path, tokens: usize, seed: u64) -> anyhow::R
             ram_budget: 1 << 30,
             ..larder_store::StoreOptions::default()
         }),
+        ..Default::default()
     };
     let engine =
         larder_engine::Engine::load_with(dir, &opts).with_context(|| format!("cannot load {} to measure routing", dir.display()))?;

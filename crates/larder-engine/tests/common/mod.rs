@@ -59,6 +59,7 @@ pub fn pread_streaming(depth: usize, ram_budget: u64, verify: bool) -> LoadOptio
             verify,
             prefetch_threads: 0,
         }),
+        ..Default::default()
     }
 }
 
@@ -129,6 +130,7 @@ pub fn check_all_arms(model: &Path, prompt: &[u32], reference: &StreamOutcome, e
                         verify: true,
                         prefetch_threads,
                     }),
+                    ..Default::default()
                 };
                 let engine = Engine::load_with(model, &opts).unwrap();
                 let got = stream_outcome(&engine, prompt);

@@ -40,6 +40,7 @@ pub fn streamed_tiny(tag: &str) -> (Engine, PathBuf) {
             verify: true,
             prefetch_threads: 0,
         }),
+        ..Default::default()
     };
     (Engine::load_with(&store, &opts).unwrap(), out)
 }
