@@ -1,6 +1,6 @@
 //! Decode speed of one MLA layer with DeepSeek-V3's attention shape (128
 //! heads, nope 128, rope 64, v 128, kv_lora_rank 512; hidden 1024 and a
-//! direct `q_proj` to keep the setup small) over a long cache, compact vs
+//! direct `q_proj` to keep the setup small) over caches of 1k to 16k positions, compact vs
 //! expanded. Ignored by default (a measurement, not a check); run with
 //! `cargo test --release -p larder-model --test mla_decode_speed -- --ignored --nocapture`.
 
@@ -90,7 +90,7 @@ fn decode_ms(cache: MlaCache, ctx: usize, steps: usize) -> f64 {
 #[test]
 #[ignore]
 fn compact_decode_is_not_slower_than_expanded_at_long_context() {
-    for ctx in [1024, 4096, 8192] {
+    for ctx in [1024, 4096, 8192, 16384] {
         let c = decode_ms(MlaCache::Compact, ctx, 5);
         let e = decode_ms(MlaCache::Expanded, ctx, 5);
         eprintln!("context {ctx}: compact {c:.1} ms/token, expanded {e:.1} ms/token (one layer, 128 heads)");
