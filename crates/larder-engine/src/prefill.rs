@@ -30,13 +30,16 @@ pub const MIN_PREFILL_MEMORY: u64 = 1 << 30;
 /// `MemAvailable` now (Linux), at least [`MIN_PREFILL_MEMORY`]; 2 GiB where
 /// that cannot be read.
 pub fn default_prefill_memory() -> u64 {
-    let available = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines()
-            .find(|l| l.starts_with("MemAvailable:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-    });
-    available.map_or(2 << 30, |kb| (kb * 1024 / 8).max(MIN_PREFILL_MEMORY))
+    mem_available().map_or(2 << 30, |bytes| (bytes / 8).max(MIN_PREFILL_MEMORY))
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes (`None` where it cannot be
+/// read): what every memory default (expert cache, KV budget, prefill) is a share of.
+pub fn mem_available() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line["MemAvailable:".len()..].split_whitespace().next()?.parse().ok()?;
+    Some(kb.saturating_mul(1024))
 }
 
 /// How a prompt is split into forward passes.

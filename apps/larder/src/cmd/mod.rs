@@ -170,13 +170,7 @@ impl ExpertArgs {
 
 /// Half of the memory available now (a conservative default cache size).
 fn default_budget() -> u64 {
-    let avail = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| {
-        m.lines()
-            .find(|l| l.starts_with("MemAvailable:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|kb| kb.parse::<u64>().ok())
-    });
-    avail.map_or(4 << 30, |kb| kb * 1024 / 2)
+    larder_engine::prefill::mem_available().map_or(4 << 30, |bytes| bytes / 2)
 }
 
 /// Loads a checkpoint folder or packed store, with the folder named in any error.

@@ -119,14 +119,6 @@ fn default_kv_budget(available: u64, cache: u64) -> u64 {
     (available.saturating_sub(cache) / 2).max(64 << 20)
 }
 
-/// MemAvailable from /proc/meminfo, in bytes (None where it cannot be read).
-fn mem_available() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line["MemAvailable:".len()..].split_whitespace().next()?.parse().ok()?;
-    Some(kb.saturating_mul(1024))
-}
-
 /// `--kv-budget`, or its default for this model and these expert flags.
 fn kv_budget(args: &Args) -> Option<u64> {
     if args.kv_budget.is_some() {
@@ -136,7 +128,7 @@ fn kv_budget(args: &Args) -> Option<u64> {
         larder_engine::ExpertMode::Stream(o) => o.ram_budget,
         _ => 0,
     };
-    let budget = default_kv_budget(mem_available()?, cache);
+    let budget = default_kv_budget(larder_engine::prefill::mem_available()?, cache);
     eprintln!(
         "[larder] KV budget {} (default: half of MemAvailable after the expert cache; --kv-budget sets it)",
         larder_engine::format_size(budget)
