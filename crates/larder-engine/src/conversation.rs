@@ -20,7 +20,7 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use larder_model::SequenceState;
+use larder_model::{RouteTrace, SequenceState};
 
 use crate::drafting::Drafting;
 use crate::engine::{Engine, FinishReason, GenerateOptions};
@@ -126,14 +126,33 @@ impl Conversation {
     /// events to `sink`. Afterwards the conversation holds the prompt and
     /// the new tokens fed to the model (on an error it is emptied).
     pub fn run(&mut self, engine: &Engine, request: &Request, sink: &mut dyn RequestSink) -> Result<Outcome, EngineError> {
-        let result = self.run_inner(engine, request, sink);
+        self.run_traced(engine, request, sink, None)
+    }
+
+    /// [`run`](Self::run), recording the routes of every position this turn
+    /// computes (prompt rest and decode, with lookahead as `trace` asks) into
+    /// `trace`.
+    pub fn run_traced(
+        &mut self,
+        engine: &Engine,
+        request: &Request,
+        sink: &mut dyn RequestSink,
+        trace: Option<&mut RouteTrace>,
+    ) -> Result<Outcome, EngineError> {
+        let result = self.run_inner(engine, request, sink, trace);
         if result.is_err() {
             *self = Conversation::new(engine);
         }
         result
     }
 
-    fn run_inner(&mut self, engine: &Engine, request: &Request, sink: &mut dyn RequestSink) -> Result<Outcome, EngineError> {
+    fn run_inner(
+        &mut self,
+        engine: &Engine,
+        request: &Request,
+        sink: &mut dyn RequestSink,
+        trace: Option<&mut RouteTrace>,
+    ) -> Result<Outcome, EngineError> {
         let mut stops = StopFilter::new(request.stop)?;
         let mut drafter = request.drafting.drafter()?;
         let cached = self.common_prefix(request.prompt);
@@ -162,7 +181,7 @@ impl Conversation {
             cached,
             request.options,
             &mut on_token,
-            None,
+            trace,
             drafter.as_mut().map(|d| &mut **d as &mut dyn larder_spec::Drafter),
         )?;
         self.tokens = request.prompt.iter().chain(&g.ids).copied().take(self.state.len()).collect();

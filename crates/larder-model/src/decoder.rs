@@ -56,9 +56,27 @@ pub struct DecoderLayer {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct RouteTrace {
     pub layers: BTreeMap<usize, Vec<Route>>,
+    /// How many MoE layers ahead to record router lookahead for (0: none).
+    /// Depth 1 is what prefetch predicts.
+    pub lookahead: usize,
+    /// `(target MoE layer, depth)` -> per row, the experts the target's
+    /// router picks on the FFN input of the MoE layer `depth` MoE layers
+    /// before it (filled only up to [`lookahead`](Self::lookahead)).
+    pub predicted: BTreeMap<(usize, usize), Vec<Vec<usize>>>,
+    /// Rows of each forward pass, in order (a decode step is one row per
+    /// sequence; a prefill pass many).
+    pub passes: Vec<usize>,
 }
 
 impl RouteTrace {
+    /// A trace that also records router lookahead up to `depth` MoE layers.
+    pub fn with_lookahead(depth: usize) -> RouteTrace {
+        RouteTrace {
+            lookahead: depth,
+            ..RouteTrace::default()
+        }
+    }
+
     /// Mean over layers and consecutive positions of the share of a
     /// position's experts that the previous position also chose (uniform,
     /// independent routing gives about top_k / num_experts); with each
@@ -391,6 +409,9 @@ impl DecoderModel {
             });
             row += s.ids.len();
         }
+        if let Some(t) = trace.as_deref_mut() {
+            t.passes.push(row);
+        }
         let (h, eps) = (self.spec.hidden_size, self.spec.rms_norm_eps);
         let mut x = Mat::zeros(row, h);
         for (r, &id) in seqs.iter().flat_map(|s| s.ids).enumerate() {
@@ -437,6 +458,7 @@ impl DecoderModel {
                         .map_err(|e| (None, e))?;
                     if let Some(t) = trace.as_deref_mut() {
                         t.layers.entry(l).or_default().extend(routes);
+                        self.record_lookahead(l, &normed, t);
                     }
                     y
                 }
@@ -549,6 +571,19 @@ impl DecoderModel {
     /// this layer's MoE input (the residual stream changes little from one
     /// layer to the next) and hints them to the provider, so their reads
     /// overlap this layer's work. Only timing depends on the guess.
+    /// Traces only: the routes the next `trace.lookahead` MoE layers'
+    /// routers pick on layer `l`'s FFN input (recall by lookahead depth).
+    fn record_lookahead(&self, l: usize, normed: &Mat, trace: &mut RouteTrace) {
+        let ahead = self.layers.iter().enumerate().skip(l + 1).filter_map(|(i, layer)| match &layer.ffn {
+            Ffn::Moe(m) => Some((i, m)),
+            Ffn::Dense(_) => None,
+        });
+        for (depth, (target, moe)) in ahead.take(trace.lookahead).enumerate() {
+            let picks = moe.route(normed).into_iter().map(|r| r.experts);
+            trace.predicted.entry((target, depth + 1)).or_default().extend(picks);
+        }
+    }
+
     fn prefetch_next(&self, l: usize, normed: &Mat) {
         if !self.experts.wants_prefetch() {
             return;

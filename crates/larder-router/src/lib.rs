@@ -9,10 +9,14 @@
 pub mod sigmoid;
 pub mod softmax;
 pub mod topk_softmax;
+pub mod trace;
+pub mod trace_stats;
 
 pub use sigmoid::SigmoidGroupTopK;
 pub use softmax::{softmax_topk, SoftmaxTopK};
 pub use topk_softmax::{topk_softmax, TopKSoftmax};
+pub use trace::{Phase, Trace, TraceError, TraceHeader, TraceToken, TRACE_VERSION};
+pub use trace_stats::{PassRoutes, RouteStats};
 
 /// The routing function of a MoE block.
 #[derive(Debug, Clone, PartialEq)]
