@@ -60,6 +60,9 @@ enum Command {
     /// Measure speed against this machine's physical limits.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
+    /// Read route traces recorded with `--trace FILE`.
+    #[command(subcommand)]
+    Trace(cmd::trace::TraceCmd),
 }
 
 fn main() -> ExitCode {
@@ -91,5 +94,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Synth(a) => cmd::synth::run(a),
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Bench(b) => cmd::bench::run(b),
+        Command::Trace(t) => cmd::trace::run(t),
     }
 }

@@ -8,7 +8,7 @@
 #[path = "doctor_machine.rs"]
 mod machine;
 #[path = "doctor_model.rs"]
-mod model;
+pub(crate) mod model;
 #[path = "doctor_probe.rs"]
 mod probe;
 

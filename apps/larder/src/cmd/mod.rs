@@ -18,6 +18,7 @@ pub mod pull;
 pub mod run;
 pub mod serve;
 pub mod synth;
+pub mod trace;
 pub mod verify;
 
 use std::path::Path;

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use larder_engine::{ChatMessage, Conversation, DrafterChoice, GenerateOptions, Outcome, Request, RequestEvent, SamplingParams};
 use serde_json::json;
 
@@ -71,9 +71,17 @@ pub struct Args {
     /// Most tokens drafted per verification pass, 1 to 64 (the length adapts below it).
     #[arg(long, default_value_t = 8, value_parser = super::range(1, super::MAX_DRAFT))]
     draft_max: usize,
+    /// Record every token's experts per MoE layer (prompt and decode, each forward pass, and what the next
+    /// 3 MoE layers' routers pick on its input) to FILE, JSON Lines; read it with `larder trace stats FILE`
+    /// or `larder bench cache --trace FILE`. Written atomically when generation ends.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(path) = &args.trace {
+        super::trace::check_writable(path)?;
+    }
     let engine = super::load_engine_with(&args.model, &args.experts, args.json)?;
     let prompt_ids = match (&args.ids, &args.prompt) {
         (Some(ids), _) => ids.clone(),
@@ -140,7 +148,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         drafting: &drafting,
         cancel: None,
     };
-    let generation = Conversation::new(&engine).run(&engine, &request, &mut sink)?;
+    let mut route_trace = args
+        .trace
+        .as_ref()
+        .map(|_| larder_model::RouteTrace::with_lookahead(super::trace::LOOKAHEAD));
+    let generation = Conversation::new(&engine).run_traced(&engine, &request, &mut sink, route_trace.as_mut())?;
+    if let (Some(path), Some(rt)) = (&args.trace, &route_trace) {
+        let bytes = super::trace::expert_bytes(&args.model)?;
+        let file = super::trace::to_file(rt, engine.model().spec(), &args.model, prompt_ids.len(), bytes)?;
+        file.write(path).with_context(|| format!("--trace {}", path.display()))?;
+    }
     if let Some(e) = write_error {
         if e.kind() != std::io::ErrorKind::BrokenPipe {
             return Err(e.into());

@@ -1,0 +1,178 @@
+//! Route traces: turning what a run recorded ([`larder_model::RouteTrace`])
+//! into a trace file (`--trace FILE` on `run` and `bench decode`), and
+//! `larder trace stats FILE`: popularity, reuse distances, lookahead recall,
+//! and the hit rates LRU and Belady's optimum reach at a range of cache
+//! budgets (the format: `larder_router::trace`).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::bail;
+use larder_model::config::FfnSpec;
+use larder_model::{ModelSpec, RouteTrace};
+use larder_router::{Phase, RouteStats, Trace, TraceHeader, TraceToken, TRACE_VERSION};
+use serde_json::json;
+
+/// MoE layers ahead whose routers a recorded trace asks on each layer's input.
+pub const LOOKAHEAD: usize = 3;
+
+/// `larder trace ...`.
+#[derive(clap::Subcommand)]
+pub enum TraceCmd {
+    /// Routing statistics of a trace (from `larder run --trace FILE`): expert popularity, reuse distances,
+    /// consecutive-token overlap, router lookahead recall by depth, and LRU / Belady hit rates at cache
+    /// budgets of 10-60% of the expert bank.
+    Stats(StatsArgs),
+}
+
+/// Arguments of `larder trace stats`.
+#[derive(clap::Args)]
+pub struct StatsArgs {
+    /// The trace file (JSON Lines, written by `--trace`).
+    #[arg(value_name = "FILE")]
+    trace: PathBuf,
+    /// Print one JSON document instead of tables.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(cmd: TraceCmd) -> anyhow::Result<()> {
+    match cmd {
+        TraceCmd::Stats(a) => stats(a),
+    }
+}
+
+/// The trace file of one recorded turn: rows `0..prompt_len` are the prompt.
+pub fn to_file(rt: &RouteTrace, spec: &ModelSpec, model: &Path, prompt_len: usize, expert_bytes: u64) -> anyhow::Result<Trace> {
+    let moes: Vec<(usize, usize, usize)> = spec
+        .layers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, l)| match &l.ffn {
+            FfnSpec::Moe(m) => Some((i, m.num_experts, m.top_k)),
+            FfnSpec::Dense { .. } => None,
+        })
+        .collect();
+    if moes.is_empty() {
+        bail!("--trace: {} has no MoE layers, so there are no routes to record", model.display());
+    }
+    let header = TraceHeader {
+        larder_trace: TRACE_VERSION,
+        model: model.display().to_string(),
+        experts: moes.iter().map(|m| m.1).max().unwrap_or(0),
+        top_k: moes.iter().map(|m| m.2).max().unwrap_or(0),
+        moe_layers: moes.iter().map(|m| m.0).collect(),
+        expert_bytes: vec![expert_bytes; moes.len()],
+        lookahead: rt.lookahead.min(moes.len()),
+    };
+    let rows = rt.passes.iter().sum::<usize>();
+    let route = |layer: usize, row: usize| rt.layers.get(&layer).and_then(|r| r.get(row)).map(|r| r.experts.clone());
+    let mut tokens = Vec::with_capacity(rows);
+    let mut row = 0;
+    for (pass, &n) in rt.passes.iter().enumerate() {
+        for _ in 0..n {
+            let Some(routes) = moes.iter().map(|m| route(m.0, row)).collect::<Option<Vec<_>>>() else {
+                break; // a pass that failed part-way: its rows are not complete
+            };
+            let predicted = (1..=header.lookahead)
+                .map(|d| {
+                    let at = |m: &(usize, usize, usize)| rt.predicted.get(&(m.0, d)).and_then(|p| p.get(row)).cloned();
+                    moes.iter().map(|m| at(m).unwrap_or_default()).collect()
+                })
+                .collect();
+            tokens.push(TraceToken {
+                seq: 0,
+                pos: row,
+                phase: if row < prompt_len { Phase::Prompt } else { Phase::Decode },
+                pass,
+                routes,
+                predicted,
+            });
+            row += 1;
+        }
+    }
+    let trace = Trace { header, tokens };
+    trace
+        .check()
+        .map_err(|e| anyhow::anyhow!("internal: the recorded trace is inconsistent: {e}"))?;
+    Ok(trace)
+}
+
+/// Refuses a `--trace` path that cannot be written, before any work.
+pub fn check_writable(path: &Path) -> anyhow::Result<()> {
+    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    if !parent.is_dir() {
+        bail!("--trace {}: the folder {} does not exist", path.display(), parent.display());
+    }
+    if path.is_dir() {
+        bail!("--trace {}: is a folder; name a file", path.display());
+    }
+    Ok(())
+}
+
+/// Mean bytes of one routed expert of the model at `path` (what one miss reads).
+pub fn expert_bytes(path: &Path) -> anyhow::Result<u64> {
+    Ok(super::doctor::model::inspect(path)?.sizes.expert_bytes)
+}
+
+fn stats(a: StatsArgs) -> anyhow::Result<()> {
+    let trace = Trace::read(&a.trace)?;
+    let all = trace.route_stats(None);
+    let decode = trace.route_stats(Some(Phase::Decode));
+    if a.json {
+        return super::print_json(&json!({
+            "trace": a.trace,
+            "header": trace.header,
+            "passes": trace.passes().len(),
+            "all": all,
+            "decode": decode,
+        }));
+    }
+    let h = &trace.header;
+    println!(
+        "{}: {} tokens ({} decode) in {} passes; {} MoE layers x {} experts, top-{}; lookahead {}",
+        a.trace.display(),
+        all.tokens,
+        decode.tokens,
+        trace.passes().len(),
+        h.moe_layers.len(),
+        h.experts,
+        h.top_k,
+        h.lookahead
+    );
+    for (name, s) in [("all tokens", &all), ("decode", &decode)] {
+        print_stats(name, s);
+    }
+    Ok(())
+}
+
+fn print_stats(name: &str, s: &RouteStats) {
+    println!("\n{name}: {} tokens, {} routes", s.tokens, s.routes);
+    let pop: Vec<String> = s
+        .popularity
+        .iter()
+        .map(|(x, y)| format!("hottest {:.0}%: {:.1}%", 100.0 * x, 100.0 * y))
+        .collect();
+    println!("  popularity (share of routes): {}", pop.join(", "));
+    let reuse: Vec<String> = s
+        .reuse_distance
+        .iter()
+        .map(|(b, y)| match b {
+            Some(b) => format!("<={b}: {:.1}%", 100.0 * y),
+            None => format!("longer: {:.1}%", 100.0 * y),
+        })
+        .collect();
+    println!(
+        "  reuse distance (tokens): {}, first use: {:.1}%",
+        reuse.join(", "),
+        100.0 * s.first_use
+    );
+    println!("  consecutive-token overlap: {:.3}", s.consecutive_overlap);
+    let recall: Vec<String> = s
+        .lookahead_recall
+        .iter()
+        .map(|(d, r)| format!("depth {d}: {:.1}%", 100.0 * r))
+        .collect();
+    if !recall.is_empty() {
+        println!("  router lookahead recall: {}", recall.join(", "));
+    }
+}
