@@ -329,3 +329,23 @@ fn two_million_accesses_replay_quickly() {
     // Generous: the test machine is shared; the design target is ~1-2 s each.
     assert!(belady_s < 20.0 && lru_s < 20.0, "belady {belady_s}s lru {lru_s}s");
 }
+
+/// Prints each policy's hit rate as a share of Belady's on synthetic
+/// decode traces at 10..60% of the bank (evidence, not a check:
+/// `cargo test -p larder-store --lib policy_table -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn policy_table() {
+    for (name, zipf) in [("uniform", false), ("skewed", true)] {
+        let steps = trace(5, 2000, 2, zipf);
+        for pct in [10, 20, 30, 40, 50, 60] {
+            let budget = BANK * pct / 100;
+            let best = simulate_belady(&steps, budget);
+            let row: Vec<String> = PolicyKind::ALL
+                .iter()
+                .map(|&k| format!("{} {:.2}", k, run(k, &steps, budget).hit_rate / best.hit_rate))
+                .collect();
+            eprintln!("{name} {pct}%: belady {:.3} | {}", best.hit_rate, row.join(" | "));
+        }
+    }
+}
