@@ -7,9 +7,28 @@
 //! layer's traffic (say, a long prefill through early layers) cannot push
 //! every later layer's experts out. Entries evicted while in use stay alive
 //! for their users; the budget counts what the cache holds.
+//!
+//! Other policies, each in its own module and all named by [`PolicyKind`]:
+//! [`Lru`] (global LRU), [`Lfu`] (LFU, LRU tie-break), [`S3Fifo`] and
+//! [`HeatPinnedLru`] (hottest keys of a heat profile pinned, LRU for the
+//! rest). [`sim`] replays an access trace against any of them, or against
+//! Belady's optimum, to compare hit rates at a budget.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
+
+mod kind;
+mod lfu;
+mod lru;
+mod pinned;
+mod s3fifo;
+pub mod sim;
+
+pub use kind::{PolicyKind, UnknownPolicy, PIN_FRACTION};
+pub use lfu::Lfu;
+pub use lru::Lru;
+pub use pinned::HeatPinnedLru;
+pub use s3fifo::S3Fifo;
 
 /// (layer, expert).
 pub type Key = (usize, usize);
@@ -131,6 +150,12 @@ impl<V> ExpertCache<V> {
         Self::with_policy(budget, Box::new(FairLru::new(budget, layers)))
     }
 
+    /// A cache with the policy `kind` names (`heat`: per-key use counts,
+    /// read by [`PolicyKind::HeatPinnedLru`] only).
+    pub fn with_kind(budget: u64, layers: usize, kind: PolicyKind, heat: &HashMap<Key, u64>) -> Self {
+        Self::with_policy(budget, kind.build(budget, layers, heat))
+    }
+
     pub fn with_policy(budget: u64, policy: Box<dyn EvictionPolicy>) -> Self {
         ExpertCache {
             budget,
@@ -221,5 +246,7 @@ impl<V> ExpertCache<V> {
     }
 }
 
+#[cfg(test)]
+mod sim_tests;
 #[cfg(test)]
 mod tests;

@@ -45,7 +45,7 @@ pub mod store;
 pub mod verify;
 
 pub use buf::{AlignedBuf, ByteOwner, SharedBytes};
-pub use cache::ExpertCache;
+pub use cache::{ExpertCache, PolicyKind};
 pub use digest::Digest;
 pub use error::StoreError;
 pub use io::{IoBackend, IoKind, IoOptions};
