@@ -574,10 +574,15 @@ impl DecoderModel {
     /// Traces only: the routes the next `trace.lookahead` MoE layers'
     /// routers pick on layer `l`'s FFN input (recall by lookahead depth).
     fn record_lookahead(&self, l: usize, normed: &Mat, trace: &mut RouteTrace) {
-        let ahead = self.layers.iter().enumerate().skip(l + 1).filter_map(|(i, layer)| match &layer.ffn {
-            Ffn::Moe(m) => Some((i, m)),
-            Ffn::Dense(_) => None,
-        });
+        let ahead = self
+            .layers
+            .iter()
+            .enumerate()
+            .skip(l + 1)
+            .filter_map(|(i, layer)| match &layer.ffn {
+                Ffn::Moe(m) => Some((i, m)),
+                Ffn::Dense(_) => None,
+            });
         for (depth, (target, moe)) in ahead.take(trace.lookahead).enumerate() {
             let picks = moe.route(normed).into_iter().map(|r| r.experts);
             trace.predicted.entry((target, depth + 1)).or_default().extend(picks);

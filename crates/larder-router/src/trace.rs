@@ -111,7 +111,10 @@ impl Trace {
             message,
         };
         let mut lines = BufReader::new(fs::File::open(path).map_err(io)?).lines();
-        let first = lines.next().ok_or_else(|| TraceError::Empty { path: path.to_path_buf() })?.map_err(io)?;
+        let first = lines
+            .next()
+            .ok_or_else(|| TraceError::Empty { path: path.to_path_buf() })?
+            .map_err(io)?;
         let header: TraceHeader = serde_json::from_str(&first).map_err(|e| bad(1, format!("not a trace header: {e}")))?;
         check_header(&header).map_err(|m| bad(1, m))?;
         let mut tokens = Vec::new();
@@ -183,7 +186,11 @@ fn check_header(h: &TraceHeader) -> Result<(), String> {
         return Err("expert_bytes has a 0: every MoE layer's expert has a size in bytes".into());
     }
     if h.lookahead > h.moe_layers.len() {
-        return Err(format!("lookahead = {} is more than the {} MoE layers", h.lookahead, h.moe_layers.len()));
+        return Err(format!(
+            "lookahead = {} is more than the {} MoE layers",
+            h.lookahead,
+            h.moe_layers.len()
+        ));
     }
     Ok(())
 }
@@ -193,11 +200,19 @@ fn check_token(h: &TraceHeader, t: &TraceToken, last_pass: usize) -> Result<(), 
         return Err(format!("pass {} after pass {last_pass}: passes must not go backwards", t.pass));
     }
     if t.routes.len() != h.moe_layers.len() {
-        return Err(format!("routes has {} layers; the header has {} MoE layers", t.routes.len(), h.moe_layers.len()));
+        return Err(format!(
+            "routes has {} layers; the header has {} MoE layers",
+            t.routes.len(),
+            h.moe_layers.len()
+        ));
     }
     check_lists(h, &t.routes, "routes")?;
     if !t.predicted.is_empty() && t.predicted.len() != h.lookahead {
-        return Err(format!("predicted has {} depths; the header's lookahead is {}", t.predicted.len(), h.lookahead));
+        return Err(format!(
+            "predicted has {} depths; the header's lookahead is {}",
+            t.predicted.len(),
+            h.lookahead
+        ));
     }
     for (d, depth) in t.predicted.iter().enumerate() {
         if depth.len() != h.moe_layers.len() {

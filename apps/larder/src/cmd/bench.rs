@@ -32,6 +32,8 @@ pub enum Bench {
     Serve(super::bench_serve::ServeArgs),
     /// `larder pull` from a loopback HTTP server vs. that server's raw range throughput.
     Pull(super::bench_pull::PullArgs),
+    /// Replay a route trace against every cache policy and Belady's optimum at several RAM budgets.
+    Cache(super::bench_cache::CacheArgs),
     /// Lazy mode over a throttled loopback link: decode tok/s first pass (fetching) vs. second pass (drive).
     Lazy(super::bench_lazy::LazyArgs),
 }
@@ -77,6 +79,7 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
         Bench::Kernels(a) => kernels(a),
         Bench::Io(a) => super::bench_store::io(a),
         Bench::Decode(a) => super::bench_store::decode(a),
+        Bench::Cache(a) => super::bench_cache::run(a),
         Bench::Serve(a) => super::bench_serve::serve(a),
         Bench::Pull(a) => super::bench_pull::pull_bench(a),
         Bench::Lazy(a) => super::bench_lazy::lazy_bench(a),

@@ -3,6 +3,7 @@
 //! and thread flag is checked against when parsed ([`range`]).
 
 pub mod bench;
+pub mod bench_cache;
 pub mod bench_lazy;
 pub mod bench_pull;
 pub mod bench_serve;

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::bail;
+use anyhow::{bail, Context};
 use larder_model::config::FfnSpec;
 use larder_model::{ModelSpec, RouteTrace};
 use larder_router::{Phase, RouteStats, Trace, TraceHeader, TraceToken, TRACE_VERSION};
@@ -118,6 +118,8 @@ fn stats(a: StatsArgs) -> anyhow::Result<()> {
     let trace = Trace::read(&a.trace)?;
     let all = trace.route_stats(None);
     let decode = trace.route_stats(Some(Phase::Decode));
+    let curves = super::bench_cache::hit_curves(&trace, &super::bench_cache::DEFAULT_SHARES, &["lru", super::bench_cache::BELADY])
+        .with_context(|| format!("{}: replaying it", a.trace.display()))?;
     if a.json {
         return super::print_json(&json!({
             "trace": a.trace,
@@ -125,6 +127,7 @@ fn stats(a: StatsArgs) -> anyhow::Result<()> {
             "passes": trace.passes().len(),
             "all": all,
             "decode": decode,
+            "hit_curves": curves,
         }));
     }
     let h = &trace.header;
@@ -141,6 +144,19 @@ fn stats(a: StatsArgs) -> anyhow::Result<()> {
     );
     for (name, s) in [("all tokens", &all), ("decode", &decode)] {
         print_stats(name, s);
+    }
+    println!(
+        "\ncache hit rate by budget (share of the bank, {}):",
+        larder_engine::format_size(trace.bank_bytes())
+    );
+    println!("  {:>7} {:>8} {:>8}", "budget", "lru", "belady");
+    for c in &curves {
+        println!(
+            "  {:>6.0}% {:>7.1}% {:>7.1}%",
+            100.0 * c.share,
+            100.0 * c.hit("lru"),
+            100.0 * c.hit("belady")
+        );
     }
     Ok(())
 }
