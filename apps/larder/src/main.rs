@@ -60,6 +60,9 @@ enum Command {
     /// Measure speed against this machine's physical limits.
     #[command(subcommand)]
     Bench(cmd::bench::Bench),
+    /// Forecast decode tok/s, time to first token, hit rate and the binding resource of a model on a
+    /// machine (given RAM, drives, cores), from its shapes and a route trace or routing preset.
+    Plan(cmd::plan::Args),
     /// Read route traces recorded with `--trace FILE`.
     #[command(subcommand)]
     Trace(cmd::trace::TraceCmd),
@@ -95,5 +98,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Doctor(a) => cmd::doctor::run(a),
         Command::Bench(b) => cmd::bench::run(b),
         Command::Trace(t) => cmd::trace::run(t),
+        Command::Plan(a) => cmd::plan::run(a),
     }
 }

@@ -28,6 +28,7 @@ pub mod drafting;
 pub mod engine;
 pub mod error;
 pub mod experts;
+pub mod forecast;
 pub mod generation;
 pub mod integrity;
 #[cfg(feature = "remote")]

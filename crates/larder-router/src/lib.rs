@@ -5,15 +5,20 @@
 //! ties broken by the lower expert id, the order `torch.topk` returns them).
 //! The MoE step sums expert outputs in exactly this order, so results do not
 //! depend on when or where expert bytes arrive.
+//!
+//! It also owns route traces ([`trace`]: the file format, [`trace_stats`]:
+//! what they say) and statistical routing ([`synthetic`]) for planning.
 
 pub mod sigmoid;
 pub mod softmax;
+pub mod synthetic;
 pub mod topk_softmax;
 pub mod trace;
 pub mod trace_stats;
 
 pub use sigmoid::SigmoidGroupTopK;
 pub use softmax::{softmax_topk, SoftmaxTopK};
+pub use synthetic::RoutingModel;
 pub use topk_softmax::{topk_softmax, TopKSoftmax};
 pub use trace::{Phase, Trace, TraceError, TraceHeader, TraceToken, TRACE_VERSION};
 pub use trace_stats::{PassRoutes, RouteStats};

@@ -143,9 +143,15 @@ pub struct DecodeArgs {
     /// Also write the JSON document to this file.
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    /// Record the run's route trace (as `larder run --trace`) to FILE, for `larder bench cache` and `larder plan`.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
+    if let Some(path) = &args.trace {
+        super::trace::check_writable(path)?;
+    }
     let mut experts = args.experts.clone();
     if experts.ram_budget.is_none() && experts.io.is_none() {
         // bench decode always streams.
@@ -205,7 +211,7 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
         ..GenerateOptions::default()
     };
     let mut after_prefill: Option<StoreStats> = None;
-    let mut trace = RouteTrace::default();
+    let mut trace = RouteTrace::with_lookahead(if args.trace.is_some() { super::trace::LOOKAHEAD } else { 0 });
     let g = engine.generate_traced(
         &prompt,
         &gen_opts,
@@ -223,6 +229,11 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     let prefill = after_prefill.clone().unwrap_or_default();
     let decode = store.stats().since(&prefill);
     let routed_bytes = routed_expert_bytes(&trace, prompt.len(), &index);
+    if let Some(path) = &args.trace {
+        let bytes = index.total_bytes() / index.layers.iter().map(|l| l.len() as u64).sum::<u64>().max(1);
+        let file = super::trace::to_file(&trace, engine.model().spec(), &args.model, prompt.len(), bytes)?;
+        file.write(path).with_context(|| format!("--trace {}", path.display()))?;
+    }
     drop(engine);
     let limit_after = measure_limit(args.seed ^ 0xa11)?;
     let limit = if limit_after.gbps > limit_before.gbps {

@@ -14,6 +14,7 @@ pub mod forward;
 pub mod lazy;
 pub mod loopback_files;
 pub mod pack;
+pub mod plan;
 pub mod progress;
 pub mod pull;
 pub mod run;

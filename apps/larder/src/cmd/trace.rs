@@ -62,7 +62,7 @@ pub fn to_file(rt: &RouteTrace, spec: &ModelSpec, model: &Path, prompt_len: usiz
         top_k: moes.iter().map(|m| m.2).max().unwrap_or(0),
         moe_layers: moes.iter().map(|m| m.0).collect(),
         expert_bytes: vec![expert_bytes; moes.len()],
-        lookahead: rt.lookahead.min(moes.len()),
+        lookahead: rt.lookahead.min(moes.len() - 1),
     };
     let rows = rt.passes.iter().sum::<usize>();
     let route = |layer: usize, row: usize| rt.layers.get(&layer).and_then(|r| r.get(row)).map(|r| r.experts.clone());

@@ -1,0 +1,345 @@
+//! `larder plan`: what a model will do on a machine, before buying drives.
+//! From the model's shapes (a config.json alone is enough), a route trace or
+//! a routing preset replayed through the cache simulator at the planned
+//! budget, and drive, RAM and kernel speeds (measured here or given), it
+//! forecasts decode tok/s, time to first token per prompt length, the hit
+//! rate, bytes read per token and the binding resource
+//! (`larder_engine::forecast`; docs/plan.md).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use larder_engine::forecast::{forecast, uniform_union_share, ForecastInput};
+use larder_engine::plan::{headroom, ModelSizes};
+use larder_router::{Phase, RoutingModel, Trace, TraceHeader, TRACE_VERSION};
+use larder_store::cache::sim::simulate;
+use larder_store::cache::PolicyKind;
+use larder_store::{format_size, parse_size};
+use serde_json::json;
+
+/// Router lookahead recall assumed for routing presets: published figures for
+/// real MoE models put next-layer lookahead at about 70%.
+pub const PRESET_RECALL: f64 = 0.7;
+
+/// Arguments of `larder plan`.
+#[derive(clap::Args)]
+#[command(
+    after_help = "Examples:\n  larder plan --model ./k3/config.json --ram 128GB --drive 7x4 --routing skewed\n  larder plan --model ./store --drive 1.8 --trace run.trace --json"
+)]
+pub struct Args {
+    /// The model: a config.json, a checkpoint folder or a packed store.
+    #[arg(long, value_name = "PATH")]
+    model: PathBuf,
+    /// RAM of the machine planned for (default: the RAM available here now).
+    #[arg(long, value_name = "SIZE")]
+    ram: Option<String>,
+    /// Expert cache budget (default: the RAM minus the spine, the KV cache of the longest prompt, and headroom).
+    #[arg(long, value_name = "SIZE")]
+    ram_budget: Option<String>,
+    /// A drive's read GB/s for expert-sized reads, optionally xN for N such drives (`7x4`); repeatable.
+    /// Measure one with `larder bench io`.
+    #[arg(long, value_name = "GBPS[xN]", required = true)]
+    drive: Vec<String>,
+    /// A route trace recorded with `--trace` (its hit rates, recall and prompt unions are used).
+    #[arg(long, value_name = "FILE", conflicts_with = "routing")]
+    trace: Option<PathBuf>,
+    /// Without --trace: a routing preset (uniform, local, skewed, mixed; docs/routing.md).
+    #[arg(long, value_name = "PRESET", default_value = "uniform")]
+    routing: String,
+    /// Router lookahead recall for prefetch (default: the trace's depth-1 recall, else 0.7).
+    #[arg(long, value_name = "X")]
+    recall: Option<f64>,
+    /// Forecast without prefetch.
+    #[arg(long)]
+    no_prefetch: bool,
+    /// Cores (default: this machine's).
+    #[arg(long, value_parser = super::range(1, super::MAX_THREADS))]
+    cores: Option<usize>,
+    /// RAM read GB/s of one core (default: measured here).
+    #[arg(long, value_name = "GBPS")]
+    ram_gbps: Option<f64>,
+    /// `larder bench kernels --out FILE` JSON: one-row (decode) and many-row (prefill) kernel speeds of the
+    /// experts' format.
+    #[arg(long, value_name = "FILE")]
+    kernels: Option<PathBuf>,
+    /// One-row kernel weight GB/s of one core (overrides --kernels; default without either: the RAM speed).
+    #[arg(long, value_name = "GBPS")]
+    kernel_gbps: Option<f64>,
+    /// Prompt lengths to forecast TTFT for.
+    #[arg(long, value_delimiter = ',', default_value = "512,2048,8192", value_parser = super::range(1, super::MAX_COUNT))]
+    prompt_lens: Vec<usize>,
+    /// Decode tokens drawn from a preset to replay (more: steadier hit rates).
+    #[arg(long, default_value_t = 2000, value_parser = super::range(10, super::MAX_COUNT))]
+    tokens: usize,
+    /// Print one JSON document: {"decode_tok_per_s", "ttft_s": {"LEN": s}, "hit_rate", "bytes_per_token", "binding", ...}.
+    #[arg(long)]
+    json: bool,
+}
+
+pub fn run(a: Args) -> anyhow::Result<()> {
+    let report = super::doctor::model::inspect(&a.model)?;
+    let sizes = report.sizes.clone();
+    if sizes.moe_layers == 0 || sizes.expert_bytes == 0 {
+        bail!("--model {}: has no routed experts to plan streaming for", a.model.display());
+    }
+    let ram = match &a.ram {
+        Some(s) => parse_size(s).map_err(|e| anyhow::anyhow!("--ram {s:?}: {e}"))?,
+        None => larder_engine::prefill::mem_available().context("--ram: cannot read MemAvailable here; give --ram")?,
+    };
+    let drives = a
+        .drive
+        .iter()
+        .map(|d| parse_drive(d))
+        .collect::<anyhow::Result<Vec<Vec<f64>>>>()?
+        .concat();
+    let cores = a
+        .cores
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let longest = a.prompt_lens.iter().copied().max().unwrap_or(0) as u64;
+    let kv = longest.saturating_mul(report.kv_bytes_per_token as u64);
+    let usable = ram.saturating_sub(headroom(ram)).saturating_sub(kv);
+    let least = sizes.spine_bytes.saturating_add(sizes.min_cache_bytes());
+    if least > usable {
+        bail!(
+            "--ram {}: too small: the spine ({}), one layer step's experts ({}), the KV cache of a {longest}-token \
+             prompt ({}) and headroom ({}) need {}; give more --ram or shorter --prompt-lens",
+            format_size(ram),
+            format_size(sizes.spine_bytes),
+            format_size(sizes.min_cache_bytes()),
+            format_size(kv),
+            format_size(headroom(ram)),
+            format_size(least + kv + headroom(ram))
+        );
+    }
+    let budget = match &a.ram_budget {
+        Some(s) => {
+            let b = parse_size(s).map_err(|e| anyhow::anyhow!("--ram-budget {s:?}: {e}"))?;
+            if b > usable - sizes.spine_bytes {
+                bail!(
+                    "--ram-budget {s}: more than the {} left of --ram {} after the spine, KV cache and headroom",
+                    format_size(usable - sizes.spine_bytes),
+                    format_size(ram)
+                );
+            }
+            b
+        }
+        None => (usable - sizes.spine_bytes).min(sizes.bank_bytes),
+    };
+    let trace = match &a.trace {
+        Some(path) => Trace::read(path)?,
+        None => {
+            let model = RoutingModel::preset(&a.routing, sizes.experts_per_layer).map_err(|e| anyhow::anyhow!("--routing: {e}"))?;
+            model.trace(header(&sizes), a.tokens, 1)
+        }
+    };
+    check_shape(&trace, &sizes, &a)?;
+    let hit_rate = decode_hit_rate(&trace, budget);
+    let traced_recall = trace.route_stats(Some(Phase::Decode)).lookahead_recall.first().map(|r| r.1);
+    let recall = a.recall.or(traced_recall).unwrap_or(PRESET_RECALL);
+    if !(0.0..=1.0).contains(&recall) {
+        bail!("--recall {recall}: a share from 0 to 1");
+    }
+    let ram_gbps = match a.ram_gbps {
+        Some(g) => positive("--ram-gbps", g)?,
+        None => larder_tensor::bench::ram_read_gbps(256 << 20),
+    };
+    let (decode_kernel, prefill_kernel) = kernel_speeds(&a, ram_gbps)?;
+    let prompts = a.prompt_lens.iter().map(|&n| (n, prompt_union_share(&trace, &sizes, n))).collect();
+    let f = forecast(&ForecastInput {
+        sizes: sizes.clone(),
+        ram_budget: budget,
+        hit_rate,
+        recall,
+        prefetch: !a.no_prefetch,
+        drives_gbps: drives.clone(),
+        ram_gbps: ram_gbps * cores as f64,
+        decode_kernel_gbps: decode_kernel * cores as f64,
+        prefill_kernel_gbps: prefill_kernel * cores as f64,
+        prompts,
+    });
+    let ttft: serde_json::Map<String, serde_json::Value> = f.ttft_s.iter().map(|(n, s)| (n.to_string(), json!(s))).collect();
+    let doc = json!({
+        "model": a.model,
+        "decode_tok_per_s": f.decode_tok_per_s,
+        "ttft_s": ttft,
+        "hit_rate": f.hit_rate,
+        "bytes_per_token": f.bytes_per_token,
+        "binding": f.binding,
+        "ram_budget": budget,
+        "bank_bytes": sizes.bank_bytes,
+        "spine_bytes": sizes.spine_bytes,
+        "policy": PolicyKind::default().name(),
+        "routing": if a.trace.is_some() { "trace".to_string() } else { a.routing.clone() },
+        "recall": recall,
+        "prefetch": !a.no_prefetch,
+        "seconds_per_token": {"disk": f.disk_s_per_token, "ram": f.ram_s_per_token, "compute": f.compute_s_per_token},
+        "machine": {"ram": ram, "drives_gbps": drives, "cores": cores, "ram_gbps_per_core": ram_gbps,
+                    "decode_kernel_gbps_per_core": decode_kernel, "prefill_kernel_gbps_per_core": prefill_kernel},
+    });
+    if a.json {
+        return super::print_json(&doc);
+    }
+    println!(
+        "{}: spine {}, bank {} ({} MoE layers x {} experts, top-{}, {} each)",
+        a.model.display(),
+        format_size(sizes.spine_bytes),
+        format_size(sizes.bank_bytes),
+        sizes.moe_layers,
+        sizes.experts_per_layer,
+        sizes.top_k,
+        format_size(sizes.expert_bytes)
+    );
+    println!(
+        "cache {} ({:.0}% of the bank), policy {}: hit rate {:.1}% ({}); reads {} per token",
+        format_size(budget),
+        100.0 * budget as f64 / sizes.bank_bytes as f64,
+        PolicyKind::default().name(),
+        100.0 * hit_rate,
+        doc["routing"].as_str().unwrap_or(""),
+        format_size(f.bytes_per_token as u64)
+    );
+    println!(
+        "decode: {:.2} tok/s, bound by {} (per token: disk {:.3} s, RAM {:.3} s, compute {:.3} s; prefetch {}, recall {:.0}%)",
+        f.decode_tok_per_s,
+        f.binding,
+        f.disk_s_per_token,
+        f.ram_s_per_token,
+        f.compute_s_per_token,
+        if a.no_prefetch { "off" } else { "on" },
+        100.0 * recall
+    );
+    for (n, s) in &f.ttft_s {
+        println!("time to first token, {n}-token prompt: {s:.1} s");
+    }
+    Ok(())
+}
+
+/// `1.8` or `7x4` (four drives of 7 GB/s).
+fn parse_drive(s: &str) -> anyhow::Result<Vec<f64>> {
+    let (gbps, n) = match s.split_once(['x', 'X']) {
+        Some((g, n)) => (g, n.trim().parse::<usize>().ok().filter(|n| (1..=64).contains(n))),
+        None => (s, Some(1)),
+    };
+    let n = n.with_context(|| format!("--drive {s:?}: the count after x must be 1 to 64"))?;
+    let g: f64 = gbps
+        .trim()
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--drive {s:?}: not a GB/s figure (say 7 or 7x4)"))?;
+    Ok(vec![positive("--drive", g)?; n])
+}
+
+fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
+    if v.is_finite() && v > 0.0 {
+        Ok(v)
+    } else {
+        bail!("{flag} {v}: must be a number above 0")
+    }
+}
+
+fn header(sizes: &ModelSizes) -> TraceHeader {
+    TraceHeader {
+        larder_trace: TRACE_VERSION,
+        model: "preset".into(),
+        experts: sizes.experts_per_layer,
+        top_k: sizes.top_k,
+        moe_layers: (0..sizes.moe_layers).collect(),
+        expert_bytes: vec![sizes.expert_bytes; sizes.moe_layers],
+        lookahead: 0,
+    }
+}
+
+fn check_shape(trace: &Trace, sizes: &ModelSizes, a: &Args) -> anyhow::Result<()> {
+    let h = &trace.header;
+    if h.experts != sizes.experts_per_layer || h.top_k != sizes.top_k || h.moe_layers.len() != sizes.moe_layers {
+        bail!(
+            "--trace {}: recorded on {} MoE layers x {} experts, top-{}; --model {} has {} x {}, top-{}",
+            a.trace.as_deref().unwrap_or(std::path::Path::new("")).display(),
+            h.moe_layers.len(),
+            h.experts,
+            h.top_k,
+            a.model.display(),
+            sizes.moe_layers,
+            sizes.experts_per_layer,
+            sizes.top_k
+        );
+    }
+    if !trace.tokens.iter().any(|t| t.phase == Phase::Decode) {
+        bail!("the trace has no decode tokens to forecast decoding from");
+    }
+    Ok(())
+}
+
+/// The default policy's hit rate over the decode passes, the prompt's passes
+/// warming the cache first (the simulator is replayed twice: a policy's
+/// state over a prefix does not depend on what follows it).
+fn decode_hit_rate(trace: &Trace, budget: u64) -> f64 {
+    let steps = super::bench_cache::steps(trace);
+    let passes = trace.passes();
+    let prompt = passes.iter().take_while(|p| p.phase == Phase::Prompt).count();
+    let heat = std::collections::HashMap::new();
+    let layers = trace.header.moe_layers.len();
+    let run = |n: usize| simulate(&steps[..n], budget, PolicyKind::default().build(budget, layers, &heat).as_mut());
+    let (all, warm) = (run(steps.len()), run(prompt));
+    let accesses = all.accesses - warm.accesses;
+    if accesses == 0 {
+        0.0
+    } else {
+        (all.hits - warm.hits) as f64 / accesses as f64
+    }
+}
+
+/// The share of each layer's experts the first `n` tokens route to: from the
+/// trace while it lasts, else (a longer prompt) as uniform routing would.
+fn prompt_union_share(trace: &Trace, sizes: &ModelSizes, n: usize) -> f64 {
+    if trace.tokens.len() < n {
+        return uniform_union_share(sizes.experts_per_layer, sizes.top_k, n);
+    }
+    let layers = trace.header.moe_layers.len();
+    let mut seen = vec![vec![false; trace.header.experts]; layers];
+    for t in &trace.tokens[..n] {
+        for (l, experts) in t.routes.iter().enumerate() {
+            for &e in experts {
+                seen[l][e] = true;
+            }
+        }
+    }
+    let touched = seen.iter().flatten().filter(|s| **s).count();
+    touched as f64 / (layers * trace.header.experts) as f64
+}
+
+/// One-row and many-row (per row) kernel weight GB/s of one core.
+fn kernel_speeds(a: &Args, ram_gbps: f64) -> anyhow::Result<(f64, f64)> {
+    if let Some(g) = a.kernel_gbps {
+        let g = positive("--kernel-gbps", g)?;
+        return Ok((g, g * 8.0));
+    }
+    let Some(path) = &a.kernels else {
+        return Ok((ram_gbps, ram_gbps * 8.0));
+    };
+    let text = std::fs::read_to_string(path).with_context(|| format!("--kernels {}", path.display()))?;
+    let doc: serde_json::Value =
+        serde_json::from_str(&text).with_context(|| format!("--kernels {}: not `larder bench kernels` JSON", path.display()))?;
+    let results = doc["results"]
+        .as_array()
+        .with_context(|| format!("--kernels {}: no \"results\"", path.display()))?;
+    let threads = doc["threads"].as_f64().unwrap_or(1.0).max(1.0);
+    let cold = |r: &&serde_json::Value| r["cold"].as_bool() == Some(true);
+    let one = results
+        .iter()
+        .filter(cold)
+        .filter(|r| r["rows"].as_u64() == Some(1))
+        .filter_map(|r| r["gbps"].as_f64());
+    let many = results
+        .iter()
+        .filter(cold)
+        .filter_map(|r| Some(r["gbps"].as_f64()? * r["rows"].as_f64()?));
+    let decode = one.fold(f64::NAN, f64::min);
+    let prefill = many.fold(f64::NAN, f64::max);
+    if !decode.is_finite() || !prefill.is_finite() {
+        bail!(
+            "--kernels {}: no cold one-row results (run `larder bench kernels --out FILE`)",
+            path.display()
+        );
+    }
+    Ok((decode / threads, prefill / threads))
+}
