@@ -93,15 +93,15 @@ pub struct Args {
     seed: u64,
     /// Routing preset (sets the --routing-* knobs' defaults; docs/synth.md has the calibration): uniform (skew 0,
     /// locality 0, drift 0: independent uniform routing, as GLM- and Qwen3-Next-class models route, but the next
-    /// layer's router on this layer's input recalls ~98%); local (locality 0.98, drift 0.33: Qwen3-30B-A3B-like
-    /// reuse within two tokens, ~95% LRU hits with 40% of the bank cached); skewed (skew 3.75, drift 0.5: K3-like
+    /// layer's router on this layer's input recalls ~98%); local (locality 0.98, drift 0.3: Qwen3-30B-A3B-like
+    /// reuse within two tokens, ~95% LRU hits with 40% of the bank cached); skewed (skew 4, drift 0.5: K3-like
     /// heat, ~85% of routes in the hottest 30% of experts); mixed (skew 4, locality 0.9, drift 0.45: heat,
     /// locality and ~70% next-layer lookahead together, a trained model serving one conversation). local,
     /// skewed and mixed recall ~70% at lookahead depth 1, a few points less per extra layer.
     #[arg(long, default_value = "uniform", value_parser = ROUTINGS, conflicts_with = "from_dense")]
     routing: String,
     /// Popularity skew, 0 to 8: the hottest expert's routing-logit bias in logit stds (expert of rank r of E:
-    /// X * exp(-4r/E)). Default: the preset's (uniform, local 0; skewed 3.75; mixed 4).
+    /// X * exp(-4r/E)). Default: the preset's (uniform, local 0; skewed, mixed 4).
     #[arg(long, value_name = "X", conflicts_with = "from_dense")]
     routing_skew: Option<f64>,
     /// Temporal locality, 0 to 0.99: greedy decoding walks clusters of 16 token ids in order and a token's
@@ -112,7 +112,7 @@ pub struct Args {
     routing_locality: Option<f64>,
     /// Layer-to-layer drift, 0 to 2: how much each layer's post-attention norm weights differ from other
     /// layers' (higher: the next layer's router on this layer's input recalls less). Default: the preset's
-    /// (uniform 0; local 0.33; mixed 0.45; skewed 0.5).
+    /// (uniform 0; local 0.3; mixed 0.45; skewed 0.5).
     #[arg(long, value_name = "X", conflicts_with = "from_dense")]
     routing_drift: Option<f64>,
     /// Tokens of greedy decoding used to measure routing, 0 to 65536 (0: skip; not with --from-dense):

@@ -140,8 +140,8 @@ impl Routing {
     pub fn knobs(self) -> RoutingKnobs {
         let (skew, locality, drift) = match self {
             Routing::Uniform => (0.0, 0.0, 0.0),
-            Routing::Local => (0.0, 0.98, 0.33),
-            Routing::Skewed => (3.75, 0.0, 0.5),
+            Routing::Local => (0.0, 0.98, 0.3),
+            Routing::Skewed => (4.0, 0.0, 0.5),
             Routing::Mixed => (4.0, 0.9, 0.45),
         };
         RoutingKnobs { skew, locality, drift }
@@ -166,7 +166,7 @@ pub struct RoutingKnobs {
     /// so tokens `d` apart route alike by about `locality * (1 - d (1 - locality))`.
     pub locality: f64,
     /// Layer-to-layer drift, 0 to 2: each layer's post-attention norm
-    /// weights are `1 + drift * (u + 1.72 * slow)`, `u` fresh per layer and
+    /// weights are `1 + drift * (u + 2.5 * slow)`, `u` fresh per layer and
     /// `slow` a sum over the last 8 layers' innovations, so a later layer's
     /// router on this layer's normed input sees a differently weighted
     /// vector: a first drop in lookahead recall, then a slow decay with depth.

@@ -181,7 +181,7 @@ pub(super) fn window(locality: f32) -> usize {
 /// a first drop (the fresh part) and a slow decay with depth.
 pub(super) const LAYER_WINDOW: usize = 8;
 /// Weight of the slow part (see [`LAYER_WINDOW`]).
-const SLOW: f32 = 1.72;
+const SLOW: f32 = 2.5;
 
 /// Weight of the key in LM head rows over their random part.
 const ADVANCE: f32 = 6.0;
