@@ -1,12 +1,15 @@
 //! `larder synth`'s output is pinned byte for byte: the sha256 of every file
 //! [`synth::write`] writes, for every architecture x tiny preset x experts
-//! format, latent-space experts (`--moe-latent-size`) and skewed routing,
+//! format, latent-space experts (`--moe-latent-size`) and the skewed, local
+//! and mixed routing presets,
 //! against tests/data/synth_digests.txt. Synth's tensor list now comes from
 //! the loaders (weight recorder), in the order they read tensors, with values
 //! seeded by tensor name: the digests changed once for that (they were
 //! recorded first with the hand-written lists and position seeds); that the
 //! recorded list is the hand-written one, tensor for tensor, is pinned by
-//! `synth::plan_tests`. Regenerate (only for an intended change of synth's
+//! `synth::plan_tests`. The skewed lines changed again when `--routing`
+//! gained calibrated presets and knobs (skew profile, layer-to-layer drift,
+//! the knobs in config.json); uniform's did not. Regenerate (only for an intended change of synth's
 //! output) with
 //! `LARDER_SYNTH_DIGESTS_WRITE=1 cargo test -p larder-model --test synth_digests`.
 
@@ -38,6 +41,14 @@ fn combinations() -> Vec<(String, SynthSpec)> {
         spec.routing = Routing::Skewed;
         spec.seed = 7;
         out.push((format!("{arch} tiny skewed seed 7"), spec));
+    }
+    for (routing, name) in [(Routing::Local, "local"), (Routing::Mixed, "mixed")] {
+        for arch in ARCHITECTURES {
+            let mut spec = SynthSpec::preset(arch, "tiny", None).expect("tiny preset");
+            spec.routing = routing;
+            spec.seed = 7;
+            out.push((format!("{arch} tiny {name} seed 7"), spec));
+        }
     }
     out
 }

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use anyhow::Context;
-use larder_model::synth::{write, ExpertsFormat, Routing, SynthSpec};
+use larder_model::synth::{write, ExpertsFormat, Routing, SynthSpec, ROUTINGS};
 use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleSpec};
 use larder_model::RouteTrace;
 use serde_json::json;
@@ -38,8 +38,11 @@ in/32]; gpt_oss: its own MXFP4 *_blocks/*_scales, quant_method mxfp4, the defaul
 random, scales give the weights the bf16 experts' spread; --experts-gib counts experts at their stored size \
 (int4 experts are 3.56x and mxfp4 3.76x smaller than bf16, so the same GiB holds that many times more \
 layers).\n\n\
-After writing, a short greedy decode measures the mean share of experts a token shares with the previous \
-token (uniform routing: about top_k/experts); skip it with --measure-tokens 0.\n\n\
+After writing, a short greedy decode measures routing (skip it with --measure-tokens 0): the mean share of \
+experts a token shares with the previous token (uniform routing: about top_k/experts), the share of routes in \
+the hottest 10% / 30% of experts, reuse within 1 / 2 tokens, router lookahead recall at depths 1-3 and the \
+LRU hit rate with 40% of the bank cached (--json: routing_overlap and routing_stats). Use a few hundred \
+tokens for stable figures.\n\n\
 With --from-dense DIR, a real dense checkpoint (llama or mistral -> mixtral layout, qwen3 -> qwen3_moe) \
 is upcycled instead: every routed expert is a byte-for-byte copy of the layer's dense MLP, the router is \
 random (seeded by --seed) so routing varies token to token, and the top-k routing weights are renormalised \
@@ -88,10 +91,33 @@ pub struct Args {
     /// Seed of the random weights (with --from-dense: of the random routers).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// uniform: independent uniform routing per token; skewed: Zipf-like popularity plus temporal locality.
-    #[arg(long, default_value = "uniform", value_parser = ["uniform", "skewed"], conflicts_with = "from_dense")]
+    /// Routing preset (sets the --routing-* knobs' defaults; docs/synth.md has the calibration): uniform (skew 0,
+    /// locality 0, drift 0: independent uniform routing, as GLM- and Qwen3-Next-class models route, but the next
+    /// layer's router on this layer's input recalls ~98%); local (locality 0.98, drift 0.3: Qwen3-30B-A3B-like
+    /// reuse within two tokens, ~95% LRU hits with 40% of the bank cached); skewed (skew 4, drift 0.5: K3-like
+    /// heat, ~85% of routes in the hottest 30% of experts); mixed (skew 4, locality 0.9, drift 0.45: heat,
+    /// locality and ~70% next-layer lookahead together, a trained model serving one conversation). local,
+    /// skewed and mixed recall ~70% at lookahead depth 1, a few points less per extra layer.
+    #[arg(long, default_value = "uniform", value_parser = ROUTINGS, conflicts_with = "from_dense")]
     routing: String,
-    /// Tokens of greedy decoding used to measure routing overlap, 0 to 65536 (0: skip; not with --from-dense).
+    /// Popularity skew, 0 to 8: the hottest expert's routing-logit bias in logit stds (expert of rank r of E:
+    /// X * exp(-4r/E)). Default: the preset's (uniform, local 0; skewed, mixed 4).
+    #[arg(long, value_name = "X", conflicts_with = "from_dense")]
+    routing_skew: Option<f64>,
+    /// Temporal locality, 0 to 0.99: greedy decoding walks clusters of 16 token ids in order and a token's
+    /// routed embedding shares X of its variance with the last round(1/(1-X)) clusters' (higher: consecutive
+    /// tokens reuse more experts; near 0.99 the embeddings take longer to write). Default: the preset's
+    /// (uniform, skewed 0; mixed 0.9; local 0.98).
+    #[arg(long, value_name = "X", conflicts_with = "from_dense")]
+    routing_locality: Option<f64>,
+    /// Layer-to-layer drift, 0 to 2: how much each layer's post-attention norm weights differ from other
+    /// layers' (higher: the next layer's router on this layer's input recalls less). Default: the preset's
+    /// (uniform 0; local 0.3; mixed 0.45; skewed 0.5).
+    #[arg(long, value_name = "X", conflicts_with = "from_dense")]
+    routing_drift: Option<f64>,
+    /// Tokens of greedy decoding used to measure routing, 0 to 65536 (0: skip; not with --from-dense):
+    /// expert overlap of consecutive tokens, share of routes in the hottest 10% / 30% of experts, reuse
+    /// within 1 / 2 tokens, router lookahead recall at depths 1-3, LRU hit rate with 40% of the bank cached.
     #[arg(long, default_value_t = 16, value_parser = super::range(0, 1 << 16), conflicts_with = "from_dense")]
     measure_tokens: usize,
     /// Upcycle this dense Hugging Face checkpoint (llama, mistral or qwen3) into an MoE instead: every expert
@@ -167,11 +193,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     check_groups(&spec)?;
     spec.seed = args.seed;
-    spec.routing = if args.routing == "skewed" {
-        Routing::Skewed
-    } else {
-        Routing::Uniform
-    };
+    spec.routing = Routing::parse(&args.routing).map_err(anyhow::Error::msg)?;
+    if args.routing_skew.is_some() || args.routing_locality.is_some() || args.routing_drift.is_some() {
+        let mut k = spec.routing.knobs();
+        k.skew = args.routing_skew.unwrap_or(k.skew);
+        k.locality = args.routing_locality.unwrap_or(k.locality);
+        k.drift = args.routing_drift.unwrap_or(k.drift);
+        k.check().map_err(anyhow::Error::msg)?;
+        spec.routing_knobs = Some(k);
+    }
     if args.out.join("config.json").exists() {
         anyhow::bail!(
             "{} already holds a checkpoint (config.json); choose another --out",
@@ -186,8 +216,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let written: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
     let write_s = started.elapsed().as_secs_f64();
 
-    let overlap = if args.measure_tokens > 1 {
-        Some(measure_overlap(&args.out, args.measure_tokens, spec.seed)?)
+    let measured = if args.measure_tokens > 1 {
+        Some(measure_routing(&args.out, args.measure_tokens, &spec)?)
     } else {
         None
     };
@@ -195,17 +225,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let report = json!({
         "out": args.out,
         "spec": spec,
+        "routing_knobs": spec.knobs(),
         "files": files.len(),
         "bytes": written,
         "expert_bytes": total,
         "expert_record_bytes": spec.expert_bytes(),
         "seconds": write_s,
-        "routing_overlap": overlap.as_ref().map(|(mean, per_layer)| json!({
-            "mean": mean,
+        "routing_overlap": measured.as_ref().map(|m| json!({
+            "mean": m.overlap,
             "expected_uniform": expected,
             "tokens": args.measure_tokens,
-            "per_layer": per_layer.iter().map(|(l, v)| json!({"layer": l, "overlap": v})).collect::<Vec<_>>(),
+            "per_layer": m.per_layer.iter().map(|(l, v)| json!({"layer": l, "overlap": v})).collect::<Vec<_>>(),
         })),
+        "routing_stats": measured.as_ref().map(|m| &m.stats),
     });
     if args.json {
         return super::print_json(&report);
@@ -218,10 +250,93 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         larder_store::format_size(total),
         write_s
     );
-    if let Some((mean, _)) = overlap {
-        eprintln!("[larder] consecutive-token expert overlap {mean:.3} (uniform routing expects {expected:.3})");
+    if let Some(m) = measured {
+        let k = spec.knobs();
+        let s = &m.stats;
+        eprintln!(
+            "[larder] routing {} (skew {}, locality {}, drift {}) over {} tokens:",
+            args.routing, k.skew, k.locality, k.drift, args.measure_tokens
+        );
+        eprintln!(
+            "[larder]   consecutive-token expert overlap {:.3} (uniform routing expects {expected:.3})",
+            m.overlap
+        );
+        eprintln!(
+            "[larder]   routes in the hottest 10% / 30% of experts: {:.1}% / {:.1}%",
+            100.0 * s.hot_10,
+            100.0 * s.hot_30
+        );
+        eprintln!(
+            "[larder]   routes reusing an expert within 1 / 2 tokens: {:.1}% / {:.1}%",
+            100.0 * s.reuse_within_1,
+            100.0 * s.reuse_within_2
+        );
+        let recall: Vec<String> = s
+            .lookahead_recall
+            .iter()
+            .map(|(d, r)| format!("depth {d} {:.1}%", 100.0 * r))
+            .collect();
+        eprintln!("[larder]   router lookahead recall: {}", recall.join(", "));
+        eprintln!("[larder]   LRU hit rate with 40% of the bank cached: {:.1}%", 100.0 * s.lru_hit_40);
     }
     Ok(())
+}
+
+/// What `--measure-tokens` measured (JSON: `routing_overlap`, `routing_stats`).
+struct Measured {
+    overlap: f64,
+    per_layer: Vec<(usize, f64)>,
+    stats: RoutingStats,
+}
+
+/// The routing statistics synth reports (`routing_stats` in `--json`), from
+/// `larder_router::Trace::route_stats` and the cache simulator.
+#[derive(serde::Serialize)]
+struct RoutingStats {
+    tokens: usize,
+    /// Share of routes taken by the hottest 10% / 30% of each layer's experts.
+    hot_10: f64,
+    hot_30: f64,
+    /// Mean share of a token's experts the previous token also chose.
+    consecutive_overlap: f64,
+    /// Share of routes whose expert the same layer used at most 1 / 2 tokens before.
+    reuse_within_1: f64,
+    reuse_within_2: f64,
+    /// `(depth, recall)`: share of a layer's experts its router picks on the
+    /// input of the MoE layer `depth` before it.
+    lookahead_recall: Vec<(usize, f64)>,
+    /// LRU hit rate with 40% of the expert bank cached (`bench cache`'s simulator).
+    lru_hit_40: f64,
+}
+
+/// The route-trace statistics of a recorded greedy decode.
+fn routing_stats(
+    rt: &RouteTrace,
+    model: &larder_model::DecoderModel,
+    dir: &std::path::Path,
+    spec: &SynthSpec,
+) -> anyhow::Result<RoutingStats> {
+    let trace = super::trace::to_file(rt, model.spec(), dir, 0, spec.expert_bytes() as u64)?;
+    let s = trace.route_stats(None);
+    let hot = |x: f64| s.popularity.iter().find(|p| (p.0 - x).abs() < 1e-9).map_or(0.0, |p| p.1);
+    let within = |n: usize| {
+        s.reuse_distance
+            .iter()
+            .filter(|(ub, _)| ub.is_some_and(|ub| ub <= n))
+            .map(|(_, v)| v)
+            .sum::<f64>()
+    };
+    let curves = super::bench_cache::hit_curves(&trace, &[0.4], &["lru"])?;
+    Ok(RoutingStats {
+        tokens: s.tokens,
+        hot_10: hot(0.1),
+        hot_30: hot(0.3),
+        consecutive_overlap: s.consecutive_overlap,
+        reuse_within_1: within(1),
+        reuse_within_2: within(2),
+        lookahead_recall: s.lookahead_recall.clone(),
+        lru_hit_40: curves.first().map_or(0.0, |c| c.hit("lru")),
+    })
 }
 
 /// Grouped routing (deepseek_v3, kimi_linear) needs `--experts` in whole groups of at
@@ -318,11 +433,12 @@ fn default_layout(source: &std::path::Path) -> anyhow::Result<UpcycleLayout> {
     Ok(UpcycleLayout::for_source(model_type).unwrap_or(UpcycleLayout::Mixtral))
 }
 
-/// Greedy decoding from a seeded first token, recording routes. The experts stream
-/// from the new checkpoint's files through a bounded cache (routing is the same as in
-/// RAM: streaming changes when bytes arrive, not what is computed), so a checkpoint
-/// larger than RAM (a 120b-like preset) is measured too.
-fn measure_overlap(dir: &std::path::Path, tokens: usize, seed: u64) -> anyhow::Result<(f64, Vec<(usize, f64)>)> {
+/// Greedy decoding from a seeded first token, recording routes (with router
+/// lookahead 3). The experts stream from the new checkpoint's files through a
+/// bounded cache (routing is the same as in RAM: streaming changes when bytes
+/// arrive, not what is computed), so a checkpoint larger than RAM (a
+/// 120b-like preset) is measured too.
+fn measure_routing(dir: &std::path::Path, tokens: usize, spec: &SynthSpec) -> anyhow::Result<Measured> {
     let opts = larder_engine::LoadOptions {
         experts: larder_engine::ExpertMode::Stream(larder_store::StoreOptions {
             ram_budget: 1 << 30,
@@ -334,8 +450,8 @@ fn measure_overlap(dir: &std::path::Path, tokens: usize, seed: u64) -> anyhow::R
         larder_engine::Engine::load_with(dir, &opts).with_context(|| format!("cannot load {} to measure routing", dir.display()))?;
     let model = engine.model();
     let mut state = model.new_state();
-    let mut trace = RouteTrace::default();
-    let mut tok = (seed % model.spec().vocab_size as u64) as u32 + 1;
+    let mut trace = RouteTrace::with_lookahead(super::trace::LOOKAHEAD);
+    let mut tok = (spec.seed % model.spec().vocab_size as u64) as u32 + 1;
     for _ in 0..tokens {
         let logits = model.forward_last(&[tok], &mut state, Some(&mut trace))?;
         tok = logits
@@ -345,5 +461,7 @@ fn measure_overlap(dir: &std::path::Path, tokens: usize, seed: u64) -> anyhow::R
             .map(|(i, _)| i as u32)
             .unwrap_or(0);
     }
-    Ok(trace.consecutive_overlap())
+    let (overlap, per_layer) = trace.consecutive_overlap();
+    let stats = routing_stats(&trace, model, dir, spec)?;
+    Ok(Measured { overlap, per_layer, stats })
 }

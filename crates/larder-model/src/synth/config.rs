@@ -24,6 +24,9 @@ impl SynthSpec {
         }
         if self.kda.is_none() {
             cfg["larder_synth"] = json!({"preset": self.preset, "seed": self.seed, "routing": self.routing});
+            if !self.knobs().is_uniform() {
+                cfg["larder_synth"]["routing_knobs"] = json!(self.knobs());
+            }
         }
         cfg
     }

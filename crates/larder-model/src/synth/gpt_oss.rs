@@ -36,6 +36,7 @@ pub(super) fn preset(preset: &str) -> Result<SynthSpec, String> {
         vocab,
         seed: 0,
         routing: Routing::Uniform,
+        routing_knobs: None,
         deepseek: None,
         kda: None,
         moe_latent_size: None,

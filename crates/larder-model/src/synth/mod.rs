@@ -27,11 +27,14 @@
 //! - router rows with std 1/sqrt(hidden) (unit-variance logits).
 //!
 //! Under [`Routing::Uniform`] every token picks experts independently and
-//! uniformly (consecutive-token overlap ~ k/E). [`Routing::Skewed`] adds a
-//! Zipf-like popularity (a direction shared by every embedding, weighted per
-//! expert by 1/rank in the router) and temporal locality (tokens fall into
-//! clusters of 64 ids that share an embedding component, and the LM head
-//! prefers tokens of the current cluster).
+//! uniformly (consecutive-token overlap ~ k/E). The other presets set
+//! [`RoutingKnobs`]: popularity skew (a direction shared by every embedding,
+//! weighted per expert in the router), temporal locality (clusters of token
+//! ids that greedy decoding walks through in order, sharing embedding
+//! directions with the clusters before them) and layer-to-layer drift
+//! (post-attention norm weights that change from layer to layer, so a later
+//! layer's router on this layer's input recalls ~70% instead of ~98%); see
+//! docs/synth.md for the calibration against published figures.
 //!
 //! Files are written under `.partial` names and renamed when complete;
 //! `config.json` is written last, so an interrupted synth is not loadable.
@@ -99,12 +102,96 @@ impl ExpertsFormat {
     }
 }
 
-/// How routing should behave.
+/// How routing should behave: a preset of [`RoutingKnobs`] (see the module
+/// doc and docs/synth.md for what each models and how it was calibrated).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Routing {
+    /// Independent, uniform routing per token (GLM- and Qwen3-Next-class
+    /// models route near-uniformly); every knob 0, so the next layer's
+    /// router on this layer's input recalls ~98% (unrealistically easy).
     Uniform,
+    /// Temporal locality (Qwen3-30B-A3B reuses experts within two tokens)
+    /// with realistic router lookahead.
+    Local,
+    /// Skewed heat (K3: 85.6% of decode routes in the hottest 30% of
+    /// experts) with realistic router lookahead.
     Skewed,
+    /// Skew, some locality and realistic lookahead together.
+    Mixed,
+}
+
+/// The routing presets, as `--routing` names them.
+pub const ROUTINGS: [&str; 4] = ["uniform", "local", "skewed", "mixed"];
+
+impl Routing {
+    /// `uniform`, `local`, `skewed` or `mixed`.
+    pub fn parse(s: &str) -> Result<Routing, String> {
+        match s {
+            "uniform" => Ok(Routing::Uniform),
+            "local" => Ok(Routing::Local),
+            "skewed" => Ok(Routing::Skewed),
+            "mixed" => Ok(Routing::Mixed),
+            other => Err(format!("--routing {other:?}: use {}", ROUTINGS.join(", "))),
+        }
+    }
+
+    /// The preset's knobs (calibrated on qwen3_moe, 64 experts top-8; docs/synth.md).
+    pub fn knobs(self) -> RoutingKnobs {
+        let (skew, locality, drift) = match self {
+            Routing::Uniform => (0.0, 0.0, 0.0),
+            Routing::Local => (0.0, 0.98, 0.3),
+            Routing::Skewed => (4.0, 0.0, 0.5),
+            Routing::Mixed => (4.0, 0.9, 0.45),
+        };
+        RoutingKnobs { skew, locality, drift }
+    }
+}
+
+/// What the weights are drawn to make routing do (all 0: uniform routing).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct RoutingKnobs {
+    /// Popularity skew, 0 to 8: the hottest expert's logit bias in units of
+    /// the routing logits' std; the expert of popularity rank `r` (of `E`)
+    /// gets `skew * exp(-4 r / E)`. A direction shared by every embedding,
+    /// weighted per expert in the router, carries it.
+    pub skew: f64,
+    /// Temporal locality, 0 to 0.99: tokens are in clusters of 16 ids and
+    /// greedy decoding moves from cluster `c` to `c + 1` at every token (the
+    /// LM head keys on the previous cluster's key, held in half of the
+    /// embedding columns, which routers do not see: their post-attention
+    /// norm weights are 0 there); the other half of a token's embedding
+    /// shares `locality` of its variance with the tokens of the last
+    /// `round(1 / (1 - locality))` clusters, linearly less the further back,
+    /// so tokens `d` apart route alike by about `locality * (1 - d (1 - locality))`.
+    pub locality: f64,
+    /// Layer-to-layer drift, 0 to 2: each layer's post-attention norm
+    /// weights are `1 + drift * (u + 2.5 * slow)`, `u` fresh per layer and
+    /// `slow` a sum over the last 8 layers' innovations, so a later layer's
+    /// router on this layer's normed input sees a differently weighted
+    /// vector: a first drop in lookahead recall, then a slow decay with depth.
+    pub drift: f64,
+}
+
+impl RoutingKnobs {
+    /// Refuses a knob out of its range, naming its flag.
+    pub fn check(&self) -> Result<(), String> {
+        for (flag, v, max) in [
+            ("--routing-skew", self.skew, 8.0),
+            ("--routing-locality", self.locality, 0.99),
+            ("--routing-drift", self.drift, 2.0),
+        ] {
+            if !(v.is_finite() && (0.0..=max).contains(&v)) {
+                return Err(format!("{flag} {v}: use a value from 0 to {max}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every knob 0: the original uniform draw, byte for byte.
+    pub fn is_uniform(&self) -> bool {
+        self.skew == 0.0 && self.locality == 0.0 && self.drift == 0.0
+    }
 }
 
 /// The shape of a synthetic checkpoint.
@@ -123,6 +210,8 @@ pub struct SynthSpec {
     pub vocab: usize,
     pub seed: u64,
     pub routing: Routing,
+    /// Knobs overriding the preset's ([`Routing::knobs`]); `None`: the preset's.
+    pub routing_knobs: Option<RoutingKnobs>,
     /// DeepSeek-V3 layout: MLA, a dense first layer, shared experts, grouped
     /// sigmoid routing (also the MLA and MoE of `kimi_linear`).
     pub deepseek: Option<DeepseekShape>,
@@ -270,6 +359,11 @@ impl SynthSpec {
         self.moe_latent_size.unwrap_or(self.hidden)
     }
 
+    /// The routing knobs in effect: the overrides, else the preset's.
+    pub fn knobs(&self) -> RoutingKnobs {
+        self.routing_knobs.unwrap_or(self.routing.knobs())
+    }
+
     /// Layers with routed experts.
     pub fn moe_layers(&self) -> usize {
         self.layers - self.deepseek.as_ref().map_or(0, |d| d.first_k_dense_replace.min(self.layers))
@@ -305,6 +399,7 @@ fn tiny(arch: &str) -> SynthSpec {
         vocab: 512,
         seed: 0,
         routing: Routing::Uniform,
+        routing_knobs: None,
         deepseek: (arch != "qwen3_moe").then_some(DeepseekShape {
             // Moonshot's Kimi Linear MLA has no q LoRA (`q_lora_rank: null`).
             q_lora_rank: (!kimi).then_some(48),
@@ -351,6 +446,7 @@ fn k3_mini(arch: &str) -> SynthSpec {
         vocab: 32000,
         seed: 0,
         routing: Routing::Uniform,
+        routing_knobs: None,
         // DeepSeek-V3's proportions at hidden 2048: 8 groups, 4 eligible.
         deepseek: match arch {
             "deepseek_v3" => Some(DeepseekShape {

@@ -49,6 +49,10 @@ pub(super) enum Init {
     Zeros,
     /// Every element this value.
     Const(f32),
+    /// Post-attention norm weights of layer `.1` drifting by `.0`
+    /// (`--routing-drift`, see `write::drift_row`), 0 on the key columns
+    /// (`--routing-locality`: routers do not see the key).
+    NormSpread(f32, usize),
     Embedding,
     LmHead,
     Router,
@@ -186,6 +190,7 @@ fn name_seed(name: &str) -> u64 {
 /// How recorded tensor `t`'s values are drawn.
 fn init(spec: &SynthSpec, t: &RecordedTensor) -> Init {
     let name = t.name.as_str();
+    let drift = spec.knobs().drift as f32;
     let std = std_of(name);
     match name {
         "model.embed_tokens.weight" => return Init::Embedding,
@@ -203,6 +208,9 @@ fn init(spec: &SynthSpec, t: &RecordedTensor) -> Init {
     }
     match name {
         _ if t.role == RecordedRole::Param => Init::Router,
+        _ if (drift > 0.0 || spec.knobs().locality > 0.0) && name.ends_with(".post_attention_layernorm.weight") => {
+            Init::NormSpread(drift, layer_of(name).unwrap_or(0))
+        }
         _ if name.ends_with("norm.weight") => Init::Ones,
         _ if name.ends_with(".A_log") || name.ends_with(".e_score_correction_bias") => Init::Zeros,
         _ if name.ends_with(".mlp.router.bias") => Init::Zeros,

@@ -12,7 +12,7 @@ use larder_tensor::safetensors_write::{Header, KeyOrder, SafetensorsWriter, Tens
 use rayon::prelude::*;
 
 use super::plan::{self, Dtype, Init, TensorPlan};
-use super::{Routing, SynthSpec};
+use super::SynthSpec;
 use crate::error::ModelError;
 
 /// Writes the checkpoint; `progress(bytes)` as tensors are written.
@@ -153,44 +153,137 @@ pub(crate) fn unit(x: &mut u64) -> f32 {
     (u * 2.0 - 1.0) * 1.732_050_8
 }
 
+/// Tokens per cluster under `--routing-locality`: greedy decoding moves
+/// from cluster `c` to cluster `c + 1` at every token.
+pub(super) const CLUSTER: usize = 16;
+/// Columns of the embeddings that hold the cluster key under
+/// `--routing-locality` (half of them; none otherwise).
+pub(super) fn key_columns(spec: &SynthSpec) -> usize {
+    if spec.knobs().locality > 0.0 {
+        spec.hidden / 2
+    } else {
+        0
+    }
+}
+
+/// Clusters (so tokens) a cluster's shared direction reaches back over
+/// under `--routing-locality X`: `round(1 / (1 - X))`, so tokens `d` apart
+/// share `X * (1 - d / window)` of their embeddings.
+pub(super) fn window(locality: f32) -> usize {
+    ((1.0 / (1.0 - locality)).round() as usize).clamp(1, 100)
+}
+
+/// Layers over which `--routing-drift`'s slow part of the post-attention
+/// norm weights changes: layer `l`'s weights are `1 + drift * (u_l + SLOW *
+/// (w_l + ... + w_{l-7}) / sqrt(8))` (u, w of unit variance, fresh per
+/// layer), so a router's logits on a layer `d` earlier correlate about
+/// `(1 + drift^2 SLOW^2 (1 - d/8)) / (1 + drift^2 (1 + SLOW^2))` with its own:
+/// a first drop (the fresh part) and a slow decay with depth.
+pub(super) const LAYER_WINDOW: usize = 8;
+/// Weight of the slow part (see [`LAYER_WINDOW`]).
+const SLOW: f32 = 2.5;
+
+/// Weight of the key in LM head rows over their random part.
+const ADVANCE: f32 = 6.0;
+
+/// SplitMix64 seed of the direction `salt` of cluster `c`.
+fn dir_seed(spec: &SynthSpec, salt: u64, c: usize) -> u64 {
+    spec.seed ^ salt ^ (c as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+}
+
+/// Weight of the popularity direction in the embeddings (`--routing-skew` above 0).
+const POPULAR: f32 = 0.5;
+
 /// Deterministic per-row seeds; rows are generated in parallel.
 fn generate(spec: &SynthSpec, kind: Init, dtype: Dtype, rows: usize, cols: usize, seed: u64) -> Vec<u8> {
     let size = dtype.size();
     let mut out = vec![0u8; rows * cols * size];
-    let skewed = spec.routing == Routing::Skewed;
+    let k = spec.knobs();
+    let (skewed, local) = (k.skew > 0.0, k.locality > 0.0);
+    let (skew, locality) = (k.skew as f32, k.locality as f32);
+    // Embedding mix: own, cluster (`locality`) and popularity (`skew`) directions.
+    let own = (1.0 - locality).sqrt();
+    let span = window(locality);
+    let shared = locality.sqrt() / (span as f32).sqrt();
+    let clusters = spec.vocab.div_ceil(CLUSTER).max(1);
+    // Under `locality`, the first `keyed` columns of an embedding hold only
+    // its cluster's key (what the LM head keys on) and routers are blind to
+    // them (post-attention norm weights 0 there, see plan); the rest hold
+    // the own, shared and popularity directions.
+    let keyed = key_columns(spec);
+    let popular = if skewed { POPULAR } else { 0.0 };
+    // Router rows lean on the popularity direction so that expert `r` gets a
+    // logit bias of `skew * exp(-4 r / E)` logit stds on every token. Routers
+    // see the `frac` of columns outside the key, each of variance
+    // `routed_var`: the logit std over experts is sqrt(frac * routed_var) /
+    // rms(h) and `p . h` over those columns is `popular * frac * cols`.
+    let frac = 1.0 - keyed as f32 / spec.hidden.max(1) as f32;
+    let routed_var = 1.0 + popular * popular;
+    let lean = if skewed {
+        skew * (frac * routed_var).sqrt() / (POPULAR * frac)
+    } else {
+        0.0
+    };
     out.par_chunks_mut(cols * size).enumerate().for_each(|(r, row)| {
         let mut s = seed.wrapping_mul(0x1000_0000_01b3) ^ (r as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
         if packed_row(kind, row, &mut s) {
             return;
         }
-        let cluster = (r / 64) as u64;
         let mut pop = spec.seed ^ 0xabcd_ef01;
-        let mut clu = spec.seed ^ 0x1234_5678 ^ cluster.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-        // `pop` and `clu` replay the same sequences in every row: the shared
-        // popularity direction and this row's cluster direction.
-        for b in row.chunks_exact_mut(size) {
+        // Under `locality`, replayed in every row of a cluster: the last
+        // `span` clusters' shared directions, this cluster's key and the
+        // previous cluster's key (the LM head's).
+        let c = r / CLUSTER;
+        let mut window: Vec<u64> = match local {
+            true => (0..span)
+                .map(|j| dir_seed(spec, 0x1234_5678, (c + clusters - j % clusters) % clusters))
+                .collect(),
+            false => Vec::new(),
+        };
+        let mut own_key = dir_seed(spec, 0x5eed_4b1d, c);
+        let mut prev_key = dir_seed(spec, 0x5eed_4b1d, (c + clusters - 1) % clusters);
+        // `--routing-drift`: the innovations of the last LAYER_WINDOW layers.
+        let mut slow: Vec<u64> = match kind {
+            Init::NormSpread(d, layer) if d > 0.0 => (0..LAYER_WINDOW)
+                .map(|j| dir_seed(spec, 0x00d1_f7ed, layer + LAYER_WINDOW - j))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let heat = lean * (-4.0 * r as f32 / rows as f32).exp();
+        // `pop` replays the same sequence in every row: the shared
+        // popularity direction.
+        for (col, b) in row.chunks_exact_mut(size).enumerate() {
             let z = unit(&mut s);
             let v = match kind {
                 Init::Ones => 1.0,
                 Init::Zeros => 0.0,
                 Init::Const(c) => c,
+                Init::NormSpread(..) if col < keyed => 0.0,
+                Init::NormSpread(drift, _) => {
+                    1.0 + drift * (z + SLOW * slow.iter_mut().map(unit).sum::<f32>() / (LAYER_WINDOW as f32).sqrt())
+                }
                 Init::Uniform(std) => z * std,
-                Init::Embedding if skewed => {
-                    // 0.6 own + 0.6 cluster + 0.5 popularity direction.
-                    let (p, cl) = (unit(&mut pop), unit(&mut clu));
-                    0.6 * z + 0.6 * cl + 0.5 * p
+                Init::Embedding if skewed || local => {
+                    let p = unit(&mut pop);
+                    let cl: f32 = window.iter_mut().map(unit).sum();
+                    let kd = unit(&mut own_key);
+                    if col < keyed {
+                        kd
+                    } else {
+                        own * z + shared * cl + popular * p
+                    }
                 }
                 Init::Embedding => z,
-                Init::LmHead if skewed => {
-                    let cl = unit(&mut clu);
-                    (0.5 * z + cl) / (cols as f32).sqrt()
+                // A token of cluster `c` keys on cluster `c - 1`'s key, ADVANCE
+                // times its random part (which picks the token within the cluster).
+                Init::LmHead if local => {
+                    let kd = unit(&mut prev_key);
+                    (z + if col < keyed { ADVANCE * kd } else { 0.0 }) / (cols as f32).sqrt()
                 }
                 Init::LmHead => z / (cols as f32).sqrt(),
                 Init::Router if skewed => {
-                    // Expert r leans on the popularity direction in proportion to
-                    // 1/(r+1): a logit bias of about 2.5/(r+1) for every token.
                     let p = unit(&mut pop);
-                    (z + 5.0 / (cols as f32).sqrt() * p / (r as f32 + 1.0)) / (cols as f32).sqrt()
+                    (z + heat * p / (cols as f32).sqrt()) / (cols as f32).sqrt()
                 }
                 Init::Router => z / (cols as f32).sqrt(),
                 Init::Codes | Init::Shape(..) | Init::E8m0(_) | Init::Int4Scale(_) => 0.0, // packed_row
