@@ -136,7 +136,7 @@ impl Trace {
                     overlap_n += 1;
                 }
                 for (d, depth) in t.predicted.iter().enumerate() {
-                    if l >= d + 1 {
+                    if l > d {
                         wanted[d] += experts.len() as u64;
                         hits[d] += experts.iter().filter(|e| depth[l].contains(e)).count() as u64;
                     }

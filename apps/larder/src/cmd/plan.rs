@@ -52,6 +52,10 @@ pub struct Args {
     /// Forecast without prefetch.
     #[arg(long)]
     no_prefetch: bool,
+    /// Share (0 to 1) of the overlap of predicted reads with compute that prefetch achieves (default 0.5,
+    /// measured on io_uring; docs/routing.md).
+    #[arg(long, value_name = "X")]
+    prefetch_overlap: Option<f64>,
     /// Cores (default: this machine's).
     #[arg(long, value_parser = super::range(1, super::MAX_THREADS))]
     cores: Option<usize>,
@@ -139,21 +143,36 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !(0.0..=1.0).contains(&recall) {
         bail!("--recall {recall}: a share from 0 to 1");
     }
+    let overlap = a.prefetch_overlap.unwrap_or(larder_engine::forecast::PREFETCH_OVERLAP);
+    if !(0.0..=1.0).contains(&overlap) {
+        bail!("--prefetch-overlap {overlap}: a share from 0 to 1");
+    }
     let ram_gbps = match a.ram_gbps {
         Some(g) => positive("--ram-gbps", g)?,
         None => larder_tensor::bench::ram_read_gbps(256 << 20),
     };
-    let (decode_kernel, prefill_kernel) = kernel_speeds(&a, ram_gbps)?;
+    let spec = larder_model::arch::read_spec(&report.folder).with_context(|| format!("--model {}", a.model.display()))?;
+    let expert_format = expert_format(&sizes, &spec)?;
+    // The embedding table (bf16 in every format larder reads) is read one row per token.
+    let embedding_bytes = if spec.tie_word_embeddings {
+        0
+    } else {
+        (spec.vocab_size * spec.hidden_size * 2) as u64
+    };
+    let (spine_kernel, expert_kernel, prefill_kernel) = kernel_speeds(&a, ram_gbps, expert_format)?;
     let prompts = a.prompt_lens.iter().map(|&n| (n, prompt_union_share(&trace, &sizes, n))).collect();
     let f = forecast(&ForecastInput {
         sizes: sizes.clone(),
+        embedding_bytes,
         ram_budget: budget,
         hit_rate,
         recall,
         prefetch: !a.no_prefetch,
+        prefetch_overlap: overlap,
         drives_gbps: drives.clone(),
         ram_gbps: ram_gbps * cores as f64,
-        decode_kernel_gbps: decode_kernel * cores as f64,
+        spine_kernel_gbps: spine_kernel * cores as f64,
+        expert_kernel_gbps: expert_kernel * cores as f64,
         prefill_kernel_gbps: prefill_kernel * cores as f64,
         prompts,
     });
@@ -172,9 +191,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "routing": if a.trace.is_some() { "trace".to_string() } else { a.routing.clone() },
         "recall": recall,
         "prefetch": !a.no_prefetch,
+        "prefetch_overlap": overlap,
         "seconds_per_token": {"disk": f.disk_s_per_token, "ram": f.ram_s_per_token, "compute": f.compute_s_per_token},
         "machine": {"ram": ram, "drives_gbps": drives, "cores": cores, "ram_gbps_per_core": ram_gbps,
-                    "decode_kernel_gbps_per_core": decode_kernel, "prefill_kernel_gbps_per_core": prefill_kernel},
+                    "spine_kernel_gbps_per_core": spine_kernel, "expert_kernel_gbps_per_core": expert_kernel,
+                    "expert_format": expert_format, "prefill_kernel_gbps_per_core": prefill_kernel},
     });
     if a.json {
         return super::print_json(&doc);
@@ -307,14 +328,36 @@ fn prompt_union_share(trace: &Trace, sizes: &ModelSizes, n: usize) -> f64 {
     touched as f64 / (layers * trace.header.experts) as f64
 }
 
-/// One-row and many-row (per row) kernel weight GB/s of one core.
-fn kernel_speeds(a: &Args, ram_gbps: f64) -> anyhow::Result<(f64, f64)> {
+/// The routed experts' storage format (`bench kernels`' dtype names), from
+/// bytes per weight: bf16 2, fp8 about 1, int4 0.5625 (bf16 scale per 32),
+/// mxfp4 0.53125 (one e8m0 byte per 32).
+fn expert_format(sizes: &ModelSizes, spec: &larder_model::ModelSpec) -> anyhow::Result<&'static str> {
+    let (hidden, inter) = spec
+        .layers
+        .iter()
+        .find_map(|l| match &l.ffn {
+            larder_model::config::FfnSpec::Moe(m) => Some((m.latent.unwrap_or(spec.hidden_size), m.expert_intermediate)),
+            larder_model::config::FfnSpec::Dense { .. } => None,
+        })
+        .context("the model has no routed experts")?;
+    let per_weight = sizes.expert_bytes as f64 / (3 * hidden * inter).max(1) as f64;
+    Ok(match per_weight {
+        x if x > 1.5 => "bf16",
+        x if x > 0.8 => "fp8",
+        x if x > 0.547 => "int4",
+        _ => "mxfp4",
+    })
+}
+
+/// One-core kernel weight GB/s: the spine's (bf16) and the experts' at one
+/// row, and the experts' per row at many rows (prefill).
+fn kernel_speeds(a: &Args, ram_gbps: f64, experts: &str) -> anyhow::Result<(f64, f64, f64)> {
     if let Some(g) = a.kernel_gbps {
         let g = positive("--kernel-gbps", g)?;
-        return Ok((g, g * 8.0));
+        return Ok((g, g, g * 8.0));
     }
     let Some(path) = &a.kernels else {
-        return Ok((ram_gbps, ram_gbps * 8.0));
+        return Ok((ram_gbps, ram_gbps, ram_gbps * 8.0));
     };
     let text = std::fs::read_to_string(path).with_context(|| format!("--kernels {}", path.display()))?;
     let doc: serde_json::Value =
@@ -323,23 +366,26 @@ fn kernel_speeds(a: &Args, ram_gbps: f64) -> anyhow::Result<(f64, f64)> {
         .as_array()
         .with_context(|| format!("--kernels {}: no \"results\"", path.display()))?;
     let threads = doc["threads"].as_f64().unwrap_or(1.0).max(1.0);
-    let cold = |r: &&serde_json::Value| r["cold"].as_bool() == Some(true);
-    let one = results
-        .iter()
-        .filter(cold)
-        .filter(|r| r["rows"].as_u64() == Some(1))
-        .filter_map(|r| r["gbps"].as_f64());
-    let many = results
-        .iter()
-        .filter(cold)
-        .filter_map(|r| Some(r["gbps"].as_f64()? * r["rows"].as_f64()?));
-    let decode = one.fold(f64::NAN, f64::min);
-    let prefill = many.fold(f64::NAN, f64::max);
-    if !decode.is_finite() || !prefill.is_finite() {
+    let of = |dtype: &str| {
+        let cold = results
+            .iter()
+            .filter(|r| r["cold"].as_bool() == Some(true) && r["dtype"].as_str() == Some(dtype));
+        let rows = |r: &serde_json::Value| r["rows"].as_f64().unwrap_or(0.0);
+        let one = cold
+            .clone()
+            .filter(|r| rows(r) == 1.0)
+            .filter_map(|r| r["gbps"].as_f64())
+            .fold(f64::NAN, f64::min);
+        let many = cold.filter_map(|r| Some(r["gbps"].as_f64()? * rows(r))).fold(f64::NAN, f64::max);
+        (one, many)
+    };
+    let ((spine, _), (expert, prefill)) = (of("bf16"), of(experts));
+    if !spine.is_finite() || !expert.is_finite() || !prefill.is_finite() {
         bail!(
-            "--kernels {}: no cold one-row results (run `larder bench kernels --out FILE`)",
+            "--kernels {}: needs cold one-row results for bf16 (the spine) and {experts} (the experts); run \
+             `larder bench kernels --formats bf16,{experts} --rows 1,256 --out FILE`",
             path.display()
         );
     }
-    Ok((decode / threads, prefill / threads))
+    Ok((spine / threads, expert / threads, prefill / threads))
 }

@@ -12,7 +12,10 @@
 //! classic heuristic (the exact optimum is NP-hard), not a bound.
 //!
 //! A step is one decode token or one prefill pass; within a step a key is
-//! counted once (the engine reads a layer's union of experts once).
+//! counted once (the engine reads a layer's union of experts once). As the
+//! store's `fetch` does, a run of consecutive accesses to one layer looks
+//! every key up first (the hits, touched) and only then inserts the misses,
+//! so a layer's misses never evict the hits of the same request.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -145,16 +148,21 @@ pub fn simulate(steps: &[Step], budget: u64, policy: &mut dyn EvictionPolicy) ->
     };
     let mut tally = Tally::default();
     let mut seen = HashSet::new();
+    let mut misses = Vec::new();
     for step in steps {
         tally.tokens += step.tokens as u64;
         seen.clear();
-        for &(key, bytes) in &step.accesses {
-            if !seen.insert(key) {
-                continue;
+        let unique: Vec<(Key, u64)> = step.accesses.iter().filter(|(k, _)| seen.insert(*k)).copied().collect();
+        for layer in unique.chunk_by(|a, b| a.0 .0 == b.0 .0) {
+            misses.clear();
+            for &(key, bytes) in layer {
+                let hit = held.get(key);
+                tally.access(bytes, hit);
+                if !hit {
+                    misses.push((key, bytes));
+                }
             }
-            let hit = held.get(key);
-            tally.access(bytes, hit);
-            if !hit {
+            for &(key, bytes) in &misses {
                 held.insert(key, bytes);
             }
         }

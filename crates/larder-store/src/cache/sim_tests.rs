@@ -192,21 +192,27 @@ fn heat_pinned_demotes_colder_keys_for_hotter() {
 
 /// Drives a real cache through `steps` the way the engine does (per-step
 /// dedupe; get, else insert) and counts (hits, bytes read).
+/// Drives a real cache as `ExpertStore::fetch` does: per run of one layer's
+/// keys, every lookup first, then the misses' inserts.
 fn drive_cache(c: &ExpertCache<()>, steps: &[Step]) -> (u64, u64) {
     let (mut hits, mut read) = (0, 0);
     for s in steps {
         let mut seen = std::collections::HashSet::new();
-        for &(k, b) in &s.accesses {
-            if !seen.insert(k) {
-                continue;
+        let unique: Vec<_> = s.accesses.iter().filter(|(k, _)| seen.insert(*k)).copied().collect();
+        for layer in unique.chunk_by(|a, b| a.0 .0 == b.0 .0) {
+            let mut misses = Vec::new();
+            for &(k, b) in layer {
+                if c.get(k).is_some() {
+                    hits += 1;
+                } else {
+                    misses.push((k, b));
+                }
             }
-            if c.get(k).is_some() {
-                hits += 1;
-            } else {
+            for (k, b) in misses {
                 read += b;
                 c.insert(k, Arc::new(()), b);
+                assert!(c.counts().used_bytes <= c.budget());
             }
-            assert!(c.counts().used_bytes <= c.budget());
         }
     }
     (hits, read)
