@@ -107,6 +107,8 @@ pub struct Engine {
     generation: GenerationConfig,
     /// How prompts are split into forward passes.
     prefill: PrefillChunk,
+    /// `--ram-budget auto`: resizes the expert cache under memory pressure.
+    memory_watch: Option<crate::memory_watch::MemoryWatch>,
     /// A lazy cache's backend and folder lock, held while the engine lives.
     #[cfg(feature = "remote")]
     pub(crate) lazy: Option<(Arc<larder_store::lazy::LazyBackend>, larder_store::fsutil::FileLock)>,
@@ -199,9 +201,18 @@ impl Engine {
             chat,
             generation,
             prefill: PrefillChunk::default(),
+            memory_watch: None,
             #[cfg(feature = "remote")]
             lazy: None,
         })
+    }
+
+    /// Resizes the expert cache under memory pressure for as long as the
+    /// engine lives ([`crate::memory_watch`]); nothing when experts are in RAM.
+    pub fn watch_memory(&mut self, config: crate::memory_watch::WatchConfig) {
+        if let Some(store) = &self.store {
+            self.memory_watch = Some(crate::memory_watch::MemoryWatch::start(store, config));
+        }
     }
 
     /// The folder the engine was loaded from.

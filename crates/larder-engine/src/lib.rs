@@ -33,6 +33,7 @@ pub mod generation;
 pub mod integrity;
 #[cfg(feature = "remote")]
 pub mod lazy;
+pub mod memory_watch;
 pub mod pack;
 pub mod plan;
 pub mod prefill;

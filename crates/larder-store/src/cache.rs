@@ -41,12 +41,19 @@ pub trait EvictionPolicy: Send {
     /// The next entry to evict to make room for `incoming` of `bytes`
     /// (`None` when empty).
     fn victim(&mut self, incoming: Key, bytes: u64) -> Option<Key>;
+    /// The cache's budget changed to `budget` (policies whose shares
+    /// depend on it rescale them; entries are evicted by the cache).
+    fn resized(&mut self, _budget: u64) {}
 }
+
+/// The key [`ExpertCache::set_budget`] asks victims for: no real entry.
+pub const NO_KEY: Key = (usize::MAX, usize::MAX);
 
 /// LRU per layer; victims come from the layer most over its share, else
 /// the globally least recently used entry.
 pub struct FairLru {
     share: u64,
+    layers: usize,
     tick: u64,
     /// Per layer: last-use tick -> expert.
     order: HashMap<usize, BTreeMap<u64, usize>>,
@@ -59,6 +66,7 @@ impl FairLru {
     pub fn new(budget: u64, layers: usize) -> FairLru {
         FairLru {
             share: if layers == 0 { u64::MAX } else { budget / layers as u64 },
+            layers,
             tick: 0,
             order: HashMap::new(),
             last_use: HashMap::new(),
@@ -73,6 +81,12 @@ impl FairLru {
 }
 
 impl EvictionPolicy for FairLru {
+    fn resized(&mut self, budget: u64) {
+        if self.layers > 0 {
+            self.share = budget / self.layers as u64;
+        }
+    }
+
     fn inserted(&mut self, key: Key, bytes: u64) {
         let t = self.bump();
         self.order.entry(key.0).or_default().insert(t, key.1);
@@ -131,6 +145,7 @@ pub struct CacheCounts {
 }
 
 struct Inner<V> {
+    budget: u64,
     map: HashMap<Key, (Arc<V>, u64)>,
     used: u64,
     peak: u64,
@@ -140,7 +155,6 @@ struct Inner<V> {
 
 /// A byte-budgeted map from (layer, expert) to shared values.
 pub struct ExpertCache<V> {
-    budget: u64,
     inner: Mutex<Inner<V>>,
 }
 
@@ -158,8 +172,8 @@ impl<V> ExpertCache<V> {
 
     pub fn with_policy(budget: u64, policy: Box<dyn EvictionPolicy>) -> Self {
         ExpertCache {
-            budget,
             inner: Mutex::new(Inner {
+                budget,
                 map: HashMap::new(),
                 used: 0,
                 peak: 0,
@@ -169,8 +183,27 @@ impl<V> ExpertCache<V> {
         }
     }
 
+    /// The byte budget now (see [`set_budget`](Self::set_budget)).
     pub fn budget(&self) -> u64 {
-        self.budget
+        self.lock().budget
+    }
+
+    /// Changes the budget; a smaller one evicts, in the policy's order,
+    /// until what the cache holds fits (entries in use stay alive for their
+    /// users). Which experts are cached changes when bytes arrive, never
+    /// what is computed.
+    pub fn set_budget(&self, budget: u64) {
+        let mut g = self.lock();
+        g.budget = budget;
+        g.policy.resized(budget);
+        while g.used > budget {
+            let Some(victim) = g.policy.victim(NO_KEY, 0) else { break };
+            g.policy.removed(victim);
+            if let Some((_, b)) = g.map.remove(&victim) {
+                g.used -= b;
+                g.evictions += 1;
+            }
+        }
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner<V>> {
@@ -197,15 +230,15 @@ impl<V> ExpertCache<V> {
     /// Adds an entry of `bytes`, evicting as needed. Values larger than the
     /// whole budget are not kept (returns `false`).
     pub fn insert(&self, key: Key, value: Arc<V>, bytes: u64) -> bool {
-        if bytes > self.budget {
+        let mut g = self.lock();
+        if bytes > g.budget {
             return false;
         }
-        let mut g = self.lock();
         if let Some((_, old)) = g.map.remove(&key) {
             g.used -= old;
             g.policy.removed(key);
         }
-        while g.used + bytes > self.budget {
+        while g.used + bytes > g.budget {
             let Some(victim) = g.policy.victim(key, bytes) else { break };
             g.policy.removed(victim);
             if let Some((_, b)) = g.map.remove(&victim) {
@@ -213,14 +246,14 @@ impl<V> ExpertCache<V> {
                 g.evictions += 1;
             }
         }
-        if g.used + bytes > self.budget {
+        if g.used + bytes > g.budget {
             return false;
         }
         g.used += bytes;
         g.peak = g.peak.max(g.used);
         g.map.insert(key, (value, bytes));
         g.policy.inserted(key, bytes);
-        debug_assert!(g.used <= self.budget);
+        debug_assert!(g.used <= g.budget);
         true
     }
 

@@ -16,7 +16,7 @@ use super::ExpertArgs;
 
 /// Loads `source` lazily into `dir` with the expert flags of `experts`.
 pub fn load(source: &Path, dir: &Path, experts: &ExpertArgs, json: bool) -> anyhow::Result<Engine> {
-    let store = experts.store_options();
+    let store = experts.store_options(source);
     let load = LazyLoad {
         source: source.to_string_lossy().into_owned(),
         cache_dir: dir.to_path_buf(),

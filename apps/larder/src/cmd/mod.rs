@@ -26,6 +26,7 @@ pub mod verify;
 use std::path::Path;
 
 use anyhow::Context;
+use larder_engine::memory_watch::WatchConfig;
 use larder_engine::{Engine, ExpertMode, LoadOptions, PrefillChunk};
 use larder_model::MlaCache;
 use larder_store::io::MAX_IO_DEPTH;
@@ -62,12 +63,16 @@ pub fn range(min: usize, max: usize) -> impl Fn(&str) -> Result<usize, String> +
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ExpertArgs {
     /// Stream routed experts through a RAM cache of at most SIZE (e.g. 512MiB,
-    /// 8GiB) instead of keeping them all in RAM. Default for a packed store:
-    /// half of the RAM available at start; for a checkpoint folder: all in RAM.
+    /// 8GiB) instead of keeping them all in RAM, or `auto`: the memory available
+    /// at start minus headroom (the larger of 1 GiB and 5%), the spine and the
+    /// prefill memory, capped at the experts' size, then shrunk under memory
+    /// pressure (MemAvailable, cgroup memory.max) and grown back without a
+    /// restart (output is the same at every size). Default: `auto` for a packed
+    /// store or when --io asks to stream; all in RAM for a checkpoint folder.
     /// At least one expert record (the error says how much), or 0 for no
     /// cache (every use of an expert reads it again).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub ram_budget: Option<u64>,
+    #[arg(long, value_name = "SIZE|auto", value_parser = parse_ram_budget)]
+    pub ram_budget: Option<RamBudget>,
     /// I/O backend for streamed experts: uring (io_uring; default on Linux),
     /// pread (thread pool), or mmap (opt-in, for comparison: honours --ram-budget, but a
     /// layer file changed or truncated while larder runs can kill it with SIGBUS). Implies streaming.
@@ -123,20 +128,37 @@ pub struct ExpertArgs {
     pub mla_cache: String,
 }
 
+/// `--ram-budget`: a size, or sized from the memory available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RamBudget {
+    Auto,
+    Bytes(u64),
+}
+
+fn parse_ram_budget(s: &str) -> Result<RamBudget, String> {
+    if s.trim() == "auto" {
+        return Ok(RamBudget::Auto);
+    }
+    parse_size(s).map(RamBudget::Bytes).map_err(|e| format!("{e} (or `auto`)"))
+}
+
 fn parse_io(s: &str) -> Result<IoKind, String> {
     IoKind::parse(s).ok_or_else(|| format!("unknown I/O backend {s:?} (pread, uring or mmap)"))
 }
 
 impl ExpertArgs {
-    /// The store options these flags ask for when experts stream.
-    fn store_options(&self) -> StoreOptions {
+    /// The store options these flags ask for when experts stream from `model`.
+    fn store_options(&self, model: &Path) -> StoreOptions {
         StoreOptions {
             io: IoOptions {
                 kind: self.io.unwrap_or_else(IoKind::best),
                 direct: !self.no_direct,
                 depth: self.io_depth,
             },
-            ram_budget: self.ram_budget.unwrap_or_else(default_budget),
+            ram_budget: match self.ram_budget {
+                Some(RamBudget::Bytes(b)) => b,
+                _ => self.auto_budget(model).map_or_else(default_budget, |(budget, _)| budget),
+            },
             verify: self.verify == "on",
             prefetch_threads: self.prefetch,
         }
@@ -165,13 +187,40 @@ impl ExpertArgs {
             };
         }
         LoadOptions {
-            experts: ExpertMode::Stream(self.store_options()),
+            experts: ExpertMode::Stream(self.store_options(model)),
             mla_cache,
         }
     }
 }
 
-/// Half of the memory available now (a conservative default cache size).
+impl ExpertArgs {
+    /// Whether the cache is sized from memory (and follows pressure).
+    pub fn budget_is_auto(&self) -> bool {
+        !matches!(self.ram_budget, Some(RamBudget::Bytes(_)))
+    }
+
+    /// `--ram-budget auto` for `model`: the budget and how the watcher keeps
+    /// it (`None` where the model's sizes or the memory available cannot be read).
+    fn auto_budget(&self, model: &Path) -> Option<(u64, WatchConfig)> {
+        let sizes = doctor::model::inspect(model).ok()?.sizes;
+        let available = larder_engine::memory_watch::available()?;
+        let prefill = match self.prefill() {
+            PrefillChunk::Auto { memory } => memory,
+            PrefillChunk::Rows(_) => 0,
+        };
+        let floor = sizes.min_cache_bytes();
+        let budget = larder_engine::memory_watch::auto_budget(available, sizes.spine_bytes, prefill, sizes.bank_bytes, floor);
+        let config = WatchConfig {
+            ceiling: budget,
+            floor,
+            headroom: larder_engine::plan::headroom(available),
+            period: std::time::Duration::from_secs(1),
+        };
+        Some((budget, config))
+    }
+}
+
+/// Half of the memory available now (the cache size when `auto` cannot read the model's sizes).
 fn default_budget() -> u64 {
     larder_engine::prefill::mem_available().map_or(4 << 30, |bytes| bytes / 2)
 }
@@ -192,6 +241,11 @@ pub fn load_engine_with(model: &Path, experts: &ExpertArgs, json: bool) -> anyho
         }
     };
     engine.set_prefill(experts.prefill());
+    if experts.budget_is_auto() && experts.cache_dir.is_none() {
+        if let Some((_, config)) = experts.auto_budget(model) {
+            engine.watch_memory(config);
+        }
+    }
     Ok(engine)
 }
 

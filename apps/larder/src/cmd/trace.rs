@@ -22,6 +22,29 @@ pub enum TraceCmd {
     /// consecutive-token overlap, router lookahead recall by depth, and LRU / Belady hit rates at cache
     /// budgets of 10-60% of the expert bank.
     Stats(StatsArgs),
+    /// Write a decode trace drawn from a routing preset (`larder_router::synthetic`) for a model's MoE shape,
+    /// for `bench cache` and `plan` before any weights exist.
+    Synth(SynthArgs),
+}
+
+/// Arguments of `larder trace synth`.
+#[derive(clap::Args)]
+pub struct SynthArgs {
+    /// The model whose MoE shape to use: a config.json, a checkpoint folder or a packed store.
+    #[arg(long, value_name = "PATH")]
+    model: PathBuf,
+    /// Routing preset: uniform, local, skewed, mixed (docs/routing.md).
+    #[arg(long, value_name = "PRESET")]
+    routing: String,
+    /// Decode tokens to draw.
+    #[arg(long, default_value_t = 2000, value_parser = super::range(1, super::MAX_COUNT))]
+    tokens: usize,
+    /// Seed of the draw.
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Where to write the trace.
+    #[arg(long, value_name = "FILE")]
+    out: PathBuf,
 }
 
 /// Arguments of `larder trace stats`.
@@ -38,7 +61,30 @@ pub struct StatsArgs {
 pub fn run(cmd: TraceCmd) -> anyhow::Result<()> {
     match cmd {
         TraceCmd::Stats(a) => stats(a),
+        TraceCmd::Synth(a) => synth(a),
     }
+}
+
+fn synth(a: SynthArgs) -> anyhow::Result<()> {
+    check_writable(&a.out)?;
+    let sizes = super::doctor::model::inspect(&a.model)?.sizes;
+    if sizes.moe_layers == 0 || sizes.expert_bytes == 0 {
+        bail!("--model {}: has no routed experts", a.model.display());
+    }
+    let model = larder_router::RoutingModel::preset(&a.routing, sizes.experts_per_layer).map_err(|e| anyhow::anyhow!("--routing: {e}"))?;
+    let header = TraceHeader {
+        larder_trace: TRACE_VERSION,
+        model: format!("{} (preset {})", a.model.display(), a.routing),
+        experts: sizes.experts_per_layer,
+        top_k: sizes.top_k,
+        moe_layers: (0..sizes.moe_layers).collect(),
+        expert_bytes: vec![sizes.expert_bytes; sizes.moe_layers],
+        lookahead: 0,
+    };
+    model
+        .trace(header, a.tokens, a.seed)
+        .write(&a.out)
+        .with_context(|| format!("--out {}", a.out.display()))
 }
 
 /// The trace file of one recorded turn: rows `0..prompt_len` are the prompt.

@@ -160,6 +160,11 @@ impl S3Fifo {
 }
 
 impl EvictionPolicy for S3Fifo {
+    fn resized(&mut self, budget: u64) {
+        self.small_target = (budget / 10).max(1);
+        self.ghost_cap = budget.saturating_sub(self.small_target);
+    }
+
     fn inserted(&mut self, key: Key, bytes: u64) {
         self.unfile(key);
         let queue = match self.ghost_keys.remove(&key) {

@@ -97,3 +97,28 @@ fn concurrent_readers_and_writers() {
     }
     assert!(c.counts().peak_bytes <= 2000);
 }
+
+#[test]
+fn a_smaller_budget_evicts_down_and_a_larger_one_refills() {
+    for kind in crate::cache::PolicyKind::ALL {
+        let c = ExpertCache::<u32>::with_kind(1000, 4, kind, &std::collections::HashMap::new());
+        for e in 0..10 {
+            c.insert((e % 4, e), Arc::new(e as u32), 100);
+        }
+        assert_eq!(c.counts().used_bytes, 1000, "{kind}");
+        let held = c.get((1, 9));
+        c.set_budget(350);
+        assert_eq!(c.budget(), 350);
+        assert!(c.counts().used_bytes <= 350, "{kind}: {:?}", c.counts());
+        // An entry in use outlives its eviction.
+        assert_eq!(held.as_deref(), Some(&9));
+        assert!(!c.insert((0, 99), Arc::new(0), 400), "{kind}: more than the new budget");
+        c.set_budget(1000);
+        for e in 10..20 {
+            c.insert((e % 4, e), Arc::new(e as u32), 100);
+        }
+        assert_eq!(c.counts().used_bytes, 1000, "{kind}");
+        c.set_budget(0);
+        assert_eq!(c.counts().used_bytes, 0, "{kind}");
+    }
+}
