@@ -109,6 +109,11 @@ pub struct LayerHits {
     pub hits: u64,
     pub misses: u64,
     pub hit_rate: f64,
+    /// Records of the layer prefetched, and the share of them a demand used
+    /// (precision) and of its uncached demands prefetch supplied (recall).
+    pub prefetch_reads: u64,
+    pub prefetch_precision: f64,
+    pub prefetch_recall: f64,
 }
 
 impl ExpertStats {
@@ -136,6 +141,9 @@ impl ExpertStats {
                     hits: c.hits,
                     misses: c.misses,
                     hit_rate: c.hits as f64 / (c.hits + c.misses) as f64,
+                    prefetch_reads: c.prefetch_reads,
+                    prefetch_precision: c.prefetch_precision(),
+                    prefetch_recall: c.prefetch_recall(),
                 })
                 .collect(),
         }

@@ -120,6 +120,9 @@ fn worker(sh: &Shared, queue: &WorkQueue<Key>) {
             if let Ok((_, n)) = &result {
                 s.bytes_read += n;
                 s.prefetch_reads += 1;
+                if let Some(c) = s.layers.get_mut(layer) {
+                    c.prefetch_reads += 1;
+                }
             }
         }
         if result.is_ok() {

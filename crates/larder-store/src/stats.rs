@@ -3,11 +3,37 @@
 
 use serde::Serialize;
 
-/// Hits and misses of one layer.
+/// Hits, misses and prefetch outcomes of one layer.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
 pub struct LayerCounts {
     pub hits: u64,
     pub misses: u64,
+    /// Records of this layer read in the background on a prediction.
+    pub prefetch_reads: u64,
+    /// Demands of this layer a prefetch had already read (or was reading).
+    pub prefetch_hits: u64,
+}
+
+impl LayerCounts {
+    /// Share of this layer's prefetched records a demand used.
+    pub fn prefetch_precision(&self) -> f64 {
+        ratio(self.prefetch_hits, self.prefetch_reads)
+    }
+
+    /// Share of this layer's demands not already cached before the
+    /// prediction that prefetch supplied: prefetch hits over prefetch hits
+    /// plus demand misses.
+    pub fn prefetch_recall(&self) -> f64 {
+        ratio(self.prefetch_hits, self.prefetch_hits + self.misses)
+    }
+}
+
+fn ratio(a: u64, b: u64) -> f64 {
+    if b == 0 {
+        0.0
+    } else {
+        a as f64 / b as f64
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -53,6 +79,8 @@ impl StoreStats {
                     LayerCounts {
                         hits: c.hits - e.hits,
                         misses: c.misses - e.misses,
+                        prefetch_reads: c.prefetch_reads - e.prefetch_reads,
+                        prefetch_hits: c.prefetch_hits - e.prefetch_hits,
                     }
                 })
                 .collect(),

@@ -41,6 +41,12 @@ pub struct StoreOptions {
 /// Most prefetch threads a store starts: prefetch reads one layer ahead
 /// (top-k records), so more threads than that only add contention.
 pub const MAX_PREFETCH_THREADS: usize = 64;
+/// Background reads a layer makes before its precision can switch its
+/// prefetch off, and the share of requests that still go through then.
+pub const PREFETCH_PROBE: u64 = 64;
+/// A layer whose prefetched records are used less often than this stops
+/// prefetching (see [`ExpertStore::prefetch`]).
+pub const PREFETCH_MIN_PRECISION: f64 = 0.5;
 
 impl StoreOptions {
     /// Refuses option values the store cannot honour (library users bypass
@@ -99,6 +105,8 @@ pub(crate) struct Shared {
     pub(crate) pending: Mutex<HashMap<Key, Arc<Pending>>>,
     /// Keys a prefetch put in the cache that no demand has used yet.
     pub(crate) prefetched: Mutex<HashSet<Key>>,
+    /// Per layer: prefetch requests skipped for low precision.
+    pub(crate) prefetch_skipped: Mutex<HashMap<usize, u64>>,
 }
 
 pub struct ExpertStore {
@@ -157,6 +165,7 @@ impl ExpertStore {
                 stats: Mutex::new(stats),
                 pending: Mutex::new(HashMap::new()),
                 prefetched: Mutex::new(HashSet::new()),
+                prefetch_skipped: Mutex::new(HashMap::new()),
             }),
             prefetcher: None,
         }
@@ -180,10 +189,35 @@ impl ExpertStore {
 
     /// Starts background reads of `ids` of `layer` that are neither cached
     /// nor already on their way. Never blocks on I/O; a no-op without prefetch threads.
+    ///
+    /// A layer whose predictions are mostly wrong stops prefetching: once it
+    /// has read [`PREFETCH_PROBE`] records in the background and fewer than
+    /// [`PREFETCH_MIN_PRECISION`] of them were used (each wasted read then
+    /// costs more bandwidth than a useful one saves), only every
+    /// [`PREFETCH_PROBE`]th request goes through, so the figure keeps being
+    /// measured and prefetch resumes if predictions improve.
     pub fn prefetch(&self, layer: usize, ids: &[usize]) {
-        if let Some(p) = &self.prefetcher {
-            p.request(layer, ids);
+        let Some(p) = &self.prefetcher else { return };
+        let off = {
+            let s = lock(&self.shared.stats);
+            s.layers
+                .get(layer)
+                .is_some_and(|c| c.prefetch_reads >= PREFETCH_PROBE && c.prefetch_precision() < PREFETCH_MIN_PRECISION)
+        };
+        if off {
+            let mut skipped = lock(&self.shared.prefetch_skipped);
+            let n = skipped.entry(layer).or_insert(0);
+            *n += 1;
+            if *n % PREFETCH_PROBE != 0 {
+                return;
+            }
         }
+        p.request(layer, ids);
+    }
+
+    /// Prefetch requests skipped per layer because its precision was low.
+    pub fn prefetch_skipped(&self) -> HashMap<usize, u64> {
+        lock(&self.shared.prefetch_skipped).clone()
     }
 
     /// Calls `ready(i, record)` for each `ids[i]` of `layer` as soon as its
@@ -304,6 +338,7 @@ impl ExpertStore {
             if let Some(c) = s.layers.get_mut(layer) {
                 c.hits += hits;
                 c.misses += misses.len() as u64;
+                c.prefetch_hits += from_prefetch;
             }
             s.bytes_read += bytes;
             s.reads += misses.len() as u64;

@@ -154,3 +154,39 @@ fn corrupt_record_is_a_digest_error_through_prefetch_too() {
         StoreError::Digest { .. }
     ));
 }
+
+#[test]
+fn a_layer_whose_predictions_go_unused_stops_prefetching() {
+    use larder_store::store::PREFETCH_PROBE;
+    let (idx, bytes) = index("precision", 2, 256);
+    // A cache that holds every record, so each prediction is read once.
+    let store = ExpertStore::open(idx, opts(512 * RECORD, 2)).unwrap();
+    // Prefetch reads run in the background: wait until they stop.
+    let wait_idle = |store: &ExpertStore| {
+        let mut last = u64::MAX;
+        while store.stats().prefetch_reads != last {
+            last = store.stats().prefetch_reads;
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    };
+    // Layer 1: predict expert 2e+1, demand 2e (never the prediction).
+    // Layer 0: predict and demand the same expert.
+    for e in 0..(2 * PREFETCH_PROBE as usize) {
+        store.prefetch(1, &[(2 * e + 1) % 256]);
+        store.prefetch(0, &[e]);
+        wait_idle(&store);
+        fetch_all(&store, 1, &[(2 * e) % 256], &bytes, 256).unwrap();
+        fetch_all(&store, 0, &[e], &bytes, 256).unwrap();
+    }
+    let s = store.stats();
+    let (wrong, right) = (s.layers[1], s.layers[0]);
+    assert_eq!(wrong.prefetch_hits, 0);
+    // Off after PREFETCH_PROBE wasted reads, then one probe in PREFETCH_PROBE requests.
+    assert!(wrong.prefetch_reads <= PREFETCH_PROBE + 2, "{wrong:?}");
+    assert!(store.prefetch_skipped()[&1] >= PREFETCH_PROBE - 2);
+    // The layer whose predictions are used keeps prefetching (a prediction
+    // the demand overtook before it started is read on demand instead).
+    assert!(right.prefetch_reads > PREFETCH_PROBE + 2, "{right:?}");
+    assert!(right.prefetch_precision() > 0.99 && right.prefetch_recall() > 0.99, "{right:?}");
+    assert!(!store.prefetch_skipped().contains_key(&0));
+}

@@ -193,11 +193,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         for l in &x.layers {
             eprintln!(
-                "[larder]   layer {:>3}: {:>6} hits {:>6} misses ({:.1}% hit)",
+                "[larder]   layer {:>3}: {:>6} hits {:>6} misses ({:.1}% hit) | prefetch {} reads, precision {:.0}%, recall {:.0}%",
                 l.layer,
                 l.hits,
                 l.misses,
-                100.0 * l.hit_rate
+                100.0 * l.hit_rate,
+                l.prefetch_reads,
+                100.0 * l.prefetch_precision,
+                100.0 * l.prefetch_recall
             );
         }
     }
