@@ -187,6 +187,6 @@ fn a_layer_whose_predictions_go_unused_stops_prefetching() {
     // The layer whose predictions are used keeps prefetching (a prediction
     // the demand overtook before it started is read on demand instead).
     assert!(right.prefetch_reads > PREFETCH_PROBE + 2, "{right:?}");
-    assert!(right.prefetch_precision() > 0.99 && right.prefetch_recall() > 0.99, "{right:?}");
+    assert!(right.prefetch_precision() > 0.99 && right.prefetch_recall() > 0.9, "{right:?}");
     assert!(!store.prefetch_skipped().contains_key(&0));
 }
