@@ -1,14 +1,18 @@
 //! Background reads of experts the model predicts it will need (docs/design.md
 //! §3.5): while layer L computes, its caller hints layer L+1's likely
-//! experts; a few threads read them through the store's one backend
-//! ([`IoBackend::read_blocking`](crate::io::IoBackend::read_blocking), so a
-//! lazy store fetches them from its source), check digests and put them in
+//! experts; a few threads take the queued predictions in batches and read
+//! them through the store's one backend
+//! ([`IoBackend::read_background`](crate::io::IoBackend::read_background):
+//! io_uring submits a batch at once on its own ring, beside demand batches;
+//! a lazy store fetches from its source), check digests and put them in
 //! the cache.
 //!
 //! Demand always wins: a demanded expert whose prefetch has not started is
 //! taken back and read on demand; one being read is waited for; a failed
-//! prefetch is retried on demand. A wrong guess costs bandwidth and cache
-//! space, never correctness: prefetch only decides when bytes arrive.
+//! prefetch is retried on demand; and when a layer's demand arrives, the
+//! predictions for it and earlier layers not yet started are cancelled
+//! (stale: [`cancel_stale`]). A wrong guess costs bandwidth and cache space,
+//! never correctness: prefetch only decides when bytes arrive.
 
 use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
@@ -96,42 +100,78 @@ impl Prefetcher {
     }
 }
 
+/// Most predictions one worker reads in one batch.
+const BATCH: usize = 16;
+
+/// Cancels queued (not started) predictions for layers up to `layer`: its
+/// demand has arrived, so they can no longer be used before being read
+/// again. Returns how many were cancelled.
+pub(crate) fn cancel_stale(sh: &Shared, layer: usize) -> u64 {
+    let mut pending = lock(&sh.pending);
+    let stale: Vec<Key> = pending
+        .iter()
+        .filter(|(k, p)| k.0 <= layer && matches!(*lock(&p.state), PendingState::Queued))
+        .map(|(k, _)| *k)
+        .collect();
+    for k in &stale {
+        pending.remove(k);
+    }
+    stale.len() as u64
+}
+
 fn worker(sh: &Shared, queue: &WorkQueue<Key>) {
-    while let Some(key) = queue.pop() {
-        // Claim it, unless a demand read took it back.
-        let pending = {
+    loop {
+        let keys = queue.pop_batch(BATCH - 1);
+        if keys.is_empty() {
+            return;
+        }
+        // Claim them, but for those a demand read took back or cancelled.
+        let claimed: Vec<(Key, Arc<Pending>)> = {
             let map = lock(&sh.pending);
-            let Some(p) = map.get(&key).cloned() else { continue };
-            *lock(&p.state) = PendingState::Running;
-            p
+            keys.into_iter()
+                .filter_map(|key| {
+                    let p = map.get(&key).cloned()?;
+                    *lock(&p.state) = PendingState::Running;
+                    Some((key, p))
+                })
+                .collect()
         };
-        let (layer, expert) = key;
-        let mut verify_s = 0.0;
-        let result = match sh.index.get(layer, expert) {
-            Some(loc) => sh
-                .backend
-                .read_blocking(&loc.extents)
-                .and_then(|views| sh.record(layer, expert, &views, &mut verify_s)),
-            None => Err(crate::StoreError::MissingExpert { layer, expert }),
-        };
-        {
-            let mut s = lock(&sh.stats);
-            s.verify_s += verify_s;
-            if let Ok((_, n)) = &result {
-                s.bytes_read += n;
-                s.prefetch_reads += 1;
-                if let Some(c) = s.layers.get_mut(layer) {
-                    c.prefetch_reads += 1;
-                }
+        let jobs: Vec<&[crate::location::Extent]> = claimed
+            .iter()
+            .map(|((l, e), _)| sh.index.get(*l, *e).map_or(&[][..], |loc| loc.extents.as_slice()))
+            .collect();
+        sh.backend.read_background(&jobs, &mut |job, views| {
+            let ((layer, expert), pending) = &claimed[job];
+            finish(sh, (*layer, *expert), pending, views);
+        });
+    }
+}
+
+/// Checks and caches one prefetched record, counts it, and wakes its waiters.
+fn finish(sh: &Shared, key: Key, pending: &Pending, views: crate::io::ReadResult) {
+    let (layer, expert) = key;
+    let mut verify_s = 0.0;
+    let result = match sh.index.get(layer, expert) {
+        Some(_) => views.and_then(|views| sh.record(layer, expert, &views, &mut verify_s)),
+        None => Err(crate::StoreError::MissingExpert { layer, expert }),
+    };
+    {
+        let mut s = lock(&sh.stats);
+        s.verify_s += verify_s;
+        if let Ok((_, n)) = &result {
+            s.bytes_read += n;
+            s.prefetch_reads += 1;
+            if let Some(c) = s.layers.get_mut(layer) {
+                c.prefetch_reads += 1;
             }
         }
-        if result.is_ok() {
-            lock(&sh.prefetched).insert(key);
-        }
-        lock(&sh.pending).remove(&key);
-        *lock(&pending.state) = PendingState::Done(result.map(|(r, _)| r).map_err(|e| e.to_string()));
-        pending.done.notify_all();
     }
+    if result.is_ok() {
+        lock(&sh.prefetched).insert(key);
+    }
+    lock(&sh.pending).remove(&key);
+    *lock(&pending.state) = PendingState::Done(result.map(|(r, _)| r).map_err(|e| e.to_string()));
+    pending.done.notify_all();
 }
 
 impl Drop for Prefetcher {

@@ -42,6 +42,15 @@ impl<T> WorkQueue<T> {
         }
     }
 
+    /// The next item (blocking as [`pop`](Self::pop)) and up to `more` others
+    /// already queued.
+    pub(crate) fn pop_batch(&self, more: usize) -> Vec<T> {
+        let Some(first) = self.pop() else { return Vec::new() };
+        let mut q = self.lock();
+        let n = more.min(q.0.len());
+        std::iter::once(first).chain(q.0.drain(..n)).collect()
+    }
+
     /// Lets workers exit once the queue is empty.
     pub(crate) fn shut_down(&self) {
         self.lock().1 = true;

@@ -50,6 +50,8 @@ pub struct StoreStats {
     pub prefetch_reads: u64,
     /// Demands a prefetch had already read (or was reading).
     pub prefetch_hits: u64,
+    /// Predictions cancelled before being read: their layer's demand came first.
+    pub prefetch_cancelled: u64,
     /// Time the computing thread waited for reads.
     pub io_wait_s: f64,
     /// Time spent checking digests.
@@ -68,6 +70,7 @@ impl StoreStats {
             misses: self.misses - earlier.misses,
             prefetch_reads: self.prefetch_reads - earlier.prefetch_reads,
             prefetch_hits: self.prefetch_hits - earlier.prefetch_hits,
+            prefetch_cancelled: self.prefetch_cancelled - earlier.prefetch_cancelled,
             io_wait_s: self.io_wait_s - earlier.io_wait_s,
             verify_s: self.verify_s - earlier.verify_s,
             layers: self

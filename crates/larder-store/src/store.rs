@@ -233,6 +233,12 @@ impl ExpertStore {
         ready: &mut dyn FnMut(usize, Arc<ExpertRecord>) -> Result<(), E>,
     ) -> Result<(), E> {
         let sh = &*self.shared;
+        if self.prefetcher.is_some() {
+            let cancelled = crate::prefetch::cancel_stale(sh, layer);
+            if cancelled > 0 {
+                lock(&sh.stats).prefetch_cancelled += cancelled;
+            }
+        }
         let mut misses: Vec<usize> = Vec::new();
         let mut waits: Vec<(usize, Arc<Pending>)> = Vec::new();
         let mut cached: Vec<(usize, Arc<ExpertRecord>)> = Vec::new();

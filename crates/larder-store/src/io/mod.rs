@@ -46,6 +46,14 @@ pub trait IoBackend: Send + Sync {
     /// Reads one job on this thread, queueing behind no other caller's
     /// batch (prefetch threads read this way, beside demand batches).
     fn read_blocking(&self, extents: &[Extent]) -> ReadResult;
+    /// Reads a batch in the background (prefetch) without holding up demand
+    /// batches: io_uring submits it on a ring of its own; by default each
+    /// job is read with [`read_blocking`](Self::read_blocking) in turn.
+    fn read_background(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
+        for (job, extents) in jobs.iter().enumerate() {
+            done(job, self.read_blocking(extents));
+        }
+    }
     /// Whether views are not RAM the process holds (then the RAM cache does
     /// not count them). No backend here says so: even mmap views own the
     /// pages they touched until evicted.

@@ -3,6 +3,9 @@
 //! deep device queues stay busy; a job is reported the moment its last read
 //! lands, while the others continue in the kernel.
 //!
+//! Prefetch batches ([`IoBackend::read_background`]) go through a second
+//! ring of their own, so a demand batch never waits behind one.
+//!
 //! Registered buffers are not used: job buffers are allocated per read (they
 //! become the cache's entries), and measured reads already reach the drive
 //! limit without them (see docs/store.md).
@@ -30,6 +33,8 @@ pub fn available() -> bool {
 pub struct UringBackend {
     files: FileTable,
     ring: Mutex<IoUring>,
+    /// Prefetch's ring ([`IoBackend::read_background`]).
+    background: Mutex<IoUring>,
     in_flight: usize,
 }
 
@@ -40,11 +45,14 @@ impl UringBackend {
     pub fn new(files: FileTable, depth: usize) -> Result<UringBackend, StoreError> {
         super::pread::check_depth(depth)?;
         let in_flight = depth * READS_PER_DEPTH;
-        let ring = IoUring::new((in_flight as u32).next_power_of_two())
-            .map_err(|e| StoreError::Invalid(format!("cannot create an io_uring ({e}); use --io pread")))?;
+        let new_ring = || {
+            IoUring::new((in_flight as u32).next_power_of_two())
+                .map_err(|e| StoreError::Invalid(format!("cannot create an io_uring ({e}); use --io pread")))
+        };
         Ok(UringBackend {
             files,
-            ring: Mutex::new(ring),
+            ring: Mutex::new(new_ring()?),
+            background: Mutex::new(new_ring()?),
             in_flight,
         })
     }
@@ -87,7 +95,18 @@ impl IoBackend for UringBackend {
     }
 
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
-        let mut ring = self.ring.lock().unwrap_or_else(|e| e.into_inner());
+        self.read_on(&self.ring, jobs, done)
+    }
+
+    fn read_background(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
+        self.read_on(&self.background, jobs, done)
+    }
+}
+
+impl UringBackend {
+    /// Reads `jobs` with up to `in_flight` reads at once on `ring`.
+    fn read_on(&self, ring: &Mutex<IoUring>, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
+        let mut ring = ring.lock().unwrap_or_else(|e| e.into_inner());
         let mut states: Vec<JobState> = Vec::with_capacity(jobs.len());
         let mut queue: std::collections::VecDeque<Op> = Default::default();
         for (job, extents) in jobs.iter().enumerate() {
