@@ -63,6 +63,8 @@ enum Command {
     /// Forecast decode tok/s, time to first token, hit rate and the binding resource of a model on a
     /// machine (given RAM, drives, cores), from its shapes and a route trace or routing preset.
     Plan(cmd::plan::Args),
+    /// Read a packed store's hottest experts (its saved heat) into the RAM cache and report the time.
+    Warm(cmd::warm::Args),
     /// Read route traces recorded with `--trace FILE`.
     #[command(subcommand)]
     Trace(cmd::trace::TraceCmd),
@@ -99,5 +101,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench(b) => cmd::bench::run(b),
         Command::Trace(t) => cmd::trace::run(t),
         Command::Plan(a) => cmd::plan::run(a),
+        Command::Warm(a) => cmd::warm::run(a),
     }
 }

@@ -114,6 +114,19 @@ pub struct Engine {
     pub(crate) lazy: Option<(Arc<larder_store::lazy::LazyBackend>, larder_store::fsutil::FileLock)>,
 }
 
+/// A packed store keeps the heat of every run (`heat.json`), so a later run
+/// can warm its cache ([`Engine::warm`]); a store it cannot write to is left
+/// as it is (heat decides nothing the model computes).
+impl Drop for Engine {
+    fn drop(&mut self) {
+        if let Some(store) = &self.store {
+            if Manifest::is_store(&self.dir) {
+                let _ = larder_store::heat::save(&self.dir, &store.heat());
+            }
+        }
+    }
+}
+
 impl Engine {
     /// Loads a checkpoint folder (every expert in RAM) or a packed store.
     pub fn load(dir: &Path) -> Result<Self, EngineError> {
@@ -205,6 +218,19 @@ impl Engine {
             #[cfg(feature = "remote")]
             lazy: None,
         })
+    }
+
+    /// Reads the hottest experts of a packed store's saved heat
+    /// (`heat.json`, [`larder_store::heat`]) into the cache, up to its budget.
+    /// Returns the experts and bytes read (none without a store or heat).
+    pub fn warm(&self) -> Result<(usize, u64), EngineError> {
+        match &self.store {
+            Some(store) if Manifest::is_store(&self.dir) => {
+                let warmed = store.warm(&larder_store::heat::load(&self.dir), u64::MAX);
+                warmed.map_err(|e| EngineError::Model(larder_model::ModelError::Provider(Box::new(e))))
+            }
+            _ => Ok((0, 0)),
+        }
     }
 
     /// Resizes the expert cache under memory pressure for as long as the

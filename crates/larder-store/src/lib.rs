@@ -24,6 +24,7 @@ pub mod digest;
 pub mod drive;
 mod error;
 pub mod fsutil;
+pub mod heat;
 pub mod io;
 mod layer_file;
 #[cfg(feature = "remote")]

@@ -107,6 +107,8 @@ pub(crate) struct Shared {
     pub(crate) prefetched: Mutex<HashSet<Key>>,
     /// Per layer: prefetch requests skipped for low precision.
     pub(crate) prefetch_skipped: Mutex<HashMap<usize, u64>>,
+    /// Demands per (layer, expert) since the store was opened.
+    pub(crate) heat: Mutex<crate::heat::Heat>,
 }
 
 pub struct ExpertStore {
@@ -166,6 +168,7 @@ impl ExpertStore {
                 pending: Mutex::new(HashMap::new()),
                 prefetched: Mutex::new(HashSet::new()),
                 prefetch_skipped: Mutex::new(HashMap::new()),
+                heat: Mutex::new(HashMap::new()),
             }),
             prefetcher: None,
         }
@@ -237,6 +240,12 @@ impl ExpertStore {
             let cancelled = crate::prefetch::cancel_stale(sh, layer);
             if cancelled > 0 {
                 lock(&sh.stats).prefetch_cancelled += cancelled;
+            }
+        }
+        {
+            let mut heat = lock(&sh.heat);
+            for &e in ids {
+                *heat.entry((layer, e)).or_insert(0) += 1;
             }
         }
         let mut misses: Vec<usize> = Vec::new();
@@ -355,6 +364,62 @@ impl ExpertStore {
             Some(e) => Err(e),
             None => Ok(()),
         }
+    }
+
+    /// Demands per (layer, expert) since the store was opened.
+    pub fn heat(&self) -> crate::heat::Heat {
+        lock(&self.shared.heat).clone()
+    }
+
+    /// Reads the hottest of `heat`'s experts into the cache, hottest first,
+    /// until the next would not fit the budget (or `limit` bytes), 16 at a
+    /// time through the I/O backend, digests checked. Returns the experts and
+    /// bytes read. Counts no demand and no hit: warming decides when bytes
+    /// arrive, never what is computed.
+    pub fn warm(&self, heat: &crate::heat::Heat, limit: u64) -> Result<(usize, u64), StoreError> {
+        let sh = &*self.shared;
+        let room = sh.cache.budget().min(limit);
+        let mut chosen: Vec<Key> = Vec::new();
+        let mut total = 0u64;
+        for key in crate::heat::hottest(heat) {
+            let Some(loc) = sh.index.get(key.0, key.1) else { continue };
+            if sh.cache.contains(key) {
+                continue;
+            }
+            let bytes = loc.payload_len();
+            if total + bytes > room {
+                break;
+            }
+            total += bytes;
+            chosen.push(key);
+        }
+        let (mut count, mut bytes, mut verify_s) = (0usize, 0u64, 0.0);
+        for batch in chosen.chunks(16) {
+            let jobs: Vec<&[Extent]> = batch
+                .iter()
+                .map(|&(l, e)| sh.index.get(l, e).map_or(&[][..], |loc| loc.extents.as_slice()))
+                .collect();
+            let mut failure = None;
+            sh.backend.read(&jobs, &mut |job, result| {
+                let (l, e) = batch[job];
+                match result.and_then(|views| sh.record(l, e, &views, &mut verify_s)) {
+                    Ok((_, n)) => {
+                        count += 1;
+                        bytes += n;
+                    }
+                    Err(err) => {
+                        failure.get_or_insert(err);
+                    }
+                }
+            });
+            if let Some(e) = failure {
+                return Err(e);
+            }
+        }
+        let mut s = lock(&sh.stats);
+        s.bytes_read += bytes;
+        s.verify_s += verify_s;
+        Ok((count, bytes))
     }
 
     fn read_one(&self, layer: usize, expert: usize, verify_s: &mut f64, bytes: &mut u64) -> Result<Arc<ExpertRecord>, StoreError> {

@@ -22,6 +22,7 @@ pub mod serve;
 pub mod synth;
 pub mod trace;
 pub mod verify;
+pub mod warm;
 
 use std::path::Path;
 
@@ -126,6 +127,10 @@ pub struct ExpertArgs {
     /// `larder doctor --model DIR` prints the KV bytes per token.
     #[arg(long, value_name = "compact|expanded", default_value = "compact", value_parser = ["compact", "expanded"])]
     pub mla_cache: String,
+    /// Packed stores: at start, read the hottest experts of earlier runs (the store's heat.json, which each
+    /// streamed run adds to) into the RAM cache, up to its budget.
+    #[arg(long)]
+    pub warm: bool,
 }
 
 /// `--ram-budget`: a size, or sized from the memory available.
@@ -241,6 +246,10 @@ pub fn load_engine_with(model: &Path, experts: &ExpertArgs, json: bool) -> anyho
         }
     };
     engine.set_prefill(experts.prefill());
+    if experts.warm {
+        let (n, bytes) = engine.warm().with_context(|| format!("--warm {}", model.display()))?;
+        tracing::info!("warmed {n} experts ({})", format_size(bytes));
+    }
     if experts.budget_is_auto() && experts.cache_dir.is_none() {
         if let Some((_, config)) = experts.auto_budget(model) {
             engine.watch_memory(config);

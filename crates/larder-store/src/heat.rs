@@ -1,0 +1,102 @@
+//! Expert heat: how often each routed expert was demanded, kept next to a
+//! packed store (`heat.json`) across runs, so a later run can warm its cache
+//! with the hottest experts ([`ExpertStore::warm`](crate::ExpertStore::warm))
+//! and heat-aware policies can pin them.
+//!
+//! The file is `{"larder_heat": 1, "layers": {"L": [[expert, count], ...]}}`,
+//! written atomically (`heat.json.partial`, then renamed) and merged with
+//! what is already there. It decides nothing the model computes, so a
+//! missing, unreadable or damaged file is ignored rather than an error:
+//! warming then simply has nothing to go on. Reading it checks every id
+//! against the store's index, so a heat file from another store warms
+//! nothing it does not hold.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::cache::Key;
+
+/// The file name next to a store's manifest.
+pub const HEAT_FILE: &str = "heat.json";
+/// The format version.
+pub const HEAT_VERSION: u32 = 1;
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HeatFile {
+    larder_heat: u32,
+    layers: BTreeMap<usize, Vec<(usize, u64)>>,
+}
+
+/// Demand counts per (layer, expert).
+pub type Heat = HashMap<Key, u64>;
+
+/// The heat saved in `dir` (empty when there is none or it cannot be read).
+pub fn load(dir: &Path) -> Heat {
+    let Ok(text) = std::fs::read_to_string(dir.join(HEAT_FILE)) else {
+        return Heat::new();
+    };
+    match serde_json::from_str::<HeatFile>(&text) {
+        Ok(f) if f.larder_heat == HEAT_VERSION => f
+            .layers
+            .into_iter()
+            .flat_map(|(l, v)| v.into_iter().map(move |(e, n)| ((l, e), n)))
+            .collect(),
+        _ => Heat::new(),
+    }
+}
+
+/// Adds `heat` to what `dir` holds and writes it back atomically.
+pub fn save(dir: &Path, heat: &Heat) -> std::io::Result<()> {
+    if heat.is_empty() {
+        return Ok(());
+    }
+    let mut all = load(dir);
+    for (k, n) in heat {
+        *all.entry(*k).or_insert(0) += n;
+    }
+    let mut layers: BTreeMap<usize, Vec<(usize, u64)>> = BTreeMap::new();
+    for ((l, e), n) in all {
+        layers.entry(l).or_default().push((e, n));
+    }
+    for v in layers.values_mut() {
+        v.sort_unstable();
+    }
+    let body = serde_json::to_vec(&HeatFile {
+        larder_heat: HEAT_VERSION,
+        layers,
+    })
+    .map_err(std::io::Error::other)?;
+    let partial = dir.join(format!("{HEAT_FILE}.partial"));
+    std::fs::write(&partial, body)?;
+    std::fs::rename(&partial, dir.join(HEAT_FILE))
+}
+
+/// The keys of `heat`, hottest first (ties: lower layer, then lower expert).
+pub fn hottest(heat: &Heat) -> Vec<Key> {
+    let mut keys: Vec<(Key, u64)> = heat.iter().map(|(k, n)| (*k, *n)).collect();
+    keys.sort_unstable_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+    keys.into_iter().map(|(k, _)| k).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saves_merge_and_damage_is_ignored() {
+        let dir = std::env::temp_dir().join(format!("larder-heat-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        assert!(load(&dir).is_empty());
+        save(&dir, &Heat::from([((1, 2), 5), ((0, 7), 1)])).unwrap();
+        save(&dir, &Heat::from([((1, 2), 1), ((3, 0), 9)])).unwrap();
+        let h = load(&dir);
+        assert_eq!(h, Heat::from([((1, 2), 6), ((0, 7), 1), ((3, 0), 9)]));
+        assert_eq!(hottest(&h), vec![(3, 0), (1, 2), (0, 7)]);
+        std::fs::write(dir.join(HEAT_FILE), "{\"larder_heat\": 1, \"layers\": ").unwrap();
+        assert!(load(&dir).is_empty());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
