@@ -119,6 +119,10 @@ pub struct Engine {
 /// as it is (heat decides nothing the model computes).
 impl Drop for Engine {
     fn drop(&mut self) {
+        #[cfg(feature = "remote")]
+        if self.lazy.is_some() {
+            return; // a lazy cache keeps its own heat (larder_store::lazy)
+        }
         if let Some(store) = &self.store {
             if Manifest::is_store(&self.dir) {
                 let _ = larder_store::heat::save(&self.dir, &store.heat());
