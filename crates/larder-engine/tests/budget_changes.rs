@@ -58,7 +58,7 @@ fn output_is_the_same_while_the_budget_changes() {
             std::thread::spawn(move || {
                 let mut i = 0u64;
                 while !stop.load(Ordering::Relaxed) {
-                    store.cache().set_budget(if i % 2 == 0 { one } else { bank });
+                    store.cache().set_budget(if i.is_multiple_of(2) { one } else { bank });
                     i += 1;
                     std::thread::yield_now();
                 }

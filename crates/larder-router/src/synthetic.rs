@@ -62,7 +62,7 @@ impl RoutingModel {
     pub fn trace(&self, header: TraceHeader, tokens: usize, seed: u64) -> Trace {
         let layers = header.moe_layers.len();
         let (e, k) = (header.experts, header.top_k.min(header.experts));
-        let mut rng = seed ^ 0x5eed_0f_da7a;
+        let mut rng = seed ^ 0x5eed_0fda_7a00;
         let ranks: Vec<Vec<usize>> = (0..layers).map(|_| permutation(e, &mut rng)).collect();
         let cdf = zipf_cdf(e, self.skew);
         let mut previous: Vec<Vec<usize>> = vec![Vec::new(); layers];

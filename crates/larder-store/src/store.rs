@@ -211,7 +211,7 @@ impl ExpertStore {
             let mut skipped = lock(&self.shared.prefetch_skipped);
             let n = skipped.entry(layer).or_insert(0);
             *n += 1;
-            if *n % PREFETCH_PROBE != 0 {
+            if !(*n).is_multiple_of(PREFETCH_PROBE) {
                 return;
             }
         }
