@@ -205,7 +205,7 @@ impl EvictionPolicy for FairAdaptive {
             .filter(|(_, l)| !l.held.is_empty())
             .filter_map(|(&i, l)| {
                 let held = if i == incoming.0 { l.held_bytes + bytes } else { l.held_bytes };
-                (held > self.share).then_some((held - self.share, std::cmp::Reverse(i)))
+                held.checked_sub(self.share).filter(|&d| d > 0).map(|d| (d, std::cmp::Reverse(i)))
             })
             .max()
             .map(|(_, std::cmp::Reverse(i))| i);
@@ -261,8 +261,22 @@ mod tests {
         let mut p = FairAdaptive::new(4 * ITEM, 1);
         replay(&mut p, &recency, 4);
         assert_eq!(p.mode_of(0), Some(Mode::Lru));
-        // Two hot keys among a scan of cold ones: only frequency predicts.
-        let popular: Vec<usize> = (0..600).flat_map(|i| [0, 1, 100 + i % 50, 0, 1, 200 + i % 70]).collect();
+        // Two hot keys, each followed by 3 never-seen keys: only frequency
+        // predicts (LRU with room for 4 loses both every time).
+        let popular: Vec<usize> = (0..600)
+            .flat_map(|i| {
+                [
+                    0,
+                    100 + 3 * i,
+                    101 + 3 * i,
+                    102 + 3 * i,
+                    1,
+                    5000 + 3 * i,
+                    5001 + 3 * i,
+                    5002 + 3 * i,
+                ]
+            })
+            .collect();
         let mut p = FairAdaptive::new(4 * ITEM, 1);
         let hits = replay(&mut p, &popular, 4);
         assert_eq!(p.mode_of(0), Some(Mode::Lfu));

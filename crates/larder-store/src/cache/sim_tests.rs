@@ -83,7 +83,7 @@ fn policy_kind_names_round_trip() {
         assert_eq!(k.name().parse::<PolicyKind>(), Ok(k));
         assert_eq!(k.to_string(), k.name());
     }
-    assert_eq!(PolicyKind::default(), PolicyKind::FairLru);
+    assert_eq!(PolicyKind::default(), PolicyKind::FairAdaptive);
     let err = "arc".parse::<PolicyKind>().unwrap_err().to_string();
     assert!(
         err.contains("arc") && err.contains("s3fifo") && err.contains("heat_pinned_lru"),
@@ -299,9 +299,9 @@ fn sim_matches_the_real_cache_for_every_policy() {
                 assert_eq!((r.hits, r.bytes_read), (hits, read), "{kind} budget {budget}");
             }
         }
-        // The default constructor is FairLru.
+        // The default constructor is FairAdaptive.
         let c = ExpertCache::<()>::new(1500, LAYERS);
-        let r = simulate(&steps, 1500, &mut FairLru::new(1500, LAYERS));
+        let r = simulate(&steps, 1500, &mut FairAdaptive::new(1500, LAYERS));
         assert_eq!(drive_cache(&c, &steps), (r.hits, r.bytes_read));
     }
 }
@@ -437,12 +437,13 @@ fn trace_table() {
         let mut steps: Vec<Step> = Vec::new();
         let mut last_pass = None;
         let mut layers: Vec<Vec<usize>> = Vec::new();
+        let (id_of, bytes_of) = (&ids, &bytes);
         let flush = |layers: &mut Vec<Vec<usize>>, steps: &mut Vec<Step>, tokens: usize| {
             if tokens > 0 {
                 let accesses = layers
                     .iter()
                     .enumerate()
-                    .flat_map(|(i, es)| es.iter().map(move |&e| ((ids[i], e), bytes[i])))
+                    .flat_map(|(i, es)| es.iter().map(move |&e| ((id_of[i], e), bytes_of[i])))
                     .collect();
                 steps.push(Step { tokens, accesses });
             }
