@@ -74,7 +74,7 @@ fn bench_cache_replays_every_policy_and_belady_bounds_them() {
     for b in budgets {
         let policies = b["policies"].as_object().unwrap();
         assert_eq!(b["default_policy"], doc["default_policy"]);
-        for name in ["fair_lru", "lru", "lfu", "s3fifo", "heat_pinned_lru", "belady"] {
+        for name in ["fair_adaptive", "fair_lru", "lru", "lfu", "s3fifo", "heat_pinned_lru", "belady"] {
             assert!(policies[name]["hit_rate"].is_f64(), "{name} missing: {b}");
         }
         let best = policies["belady"]["hit_rate"].as_f64().unwrap();

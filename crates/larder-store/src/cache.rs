@@ -1,7 +1,9 @@
 //! The RAM expert cache: immutable entries shared with compute (a hit hands
 //! out an `Arc`, never a copy) under a byte budget that is never exceeded.
 //!
-//! What to evict is a [`EvictionPolicy`]; the default, [`FairLru`], is LRU
+//! What to evict is a [`EvictionPolicy`]; the default is [`FairAdaptive`]
+//! (per-layer shares, LRU or LFU within a layer by which hits more lately);
+//! [`FairLru`], the previous default, is LRU
 //! with per-layer fairness: when room is needed it evicts from layers holding
 //! more than their share of the budget (budget / layers) first, so one
 //! layer's traffic (say, a long prefill through early layers) cannot push
@@ -17,6 +19,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
+mod fair_adaptive;
 mod kind;
 mod lfu;
 mod lru;
@@ -24,6 +27,7 @@ mod pinned;
 mod s3fifo;
 pub mod sim;
 
+pub use fair_adaptive::FairAdaptive;
 pub use kind::{PolicyKind, UnknownPolicy, PIN_FRACTION};
 pub use lfu::Lfu;
 pub use lru::Lru;
@@ -159,9 +163,10 @@ pub struct ExpertCache<V> {
 }
 
 impl<V> ExpertCache<V> {
-    /// A cache with the default policy ([`FairLru`] over `layers` layers).
+    /// A cache with the default policy ([`PolicyKind::default`], now
+    /// [`FairAdaptive`], over `layers` layers).
     pub fn new(budget: u64, layers: usize) -> Self {
-        Self::with_policy(budget, Box::new(FairLru::new(budget, layers)))
+        Self::with_kind(budget, layers, PolicyKind::default(), &HashMap::new())
     }
 
     /// A cache with the policy `kind` names (`heat`: per-key use counts,

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::str::FromStr;
 
-use super::{EvictionPolicy, FairLru, HeatPinnedLru, Key, Lfu, Lru, S3Fifo};
+use super::{EvictionPolicy, FairAdaptive, FairLru, HeatPinnedLru, Key, Lfu, Lru, S3Fifo};
 
 /// Share of the budget [`PolicyKind::HeatPinnedLru`] pins.
 pub const PIN_FRACTION: f64 = 0.5;
@@ -13,8 +13,9 @@ pub const PIN_FRACTION: f64 = 0.5;
 /// An eviction policy by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum PolicyKind {
-    #[default]
     FairLru,
+    #[default]
+    FairAdaptive,
     Lru,
     Lfu,
     S3Fifo,
@@ -22,8 +23,9 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    /// Every policy, the default ([`PolicyKind::FairLru`]) first.
-    pub const ALL: [PolicyKind; 5] = [
+    /// Every policy, the default ([`PolicyKind::FairAdaptive`]) first.
+    pub const ALL: [PolicyKind; 6] = [
+        PolicyKind::FairAdaptive,
         PolicyKind::FairLru,
         PolicyKind::Lru,
         PolicyKind::Lfu,
@@ -34,6 +36,7 @@ impl PolicyKind {
     pub fn name(&self) -> &'static str {
         match self {
             PolicyKind::FairLru => "fair_lru",
+            PolicyKind::FairAdaptive => "fair_adaptive",
             PolicyKind::Lru => "lru",
             PolicyKind::Lfu => "lfu",
             PolicyKind::S3Fifo => "s3fifo",
@@ -46,6 +49,7 @@ impl PolicyKind {
     pub fn build(&self, budget: u64, layers: usize, heat: &HashMap<Key, u64>) -> Box<dyn EvictionPolicy> {
         match self {
             PolicyKind::FairLru => Box::new(FairLru::new(budget, layers)),
+            PolicyKind::FairAdaptive => Box::new(FairAdaptive::new(budget, layers)),
             PolicyKind::Lru => Box::new(Lru::new()),
             PolicyKind::Lfu => Box::new(Lfu::new()),
             PolicyKind::S3Fifo => Box::new(S3Fifo::new(budget)),

@@ -83,7 +83,7 @@ fn policy_kind_names_round_trip() {
         assert_eq!(k.name().parse::<PolicyKind>(), Ok(k));
         assert_eq!(k.to_string(), k.name());
     }
-    assert_eq!(PolicyKind::default(), PolicyKind::FairLru);
+    assert_eq!(PolicyKind::default(), PolicyKind::FairAdaptive);
     let err = "arc".parse::<PolicyKind>().unwrap_err().to_string();
     assert!(
         err.contains("arc") && err.contains("s3fifo") && err.contains("heat_pinned_lru"),
@@ -142,6 +142,58 @@ fn lfu_keeps_a_frequent_key_under_a_scan() {
     assert_eq!(lfu.hits, 5, "4 repeats + the final use survive the scan");
     let lru = simulate(&steps, budget, &mut Lru::new());
     assert_eq!(lru.hits, 4, "LRU loses the key to the scan");
+}
+
+/// Layer-0 steps of several accesses each.
+fn runs(steps: &[Vec<usize>]) -> Vec<Step> {
+    steps
+        .iter()
+        .map(|keys| Step {
+            tokens: 1,
+            accesses: keys.iter().map(|&e| ((0, e), ITEM)).collect(),
+        })
+        .collect()
+}
+
+#[test]
+fn fair_adaptive_keeps_hot_keys_under_a_scan_where_lru_fails() {
+    // Each step: one of 4 hot keys, then 3 never-seen keys; room for 6.
+    let steps = runs(
+        &(0..400)
+            .map(|i| vec![i % 4, 100 + 3 * i, 101 + 3 * i, 102 + 3 * i])
+            .collect::<Vec<_>>(),
+    );
+    let budget = 6 * ITEM;
+    let best = simulate_belady(&steps, budget);
+    let lru = simulate(&steps, budget, &mut Lru::new());
+    let fair_lru = simulate(&steps, budget, &mut FairLru::new(budget, 1));
+    let ours = simulate(&steps, budget, &mut FairAdaptive::new(budget, 1));
+    assert_eq!(lru.hits, 0, "{lru:?}");
+    assert_eq!(fair_lru.hits, 0, "{fair_lru:?}");
+    assert!(
+        ours.hits as f64 >= 0.9 * best.hits as f64,
+        "ours {} belady {}",
+        ours.hits,
+        best.hits
+    );
+}
+
+#[test]
+fn fair_adaptive_follows_a_shifting_working_set_where_lfu_fails() {
+    // Phases of 60 steps over 5 keys, each phase a new set; room for 6.
+    // LFU's old counts outrank the new set; recency sees it at once.
+    let steps = runs(&(0..600).map(|i| (0..5).map(|j| (i / 60) * 10 + j).collect()).collect::<Vec<_>>());
+    let budget = 6 * ITEM;
+    let best = simulate_belady(&steps, budget);
+    let lfu = simulate(&steps, budget, &mut Lfu::new());
+    let ours = simulate(&steps, budget, &mut FairAdaptive::new(budget, 1));
+    assert!((lfu.hits as f64) < 0.7 * best.hits as f64, "lfu {} belady {}", lfu.hits, best.hits);
+    assert!(
+        ours.hits as f64 >= 0.9 * best.hits as f64,
+        "ours {} belady {}",
+        ours.hits,
+        best.hits
+    );
 }
 
 #[test]
@@ -247,9 +299,9 @@ fn sim_matches_the_real_cache_for_every_policy() {
                 assert_eq!((r.hits, r.bytes_read), (hits, read), "{kind} budget {budget}");
             }
         }
-        // The default constructor is FairLru.
+        // The default constructor is FairAdaptive.
         let c = ExpertCache::<()>::new(1500, LAYERS);
-        let r = simulate(&steps, 1500, &mut FairLru::new(1500, LAYERS));
+        let r = simulate(&steps, 1500, &mut FairAdaptive::new(1500, LAYERS));
         assert_eq!(drive_cache(&c, &steps), (r.hits, r.bytes_read));
     }
 }
@@ -352,6 +404,87 @@ fn policy_table() {
                 .map(|&k| format!("{} {:.2}", k, run(k, &steps, budget).hit_rate / best.hit_rate))
                 .collect();
             eprintln!("{name} {pct}%: belady {:.3} | {}", best.hit_rate, row.join(" | "));
+        }
+    }
+}
+
+/// Like `larder bench cache` without the CLI: each policy's hit rate as a
+/// share of Belady's on recorded traces (`CACHE_TRACES`: space-separated
+/// `.trace` paths; a pass's tokens merged per layer), 10..60% of the bank.
+/// `CACHE_TRACES="a.trace b.trace" cargo test -p larder-store --lib trace_table -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn trace_table() {
+    let paths = std::env::var("CACHE_TRACES").unwrap_or_default();
+    for path in paths.split_whitespace() {
+        let text = std::fs::read_to_string(path).expect("trace");
+        let mut lines = text.lines();
+        let h: serde_json::Value = serde_json::from_str(lines.next().expect("header")).expect("json");
+        let ids: Vec<usize> = h["moe_layers"]
+            .as_array()
+            .expect("moe_layers")
+            .iter()
+            .map(|v| v.as_u64().expect("id") as usize)
+            .collect();
+        let bytes: Vec<u64> = h["expert_bytes"]
+            .as_array()
+            .expect("bytes")
+            .iter()
+            .map(|v| v.as_u64().expect("b"))
+            .collect();
+        let experts = h["experts"].as_u64().expect("experts");
+        let bank: u64 = bytes.iter().map(|b| b * experts).sum();
+        let mut steps: Vec<Step> = Vec::new();
+        let mut last_pass = None;
+        let mut layers: Vec<Vec<usize>> = Vec::new();
+        let (id_of, bytes_of) = (&ids, &bytes);
+        let flush = |layers: &mut Vec<Vec<usize>>, steps: &mut Vec<Step>, tokens: usize| {
+            if tokens > 0 {
+                let accesses = layers
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, es)| es.iter().map(move |&e| ((id_of[i], e), bytes_of[i])))
+                    .collect();
+                steps.push(Step { tokens, accesses });
+            }
+            layers.clear();
+        };
+        let mut tokens = 0;
+        for line in lines.filter(|l| !l.trim().is_empty()) {
+            let t: serde_json::Value = serde_json::from_str(line).expect("token");
+            let pass = (t["seq"].as_u64(), t["pass"].as_u64());
+            if Some(pass) != last_pass {
+                flush(&mut layers, &mut steps, tokens);
+                tokens = 0;
+                last_pass = Some(pass);
+            }
+            tokens += 1;
+            for (i, r) in t["routes"].as_array().expect("routes").iter().enumerate() {
+                if layers.len() <= i {
+                    layers.push(Vec::new());
+                }
+                for e in r.as_array().expect("route") {
+                    let e = e.as_u64().expect("e") as usize;
+                    if !layers[i].contains(&e) {
+                        layers[i].push(e);
+                    }
+                }
+            }
+        }
+        flush(&mut layers, &mut steps, tokens);
+        let heat = heat_of(&steps);
+        eprintln!("== {path}");
+        for pct in [10, 20, 30, 40, 50, 60] {
+            let budget = bank * pct / 100;
+            let best = simulate_belady(&steps, budget);
+            let row: Vec<String> = PolicyKind::ALL
+                .iter()
+                .map(|&k| {
+                    let r = simulate(&steps, budget, k.build(budget, ids.len(), &heat).as_mut());
+                    format!("{} {:.2}", k, if best.hit_rate > 0.0 { r.hit_rate / best.hit_rate } else { 0.0 })
+                })
+                .collect();
+            eprintln!("{pct}%: belady {:.3} | {}", best.hit_rate, row.join(" | "));
         }
     }
 }

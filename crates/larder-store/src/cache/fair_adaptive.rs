@@ -1,0 +1,305 @@
+//! [`FairAdaptive`]: per-layer fair shares (as [`FairLru`](super::FairLru))
+//! and, within each layer, a choice between recency (LRU) and frequency
+//! (LFU) made by watching which of the two would have hit more.
+//!
+//! What it owns: for every layer, the held experts with their last-use tick
+//! and bytes, the use count and last-use tick of every expert ever seen in
+//! the layer (at most the model's experts per layer), and two shadow caches
+//! (keys and sizes only, no values) of the layer's fair share, one run as
+//! LRU and one as LFU, both fed the layer's full access stream (a hit is
+//! `touched`, a miss `inserted`, so the policy sees every access). Each
+//! shadow hit adds to that shadow's score; scores decay with a half-life of
+//! [`HALF_LIFE`] layer accesses, so the choice follows phase changes.
+//!
+//! Victims: the layer most over its share (budget / layers, counting the
+//! incoming entry in its layer) gives one; within a layer, the held expert
+//! used least recently when the LRU shadow leads, else the one used least
+//! often (LRU among equals; counts persist across evictions, as in
+//! [`Lfu`](super::Lfu)). When no layer is over its share (0 layers, or a
+//! budget that does not divide), each layer's candidate by its own mode
+//! competes and the least recently used candidate goes.
+//!
+//! Why not ARC: on routing traces the frequency signal that matters is
+//! long-run popularity (many uses), which ARC's T2 ("used twice") does not
+//! rank; persistent LFU does, and the duel keeps LRU where recency wins.
+//! Per-layer scans are O(experts per layer), small for MoE banks.
+
+use std::collections::HashMap;
+
+use super::{EvictionPolicy, Key};
+
+/// Half-life of the shadow scores, in accesses to the layer.
+pub const HALF_LIFE: f64 = 512.0;
+
+/// Which ordering a layer evicts by.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Mode {
+    Lru,
+    Lfu,
+}
+
+/// Use history of one expert in a layer (held or not).
+#[derive(Clone, Copy, Default)]
+struct Seen {
+    uses: u64,
+    last: u64,
+}
+
+/// A keys-only cache of the layer's share, evicting by one [`Mode`].
+struct Shadow {
+    mode: Mode,
+    held: HashMap<usize, u64>,
+    bytes: u64,
+    score: f64,
+}
+
+impl Shadow {
+    fn new(mode: Mode) -> Shadow {
+        Shadow {
+            mode,
+            held: HashMap::new(),
+            bytes: 0,
+            score: 0.0,
+        }
+    }
+
+    /// One access to `expert` (already counted in `seen`): scores a hit,
+    /// else admits it within `cap` bytes.
+    fn access(&mut self, expert: usize, bytes: u64, cap: u64, decay: f64, seen: &HashMap<usize, Seen>) {
+        let hit = self.held.contains_key(&expert);
+        self.score = self.score * decay + if hit { 1.0 } else { 0.0 };
+        if hit || bytes > cap {
+            return;
+        }
+        while self.bytes + bytes > cap {
+            let Some(v) = pick(self.mode, self.held.keys().copied().filter(|&e| e != expert), seen) else {
+                break;
+            };
+            if let Some(b) = self.held.remove(&v) {
+                self.bytes -= b;
+            }
+        }
+        if self.bytes + bytes <= cap {
+            self.held.insert(expert, bytes);
+            self.bytes += bytes;
+        }
+    }
+}
+
+/// The expert among `experts` to evict by `mode`.
+fn pick(mode: Mode, experts: impl Iterator<Item = usize>, seen: &HashMap<usize, Seen>) -> Option<usize> {
+    let info = |e: usize| seen.get(&e).copied().unwrap_or_default();
+    match mode {
+        Mode::Lru => experts.min_by_key(|&e| (info(e).last, e)),
+        Mode::Lfu => experts.min_by_key(|&e| (info(e).uses, info(e).last, e)),
+    }
+}
+
+/// One layer's state.
+struct Layer {
+    /// Held expert -> bytes.
+    held: HashMap<usize, u64>,
+    held_bytes: u64,
+    seen: HashMap<usize, Seen>,
+    lru: Shadow,
+    lfu: Shadow,
+}
+
+impl Layer {
+    fn new() -> Layer {
+        Layer {
+            held: HashMap::new(),
+            held_bytes: 0,
+            seen: HashMap::new(),
+            lru: Shadow::new(Mode::Lru),
+            lfu: Shadow::new(Mode::Lfu),
+        }
+    }
+
+    fn mode(&self) -> Mode {
+        if self.lfu.score > self.lru.score {
+            Mode::Lfu
+        } else {
+            Mode::Lru
+        }
+    }
+
+    /// This layer's victim by its current mode.
+    fn candidate(&self) -> Option<usize> {
+        pick(self.mode(), self.held.keys().copied(), &self.seen)
+    }
+}
+
+/// Per-layer fair shares; within a layer LRU or LFU, whichever its shadows
+/// say hits more lately. See the module doc.
+pub struct FairAdaptive {
+    share: u64,
+    tick: u64,
+    decay: f64,
+    layers: HashMap<usize, Layer>,
+}
+
+impl FairAdaptive {
+    /// `budget` bytes shared by `layers` layers (0 layers: one share of the
+    /// whole budget per layer, no fairness).
+    pub fn new(budget: u64, layers: usize) -> FairAdaptive {
+        FairAdaptive {
+            share: if layers == 0 { budget } else { budget / layers as u64 },
+            tick: 0,
+            decay: 0.5f64.powf(1.0 / HALF_LIFE),
+            layers: HashMap::new(),
+        }
+    }
+
+    /// Counts one access and feeds both shadows.
+    fn access(&mut self, key: Key, bytes: u64) {
+        self.tick += 1;
+        let (tick, cap, decay) = (self.tick, self.share, self.decay);
+        let layer = self.layers.entry(key.0).or_insert_with(Layer::new);
+        let s = layer.seen.entry(key.1).or_default();
+        s.uses += 1;
+        s.last = tick;
+        layer.lru.access(key.1, bytes, cap, decay, &layer.seen);
+        layer.lfu.access(key.1, bytes, cap, decay, &layer.seen);
+    }
+
+    /// The mode layer `layer` evicts by now (`None` for a layer never seen).
+    #[cfg(test)]
+    fn mode_of(&self, layer: usize) -> Option<Mode> {
+        self.layers.get(&layer).map(Layer::mode)
+    }
+}
+
+impl EvictionPolicy for FairAdaptive {
+    fn inserted(&mut self, key: Key, bytes: u64) {
+        self.access(key, bytes);
+        if let Some(layer) = self.layers.get_mut(&key.0) {
+            if let Some(old) = layer.held.insert(key.1, bytes) {
+                layer.held_bytes -= old;
+            }
+            layer.held_bytes += bytes;
+        }
+    }
+
+    fn touched(&mut self, key: Key) {
+        let Some(&bytes) = self.layers.get(&key.0).and_then(|l| l.held.get(&key.1)) else {
+            return;
+        };
+        self.access(key, bytes);
+    }
+
+    fn removed(&mut self, key: Key) {
+        if let Some(layer) = self.layers.get_mut(&key.0) {
+            if let Some(b) = layer.held.remove(&key.1) {
+                layer.held_bytes -= b;
+            }
+        }
+    }
+
+    fn victim(&mut self, incoming: Key, bytes: u64) -> Option<Key> {
+        // The layer most over its share (the incoming entry counted in its
+        // layer), lowest layer among equals.
+        let over = self
+            .layers
+            .iter()
+            .filter(|(_, l)| !l.held.is_empty())
+            .filter_map(|(&i, l)| {
+                let held = if i == incoming.0 { l.held_bytes + bytes } else { l.held_bytes };
+                held.checked_sub(self.share).filter(|&d| d > 0).map(|d| (d, std::cmp::Reverse(i)))
+            })
+            .max()
+            .map(|(_, std::cmp::Reverse(i))| i);
+        if let Some(i) = over {
+            let l = self.layers.get(&i)?;
+            return l.candidate().map(|e| (i, e));
+        }
+        // Nobody over: each layer's candidate; the least recently used goes.
+        self.layers
+            .iter()
+            .filter_map(|(&i, l)| {
+                let e = l.candidate()?;
+                let last = l.seen.get(&e).map_or(0, |s| s.last);
+                Some((last, i, e))
+            })
+            .min()
+            .map(|(_, i, e)| (i, e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const ITEM: u64 = 10;
+
+    /// Replays `keys` on layer 0 of a one-layer policy with room for `cap`
+    /// items, as the cache does (hit: touched; miss: evict, insert).
+    fn replay(p: &mut FairAdaptive, keys: &[usize], cap: usize) -> usize {
+        let mut held: Vec<usize> = Vec::new();
+        let mut hits = 0;
+        for &e in keys {
+            if held.contains(&e) {
+                hits += 1;
+                p.touched((0, e));
+                continue;
+            }
+            while held.len() >= cap {
+                let Some((_, v)) = p.victim((0, e), ITEM) else { break };
+                p.removed((0, v));
+                held.retain(|&h| h != v);
+            }
+            held.push(e);
+            p.inserted((0, e), ITEM);
+        }
+        hits
+    }
+
+    #[test]
+    fn a_recency_trace_selects_lru_and_a_popularity_trace_lfu() {
+        // Sliding window of 3 over 0..: only recency predicts.
+        let recency: Vec<usize> = (0..600).flat_map(|i| [i, i + 1, i + 2]).collect();
+        let mut p = FairAdaptive::new(4 * ITEM, 1);
+        replay(&mut p, &recency, 4);
+        assert_eq!(p.mode_of(0), Some(Mode::Lru));
+        // Two hot keys, each followed by 3 never-seen keys: only frequency
+        // predicts (LRU with room for 4 loses both every time).
+        let popular: Vec<usize> = (0..600)
+            .flat_map(|i| {
+                [
+                    0,
+                    100 + 3 * i,
+                    101 + 3 * i,
+                    102 + 3 * i,
+                    1,
+                    5000 + 3 * i,
+                    5001 + 3 * i,
+                    5002 + 3 * i,
+                ]
+            })
+            .collect();
+        let mut p = FairAdaptive::new(4 * ITEM, 1);
+        let hits = replay(&mut p, &popular, 4);
+        assert_eq!(p.mode_of(0), Some(Mode::Lfu));
+        assert!(hits >= 2 * 600 - 10, "{hits}");
+    }
+
+    #[test]
+    fn the_layer_over_its_share_gives_the_victim() {
+        let mut p = FairAdaptive::new(4 * ITEM, 2);
+        for e in 0..3 {
+            p.inserted((0, e), ITEM);
+        }
+        p.inserted((1, 0), ITEM);
+        assert_eq!(p.victim((1, 1), ITEM).map(|k| k.0), Some(0));
+        assert_eq!(p.victim((0, 9), ITEM).map(|k| k.0), Some(0));
+    }
+
+    #[test]
+    fn empty_and_unknown_keys_are_harmless() {
+        let mut p = FairAdaptive::new(0, 0);
+        assert_eq!(p.victim((0, 0), ITEM), None);
+        p.touched((3, 3));
+        p.removed((3, 3));
+        assert_eq!(p.victim((0, 0), ITEM), None);
+    }
+}
