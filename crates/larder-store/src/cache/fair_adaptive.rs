@@ -134,6 +134,8 @@ impl Layer {
 /// say hits more lately. See the module doc.
 pub struct FairAdaptive {
     share: u64,
+    /// Layers sharing the budget (0: no fairness).
+    fair_layers: usize,
     tick: u64,
     decay: f64,
     layers: HashMap<usize, Layer>,
@@ -145,6 +147,7 @@ impl FairAdaptive {
     pub fn new(budget: u64, layers: usize) -> FairAdaptive {
         FairAdaptive {
             share: if layers == 0 { budget } else { budget / layers as u64 },
+            fair_layers: layers,
             tick: 0,
             decay: 0.5f64.powf(1.0 / HALF_LIFE),
             layers: HashMap::new(),
@@ -171,6 +174,10 @@ impl FairAdaptive {
 }
 
 impl EvictionPolicy for FairAdaptive {
+    fn resized(&mut self, budget: u64) {
+        self.share = if self.fair_layers == 0 { budget } else { budget / self.fair_layers as u64 };
+    }
+
     fn inserted(&mut self, key: Key, bytes: u64) {
         self.access(key, bytes);
         if let Some(layer) = self.layers.get_mut(&key.0) {
