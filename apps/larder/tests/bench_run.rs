@@ -82,7 +82,10 @@ fn bad_manifests_name_the_key_and_file() {
     let e = bad(d, &format!("{SCENARIO}[model]\npath = \"no/such/model\"\n{ARM}{WORKLOAD}"));
     assert!(e.contains("model.path") && e.contains("no/such/model"), "{e}");
 
-    let e = bad(d, &format!("{SCENARIO}{model}[[arm]]\nname = \"a\"\nram_budget = \"64TiB\"\n{WORKLOAD}"));
+    let e = bad(
+        d,
+        &format!("{SCENARIO}{model}[[arm]]\nname = \"a\"\nram_budget = \"64TiB\"\n{WORKLOAD}"),
+    );
     assert!(e.contains("ram_budget") && e.contains("larger than the RAM available"), "{e}");
 
     let e = bad(
@@ -97,7 +100,10 @@ fn bad_manifests_name_the_key_and_file() {
     let e = bad(d, &format!("{SCENARIO}{model}{WORKLOAD}"));
     assert!(e.contains("[[arm]]"), "{e}");
 
-    let e = bad(d, &format!("{SCENARIO}{model}[[arm]]\nname = \"a\"\nram_budget = \"50%\"\nio = \"floppy\"\n{WORKLOAD}"));
+    let e = bad(
+        d,
+        &format!("{SCENARIO}{model}[[arm]]\nname = \"a\"\nram_budget = \"50%\"\nio = \"floppy\"\n{WORKLOAD}"),
+    );
     assert!(e.contains("io") && e.contains("floppy"), "{e}");
 
     let e = bad(d, "[scenario\n");

@@ -20,7 +20,9 @@ pub fn write_all(doc: &Value, dir: &Path) -> anyhow::Result<()> {
         ("hit_rate.svg", hit_rate(&rows, &name)),
         ("ttft.svg", ttft(&rows, &name)),
     ] {
-        let svg = svg.map_err(|e| anyhow::anyhow!("{e}")).with_context(|| format!("cannot draw {file}"))?;
+        let svg = svg
+            .map_err(|e| anyhow::anyhow!("{e}"))
+            .with_context(|| format!("cannot draw {file}"))?;
         write_atomic(&dir.join(file), svg.as_bytes())?;
     }
     Ok(())
@@ -69,18 +71,27 @@ fn tok_per_s(rows: &[Row], scenario: &str) -> Draw {
             .y_desc("decode tok/s (median)")
             .draw()?;
         chart
-            .draw_series(rows.iter().enumerate().map(|(i, r)| {
-                Rectangle::new([(i as f64 + 0.15, 0.0), (i as f64 + 0.85, r.tok_per_s)], BLUE.mix(0.6).filled())
-            }))?
+            .draw_series(
+                rows.iter()
+                    .enumerate()
+                    .map(|(i, r)| Rectangle::new([(i as f64 + 0.15, 0.0), (i as f64 + 0.85, r.tok_per_s)], BLUE.mix(0.6).filled())),
+            )?
             .label("decode tok/s")
             .legend(|(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], BLUE.mix(0.6).filled()));
         chart
             .draw_series(rows.iter().enumerate().filter(|(_, r)| r.io_bound.is_finite()).map(|(i, r)| {
-                PathElement::new(vec![(i as f64 + 0.05, r.io_bound), (i as f64 + 0.95, r.io_bound)], RED.stroke_width(3))
+                PathElement::new(
+                    vec![(i as f64 + 0.05, r.io_bound), (i as f64 + 0.95, r.io_bound)],
+                    RED.stroke_width(3),
+                )
             }))?
             .label("I/O bound (drive limit / miss bytes per token)")
             .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], RED.stroke_width(3)));
-        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
         root.present()?;
     }
     Ok(svg)
@@ -124,7 +135,11 @@ fn hit_rate(rows: &[Row], scenario: &str) -> Draw {
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2)));
             chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
         }
-        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
         root.present()?;
     }
     Ok(svg)
@@ -152,11 +167,7 @@ fn ttft(rows: &[Row], scenario: &str) -> Draw {
         }
         for (i, arm) in arms.iter().enumerate() {
             let color = Palette99::pick(i).to_rgba();
-            let mut pts: Vec<(f64, f64)> = rows
-                .iter()
-                .filter(|r| r.arm == *arm)
-                .map(|r| (r.prompt as f64, r.ttft))
-                .collect();
+            let mut pts: Vec<(f64, f64)> = rows.iter().filter(|r| r.arm == *arm).map(|r| (r.prompt as f64, r.ttft)).collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
@@ -164,7 +175,11 @@ fn ttft(rows: &[Row], scenario: &str) -> Draw {
                 .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2)));
             chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
         }
-        chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).draw()?;
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()?;
         root.present()?;
     }
     Ok(svg)

@@ -296,11 +296,10 @@ mod tests {
 
     #[test]
     fn unknown_keys_are_named() {
-        let e = toml::from_str::<Manifest>(
-            "[scenario]\nname='a'\nbogus=1\n[model]\npath='x'\n[workload]\nprompt_tokens=[1]\nnew_tokens=2\n",
-        )
-        .unwrap_err()
-        .to_string();
+        let e =
+            toml::from_str::<Manifest>("[scenario]\nname='a'\nbogus=1\n[model]\npath='x'\n[workload]\nprompt_tokens=[1]\nnew_tokens=2\n")
+                .unwrap_err()
+                .to_string();
         assert!(e.contains("bogus"), "{e}");
     }
 }

@@ -127,7 +127,7 @@ pub fn run(args: RunArgs) -> anyhow::Result<()> {
     let drive = |key: &str, pick_last: bool| {
         let mut it = runs.iter().filter_map(|r| r["decode"][key]["gbps"].as_f64());
         if pick_last {
-            it.last()
+            it.next_back()
         } else {
             it.next()
         }
@@ -259,7 +259,11 @@ fn build_synth(s: &SynthModel, exe: &Path, manifest: &str) -> anyhow::Result<()>
     if let Some(g) = s.experts_gib {
         cmd.arg("--experts-gib").arg(g.to_string());
     }
-    let out = cmd.stdout(Stdio::null()).stderr(Stdio::piped()).output().context("cannot run larder synth")?;
+    let out = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .context("cannot run larder synth")?;
     if !out.status.success() {
         bail!(
             "manifest {manifest}: model.synth: larder synth failed: {}",
@@ -271,15 +275,7 @@ fn build_synth(s: &SynthModel, exe: &Path, manifest: &str) -> anyhow::Result<()>
 
 /// One `larder bench decode` run of `arm`; returns its JSON report and
 /// whether the arm's memory limit was applied.
-fn run_arm(
-    exe: &Path,
-    model: &Path,
-    arm: &Arm,
-    budget: u64,
-    prompt: usize,
-    m: &Manifest,
-    trace: &Path,
-) -> anyhow::Result<(Value, bool)> {
+fn run_arm(exe: &Path, model: &Path, arm: &Arm, budget: u64, prompt: usize, m: &Manifest, trace: &Path) -> anyhow::Result<(Value, bool)> {
     let mut cmd = Command::new(exe);
     cmd.args(["bench", "decode", "--model"])
         .arg(model)
@@ -315,7 +311,11 @@ fn run_arm(
     let out = child.wait_with_output().context("larder bench decode")?;
     drop(cgroup);
     if !out.status.success() {
-        bail!("larder bench decode failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "larder bench decode failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     let doc: Value = serde_json::from_slice(&out.stdout).context("larder bench decode printed no JSON document")?;
     Ok((doc, applied))
@@ -358,9 +358,11 @@ fn drop_caches() -> bool {
 }
 
 fn machine() -> Value {
-    let cpu = std::fs::read_to_string("/proc/cpuinfo")
-        .ok()
-        .and_then(|t| t.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()));
+    let cpu = std::fs::read_to_string("/proc/cpuinfo").ok().and_then(|t| {
+        t.lines()
+            .find(|l| l.starts_with("model name"))
+            .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+    });
     json!({
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "cpu_model": cpu,
@@ -372,7 +374,11 @@ fn machine() -> Value {
 }
 
 fn git_commit() -> Option<String> {
-    let out = Command::new("git").args(["rev-parse", "HEAD"]).stderr(Stdio::null()).output().ok()?;
+    let out = Command::new("git")
+        .args(["rev-parse", "HEAD"])
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
     out.status
         .success()
         .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
@@ -441,7 +447,10 @@ pub fn rows(doc: &Value) -> Vec<Row> {
     let mut order: Vec<(u64, String)> = Vec::new();
     let mut groups: BTreeMap<(u64, String), Vec<&Value>> = BTreeMap::new();
     for r in &runs {
-        let key = (r["prompt_tokens"].as_u64().unwrap_or(0), r["arm"].as_str().unwrap_or("").to_string());
+        let key = (
+            r["prompt_tokens"].as_u64().unwrap_or(0),
+            r["arm"].as_str().unwrap_or("").to_string(),
+        );
         if !order.contains(&key) {
             order.push(key.clone());
         }
