@@ -295,6 +295,19 @@ mod tests {
     }
 
     #[test]
+    fn shipped_manifests_parse() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../bench/manifests");
+        for name in ["smoke.toml", "k3mini-routing.toml", "store-backends.toml"] {
+            let text = std::fs::read_to_string(dir.join(name)).unwrap();
+            let m: Manifest = toml::from_str(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert!(!m.arms.is_empty(), "{name}");
+            for a in &m.arms {
+                Budget::parse(&a.ram_budget).unwrap();
+            }
+        }
+    }
+
+    #[test]
     fn unknown_keys_are_named() {
         let e =
             toml::from_str::<Manifest>("[scenario]\nname='a'\nbogus=1\n[model]\npath='x'\n[workload]\nprompt_tokens=[1]\nnew_tokens=2\n")
