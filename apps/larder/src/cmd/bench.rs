@@ -36,6 +36,8 @@ pub enum Bench {
     Cache(super::bench_cache::CacheArgs),
     /// Lazy mode over a throttled loopback link: decode tok/s first pass (fetching) vs. second pass (drive).
     Lazy(super::bench_lazy::LazyArgs),
+    /// A named scenario manifest (bench/manifests/*.toml): interleaved arms, oracle check, results JSON, summary and charts.
+    Run(super::bench_run::RunArgs),
 }
 
 /// Arguments of `larder bench kernels`.
@@ -83,6 +85,7 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
         Bench::Serve(a) => super::bench_serve::serve(a),
         Bench::Pull(a) => super::bench_pull::pull_bench(a),
         Bench::Lazy(a) => super::bench_lazy::lazy_bench(a),
+        Bench::Run(a) => super::bench_run::run(a),
     }
 }
 

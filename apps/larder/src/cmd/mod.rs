@@ -4,8 +4,11 @@
 
 pub mod bench;
 pub mod bench_cache;
+pub mod bench_charts;
 pub mod bench_lazy;
+pub mod bench_manifest;
 pub mod bench_pull;
+pub mod bench_run;
 pub mod bench_serve;
 pub mod bench_store;
 pub mod demo;
