@@ -175,7 +175,11 @@ impl FairAdaptive {
 
 impl EvictionPolicy for FairAdaptive {
     fn resized(&mut self, budget: u64) {
-        self.share = if self.fair_layers == 0 { budget } else { budget / self.fair_layers as u64 };
+        self.share = if self.fair_layers == 0 {
+            budget
+        } else {
+            budget / self.fair_layers as u64
+        };
     }
 
     fn inserted(&mut self, key: Key, bytes: u64) {
