@@ -12,22 +12,14 @@ use std::time::Duration;
 use common::{expert_bytes, fixture};
 use larder_engine::memory_watch::{MemoryWatch, WatchConfig};
 use larder_engine::{Engine, ExpertMode, GenerateOptions, LoadOptions};
-use larder_store::{IoKind, IoOptions, StoreOptions};
 
+/// Streamed through pread with prefetch on (its reads race the resizes too).
 fn streamed(budget: u64) -> LoadOptions {
-    LoadOptions {
-        experts: ExpertMode::Stream(StoreOptions {
-            io: IoOptions {
-                kind: IoKind::Pread,
-                direct: false,
-                depth: 4,
-            },
-            ram_budget: budget,
-            verify: true,
-            prefetch_threads: 2,
-        }),
-        ..Default::default()
+    let mut opts = common::pread_streaming(4, budget, true);
+    if let ExpertMode::Stream(o) = &mut opts.experts {
+        o.prefetch_threads = 2;
     }
+    opts
 }
 
 fn ids(engine: &Engine, prompt: &[u32]) -> Vec<u32> {
@@ -79,11 +71,19 @@ fn output_is_the_same_while_the_budget_changes() {
             period: Duration::from_millis(1),
         };
         let watch = MemoryWatch::start_with(&store, config, Box::new(move || Some(source.load(Ordering::Relaxed))));
+        let settle = |want: u64| {
+            for _ in 0..2000 {
+                if store.cache().budget() == want {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            store.cache().budget()
+        };
+        let low = settle(one);
         let squeezed = ids(&engine, &prompt);
-        let low = store.cache().budget();
         memory.store(10 * bank, Ordering::Relaxed);
-        std::thread::sleep(Duration::from_millis(50));
-        let high = store.cache().budget();
+        let high = settle(bank);
         drop(watch);
         assert_eq!(squeezed, reference, "{name}: a squeezed cache changed the output");
         assert_eq!(low, one, "{name}: the watcher shrinks to the floor");
