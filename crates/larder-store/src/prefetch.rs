@@ -1,11 +1,10 @@
 //! Background reads of experts the model predicts it will need (docs/design.md
 //! §3.5): while layer L computes, its caller hints layer L+1's likely
-//! experts; a few threads take the queued predictions in batches and read
+//! experts; a few threads take the queued predictions one at a time and read
 //! them through the store's one backend
-//! ([`IoBackend::read_background`](crate::io::IoBackend::read_background):
-//! io_uring submits a batch at once on its own ring, beside demand batches;
-//! a lazy store fetches from its source), check digests and put them in
-//! the cache.
+//! ([`IoBackend::read_background`](crate::io::IoBackend::read_background),
+//! beside demand batches; a lazy store fetches from its source), check
+//! digests and put them in the cache.
 //!
 //! Demand always wins: a demanded expert whose prefetch has not started is
 //! taken back and read on demand; one being read is waited for; a failed
@@ -100,8 +99,10 @@ impl Prefetcher {
     }
 }
 
-/// Most predictions one worker reads in one batch.
-const BATCH: usize = 16;
+/// Most predictions one worker reads in one batch: one, so the records a
+/// demand waits for first arrive first (a batch read together finishes
+/// together; see `io::uring`).
+const BATCH: usize = 1;
 
 /// Cancels queued (not started) predictions for layers up to `layer`: its
 /// demand has arrived, so they can no longer be used before being read

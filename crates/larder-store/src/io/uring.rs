@@ -3,8 +3,11 @@
 //! deep device queues stay busy; a job is reported the moment its last read
 //! lands, while the others continue in the kernel.
 //!
-//! Prefetch batches ([`IoBackend::read_background`]) go through a second
-//! ring of their own, so a demand batch never waits behind one.
+//! Prefetch ([`IoBackend::read_background`]) reads with pread on the ring's
+//! files, one record per prefetch thread: a batch submitted on a ring of its
+//! own finishes every record at about the same time, so the first one a
+//! demand waits for arrives last (measured: decode fell from 13.4 to 7.6
+//! tok/s, bench/results/2026-12-03-plan.md).
 //!
 //! Registered buffers are not used: job buffers are allocated per read (they
 //! become the cache's entries), and measured reads already reach the drive
@@ -33,8 +36,6 @@ pub fn available() -> bool {
 pub struct UringBackend {
     files: FileTable,
     ring: Mutex<IoUring>,
-    /// Prefetch's ring ([`IoBackend::read_background`]).
-    background: Mutex<IoUring>,
     in_flight: usize,
 }
 
@@ -52,7 +53,6 @@ impl UringBackend {
         Ok(UringBackend {
             files,
             ring: Mutex::new(new_ring()?),
-            background: Mutex::new(new_ring()?),
             in_flight,
         })
     }
@@ -96,10 +96,6 @@ impl IoBackend for UringBackend {
 
     fn read(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
         self.read_on(&self.ring, jobs, done)
-    }
-
-    fn read_background(&self, jobs: &[&[Extent]], done: &mut dyn FnMut(usize, ReadResult)) {
-        self.read_on(&self.background, jobs, done)
     }
 }
 
