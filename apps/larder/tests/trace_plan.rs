@@ -15,9 +15,10 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
-fn record(model: &str, trace: &Path, max_new: &str) -> Value {
+/// `larder run --json` on the fixture `model`, recording a trace when given one.
+fn generate(model: &str, trace: Option<&Path>, max_new: &str) -> Value {
     let m = fixture(model);
-    ok_json(&[
+    let mut args = vec![
         "run",
         "--model",
         s(&m),
@@ -27,9 +28,15 @@ fn record(model: &str, trace: &Path, max_new: &str) -> Value {
         max_new,
         "--ignore-eos",
         "--json",
-        "--trace",
-        s(trace),
-    ])
+    ];
+    if let Some(t) = trace {
+        args.extend_from_slice(&["--trace", s(t)]);
+    }
+    ok_json(&args)
+}
+
+fn record(model: &str, trace: &Path, max_new: &str) -> Value {
+    generate(model, Some(trace), max_new)
 }
 
 #[test]
@@ -37,18 +44,7 @@ fn tracing_records_every_token_and_changes_no_output() {
     let tmp = tempfile::tempdir().unwrap();
     let trace = tmp.path().join("t.jsonl");
     for model in ["qwen3_moe_tiny", "deepseek_v3_tiny", "kimi_linear_tiny", "gpt_oss_tiny"] {
-        let m = fixture(model);
-        let plain = ok_json(&[
-            "run",
-            "--model",
-            s(&m),
-            "--ids",
-            "1,200,31,7,9,4",
-            "--max-new",
-            "10",
-            "--ignore-eos",
-            "--json",
-        ]);
+        let plain = generate(model, None, "10");
         let traced = record(model, &trace, "10");
         assert_eq!(plain["ids"], traced["ids"], "{model}: tracing changed the output");
         let stats = ok_json(&["trace", "stats", s(&trace), "--json"]);
