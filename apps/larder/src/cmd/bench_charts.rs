@@ -98,89 +98,77 @@ fn tok_per_s(rows: &[Row], scenario: &str) -> Draw {
 }
 
 fn hit_rate(rows: &[Row], scenario: &str) -> Draw {
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE)?;
-        let xmax = top(rows.iter().map(|r| r.budget_share).fold(0.0, f64::max)).min(1.05);
-        let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{scenario}: decode hit rate vs RAM budget"), ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(50)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0f64..xmax, 0f64..1.05)?;
-        chart
-            .configure_mesh()
-            .x_desc("RAM budget (share of the expert bank)")
-            .y_desc("hit rate (median)")
-            .draw()?;
-        let mut series: Vec<String> = Vec::new();
-        for r in rows {
-            let key = format!("{} prefetch {} p{}", r.io, r.prefetch, r.prompt);
-            if !series.contains(&key) {
-                series.push(key);
-            }
-        }
-        for (i, key) in series.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let mut pts: Vec<(f64, f64)> = rows
-                .iter()
-                .filter(|r| &format!("{} prefetch {} p{}", r.io, r.prefetch, r.prompt) == key)
-                .map(|r| (r.budget_share, r.hit_rate))
-                .collect();
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-                .label(key.as_str())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2)));
-            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-        root.present()?;
-    }
-    Ok(svg)
+    let xmax = top(rows.iter().map(|r| r.budget_share).fold(0.0, f64::max)).min(1.05);
+    let key = |r: &Row| format!("{} prefetch {} p{}", r.io, r.prefetch, r.prompt);
+    let chart = LineChart {
+        caption: format!("{scenario}: decode hit rate vs RAM budget"),
+        x: (0.0, xmax, "RAM budget (share of the expert bank)"),
+        y: (0.0, 1.05, "hit rate (median)"),
+    };
+    chart.draw(series(rows, key, |r| (r.budget_share, r.hit_rate)))
 }
 
 fn ttft(rows: &[Row], scenario: &str) -> Draw {
-    let mut svg = String::new();
-    {
-        let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
-        root.fill(&WHITE)?;
-        let xmax = top(rows.iter().map(|r| r.prompt as f64).fold(0.0, f64::max));
-        let ymax = top(rows.iter().map(|r| r.ttft).fold(0.0, f64::max));
-        let mut chart = ChartBuilder::on(&root)
-            .caption(format!("{scenario}: time to first token vs prompt length"), ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(50)
-            .y_label_area_size(70)
-            .build_cartesian_2d(0f64..xmax, 0f64..ymax)?;
-        chart.configure_mesh().x_desc("prompt tokens").y_desc("TTFT s (median)").draw()?;
-        let mut arms: Vec<&str> = Vec::new();
-        for r in rows {
-            if !arms.contains(&r.arm.as_str()) {
-                arms.push(&r.arm);
-            }
+    let chart = LineChart {
+        caption: format!("{scenario}: time to first token vs prompt length"),
+        x: (0.0, top(rows.iter().map(|r| r.prompt as f64).fold(0.0, f64::max)), "prompt tokens"),
+        y: (0.0, top(rows.iter().map(|r| r.ttft).fold(0.0, f64::max)), "TTFT s (median)"),
+    };
+    chart.draw(series(rows, |r| r.arm.clone(), |r| (r.prompt as f64, r.ttft)))
+}
+
+/// `rows` grouped by `key` (in first-seen order), each group's points by x.
+fn series(rows: &[Row], key: impl Fn(&Row) -> String, point: impl Fn(&Row) -> (f64, f64)) -> Vec<(String, Vec<(f64, f64)>)> {
+    let mut out: Vec<(String, Vec<(f64, f64)>)> = Vec::new();
+    for r in rows {
+        let k = key(r);
+        match out.iter_mut().find(|(name, _)| *name == k) {
+            Some((_, pts)) => pts.push(point(r)),
+            None => out.push((k, vec![point(r)])),
         }
-        for (i, arm) in arms.iter().enumerate() {
-            let color = Palette99::pick(i).to_rgba();
-            let mut pts: Vec<(f64, f64)> = rows.iter().filter(|r| r.arm == *arm).map(|r| (r.prompt as f64, r.ttft)).collect();
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
-            chart
-                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
-                .label(*arm)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2)));
-            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
-        }
-        chart
-            .configure_series_labels()
-            .background_style(WHITE.mix(0.8))
-            .border_style(BLACK)
-            .draw()?;
-        root.present()?;
     }
-    Ok(svg)
+    for (_, pts) in &mut out {
+        pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+    }
+    out
+}
+
+/// A line chart with points and a legend: one line per named series.
+struct LineChart<'a> {
+    caption: String,
+    /// (min, max, label) of each axis.
+    x: (f64, f64, &'a str),
+    y: (f64, f64, &'a str),
+}
+
+impl LineChart<'_> {
+    fn draw(&self, series: Vec<(String, Vec<(f64, f64)>)>) -> Draw {
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, SIZE).into_drawing_area();
+            root.fill(&WHITE)?;
+            let mut chart = ChartBuilder::on(&root)
+                .caption(&self.caption, ("sans-serif", 20))
+                .margin(12)
+                .x_label_area_size(50)
+                .y_label_area_size(70)
+                .build_cartesian_2d(self.x.0..self.x.1, self.y.0..self.y.1)?;
+            chart.configure_mesh().x_desc(self.x.2).y_desc(self.y.2).draw()?;
+            for (i, (name, pts)) in series.into_iter().enumerate() {
+                let color = Palette99::pick(i).to_rgba();
+                chart
+                    .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+                    .label(name)
+                    .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 14, y)], color.stroke_width(2)));
+                chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 4, color.filled())))?;
+            }
+            chart
+                .configure_series_labels()
+                .background_style(WHITE.mix(0.8))
+                .border_style(BLACK)
+                .draw()?;
+            root.present()?;
+        }
+        Ok(svg)
+    }
 }
