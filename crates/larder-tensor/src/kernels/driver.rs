@@ -60,7 +60,11 @@ pub(super) fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> M
     let k_main = k / plan.step * plan.step;
     let (xq, unscale) = plan.activations(path, x, k_main);
     let xs: Vec<&[f32]> = (0..m).map(|r| x.row(r)).collect();
-    let xk: Vec<&[f32]> = if xq.is_empty() { xs.clone() } else { xq.chunks_exact(k).collect() };
+    let xk: Vec<&[f32]> = if xq.is_empty() {
+        xs.clone()
+    } else {
+        xq[xq.len() - m * k..].chunks_exact(k).collect()
+    };
     let x_cached = m * k * 4 <= ACTIVATION_CACHE_BYTES;
     let chunk = plan.chunk(x_cached, k_main);
     let call = Call {

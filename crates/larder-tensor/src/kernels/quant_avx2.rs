@@ -554,7 +554,8 @@ unsafe fn step8<const KIND: u8>(p: *const u8, i: usize, lut: __m128i, nan: &mut 
 /// of 32-bit lane `d`, see [`fp8_bytes`] and [`e2m1_lanes`]).
 pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, group: usize, code_exp: Option<i32>) -> (Vec<f32>, Vec<f32>) {
     let (m, k) = (x.rows(), x.cols());
-    let mut xq = Vec::with_capacity(m * k);
+    let mut xq = Vec::new();
+    line_aligned(&mut xq, m * k);
     let mut unscale = Vec::with_capacity(m);
     for r in 0..m {
         let row = x.row(r);
@@ -599,14 +600,28 @@ fn permute_group(group: &mut [f32]) {
 /// scales (`scales[j]` for columns `j * block..`), the columns being those of
 /// a chunk starting at a multiple of `block` (a multiple of 32, so permuted
 /// groups never straddle blocks).
-pub(crate) fn scale_by_blocks(xs: &[&[f32]], scales: &[f32], block: usize, out: &mut Vec<f32>) {
-    out.clear();
+/// The scaled rows start at `out[returned..]`, on a cache line.
+pub(crate) fn scale_by_blocks(xs: &[&[f32]], scales: &[f32], block: usize, out: &mut Vec<f32>) -> usize {
+    let pad = line_aligned(out, xs.iter().map(|x| x.len()).sum());
     for x in xs {
         for (j, cols) in x.chunks(block).enumerate() {
             let s = scales[j];
             out.extend(cols.iter().map(|v| v * s));
         }
     }
+    pad
+}
+
+/// Empties `v` and makes room for `len` values that start on a cache line
+/// (the kernels' 32-byte loads of them then never split a line, which
+/// costs a tenth of many-row speed): `v` then holds the returned number
+/// (under 16) of unused zeros, and what is pushed next is aligned.
+pub(crate) fn line_aligned(v: &mut Vec<f32>, len: usize) -> usize {
+    v.clear();
+    v.reserve(len + 16);
+    let pad = v.as_ptr().align_offset(64).min(15);
+    v.resize(pad, 0.0);
+    pad
 }
 
 /// Whether an fp8 weight's scales allow [`scale_by_blocks`]: all finite and

@@ -93,7 +93,9 @@ impl RowPlan {
     }
 
     /// The activations the kernel reads when they differ from `x` (else
-    /// empty), and per row the factor undoing their prescaling (else empty).
+    /// empty; their rows are the last `x.rows() * x.cols()` values, which
+    /// start on a cache line), and per row the factor undoing their
+    /// prescaling (else empty).
     /// The fused kernel reads them prescaled, row by row, and for blocks of
     /// whole 32-column groups in its decoding order (`quant_avx2::prescale`);
     /// dense bf16 on the x86 paths in pair order (`blocked::push_pair_order`).
@@ -101,7 +103,8 @@ impl RowPlan {
         #[cfg(target_arch = "x86_64")]
         return match self.strategy {
             RowStrategy::Dense { pairs_bf16: true, .. } => {
-                let mut xq = Vec::with_capacity(x.rows() * x.cols());
+                let mut xq = Vec::new();
+                quant_avx2::line_aligned(&mut xq, x.rows() * x.cols());
                 (0..x.rows()).for_each(|r| blocked::push_pair_order(x.row(r), path.step(), &mut xq));
                 (xq, Vec::new())
             }
@@ -235,6 +238,8 @@ pub(super) struct Scratch {
     #[cfg(target_arch = "x86_64")]
     scaled_x: Vec<f32>,
     #[cfg(target_arch = "x86_64")]
+    scaled_pad: usize,
+    #[cfg(target_arch = "x86_64")]
     scaled_for: Option<(usize, usize)>,
 }
 
@@ -258,7 +263,7 @@ fn fp8_folded(
     let block_row = (first + f0) / block_rows;
     if scratch.scaled_for != Some((block_row, c0)) {
         if let RowView::Fp8 { scales, block_cols, .. } = call.rows.row(first + f0).slice(c0, c1) {
-            quant_avx2::scale_by_blocks(&ch.kernel_xs, scales, block_cols, &mut scratch.scaled_x);
+            scratch.scaled_pad = quant_avx2::scale_by_blocks(&ch.kernel_xs, scales, block_cols, &mut scratch.scaled_x);
         }
         scratch.scaled_for = Some((block_row, c0));
     }
@@ -270,12 +275,12 @@ fn fp8_folded(
     let (mut few, many): ([&[f32]; 8], Vec<&[f32]>);
     let sx: &[&[f32]] = if m <= 8 {
         few = [&[]; 8];
-        for (slot, row) in few.iter_mut().zip(scratch.scaled_x.chunks_exact(c1 - c0)) {
+        for (slot, row) in few.iter_mut().zip(scratch.scaled_x[scratch.scaled_pad..].chunks_exact(c1 - c0)) {
             *slot = row;
         }
         &few[..m]
     } else {
-        many = scratch.scaled_x.chunks_exact(c1 - c0).collect();
+        many = scratch.scaled_x[scratch.scaled_pad..].chunks_exact(c1 - c0).collect();
         &many
     };
     let path = call.path;
