@@ -158,7 +158,7 @@ mod x86 {
     }
 
     /// One 64-code step of the fused mxfp4 kernel for one activation row
-    /// (`codes_avx2::e2m1_lanes`): a 32-byte code load, low and high
+    /// (as `codes_avx2::e2m1_pair` and `e2m1_lane` decode it): a 32-byte code load, low and high
     /// nibbles masked out (2 masks, a shift), each looked up by one byte
     /// shuffle (twice the e2m1 values), then every byte of a lane
     /// sign-extended by shifts (7 per half) and converted (4 per half), and

@@ -17,7 +17,7 @@
 //!   shuffle of the nibble through [`e2m1_times_2`], sign-extended and
 //!   converted: [`e2m1_from_top`] on a nibble at a 32-bit lane's top, by
 //!   [`e2m1_8`] (8 codes), [`e2m1_nibble`] (a 32-column group);
-//!   [`e2m1_lanes`] shuffles all 64 nibbles of a 64-column group at once.
+//!   [`e2m1_pair`] shuffles all 64 nibbles of a 64-column group at once.
 //!   e8m0 scales: [`E8M0`] (0xFF is NaN).
 //!
 //! No form ever holds an f32 subnormal: without DAZ, an FMA or multiply
@@ -30,7 +30,7 @@
 //! which [`super::quant_avx2::prescale`]'s unscaling undoes exactly.
 //! - **int4** (offset 8): the integer value: [`nibbles8`] / [`nibbles32`]
 //!   (column order, through [`int4_values`]), [`int4_nibble`] (a 32-column
-//!   group), [`int4_lanes`] (a 64-column group).
+//!   group), [`int4_flipped`] and [`int4_lane`] (a 64-column group).
 //!
 //! The row decoder multiplies the fused forms back by their power of two
 //! (exact) and then by the scale, so it is bit-identical to
@@ -73,14 +73,20 @@ pub(crate) unsafe fn fp8_scaled(codes: __m128i) -> __m256 {
 /// (low words of lanes 0..8, high words of lanes 0..8).
 #[inline(always)]
 unsafe fn widen_halves(words: __m256i) -> (__m256, __m256) {
-    let low = _mm256_and_si256(words, _mm256_set1_epi32(0xffff));
-    let high = _mm256_srli_epi32::<16>(words);
-    // Per 128-bit half: 4 low words, 4 high words; then low, low, high, high.
-    let packed = _mm256_permute4x64_epi64::<0xd8>(_mm256_packus_epi32(low, high));
+    let packed = packed_halves(words);
     (
         _mm256_cvtph_ps(_mm256_castsi256_si128(packed)),
         _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(packed)),
     )
+}
+
+/// The low words of lanes 0..8 (in the low 128 bits), then their high words.
+#[inline(always)]
+unsafe fn packed_halves(words: __m256i) -> __m256i {
+    let low = _mm256_and_si256(words, _mm256_set1_epi32(0xffff));
+    let high = _mm256_srli_epi32::<16>(words);
+    // Per 128-bit half: 4 low words, 4 high words; then low, low, high, high.
+    _mm256_permute4x64_epi64::<0xd8>(_mm256_packus_epi32(low, high))
 }
 
 /// The 32 fp8 codes of a 32-column group (byte `j` of 32-bit lane `d`
@@ -94,6 +100,28 @@ pub(crate) unsafe fn fp8_bytes(codes: __m256i) -> [__m256; 4] {
     let (b0, b2) = widen_halves(fp8_f16_words(_mm256_slli_epi16::<8>(codes)));
     let (b1, b3) = widen_halves(fp8_f16_words(codes));
     [b0, b1, b2, b3]
+}
+
+/// [`fp8_bytes`] in two steps, for kernels that widen each vector just
+/// before using it: the f16 words of the even and odd bytes, packed as
+/// [`widen_halves`] packs them, then vector `j` (0..4) of them.
+#[inline(always)]
+pub(crate) unsafe fn fp8_packed(codes: __m256i) -> [__m256i; 2] {
+    [
+        packed_halves(fp8_f16_words(_mm256_slli_epi16::<8>(codes))),
+        packed_halves(fp8_f16_words(codes)),
+    ]
+}
+
+/// Vector `j` (0..4) of [`fp8_bytes`], from [`fp8_packed`].
+#[inline(always)]
+pub(crate) unsafe fn fp8_lane(packed: &[__m256i; 2], j: usize) -> __m256 {
+    let p = packed[j % 2];
+    if j < 2 {
+        _mm256_cvtph_ps(_mm256_castsi256_si128(p))
+    } else {
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(p))
+    }
 }
 
 /// All-ones lanes where the low 8 fp8 codes of `codes` are NaN (0x7f, 0xff).
@@ -185,28 +213,34 @@ pub(crate) unsafe fn e2m1_nibble<const N: i32>(words: __m256i) -> __m256 {
 }
 
 /// The 64 mxfp4 codes of a 64-column group (32 bytes: 8 codes per 32-bit
-/// lane, lane `d` holding columns `8d..8d + 8`) as eight vectors of f32 of
-/// value x 2, vector `N` holding code `N` of every lane (columns `8d + N`,
-/// the order `quant_avx2::prescale` stores such groups in). Low and high
-/// nibbles each take one byte shuffle through [`e2m1_times_2`] (code `2j`
-/// and `2j + 1` are byte `j`'s), then every byte of a lane is sign-extended
-/// and converted. Negative zero comes out as zero (the same in any sum).
+/// lane, lane `d` holding columns `8d..8d + 8`), the first of two steps to
+/// eight vectors of f32 of value x 2, vector `N` holding code `N` of every
+/// lane (columns `8d + N`, the order `quant_avx2::prescale` stores such
+/// groups in): low and high nibbles each take one byte shuffle through
+/// [`e2m1_times_2`] (code `2j` and `2j + 1` are byte `j`'s). The second
+/// step, [`e2m1_lane`], sign-extends and converts one byte of every lane,
+/// just before the kernel uses it (two registers live, not eight).
+/// Negative zero comes out as zero (the same in any sum).
 #[inline(always)]
-pub(crate) unsafe fn e2m1_lanes(codes: __m256i) -> [__m256; 8] {
+pub(crate) unsafe fn e2m1_pair(codes: __m256i) -> [__m256i; 2] {
     let low_nibbles = _mm256_set1_epi8(0x0f);
     let table = e2m1_times_2();
-    let even = _mm256_shuffle_epi8(table, _mm256_and_si256(codes, low_nibbles));
-    let odd = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(codes), low_nibbles));
     [
-        byte_to_f32::<0>(even),
-        byte_to_f32::<0>(odd),
-        byte_to_f32::<1>(even),
-        byte_to_f32::<1>(odd),
-        byte_to_f32::<2>(even),
-        byte_to_f32::<2>(odd),
-        byte_to_f32::<3>(even),
-        byte_to_f32::<3>(odd),
+        _mm256_shuffle_epi8(table, _mm256_and_si256(codes, low_nibbles)),
+        _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16::<4>(codes), low_nibbles)),
     ]
+}
+
+/// Vector `j` (0..8) of a 64-column mxfp4 group, from [`e2m1_pair`].
+#[inline(always)]
+pub(crate) unsafe fn e2m1_lane(pair: &[__m256i; 2], j: usize) -> __m256 {
+    let v = pair[j % 2];
+    match j / 2 {
+        0 => byte_to_f32::<0>(v),
+        1 => byte_to_f32::<1>(v),
+        2 => byte_to_f32::<2>(v),
+        _ => byte_to_f32::<3>(v),
+    }
 }
 
 // ---- int4 pack-quantized (offset 8) ----
@@ -264,32 +298,31 @@ pub(crate) unsafe fn int4_nibble<const N: i32>(words: __m256i) -> __m256 {
 }
 
 /// The 64 int4 codes of a 64-column group (32 bytes, 8 codes per 32-bit
-/// lane) as eight vectors of f32 of their values, vector `N` holding code
-/// `N` of every lane, as [`e2m1_lanes`] orders them. With every nibble's top
-/// bit flipped a nibble is the 4-bit two's complement of its value; a 16-bit
-/// shift pair sign-extends codes `N` and `N + 4` at once into the low and
-/// high words, and 32-bit shifts take each word's value out.
+/// lane), the first of two steps to eight vectors of f32 of their values,
+/// vector `N` holding code `N` of every lane, as [`e2m1_pair`] orders them:
+/// every nibble's top bit flipped, which makes a nibble the 4-bit two's
+/// complement of its value. In [`int4_lane`] a 16-bit shift pair
+/// sign-extends codes `N` and `N + 4` at once into the low and high words,
+/// and 32-bit shifts take one word's value out.
 #[inline(always)]
-pub(crate) unsafe fn int4_lanes(codes: __m256i) -> [__m256; 8] {
-    let c = _mm256_xor_si256(codes, _mm256_set1_epi32(0x8888_8888u32 as i32));
-    let t = [
-        _mm256_srai_epi16::<12>(_mm256_slli_epi16::<12>(c)),
-        _mm256_srai_epi16::<12>(_mm256_slli_epi16::<8>(c)),
-        _mm256_srai_epi16::<12>(_mm256_slli_epi16::<4>(c)),
-        _mm256_srai_epi16::<12>(c),
-    ];
-    let low = |v: __m256i| _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(v)));
-    let high = |v: __m256i| _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(v));
-    [
-        low(t[0]),
-        low(t[1]),
-        low(t[2]),
-        low(t[3]),
-        high(t[0]),
-        high(t[1]),
-        high(t[2]),
-        high(t[3]),
-    ]
+pub(crate) unsafe fn int4_flipped(codes: __m256i) -> __m256i {
+    _mm256_xor_si256(codes, _mm256_set1_epi32(0x8888_8888u32 as i32))
+}
+
+/// Vector `j` (0..8) of a 64-column int4 group, from [`int4_flipped`].
+#[inline(always)]
+pub(crate) unsafe fn int4_lane(flipped: __m256i, j: usize) -> __m256 {
+    let t = match j % 4 {
+        0 => _mm256_srai_epi16::<12>(_mm256_slli_epi16::<12>(flipped)),
+        1 => _mm256_srai_epi16::<12>(_mm256_slli_epi16::<8>(flipped)),
+        2 => _mm256_srai_epi16::<12>(_mm256_slli_epi16::<4>(flipped)),
+        _ => _mm256_srai_epi16::<12>(flipped),
+    };
+    if j < 4 {
+        _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(_mm256_slli_epi32::<16>(t)))
+    } else {
+        _mm256_cvtepi32_ps(_mm256_srai_epi32::<16>(t))
+    }
 }
 
 /// Nibble `N` of the 16-bit word in every 32-bit lane, moved to the lane's

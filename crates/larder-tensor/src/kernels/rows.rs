@@ -321,13 +321,13 @@ fn fused_block(path: KernelPath, w: &WeightMatrix) -> Option<usize> {
     (cfg!(target_arch = "x86_64") && path.is_x86_simd() && block % 8 == 0).then_some(block)
 }
 
-/// The power of two the fused kernel's codes of `format` come scaled by
-/// (`quant_avx2::prescale`); int4 decodes to its integers.
+/// The power of two the fused kernel's fp8 codes come scaled by
+/// (`quant_avx2::prescale`); mxfp4 and int4 are dequantized exactly in
+/// registers, their activations only permuted.
 #[cfg(target_arch = "x86_64")]
 fn code_exp(format: WeightFormat) -> Option<i32> {
     match format {
         WeightFormat::Fp8Block { .. } => Some(codes_avx2::FP8_CODE_EXP),
-        WeightFormat::Mxfp4 => Some(codes_avx2::E2M1_CODE_EXP),
         _ => None,
     }
 }
