@@ -41,7 +41,7 @@ pub(super) fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> M
     debug_assert_eq!(x.cols(), w.cols());
     let path = if path.is_supported() { path } else { KernelPath::Scalar };
     let (m, n, k) = (x.rows(), w.rows(), w.cols());
-    let block = row_block(k, w.dense_dtype().is_none());
+    let block = row_block(k, w.dense_dtype().is_none() && path.is_x86_simd());
     if m > block {
         let mut out = Mat::zeros(m, n);
         for r0 in (0..m).step_by(block) {
@@ -132,12 +132,14 @@ pub(super) fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> M
 /// Rows per row block for rows of `k` columns: as many as keep the
 /// block's activations in [`ACTIVATION_CACHE_BYTES`]; for dense weights at
 /// least [`MIN_ROW_BLOCK`] (wide rows then also take column chunks), for
-/// quantized ones a multiple of the 4 rows their kernel takes at once, at
-/// least 4 (whole rows per feature block measured 8-25 % faster for them
-/// than column chunks of more rows, and 15 % slower for bf16).
-fn row_block(k: usize, quantized: bool) -> usize {
+/// quantized ones decoded in registers (`fused`: the x86 paths) a multiple
+/// of the 4 rows their kernel takes at once, at least 4 (whole rows per
+/// feature block measured 8-25 % faster for them than column chunks of more
+/// rows, and 15 % slower for bf16; paths that decode into a buffer keep the
+/// larger blocks, which decode each weight fewer times).
+fn row_block(k: usize, fused: bool) -> usize {
     let cached = ACTIVATION_CACHE_BYTES / (k.max(1) * 4);
-    if quantized {
+    if fused {
         (cached / 4 * 4).max(4)
     } else {
         cached.max(MIN_ROW_BLOCK)
