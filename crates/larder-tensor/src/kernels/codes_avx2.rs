@@ -69,58 +69,36 @@ pub(crate) unsafe fn fp8_scaled(codes: __m128i) -> __m256 {
     _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16::<1>(top), _mm_set1_epi16(0xbf80u16 as i16)))
 }
 
-/// The f16 words of every 32-bit lane's low and high halves, each widened:
-/// (low words of lanes 0..8, high words of lanes 0..8).
-#[inline(always)]
-unsafe fn widen_halves(words: __m256i) -> (__m256, __m256) {
-    let packed = packed_halves(words);
-    (
-        _mm256_cvtph_ps(_mm256_castsi256_si128(packed)),
-        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(packed)),
-    )
-}
-
-/// The low words of lanes 0..8 (in the low 128 bits), then their high words.
-#[inline(always)]
-unsafe fn packed_halves(words: __m256i) -> __m256i {
-    let low = _mm256_and_si256(words, _mm256_set1_epi32(0xffff));
-    let high = _mm256_srli_epi32::<16>(words);
-    // Per 128-bit half: 4 low words, 4 high words; then low, low, high, high.
-    _mm256_permute4x64_epi64::<0xd8>(_mm256_packus_epi32(low, high))
-}
-
-/// The 32 fp8 codes of a 32-column group (byte `j` of 32-bit lane `d`
-/// holding column `4d + j`) as four vectors of f32 of value x 2^-8, as
-/// [`fp8_scaled`] gives them, vector `j` holding byte `j` of every lane (the
-/// order `quant_avx2::prescale` stores such groups in): odd bytes are at
-/// the top of their 16-bit word already, even bytes move there, both
-/// become f16 words ([`fp8_f16_words`]) and each word half widens.
+/// The 32 fp8 codes of a 32-column group (column `c` in byte `c`) as four
+/// vectors of f32 of value x 2^-8, as [`fp8_scaled`] gives them: vector `j`
+/// lane `d` holds column `16 (j / 2) + 2 d + j % 2` (the order
+/// `quant_avx2::prescale` stores fp8 groups in). Even bytes move to the top
+/// of their 16-bit word, odd bytes are there already; both become f16 words
+/// ([`fp8_f16_words`]), and each 128-bit half of words widens as it is (no
+/// reordering step: the activations carry the order instead).
 #[inline(always)]
 pub(crate) unsafe fn fp8_bytes(codes: __m256i) -> [__m256; 4] {
-    let (b0, b2) = widen_halves(fp8_f16_words(_mm256_slli_epi16::<8>(codes)));
-    let (b1, b3) = widen_halves(fp8_f16_words(codes));
-    [b0, b1, b2, b3]
+    let words = fp8_words(codes);
+    [fp8_lane(&words, 0), fp8_lane(&words, 1), fp8_lane(&words, 2), fp8_lane(&words, 3)]
 }
 
 /// [`fp8_bytes`] in two steps, for kernels that widen each vector just
-/// before using it: the f16 words of the even and odd bytes, packed as
-/// [`widen_halves`] packs them, then vector `j` (0..4) of them.
+/// before using it: the f16 words of the even bytes and of the odd bytes,
+/// then vector `j` (0..4) of them ([`fp8_lane`]).
 #[inline(always)]
-pub(crate) unsafe fn fp8_packed(codes: __m256i) -> [__m256i; 2] {
-    [
-        packed_halves(fp8_f16_words(_mm256_slli_epi16::<8>(codes))),
-        packed_halves(fp8_f16_words(codes)),
-    ]
+pub(crate) unsafe fn fp8_words(codes: __m256i) -> [__m256i; 2] {
+    [fp8_f16_words(_mm256_slli_epi16::<8>(codes)), fp8_f16_words(codes)]
 }
 
-/// Vector `j` (0..4) of [`fp8_bytes`], from [`fp8_packed`].
+/// Vector `j` (0..4) of [`fp8_bytes`], from [`fp8_words`]: the low (`j <
+/// 2`) or high 128 bits of the even (`j` even) or odd bytes' words, widened.
 #[inline(always)]
-pub(crate) unsafe fn fp8_lane(packed: &[__m256i; 2], j: usize) -> __m256 {
-    let p = packed[j % 2];
+pub(crate) unsafe fn fp8_lane(words: &[__m256i; 2], j: usize) -> __m256 {
+    let w = words[j % 2];
     if j < 2 {
-        _mm256_cvtph_ps(_mm256_castsi256_si128(p))
+        _mm256_cvtph_ps(_mm256_castsi256_si128(w))
     } else {
-        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(p))
+        _mm256_cvtph_ps(_mm256_extracti128_si256::<1>(w))
     }
 }
 

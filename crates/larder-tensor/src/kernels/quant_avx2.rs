@@ -32,8 +32,9 @@
 //! sharing them, and block sums then take factor 1 over fixed 512-column
 //! pieces (whole chunks, so still independent of the rows in a call).
 //!
-//! fp8: codes become f32 of value x 2^-8 through f16 ([`fp8_bytes`]: byte
-//! j of every 32-bit lane, so the activations of each whole 32-column group come permuted to match;
+//! fp8: codes become f32 of value x 2^-8 through f16 ([`fp8_bytes`]: the
+//! even and the odd bytes of each 128-bit half, so the activations of each
+//! whole 32-column group come permuted to match;
 //! [`fp8_scaled`] where blocks are not whole groups); each activation row
 //! comes prescaled by a power of two ([`prescale`]) so that products stay
 //! clear of f32's subnormal range, and
@@ -67,7 +68,7 @@ use std::arch::x86_64::*;
 
 use super::blocked::prefetch;
 use super::codes_avx2::{
-    e2m1_lane, e2m1_nibble, e2m1_pair, fp8_bytes, fp8_lane, fp8_packed, fp8_scaled, int4_flipped, int4_lane, int4_nibble, int4_values,
+    e2m1_lane, e2m1_nibble, e2m1_pair, fp8_bytes, fp8_lane, fp8_scaled, fp8_words, int4_flipped, int4_lane, int4_nibble, int4_values,
     nibbles32, nibbles8, pow2, E8M0,
 };
 use super::{Activations, FEATURE_BLOCK};
@@ -367,7 +368,7 @@ unsafe fn block<const KIND: u8, const R: usize, const F: usize>(
                 prefetch(cp[f].wrapping_offset(ahead).wrapping_add(i));
                 let b = _mm256_loadu_si256(cp[f].add(i) as *const __m256i);
                 nan = _mm256_max_epu8(nan, _mm256_add_epi8(b, b));
-                packed[f] = fp8_packed(b);
+                packed[f] = fp8_words(b);
             }
             for j in 0..4 {
                 let mut w = [_mm256_setzero_ps(); F];
@@ -593,10 +594,11 @@ unsafe fn step8<const KIND: u8>(p: *const u8, i: usize, lut: __m128i, nan: &mut 
 /// returns no factors.
 ///
 /// With `permute_cols > 0`, the columns below it are stored in the order
-/// the kernel decodes codes in, by groups of `group` columns (32 or 64;
-/// after the last whole group of 64 a whole group of 32 if one is left):
-/// position `8j + d` of a group holds column `(group / 8) d + j` (code `j`
-/// of 32-bit lane `d`, see [`fp8_bytes`] and [`e2m1_pair`]).
+/// the kernel decodes codes in, by groups of `group` columns: 64 for mxfp4
+/// and int4 (after the last whole group of 64 a whole group of 32 if one is
+/// left), where position `8j + d` of a group holds column `(len / 8) d + j`
+/// (code `j` of 32-bit lane `d`, see [`e2m1_pair`] and [`e2m1_nibble`]); 32
+/// for fp8, in [`fp8_bytes`]' order ([`permute_fp8_group`]).
 pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, group: usize, code_exp: Option<i32>) -> (Vec<f32>, Vec<f32>) {
     let (m, k) = (x.rows(), x.cols());
     let mut xq = Vec::new();
@@ -620,7 +622,12 @@ pub(crate) fn prescale(x: &crate::Mat, permute_cols: usize, group: usize, code_e
         let cols = permute_cols.min(k);
         let wide = if group == 64 { cols / 64 * 64 } else { 0 };
         xq[at..at + wide].chunks_exact_mut(64).for_each(permute_group);
-        xq[at + wide..at + cols / 32 * 32].chunks_exact_mut(32).for_each(permute_group);
+        let narrow = xq[at + wide..at + cols / 32 * 32].chunks_exact_mut(32);
+        if group == 32 {
+            narrow.for_each(permute_fp8_group);
+        } else {
+            narrow.for_each(permute_group);
+        }
         if let Some(e) = code_exp {
             unscale.push(pow2(e - s));
         }
@@ -637,6 +644,18 @@ fn permute_group(group: &mut [f32]) {
     for j in 0..per_lane {
         for d in 0..8 {
             group[8 * j + d] = natural[per_lane * d + j];
+        }
+    }
+}
+
+/// Stores a 32-column fp8 group in [`fp8_bytes`]' order: position `8j + d`
+/// holds column `16 (j / 2) + 2 d + j % 2`.
+fn permute_fp8_group(group: &mut [f32]) {
+    let mut natural = [0.0f32; 32];
+    natural.copy_from_slice(group);
+    for j in 0..4 {
+        for d in 0..8 {
+            group[8 * j + d] = natural[16 * (j / 2) + 2 * d + j % 2];
         }
     }
 }
