@@ -163,3 +163,86 @@ fn sigterm_drains_running_streams_and_exits_zero() {
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(child.wait().unwrap().success());
 }
+
+/// POSTs `body` to /v1/completions and returns the whole reply.
+fn post(addr: &str, body: &str) -> String {
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut reply = String::new();
+    s.read_to_string(&mut reply).unwrap();
+    reply
+}
+
+#[test]
+fn serve_trace_records_every_request_and_trace_stats_reads_it() {
+    let dir = std::env::temp_dir().join(format!("larder-serve-cli-trace-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let trace = dir.join("serve.jsonl");
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tiny");
+    let m = model.to_str().unwrap();
+    let (mut child, addr, lines) = spawn_serve(&["--model", m, "--served-name", "m", "--trace", trace.to_str().unwrap()]);
+    wait_line(&lines, "ready");
+    // Two requests at once (they may share passes), distinct prompts (no prefix reuse).
+    let requests = [(vec![5, 6, 7, 8], 6), (vec![40, 41], 4)];
+    let replies: Vec<String> = std::thread::scope(|sc| {
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|(p, n)| {
+                let body = format!(r#"{{"model": "m", "prompt": {p:?}, "max_tokens": {n}, "ignore_eos": true}}"#);
+                let addr = &addr;
+                sc.spawn(move || post(addr, &body))
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &replies {
+        assert!(r.starts_with("HTTP/1.1 200"), "{r}");
+    }
+    // Every fed position: the prompt and all but the last generated token.
+    let rows: usize = requests.iter().map(|(p, n)| p.len() + n - 1).sum();
+    let decode: usize = requests.iter().map(|(_, n)| n - 1).sum();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let stats = loop {
+        let out = common::larder(&["trace", "stats", trace.to_str().unwrap(), "--json"]);
+        if out.status.success() {
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            if v["all"]["tokens"].as_u64() == Some(rows as u64) {
+                break v;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the trace never held {rows} tokens: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert_eq!(stats["decode"]["tokens"].as_u64(), Some(decode as u64), "{stats}");
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(child.wait().unwrap().success());
+    // After the stop the file is still a whole trace.
+    assert!(common::larder(&["trace", "stats", trace.to_str().unwrap()]).status.success());
+
+    // A model without routed experts, and a folder that does not exist, are refused before loading.
+    let dense = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llama_tiny");
+    let e = common::fails(&[
+        "serve",
+        "--model",
+        dense.to_str().unwrap(),
+        "--port",
+        "0",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    assert!(e.contains("--trace") && e.contains("no MoE layers"), "{e}");
+    let e = common::fails(&["serve", "--model", m, "--port", "0", "--trace", "/nonexistent-dir/t.jsonl"]);
+    assert!(e.contains("--trace") && e.contains("does not exist"), "{e}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

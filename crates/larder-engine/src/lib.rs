@@ -40,6 +40,7 @@ pub mod prefill;
 #[cfg(feature = "remote")]
 pub mod pull;
 pub mod return_points;
+pub mod route_log;
 pub mod sampling;
 pub mod scheduler;
 pub mod stats;
@@ -51,11 +52,14 @@ pub use drafting::{DrafterChoice, Drafting};
 pub use engine::{Engine, ExpertMode, FinishReason, GenerateOptions, Generation, LoadOptions};
 pub use error::EngineError;
 pub use generation::GenerationConfig;
+pub use larder_model::RouteTrace;
+pub use larder_router::Phase;
 /// Expert-store counters and sizes, for clients of the engine (the server's
 /// `/metrics` and ready line) that depend on no other larder crate.
 pub use larder_store::{format_size, StoreStats};
 pub use prefill::PrefillChunk;
 pub use return_points::ReturnPoints;
+pub use route_log::{RouteLog, RowTag};
 pub use sampling::{Sampler, SamplingParams};
 pub use scheduler::{check_state_dir, DiskTierConfig, DiskTierStats, Failure, Job, Scheduler, SchedulerConfig, StepReport};
 pub use stats::{ExpertStats, SpeculativeStats, Stats};

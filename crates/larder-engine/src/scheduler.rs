@@ -71,6 +71,11 @@
 //! logits), also after a restart. Loaded states count against the KV budget
 //! like any other.
 //!
+//! **Routes** ([`record_routes`](Scheduler::record_routes), `serve --trace`):
+//! every successful pass appends its rows' routes to a [`RouteLog`], each
+//! row tagged with its request's id and position; a failed pass adds
+//! nothing.
+//!
 //! Cancelled sequences (flag or sink) are retired at the next step in any
 //! phase (queued, prefilling, decoding, preempted and queued); when nothing
 //! runs or waits, [`state_bytes`](Scheduler::state_bytes) is 0.
@@ -88,11 +93,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use larder_model::{BatchSeq, LayerState, SequenceState, Wanted};
+use larder_router::Phase;
 
 use crate::conversation::{RequestSink, StopFilter};
 use crate::engine::{Engine, FinishReason, GenerateOptions};
 use crate::error::EngineError;
 use crate::return_points::ReturnPoints;
+use crate::route_log::{RouteLog, RowTag};
 use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::tokenizer::StreamDecoder;
@@ -179,6 +186,8 @@ pub struct Scheduler<'e> {
     preemptions: u64,
     cache: PrefixCache,
     disk: Option<DiskTier>,
+    /// Every successful pass's routes, when recording (`serve --trace`).
+    routes: Option<RouteLog>,
 }
 
 impl<'e> Scheduler<'e> {
@@ -215,6 +224,7 @@ impl<'e> Scheduler<'e> {
             preemptions: 0,
             cache: PrefixCache::new(config.prefix_cache),
             disk: None,
+            routes: None,
         })
     }
 
@@ -224,6 +234,18 @@ impl<'e> Scheduler<'e> {
     pub fn attach_disk_tier(&mut self, config: DiskTierConfig) -> Result<(), EngineError> {
         self.disk = Some(DiskTier::open(config, self.engine.dir(), self.engine.model())?);
         Ok(())
+    }
+
+    /// Records the routes of every pass from now on into `log` (appended
+    /// after its tokens): each row tagged with its request's id, its
+    /// position, and `prompt` below the prompt's length, else `decode`.
+    pub fn record_routes(&mut self, log: RouteLog) {
+        self.routes = Some(log);
+    }
+
+    /// The routes recorded so far (`None` unless [`record_routes`](Self::record_routes)).
+    pub fn routes(&self) -> Option<&RouteLog> {
+        self.routes.as_ref()
     }
 
     /// The disk tier's counters (`None` without one).
@@ -582,11 +604,28 @@ impl<'e> Scheduler<'e> {
         self.cache.insert(tokens, state, points);
     }
 
+    /// The trace tags of the rows of a pass over `inputs` (one per running
+    /// sequence, in order).
+    fn row_tags(&self, inputs: &[(Vec<u32>, bool)]) -> Vec<RowTag> {
+        let mut tags = Vec::new();
+        for (s, (ids, _)) in self.running.iter().zip(inputs) {
+            let (start, prompt) = (s.state.len(), s.job.prompt.len());
+            tags.extend((start..start + ids.len()).map(|pos| RowTag {
+                seq: s.id as usize,
+                pos,
+                phase: if pos < prompt { Phase::Prompt } else { Phase::Decode },
+            }));
+        }
+        tags
+    }
+
     /// One forward pass over every running sequence; per sequence the logits
     /// of its last row, or `None` while its feed is not yet all fed.
     fn forward(&mut self) -> Result<Vec<Option<Vec<f32>>>, StepError> {
         let chunk = self.config.prefill_chunk;
         let inputs: Vec<(Vec<u32>, bool)> = self.running.iter().map(|s| s.input(chunk)).collect();
+        let tags = self.routes.is_some().then(|| self.row_tags(&inputs));
+        let mut recorder = self.routes.as_ref().map(RouteLog::recorder);
         let started = Instant::now();
         let mut batch: Vec<BatchSeq<'_>> = self
             .running
@@ -594,12 +633,19 @@ impl<'e> Scheduler<'e> {
             .zip(&inputs)
             .map(|(s, (ids, _))| BatchSeq::new(ids, &mut s.state, Wanted::Last))
             .collect();
-        let out = self.engine.model().forward_batch(&mut batch, None).map_err(|e| match e {
-            larder_model::ModelError::Sequence { index, source } => (Some(index), EngineError::Model(*source)),
-            e => (None, EngineError::Model(e)),
-        })?;
+        let out = self
+            .engine
+            .model()
+            .forward_batch(&mut batch, recorder.as_mut())
+            .map_err(|e| match e {
+                larder_model::ModelError::Sequence { index, source } => (Some(index), EngineError::Model(*source)),
+                e => (None, EngineError::Model(e)),
+            })?;
         drop(batch);
         let secs = started.elapsed().as_secs_f64();
+        if let (Some(log), Some(rt), Some(tags)) = (self.routes.as_mut(), &recorder, &tags) {
+            log.append(rt, |row| tags[row]);
+        }
         let mut result = Vec::with_capacity(out.len());
         for ((s, (ids, last)), m) in self.running.iter_mut().zip(&inputs).zip(out) {
             if let Some(snap) = s.state.take_marked() {

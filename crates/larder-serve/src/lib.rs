@@ -6,6 +6,8 @@
 //! - [`worker`] runs generation on one dedicated engine thread with a FIFO
 //!   queue of bounded depth (429 beyond it), up to `max_batch` requests
 //!   decoding together, cancelling when clients leave;
+//! - [`trace`] writes the routes of every forward pass to a trace file
+//!   (`--trace`);
 //! - [`http`] is the hyper 1 service: routing, API key, body limits and
 //!   timeouts, JSON and server-sent-event responses; [`cors`] its opt-in
 //!   CORS headers.
@@ -20,6 +22,7 @@ pub mod cors;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+pub mod trace;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -62,6 +65,8 @@ pub struct ServerConfig {
     /// The prefix cache's disk tier (`--state-dir`, `--state-quota`): finished
     /// conversations kept on disk across restarts (`None`: RAM only).
     pub state_dir: Option<larder_engine::DiskTierConfig>,
+    /// Record every forward pass's routes into a trace file (`--trace`; `None`: no recording).
+    pub trace: Option<trace::TraceConfig>,
 }
 
 impl Default for ServerConfig {
@@ -80,6 +85,7 @@ impl Default for ServerConfig {
             max_batch: 8,
             kv_budget: None,
             state_dir: None,
+            trace: None,
         }
     }
 }
@@ -132,6 +138,7 @@ impl RunningServer {
             drafting,
             batching,
             c.state_dir.clone(),
+            c.trace.clone(),
         ));
     }
 

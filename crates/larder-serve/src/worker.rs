@@ -27,12 +27,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
 use larder_engine::{
-    Conversation, DiskTierConfig, DiskTierStats, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Outcome, Request,
-    RequestEvent, SamplingParams, Scheduler, SchedulerConfig, StoreStats,
+    Conversation, DiskTierConfig, DiskTierStats, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Outcome, Phase, Request,
+    RequestEvent, RouteLog, RouteTrace, RowTag, SamplingParams, Scheduler, SchedulerConfig, StoreStats,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::api::{ApiError, GenerationRequest, Prompt};
+use crate::trace::{TraceConfig, TraceFile};
 
 /// What a job reports.
 #[derive(Debug, Clone, PartialEq)]
@@ -113,19 +114,22 @@ impl Worker {
     /// [`start_with`](Self::start_with), batching as `batching` says
     /// (`max_batch`, `kv_budget`) when there is no drafter.
     pub fn start_batched(engine: Engine, depth: usize, drafting: Drafting, batching: SchedulerConfig) -> Worker {
-        Self::start_batched_with(engine, depth, drafting, batching, None)
+        Self::start_batched_with(engine, depth, drafting, batching, None, None)
     }
 
     /// [`start_batched`](Self::start_batched), keeping finished
     /// conversations on disk too when `disk` is given (the scheduler's disk
     /// tier; a folder that fails to open is logged and the server runs
-    /// without it: `larder serve` checks it before loading).
+    /// without it: `larder serve` checks it before loading), and recording
+    /// every pass's routes into a trace file when `trace` is given
+    /// ([`crate::trace`]).
     pub fn start_batched_with(
         engine: Engine,
         depth: usize,
         drafting: Drafting,
         batching: SchedulerConfig,
         disk: Option<DiskTierConfig>,
+        trace: Option<TraceConfig>,
     ) -> Worker {
         let depth = depth.max(1);
         let (tx, rx) = mpsc::sync_channel::<Job>(depth);
@@ -141,15 +145,28 @@ impl Worker {
             .name("larder-engine".into())
             .spawn(move || {
                 let ctx = JobContext { defaults, drafting };
+                let mut routes = trace.and_then(|t| TraceFile::open(t, &engine));
                 if ctx.drafting.is_off() {
-                    batched_loop(&engine, &rx, &m, &ctx, &count, batching, disk);
+                    let setup = Setup { batching, disk, routes };
+                    batched_loop(&engine, &rx, &m, &ctx, &count, setup);
                     return;
                 }
                 // The last request's conversation, kept for prefix reuse.
                 let mut conversation = Conversation::new(&engine);
-                for job in rx {
-                    run_job(&engine, job, &m, &ctx, &mut conversation);
+                for (seq, job) in rx.iter().enumerate() {
+                    let recorded = run_job(&engine, job, &m, &ctx, &mut conversation, routes.as_ref().map(|(_, log)| log));
                     count.fetch_sub(1, Ordering::SeqCst);
+                    if let (Some((file, log)), Some((rt, cached, prompt))) = (routes.as_mut(), recorded) {
+                        log.append(&rt, |row| RowTag {
+                            seq,
+                            pos: cached + row,
+                            phase: if cached + row < prompt { Phase::Prompt } else { Phase::Decode },
+                        });
+                        file.maybe_write(log, count.load(Ordering::SeqCst) == 0);
+                    }
+                }
+                if let Some((file, log)) = &mut routes {
+                    file.write(log);
                 }
             })
             .expect("spawn the engine thread");
@@ -288,14 +305,27 @@ fn done(outcome: &Outcome, metrics: &Metrics, events: &UnboundedSender<Event>) {
     });
 }
 
-fn run_job(engine: &Engine, job: Job, metrics: &Metrics, ctx: &JobContext, conversation: &mut Conversation) {
+/// Runs one request alone (with the drafter); with `routes`, returns what
+/// it recorded (its routes, the prompt positions it reused, the prompt's
+/// length).
+fn run_job(
+    engine: &Engine,
+    job: Job,
+    metrics: &Metrics,
+    ctx: &JobContext,
+    conversation: &mut Conversation,
+    routes: Option<&RouteLog>,
+) -> Option<(RouteTrace, usize, usize)> {
     let Job { request, events } = job;
     let fail = |e: ApiError| {
         let _ = events.send(Event::Failed(e));
     };
     let (prompt, opts) = match prepare(engine, &request, ctx) {
         Ok(p) => p,
-        Err(e) => return fail(e),
+        Err(e) => {
+            fail(e);
+            return None;
+        }
     };
     let _ = events.send(Event::Started {
         prompt_tokens: prompt.len(),
@@ -315,10 +345,17 @@ fn run_job(engine: &Engine, job: Job, metrics: &Metrics, ctx: &JobContext, conve
         RequestEvent::Text(text) => events.send(Event::Text(text.to_string())).is_ok(),
         RequestEvent::Finished(_) => true,
     };
-    match conversation.run(engine, &run, &mut sink) {
-        Ok(g) => done(&g, metrics, &events),
+    let mut recorder = routes.map(RouteLog::recorder);
+    // The prompt positions reused from the last request (the first recorded row's position).
+    let mut reused = 0;
+    match conversation.run_traced(engine, &run, &mut sink, recorder.as_mut()) {
+        Ok(g) => {
+            reused = g.cached_tokens;
+            done(&g, metrics, &events);
+        }
         Err(e) => fail(ApiError::internal("generating", &e)),
     }
+    recorder.map(|rt| (rt, reused, prompt.len()))
 }
 
 /// A request in the scheduler: where its events go and its cancel flag.
@@ -327,17 +364,21 @@ struct Live {
     cancel: Arc<AtomicBool>,
 }
 
+/// What the batched loop starts its scheduler with.
+struct Setup {
+    batching: SchedulerConfig,
+    disk: Option<DiskTierConfig>,
+    routes: Option<(TraceFile, RouteLog)>,
+}
+
 /// The engine thread without a drafter: admits jobs between scheduler
 /// steps, cancels requests whose client left, reports failures.
-fn batched_loop(
-    engine: &Engine,
-    rx: &mpsc::Receiver<Job>,
-    metrics: &Arc<Metrics>,
-    ctx: &JobContext,
-    count: &AtomicUsize,
-    config: SchedulerConfig,
-    disk: Option<DiskTierConfig>,
-) {
+fn batched_loop(engine: &Engine, rx: &mpsc::Receiver<Job>, metrics: &Arc<Metrics>, ctx: &JobContext, count: &AtomicUsize, setup: Setup) {
+    let Setup {
+        batching: config,
+        disk,
+        routes,
+    } = setup;
     let config = SchedulerConfig {
         max_batch: config.max_batch.max(1),
         prefill_chunk: config.prefill_chunk.max(1),
@@ -358,13 +399,25 @@ fn batched_loop(
     for w in sched.take_disk_warnings() {
         tracing::warn!("{w}");
     }
+    let mut file = routes.map(|(file, log)| {
+        sched.record_routes(log);
+        file
+    });
     let mut live: HashMap<u64, Live> = HashMap::new();
     loop {
+        if let (Some(f), Some(log)) = (file.as_mut(), sched.routes()) {
+            f.maybe_write(log, sched.is_idle());
+        }
         if sched.is_idle() {
             // Nothing to do: block until a job arrives (or the server stops).
             match rx.recv() {
                 Ok(job) => admit(engine, &mut sched, &mut live, job, metrics, ctx, count),
-                Err(_) => return,
+                Err(_) => {
+                    if let (Some(f), Some(log)) = (file.as_mut(), sched.routes()) {
+                        f.write(log);
+                    }
+                    return;
+                }
             }
         }
         while let Ok(job) = rx.try_recv() {

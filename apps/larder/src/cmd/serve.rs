@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::{bail, Context};
 use larder_engine::DrafterChoice;
 use larder_serve::{run, ServerConfig};
 
@@ -92,6 +93,13 @@ pub struct Args {
     /// under it; a state larger than it is not saved). Default: 10% of the free space on that file system at start.
     #[arg(long, value_name = "SIZE", value_parser = larder_store::parse_size, requires = "state_dir")]
     state_quota: Option<u64>,
+    /// Record every forward pass's routes (each token's experts per MoE layer, its request, position and phase,
+    /// and what the next 3 MoE layers' routers pick on its input) to FILE, JSON Lines; read it with `larder trace
+    /// stats FILE` or `larder bench cache --trace FILE`. Rewritten atomically whenever the server goes idle
+    /// (at most every 10 s while busy) and when it stops. It grows with every token served (a few hundred bytes
+    /// each): for measurement sessions.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 /// A `--max-request-bytes` value: a size in BODY_MIN..=BODY_MAX.
@@ -163,9 +171,32 @@ fn default_state_quota(free: u64) -> u64 {
     (free / 10).max(64 << 20)
 }
 
+/// `--trace`, checked before anything loads: a writable path, and a model with routed experts.
+fn trace(args: &Args) -> anyhow::Result<Option<larder_serve::trace::TraceConfig>> {
+    let Some(path) = args.trace.clone() else { return Ok(None) };
+    super::trace::check_writable(&path)?;
+    let sizes = super::doctor::model::inspect(&args.model)
+        .with_context(|| format!("--trace {}: reading the model's MoE shape", path.display()))?
+        .sizes;
+    if sizes.moe_layers == 0 {
+        bail!(
+            "--trace {}: {} has no MoE layers, so there are no routes to record",
+            path.display(),
+            args.model.display()
+        );
+    }
+    Ok(Some(larder_serve::trace::TraceConfig {
+        path,
+        model: args.model.display().to_string(),
+        expert_bytes: sizes.expert_bytes,
+        lookahead: super::trace::LOOKAHEAD,
+    }))
+}
+
 pub fn run_cmd(args: Args) -> anyhow::Result<()> {
     let kv = kv_budget(&args);
     let state_dir = state_dir(&args)?;
+    let trace = trace(&args)?;
     let name = args.served_name.clone().unwrap_or_else(|| {
         // A lazy SOURCE (`org/name`, a URL) is named by its last part.
         std::fs::canonicalize(&args.model)
@@ -186,6 +217,7 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
         max_batch: usize::from(args.max_batch),
         kv_budget: kv.map(usize::try_from).transpose()?,
         state_dir,
+        trace,
         ..ServerConfig::default()
     };
     // Checked before loading, so a missing --draft-model is said at once.

@@ -7,9 +7,9 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use larder_model::config::FfnSpec;
+use larder_engine::{RouteLog, RowTag};
 use larder_model::{ModelSpec, RouteTrace};
-use larder_router::{Phase, RouteStats, Trace, TraceHeader, TraceToken, TRACE_VERSION};
+use larder_router::{Phase, RouteStats, Trace, TraceHeader, TRACE_VERSION};
 use serde_json::json;
 
 /// MoE layers ahead whose routers a recorded trace asks on each layer's input.
@@ -89,54 +89,15 @@ fn synth(a: SynthArgs) -> anyhow::Result<()> {
 
 /// The trace file of one recorded turn: rows `0..prompt_len` are the prompt.
 pub fn to_file(rt: &RouteTrace, spec: &ModelSpec, model: &Path, prompt_len: usize, expert_bytes: u64) -> anyhow::Result<Trace> {
-    let moes: Vec<(usize, usize, usize)> = spec
-        .layers
-        .iter()
-        .enumerate()
-        .filter_map(|(i, l)| match &l.ffn {
-            FfnSpec::Moe(m) => Some((i, m.num_experts, m.top_k)),
-            FfnSpec::Dense { .. } => None,
-        })
-        .collect();
-    if moes.is_empty() {
+    let Some(mut log) = RouteLog::new(spec, &model.display().to_string(), expert_bytes, rt.lookahead) else {
         bail!("--trace: {} has no MoE layers, so there are no routes to record", model.display());
-    }
-    let header = TraceHeader {
-        larder_trace: TRACE_VERSION,
-        model: model.display().to_string(),
-        experts: moes.iter().map(|m| m.1).max().unwrap_or(0),
-        top_k: moes.iter().map(|m| m.2).max().unwrap_or(0),
-        moe_layers: moes.iter().map(|m| m.0).collect(),
-        expert_bytes: vec![expert_bytes; moes.len()],
-        lookahead: rt.lookahead.min(moes.len() - 1),
     };
-    let rows = rt.passes.iter().sum::<usize>();
-    let route = |layer: usize, row: usize| rt.layers.get(&layer).and_then(|r| r.get(row)).map(|r| r.experts.clone());
-    let mut tokens = Vec::with_capacity(rows);
-    let mut row = 0;
-    for (pass, &n) in rt.passes.iter().enumerate() {
-        for _ in 0..n {
-            let Some(routes) = moes.iter().map(|m| route(m.0, row)).collect::<Option<Vec<_>>>() else {
-                break; // a pass that failed part-way: its rows are not complete
-            };
-            let predicted = (1..=header.lookahead)
-                .map(|d| {
-                    let at = |m: &(usize, usize, usize)| rt.predicted.get(&(m.0, d)).and_then(|p| p.get(row)).cloned();
-                    moes.iter().map(|m| at(m).unwrap_or_default()).collect()
-                })
-                .collect();
-            tokens.push(TraceToken {
-                seq: 0,
-                pos: row,
-                phase: if row < prompt_len { Phase::Prompt } else { Phase::Decode },
-                pass,
-                routes,
-                predicted,
-            });
-            row += 1;
-        }
-    }
-    let trace = Trace { header, tokens };
+    log.append(rt, |row| RowTag {
+        seq: 0,
+        pos: row,
+        phase: if row < prompt_len { Phase::Prompt } else { Phase::Decode },
+    });
+    let trace = log.into_trace();
     trace
         .check()
         .map_err(|e| anyhow::anyhow!("internal: the recorded trace is inconsistent: {e}"))?;
