@@ -9,9 +9,10 @@
 //! position, in a fixed order: a prompt prefilled in one chunk and the same
 //! prompt fed token by token give bit-identical outputs.
 
-use larder_tensor::kernels::scalar::dot;
 use larder_tensor::ops::rms_norm_chunks_in_place;
+use larder_tensor::vector::{axpy, dot};
 use larder_tensor::{Linear, Mat};
+use rayon::prelude::*;
 
 use crate::error::ModelError;
 use crate::kda::KdaMixer;
@@ -121,31 +122,33 @@ impl GqaAttention {
         let scale = 1.0 / (hd as f32).sqrt();
         let group = self.num_heads / self.num_kv_heads;
         let mut out = Mat::zeros(x.rows(), self.num_heads * hd);
-        let mut scores = Vec::new();
-        for r in 0..x.rows() {
-            let pos = start + r;
-            let first = match self.sliding_window {
-                Some(w) => (pos + 1).saturating_sub(w),
-                None => 0,
-            };
-            for h in 0..self.num_heads {
-                let kvh = h / group;
-                let qh = &q.row(r)[h * hd..(h + 1) * hd];
-                scores.clear();
-                scores.extend((first..=pos).map(|j| dot(qh, &cache.key(j)[kvh * hd..(kvh + 1) * hd]) * scale));
-                match &self.sinks {
-                    None => larder_tensor::ops::softmax_in_place(&mut scores),
-                    Some(sinks) => softmax_with_sink(&mut scores, sinks[h]),
-                }
-                let o = &mut out.row_mut(r)[h * hd..(h + 1) * hd];
-                for (p, j) in scores.iter().zip(first..=pos) {
-                    let vj = &cache.value(j)[kvh * hd..(kvh + 1) * hd];
-                    for (oo, vv) in o.iter_mut().zip(vj) {
-                        *oo += p * vv;
+        // Rows are independent once the cache holds them: one task per row
+        // (each row's sums in the same order whatever the threads).
+        let cache = &*cache;
+        out.as_mut_slice()
+            .par_chunks_mut(self.num_heads * hd)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (r, out_row)| {
+                let pos = start + r;
+                let first = match self.sliding_window {
+                    Some(w) => (pos + 1).saturating_sub(w),
+                    None => 0,
+                };
+                for h in 0..self.num_heads {
+                    let kvh = h / group;
+                    let qh = &q.row(r)[h * hd..(h + 1) * hd];
+                    scores.clear();
+                    scores.extend((first..=pos).map(|j| dot(qh, &cache.key(j)[kvh * hd..(kvh + 1) * hd]) * scale));
+                    match &self.sinks {
+                        None => larder_tensor::ops::softmax_in_place(scores),
+                        Some(sinks) => softmax_with_sink(scores, sinks[h]),
+                    }
+                    let o = &mut out_row[h * hd..(h + 1) * hd];
+                    for (&p, j) in scores.iter().zip(first..=pos) {
+                        axpy(p, &cache.value(j)[kvh * hd..(kvh + 1) * hd], o);
                     }
                 }
-            }
-        }
+            });
         self.o_proj.forward(&out)
     }
 }

@@ -39,8 +39,8 @@
 //! 0.44 ms per token per KDA layer, so about 9 ms per prompt token for
 //! Kimi-Linear-48B's 20 KDA layers before the per-head parallelism.
 
-use larder_tensor::kernels::scalar::dot;
 use larder_tensor::ops::{rms_norm_row, sigmoid, silu};
+use larder_tensor::vector::dot;
 use larder_tensor::{Linear, Mat};
 use rayon::prelude::*;
 

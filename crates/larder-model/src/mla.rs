@@ -37,9 +37,10 @@
 
 use std::sync::OnceLock;
 
-use larder_tensor::kernels::scalar::dot;
 use larder_tensor::ops::{rms_norm_chunks_in_place, sigmoid, softmax_in_place};
+use larder_tensor::vector::{axpy, dot};
 use larder_tensor::{Linear, Mat};
+use rayon::prelude::*;
 
 use crate::config::MlaCache;
 use crate::kv_cache::KvLayer;
@@ -229,33 +230,38 @@ impl MlaAttention {
         let q = self.push_compact(x, start, rope, cache);
         let w = self.absorbed();
         let mut out = Mat::zeros(x.rows(), heads * vd);
-        let (mut q_abs, mut scores, mut ctx) = (vec![0.0f32; heads * width], Vec::new(), vec![0.0f32; heads * rank]);
-        for r in 0..x.rows() {
-            for h in 0..heads {
-                let qh = &q.row(r)[h * qk..(h + 1) * qk];
-                let dst = &mut q_abs[h * width..(h + 1) * width];
-                for (c, d) in dst[..rank].iter_mut().enumerate() {
-                    *d = dot(&w.uk_t[(h * rank + c) * nope..(h * rank + c + 1) * nope], &qh[..nope]);
-                }
-                dst[rank..].copy_from_slice(&qh[nope..]);
-            }
-            let n = start + r + 1;
-            self.latent_scores(&q_abs, cache, n, &mut scores);
-            ctx.fill(0.0);
-            for j in 0..n {
-                let lat = &cache.key(j)[..rank];
+        // Rows are independent once the cache holds them: one task per row
+        // (each row's sums in the same order whatever the threads).
+        let cache = &*cache;
+        let scratch = || (vec![0.0f32; heads * width], Vec::new(), vec![0.0f32; heads * rank]);
+        out.as_mut_slice()
+            .par_chunks_mut(heads * vd)
+            .enumerate()
+            .for_each_init(scratch, |(q_abs, scores, ctx), (r, o)| {
                 for h in 0..heads {
-                    axpy(scores[h * n + j], lat, &mut ctx[h * rank..(h + 1) * rank]);
+                    let qh = &q.row(r)[h * qk..(h + 1) * qk];
+                    let dst = &mut q_abs[h * width..(h + 1) * width];
+                    for (c, d) in dst[..rank].iter_mut().enumerate() {
+                        *d = dot(&w.uk_t[(h * rank + c) * nope..(h * rank + c + 1) * nope], &qh[..nope]);
+                    }
+                    dst[rank..].copy_from_slice(&qh[nope..]);
                 }
-            }
-            let o = out.row_mut(r);
-            for h in 0..heads {
-                let c = &ctx[h * rank..(h + 1) * rank];
-                for i in 0..vd {
-                    o[h * vd + i] = dot(&w.uv[(h * vd + i) * rank..(h * vd + i + 1) * rank], c);
+                let n = start + r + 1;
+                self.latent_scores(q_abs, cache, n, scores);
+                ctx.fill(0.0);
+                for j in 0..n {
+                    let lat = &cache.key(j)[..rank];
+                    for h in 0..heads {
+                        axpy(scores[h * n + j], lat, &mut ctx[h * rank..(h + 1) * rank]);
+                    }
                 }
-            }
-        }
+                for h in 0..heads {
+                    let c = &ctx[h * rank..(h + 1) * rank];
+                    for i in 0..vd {
+                        o[h * vd + i] = dot(&w.uv[(h * vd + i) * rank..(h * vd + i + 1) * rank], c);
+                    }
+                }
+            });
         out
     }
 
@@ -305,29 +311,23 @@ impl MlaAttention {
         }
 
         let mut out = Mat::zeros(x.rows(), heads * vd);
-        let mut scores = Vec::new();
-        for r in 0..x.rows() {
-            let pos = start + r;
-            for h in 0..heads {
-                let qh = &q.row(r)[h * qk..(h + 1) * qk];
-                scores.clear();
-                scores.extend((0..=pos).map(|j| dot(qh, &cache.key(j)[h * qk..(h + 1) * qk]) * self.softmax_scale));
-                softmax_in_place(&mut scores);
-                let o = &mut out.row_mut(r)[h * vd..(h + 1) * vd];
-                for (j, &p) in scores.iter().enumerate() {
-                    axpy(p, &cache.value(j)[h * vd..(h + 1) * vd], o);
+        let cache = &*cache;
+        out.as_mut_slice()
+            .par_chunks_mut(heads * vd)
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (r, out_row)| {
+                let pos = start + r;
+                for h in 0..heads {
+                    let qh = &q.row(r)[h * qk..(h + 1) * qk];
+                    scores.clear();
+                    scores.extend((0..=pos).map(|j| dot(qh, &cache.key(j)[h * qk..(h + 1) * qk]) * self.softmax_scale));
+                    softmax_in_place(scores);
+                    let o = &mut out_row[h * vd..(h + 1) * vd];
+                    for (j, &p) in scores.iter().enumerate() {
+                        axpy(p, &cache.value(j)[h * vd..(h + 1) * vd], o);
+                    }
                 }
-            }
-        }
+            });
         out
-    }
-}
-
-/// `y += p * x`, element by element in order (`x` at least as long as `y`).
-#[inline]
-fn axpy(p: f32, x: &[f32], y: &mut [f32]) {
-    let x = &x[..y.len()];
-    for i in 0..y.len() {
-        y[i] += p * x[i];
     }
 }

@@ -3,7 +3,8 @@
 //! It owns device selection ([`device`]), the weight dtypes checkpoints ship in
 //! ([`dtype`]), weight matrices kept in those dtypes ([`weight`]), f32 activation
 //! matrices ([`mat`]) and the kernels that multiply one by the other
-//! ([`kernels`], used through [`Linear`] and [`expert::SwigluExpert`]). It knows nothing about models or files.
+//! ([`kernels`], used through [`Linear`] and [`expert::SwigluExpert`]), and
+//! the dot products attention takes over cached positions ([`vector`]). It knows nothing about models or files.
 //!
 //! Exactness contract: every output element is one dot product computed by one
 //! function with one fixed reduction order, whatever the batch size or thread
@@ -21,6 +22,7 @@ pub mod linear;
 pub mod mat;
 pub mod ops;
 pub mod safetensors_write;
+pub mod vector;
 pub mod weight;
 
 pub use bytes::{ByteOwner, SharedBytes};
