@@ -164,21 +164,6 @@ fn sigterm_drains_running_streams_and_exits_zero() {
     assert!(child.wait().unwrap().success());
 }
 
-/// POSTs `body` to /v1/completions and returns the whole reply.
-fn post(addr: &str, body: &str) -> String {
-    let mut s = TcpStream::connect(addr).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    write!(
-        s,
-        "POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut reply = String::new();
-    s.read_to_string(&mut reply).unwrap();
-    reply
-}
-
 #[test]
 fn serve_trace_records_every_request_and_trace_stats_reads_it() {
     let dir = std::env::temp_dir().join(format!("larder-serve-cli-trace-{}", std::process::id()));
@@ -197,7 +182,7 @@ fn serve_trace_records_every_request_and_trace_stats_reads_it() {
             .map(|(p, n)| {
                 let body = format!(r#"{{"model": "m", "prompt": {p:?}, "max_tokens": {n}, "ignore_eos": true}}"#);
                 let addr = &addr;
-                sc.spawn(move || post(addr, &body))
+                sc.spawn(move || common::post(addr, "/v1/completions", &body))
             })
             .collect();
         handles.into_iter().map(|h| h.join().unwrap()).collect()
