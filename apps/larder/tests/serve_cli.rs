@@ -215,6 +215,28 @@ fn serve_trace_records_every_request_and_trace_stats_reads_it() {
     // After the stop the file is still a whole trace.
     assert!(common::larder(&["trace", "stats", trace.to_str().unwrap()]).status.success());
 
+    // With a drafter each request runs alone; its rows (drafted ones too) are recorded as it runs.
+    let (mut child, addr, lines) = spawn_serve(&[
+        "--model",
+        m,
+        "--served-name",
+        "m",
+        "--draft",
+        "ngram",
+        "--trace",
+        trace.to_str().unwrap(),
+    ]);
+    wait_line(&lines, "ready");
+    let body = r#"{"model": "m", "prompt": [5, 6, 7, 5, 6, 7, 5, 6], "max_tokens": 6, "ignore_eos": true}"#;
+    assert!(common::post(&addr, "/v1/completions", body).starts_with("HTTP/1.1 200"));
+    Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(child.wait().unwrap().success());
+    let out = common::larder(&["trace", "stats", trace.to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let tokens = v["all"]["tokens"].as_u64().unwrap_or(0);
+    assert!(tokens >= 8 + 6 - 1, "every fed position at least: {v}");
+
     // A model without routed experts, and a folder that does not exist, are refused before loading.
     let dense = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/llama_tiny");
     let e = common::fails(&[
