@@ -10,6 +10,11 @@
 //! future and bypasses an incoming key used again later than every key it
 //! would evict: optimal for equal sizes; with unequal sizes this is the
 //! classic heuristic (the exact optimum is NP-hard), not a bound.
+//! [`simulate_belady_shares`] is the same optimum held to fixed per-layer
+//! shares (the budget split evenly, as the fair policies split it): the
+//! best a policy with those shares can do, so the gap between it and
+//! [`simulate_belady`] is what moving room between layers with knowledge of
+//! the future is worth.
 //!
 //! A step is one decode token or one prefill pass; within a step a key is
 //! counted once (the engine reads a layer's union of experts once). As the
@@ -262,6 +267,33 @@ pub fn simulate_belady(steps: &[Step], budget: u64) -> SimResult {
         if !hit {
             oracle.miss(key, bytes, next[i]);
         }
+    }
+    tally.finish()
+}
+
+/// [`simulate_belady`] held to fixed shares: each of the `layers` layers
+/// the budget is split over (0: one per layer the steps touch) replayed alone
+/// in `budget / layers` bytes, the results summed (tokens counted once).
+pub fn simulate_belady_shares(steps: &[Step], budget: u64, layers: usize) -> SimResult {
+    let touched: BTreeSet<usize> = steps.iter().flat_map(|s| s.accesses.iter().map(|((l, _), _)| *l)).collect();
+    let share = budget / (if layers == 0 { touched.len() } else { layers }).max(1) as u64;
+    let mut tally = Tally {
+        tokens: steps.iter().map(|s| s.tokens as u64).sum(),
+        ..Tally::default()
+    };
+    for &layer in &touched {
+        let alone: Vec<Step> = steps
+            .iter()
+            .map(|s| Step {
+                tokens: 0,
+                accesses: s.accesses.iter().filter(|((l, _), _)| *l == layer).copied().collect(),
+            })
+            .collect();
+        let r = simulate_belady(&alone, share);
+        tally.accesses += r.accesses;
+        tally.hits += r.hits;
+        tally.bytes_requested += r.bytes_requested;
+        tally.bytes_read += r.bytes_read;
     }
     tally.finish()
 }

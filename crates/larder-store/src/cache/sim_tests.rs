@@ -4,7 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use super::sim::{simulate, simulate_belady, SimResult, Step};
+use super::sim::{simulate, simulate_belady, simulate_belady_shares, SimResult, Step};
 use super::*;
 
 /// Seeded LCG, 31 good bits per draw.
@@ -112,6 +112,41 @@ fn belady_beats_every_policy_on_random_traces() {
             }
         }
     }
+}
+
+#[test]
+fn belady_in_fixed_shares_never_beats_belady_and_is_it_for_one_layer() {
+    for (seed, zipf) in [(1, false), (2, true)] {
+        let steps = trace(seed, 300, 2, zipf);
+        for pct in [10, 30, 60] {
+            let budget = BANK * pct / 100;
+            let (free, fair) = (simulate_belady(&steps, budget), simulate_belady_shares(&steps, budget, LAYERS));
+            assert_eq!((fair.accesses, fair.tokens), (free.accesses, free.tokens));
+            assert!(fair.hits <= free.hits, "seed {seed} {pct}%: {} > {}", fair.hits, free.hits);
+            let layer0: Vec<Step> = steps
+                .iter()
+                .map(|s| Step {
+                    tokens: s.tokens,
+                    accesses: s.accesses.iter().filter(|((l, _), _)| *l == 0).copied().collect(),
+                })
+                .collect();
+            assert_eq!(simulate_belady_shares(&layer0, budget, 1), simulate_belady(&layer0, budget));
+        }
+    }
+    // Layer 0 cycles over two keys, layer 1 uses one key once: room for two
+    // keys hits every later use of layer 0's, one key per layer hits none.
+    let steps: Vec<Step> = (0..10)
+        .map(|i| Step {
+            tokens: 1,
+            accesses: if i == 0 {
+                vec![((0, 0), ITEM), ((1, 5), ITEM)]
+            } else {
+                vec![((0, i % 2), ITEM)]
+            },
+        })
+        .collect();
+    assert_eq!(simulate_belady(&steps, 2 * ITEM).hits, 8);
+    assert_eq!(simulate_belady_shares(&steps, 2 * ITEM, 2).hits, 4);
 }
 
 #[test]
