@@ -224,62 +224,85 @@ impl MlaAttention {
     }
 
     /// Absorbed attention over the compact cache: heads' outputs `[rows, heads * v]`.
+    /// Rows are independent once the cache holds them: with at least as many
+    /// rows as threads, one task per row; with fewer (decode), each row's
+    /// heads in one group per thread. A head's sums are the same either way.
     fn attend_compact(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
-        let (heads, nope, vd, rank) = (self.num_heads, self.nope, self.v_dim, self.kv_lora_rank);
-        let (qk, width) = (nope + self.rope_dim, rank + self.rope_dim);
+        let (heads, vd) = (self.num_heads, self.v_dim);
         let q = self.push_compact(x, start, rope, cache);
-        let w = self.absorbed();
         let mut out = Mat::zeros(x.rows(), heads * vd);
-        // Rows are independent once the cache holds them: one task per row
-        // (each row's sums in the same order whatever the threads).
         let cache = &*cache;
-        let scratch = || (vec![0.0f32; heads * width], Vec::new(), vec![0.0f32; heads * rank]);
-        out.as_mut_slice()
-            .par_chunks_mut(heads * vd)
-            .enumerate()
-            .for_each_init(scratch, |(q_abs, scores, ctx), (r, o)| {
-                for h in 0..heads {
-                    let qh = &q.row(r)[h * qk..(h + 1) * qk];
-                    let dst = &mut q_abs[h * width..(h + 1) * width];
-                    for (c, d) in dst[..rank].iter_mut().enumerate() {
-                        *d = dot(&w.uk_t[(h * rank + c) * nope..(h * rank + c + 1) * nope], &qh[..nope]);
-                    }
-                    dst[rank..].copy_from_slice(&qh[nope..]);
-                }
-                let n = start + r + 1;
-                self.latent_scores(q_abs, cache, n, scores);
-                ctx.fill(0.0);
-                for j in 0..n {
-                    let lat = &cache.key(j)[..rank];
-                    for h in 0..heads {
-                        axpy(scores[h * n + j], lat, &mut ctx[h * rank..(h + 1) * rank]);
-                    }
-                }
-                for h in 0..heads {
-                    let c = &ctx[h * rank..(h + 1) * rank];
-                    for i in 0..vd {
-                        o[h * vd + i] = dot(&w.uv[(h * vd + i) * rank..(h * vd + i + 1) * rank], c);
-                    }
-                }
-            });
+        let threads = rayon::current_num_threads().clamp(1, heads.max(1));
+        if x.rows() >= threads || threads == 1 {
+            out.as_mut_slice()
+                .par_chunks_mut(heads * vd)
+                .enumerate()
+                .for_each_init(Scratch::default, |scratch, (r, o)| {
+                    self.attend_heads(q.row(r), start + r + 1, cache, 0..heads, o, scratch);
+                });
+            return out;
+        }
+        let per = heads.div_ceil(threads);
+        for r in 0..x.rows() {
+            out.row_mut(r)
+                .par_chunks_mut(per * vd)
+                .enumerate()
+                .for_each_init(Scratch::default, |scratch, (g, o)| {
+                    let first = g * per;
+                    self.attend_heads(q.row(r), start + r + 1, cache, first..(first + per).min(heads), o, scratch);
+                });
+        }
         out
     }
 
-    /// Softmaxed scores of every head against the first `n` cached
-    /// positions, `scores[h * n + j]`; each one dot of `[q_lat | q_rope]`
-    /// with `[latent_j | k_rope_j]`, positions outermost so a cached row is
-    /// read once for all heads.
-    fn latent_scores(&self, q_abs: &[f32], cache: &KvLayer, n: usize, scores: &mut Vec<f32>) {
+    /// One query row (`q_row`, every head's `[nope | rope]`) against the
+    /// first `n` cached positions, for the heads `hs` only: their outputs
+    /// into `out` (`hs.len() * v_dim`), through the absorbed projections.
+    fn attend_heads(&self, q_row: &[f32], n: usize, cache: &KvLayer, hs: std::ops::Range<usize>, out: &mut [f32], s: &mut Scratch) {
+        let (nope, vd, rank) = (self.nope, self.v_dim, self.kv_lora_rank);
+        let (qk, width, count) = (nope + self.rope_dim, rank + self.rope_dim, hs.len());
+        let w = self.absorbed();
+        s.q_abs.resize(count * width, 0.0);
+        for (l, h) in hs.clone().enumerate() {
+            let qh = &q_row[h * qk..(h + 1) * qk];
+            let dst = &mut s.q_abs[l * width..(l + 1) * width];
+            for (c, d) in dst[..rank].iter_mut().enumerate() {
+                *d = dot(&w.uk_t[(h * rank + c) * nope..(h * rank + c + 1) * nope], &qh[..nope]);
+            }
+            dst[rank..].copy_from_slice(&qh[nope..]);
+        }
+        self.latent_scores(&s.q_abs, cache, n, count, &mut s.scores);
+        s.ctx.clear();
+        s.ctx.resize(count * rank, 0.0);
+        for j in 0..n {
+            let lat = &cache.key(j)[..rank];
+            for l in 0..count {
+                axpy(s.scores[l * n + j], lat, &mut s.ctx[l * rank..(l + 1) * rank]);
+            }
+        }
+        for (l, h) in hs.enumerate() {
+            let c = &s.ctx[l * rank..(l + 1) * rank];
+            for i in 0..vd {
+                out[l * vd + i] = dot(&w.uv[(h * vd + i) * rank..(h * vd + i + 1) * rank], c);
+            }
+        }
+    }
+
+    /// Softmaxed scores of `heads` heads (their absorbed queries in `q_abs`)
+    /// against the first `n` cached positions, `scores[h * n + j]`; each one
+    /// dot of `[q_lat | q_rope]` with `[latent_j | k_rope_j]`, positions
+    /// outermost so a cached row is read once for all of them.
+    fn latent_scores(&self, q_abs: &[f32], cache: &KvLayer, n: usize, heads: usize, scores: &mut Vec<f32>) {
         let width = self.kv_lora_rank + self.rope_dim;
         scores.clear();
-        scores.resize(self.num_heads * n, 0.0);
+        scores.resize(heads * n, 0.0);
         for j in 0..n {
             let k = cache.key(j);
-            for h in 0..self.num_heads {
+            for h in 0..heads {
                 scores[h * n + j] = dot(&q_abs[h * width..(h + 1) * width], k) * self.softmax_scale;
             }
         }
-        for h in 0..self.num_heads {
+        for h in 0..heads {
             softmax_in_place(&mut scores[h * n..(h + 1) * n]);
         }
     }
@@ -330,4 +353,12 @@ impl MlaAttention {
             });
         out
     }
+}
+
+/// One attention task's buffers (absorbed queries, scores, latent contexts).
+#[derive(Default)]
+struct Scratch {
+    q_abs: Vec<f32>,
+    scores: Vec<f32>,
+    ctx: Vec<f32>,
 }
