@@ -65,6 +65,8 @@ enum Command {
     Plan(cmd::plan::Args),
     /// Read a packed store's hottest experts (its saved heat) into the RAM cache and report the time.
     Warm(cmd::warm::Args),
+    /// Copy a packed store's hottest experts onto its fastest drive; reads go to the copy that finishes first.
+    Mirror(cmd::mirror::Args),
     /// Read route traces recorded with `--trace FILE`.
     #[command(subcommand)]
     Trace(cmd::trace::TraceCmd),
@@ -102,5 +104,6 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Trace(t) => cmd::trace::run(t),
         Command::Plan(a) => cmd::plan::run(a),
         Command::Warm(a) => cmd::warm::run(a),
+        Command::Mirror(a) => cmd::mirror::run(a),
     }
 }

@@ -272,6 +272,7 @@ pub fn index_of_parts(ckpt: &Checkpoint, parts: Vec<Vec<Vec<ExpertPart>>>) -> Re
         files: ckpt.file_paths(),
         layers: vec![Vec::new(); parts.len()],
         parts: vec![Vec::new(); parts.len()],
+        ..Default::default()
     };
     for (l, layer) in parts.into_iter().enumerate() {
         let mut experts = Vec::with_capacity(layer.len());
@@ -281,6 +282,7 @@ pub fn index_of_parts(ckpt: &Checkpoint, parts: Vec<Vec<Vec<ExpertPart>>>) -> Re
                 parts: Vec::new(),
                 digest: None,
                 digest_seed: 0,
+                copies: Vec::new(),
             };
             let mut descs = Vec::new();
             for part in parts {

@@ -101,6 +101,9 @@ pub struct ExpertStats {
     pub effective_gbps: f64,
     /// Per MoE layer.
     pub layers: Vec<LayerHits>,
+    /// Expert bytes read from each drive, as fetched (index: the store's
+    /// drive; a mirror drive that is not one of them comes last).
+    pub drive_bytes: Vec<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, PartialEq)]
@@ -146,6 +149,7 @@ impl ExpertStats {
                     prefetch_recall: c.prefetch_recall(),
                 })
                 .collect(),
+            drive_bytes: s.drive_bytes.clone(),
         }
     }
 }

@@ -48,6 +48,24 @@ pub fn load(dir: &Path) -> Heat {
     }
 }
 
+/// The heat in the file at `path`, strictly: a file a user named must be
+/// readable heat, so an error names it and what is wrong.
+pub fn load_file(path: &Path) -> Result<Heat, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let f: HeatFile = serde_json::from_str(&text).map_err(|e| format!("{}: not a larder heat file ({e})", path.display()))?;
+    if f.larder_heat != HEAT_VERSION {
+        return Err(format!(
+            "{}: heat format {}, this larder reads {HEAT_VERSION}",
+            path.display(),
+            f.larder_heat
+        ));
+    }
+    Ok(f.layers
+        .into_iter()
+        .flat_map(|(l, v)| v.into_iter().map(move |(e, n)| ((l, e), n)))
+        .collect())
+}
+
 /// Adds `heat` to what `dir` holds and writes it back atomically.
 pub fn save(dir: &Path, heat: &Heat) -> std::io::Result<()> {
     if heat.is_empty() {

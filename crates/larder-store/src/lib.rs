@@ -22,6 +22,7 @@ pub mod buf;
 pub mod cache;
 pub mod digest;
 pub mod drive;
+pub mod drive_load;
 mod error;
 pub mod fsutil;
 pub mod heat;
@@ -31,6 +32,7 @@ mod layer_file;
 pub mod lazy;
 pub mod location;
 pub mod manifest;
+pub mod mirror;
 pub mod pack;
 mod prefetch;
 #[cfg(feature = "remote")]

@@ -47,12 +47,31 @@ pub struct ExpertLocation {
     pub digest: Option<Digest>,
     /// The seed binding `digest` to this record's place (see [`crate::record`]).
     pub digest_seed: u64,
+    /// Other copies of the same bytes (mirrors, see [`crate::mirror`]): extent
+    /// lists shaped like `extents` (same count and lengths), so `parts`
+    /// and `digest` hold for each. Reads go to the copy that should finish
+    /// first ([`crate::drive_load`]).
+    pub copies: Vec<Vec<Extent>>,
 }
 
 impl ExpertLocation {
     /// Bytes of the components (what the model computes on).
     pub fn payload_len(&self) -> u64 {
         self.parts.iter().map(|p| p.len).sum()
+    }
+
+    /// Copy `c`'s extents: 0 is the primary, 1.. the mirrors (an unknown
+    /// copy reads the primary).
+    pub fn copy(&self, c: usize) -> &[Extent] {
+        match c {
+            0 => &self.extents,
+            _ => self.copies.get(c - 1).map_or(&self.extents, |x| x.as_slice()),
+        }
+    }
+
+    /// Bytes one read of a copy fetches (every copy is shaped alike).
+    pub fn read_len(&self) -> u64 {
+        self.extents.iter().map(|x| x.len).sum()
     }
 }
 
@@ -74,6 +93,10 @@ pub struct ExpertIndex {
     pub parts: Vec<Vec<PartDesc>>,
     /// `layers[l][e]`; layers without routed experts are empty.
     pub layers: Vec<Vec<ExpertLocation>>,
+    /// The drive each of `files` is on (empty: all on drive 0).
+    pub file_drive: Vec<usize>,
+    /// Each drive's read bandwidth in GB/s, where known (packed stores).
+    pub drive_gbps: Vec<f64>,
 }
 
 impl ExpertIndex {
@@ -96,7 +119,7 @@ impl ExpertIndex {
     pub fn check_bounds(&self, sizes: &[u64]) -> Result<(), crate::StoreError> {
         for (l, experts) in self.layers.iter().enumerate() {
             for (e, loc) in experts.iter().enumerate() {
-                for x in &loc.extents {
+                for x in loc.extents.iter().chain(loc.copies.iter().flatten()) {
                     let size = *sizes
                         .get(x.file)
                         .ok_or_else(|| crate::StoreError::Invalid(format!("layer {l} expert {e}: file index {} out of range", x.file)))?;

@@ -170,6 +170,7 @@ pub(crate) fn record_location(record: Extent, parts: &[PartEntry], digest: Optio
             .collect(),
         digest,
         digest_seed,
+        copies: Vec::new(),
     }
 }
 
@@ -257,9 +258,24 @@ impl Manifest {
         }
     }
 
-    /// The location index of every expert, checking drives and files exist
-    /// and are long enough.
+    /// The location index of every expert, mirrored copies included
+    /// ([`crate::mirror`]), checking drives and files exist and are long enough.
     pub fn index(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
+        let mut index = self.primary_index(root)?;
+        crate::mirror::attach(self, root, &mut index)?;
+        check_sizes(&index)?;
+        Ok(index)
+    }
+
+    /// [`index`](Self::index) without the mirrored copies.
+    pub fn index_without_mirrors(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
+        let index = self.primary_index(root)?;
+        check_sizes(&index)?;
+        Ok(index)
+    }
+
+    /// Every expert's primary record, drives and layer headers checked.
+    fn primary_index(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
         let mpath = root.join(MANIFEST);
         for d in 0..self.drives.len() {
             let dir = self.drive_dir(root, d);
@@ -305,6 +321,7 @@ impl Manifest {
                 if file == index.files.len() {
                     self.layer_header(le.layer, ee.drive).check(&path)?;
                     index.files.push(path);
+                    index.file_drive.push(ee.drive);
                 }
                 let digest = Digest::parse(&ee.digest).ok_or_else(|| {
                     StoreError::manifest(
@@ -330,14 +347,19 @@ impl Manifest {
                 .collect::<Result<_, _>>()?;
             index.parts[le.layer] = le.parts.iter().map(|p| p.desc.clone()).collect();
         }
-        let mut sizes = Vec::with_capacity(index.files.len());
-        for f in &index.files {
-            let meta = std::fs::metadata(f).map_err(|e| StoreError::io(f, e))?;
-            sizes.push(meta.len());
-        }
-        index.check_bounds(&sizes)?;
+        index.drive_gbps = self.drives.iter().map(|d| d.gbps).collect();
         Ok(index)
     }
+}
+
+/// Checks every extent of `index` lies inside its file.
+fn check_sizes(index: &ExpertIndex) -> Result<(), StoreError> {
+    let mut sizes = Vec::with_capacity(index.files.len());
+    for f in &index.files {
+        let meta = std::fs::metadata(f).map_err(|e| StoreError::io(f, e))?;
+        sizes.push(meta.len());
+    }
+    index.check_bounds(&sizes)
 }
 
 #[cfg(test)]

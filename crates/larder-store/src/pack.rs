@@ -427,7 +427,7 @@ pub(crate) fn load_or_make_plan(
 }
 
 /// Drives inside the store root are recorded relative to it (the store can move).
-fn drive_path_string(out: &Path, dir: &Path) -> Result<String, StoreError> {
+pub(crate) fn drive_path_string(out: &Path, dir: &Path) -> Result<String, StoreError> {
     let abs_out = std::fs::canonicalize(out).map_err(|e| StoreError::io(out, e))?;
     let abs = std::fs::canonicalize(dir).map_err(|e| StoreError::io(dir, e))?;
     Ok(match abs.strip_prefix(&abs_out) {

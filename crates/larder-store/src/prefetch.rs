@@ -137,23 +137,21 @@ fn worker(sh: &Shared, queue: &WorkQueue<Key>) {
                 })
                 .collect()
         };
-        let jobs: Vec<&[crate::location::Extent]> = claimed
-            .iter()
-            .map(|((l, e), _)| sh.index.get(*l, *e).map_or(&[][..], |loc| loc.extents.as_slice()))
-            .collect();
+        let (copies, jobs, mut tickets) = sh.plan_reads(claimed.iter().map(|(k, _)| *k));
         sh.backend.read_background(&jobs, &mut |job, views| {
+            tickets[job] = None;
             let ((layer, expert), pending) = &claimed[job];
-            finish(sh, (*layer, *expert), pending, views);
+            finish(sh, (*layer, *expert), copies[job], pending, views);
         });
     }
 }
 
 /// Checks and caches one prefetched record, counts it, and wakes its waiters.
-fn finish(sh: &Shared, key: Key, pending: &Pending, views: crate::io::ReadResult) {
+fn finish(sh: &Shared, key: Key, copy: usize, pending: &Pending, views: crate::io::ReadResult) {
     let (layer, expert) = key;
     let mut verify_s = 0.0;
     let result = match sh.index.get(layer, expert) {
-        Some(_) => views.and_then(|views| sh.record(layer, expert, &views, &mut verify_s)),
+        Some(_) => views.and_then(|views| sh.record(layer, expert, copy, &views, &mut verify_s)),
         None => Err(crate::StoreError::MissingExpert { layer, expert }),
     };
     {

@@ -58,6 +58,9 @@ pub struct StoreStats {
     pub verify_s: f64,
     /// Per layer (index = layer number; dense layers stay zero).
     pub layers: Vec<LayerCounts>,
+    /// Bytes read from each drive (index = drive; as fetched, padding
+    /// included): where mirrored records were read from.
+    pub drive_bytes: Vec<u64>,
 }
 
 impl StoreStats {
@@ -86,6 +89,12 @@ impl StoreStats {
                         prefetch_hits: c.prefetch_hits - e.prefetch_hits,
                     }
                 })
+                .collect(),
+            drive_bytes: self
+                .drive_bytes
+                .iter()
+                .enumerate()
+                .map(|(d, b)| b - earlier.drive_bytes.get(d).copied().unwrap_or(0))
                 .collect(),
         }
     }

@@ -12,6 +12,7 @@ use std::time::Instant;
 use crate::buf::SharedBytes;
 use crate::cache::{ExpertCache, Key};
 use crate::digest::Digest;
+use crate::drive_load::{DriveLoad, Ticket};
 use crate::io::{open_backend, IoBackend, IoKind, IoOptions};
 use crate::location::{ExpertIndex, Extent};
 use crate::prefetch::{Pending, PendingState, Prefetcher};
@@ -109,6 +110,8 @@ pub(crate) struct Shared {
     pub(crate) prefetch_skipped: Mutex<HashMap<usize, u64>>,
     /// Demands per (layer, expert) since the store was opened.
     pub(crate) heat: Mutex<crate::heat::Heat>,
+    /// Bytes in flight per drive: which copy of a mirrored record to read.
+    pub(crate) drives: DriveLoad,
 }
 
 pub struct ExpertStore {
@@ -161,6 +164,7 @@ impl ExpertStore {
         ExpertStore {
             shared: Arc::new(Shared {
                 cache: ExpertCache::new(ram_budget, layers),
+                drives: DriveLoad::new(&index),
                 index,
                 backend,
                 verify,
@@ -187,7 +191,9 @@ impl ExpertStore {
     }
 
     pub fn stats(&self) -> StoreStats {
-        lock(&self.shared.stats).clone()
+        let mut s = lock(&self.shared.stats).clone();
+        s.drive_bytes = self.shared.drives.bytes_read();
+        s
     }
 
     /// Starts background reads of `ids` of `layer` that are neither cached
@@ -291,11 +297,9 @@ impl ExpertStore {
                 failure = Some(e);
             }
         } else {
-            let jobs: Vec<&[Extent]> = misses
-                .iter()
-                .map(|&i| sh.index.get(layer, ids[i]).map(|l| l.extents.as_slice()).unwrap_or(&[]))
-                .collect();
+            let (copies, jobs, mut tickets) = sh.plan_reads(misses.iter().map(|&i| (layer, ids[i])));
             sh.backend.read(&jobs, &mut |job, result| {
+                tickets[job] = None;
                 if failure.is_some() {
                     return;
                 }
@@ -305,7 +309,7 @@ impl ExpertStore {
                 }
                 let i = misses[job];
                 let outcome = result
-                    .and_then(|views| sh.record(layer, ids[i], &views, &mut verify_s))
+                    .and_then(|views| sh.record(layer, ids[i], copies[job], &views, &mut verify_s))
                     .map_err(E::from);
                 let outcome = outcome.and_then(|(record, n)| {
                     bytes += n;
@@ -395,14 +399,12 @@ impl ExpertStore {
         }
         let (mut count, mut bytes, mut verify_s) = (0usize, 0u64, 0.0);
         for batch in chosen.chunks(16) {
-            let jobs: Vec<&[Extent]> = batch
-                .iter()
-                .map(|&(l, e)| sh.index.get(l, e).map_or(&[][..], |loc| loc.extents.as_slice()))
-                .collect();
+            let (copies, jobs, mut tickets) = sh.plan_reads(batch.iter().copied());
             let mut failure = None;
             sh.backend.read(&jobs, &mut |job, result| {
+                tickets[job] = None;
                 let (l, e) = batch[job];
-                match result.and_then(|views| sh.record(l, e, &views, &mut verify_s)) {
+                match result.and_then(|views| sh.record(l, e, copies[job], &views, &mut verify_s)) {
                     Ok((_, n)) => {
                         count += 1;
                         bytes += n;
@@ -425,22 +427,49 @@ impl ExpertStore {
     fn read_one(&self, layer: usize, expert: usize, verify_s: &mut f64, bytes: &mut u64) -> Result<Arc<ExpertRecord>, StoreError> {
         let sh = &*self.shared;
         let loc = sh.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
+        let (copy, ticket) = sh.drives.choose(loc);
         let mut out = None;
-        sh.backend.read(&[loc.extents.as_slice()], &mut |_, r| out = Some(r));
+        sh.backend.read(&[loc.copy(copy)], &mut |_, r| out = Some(r));
+        drop(ticket);
         let views = out.unwrap_or_else(|| Err(StoreError::Invalid("backend reported nothing".into())))?;
-        let (record, n) = sh.record(layer, expert, &views, verify_s)?;
+        let (record, n) = sh.record(layer, expert, copy, &views, verify_s)?;
         *bytes += n;
         Ok(record)
     }
 }
 
 impl Shared {
-    /// Turns a read's views into a record: component views, digest check,
-    /// cache insertion. Returns the record and its payload bytes.
+    /// The reads of `keys`: per key, the copy chosen ([`DriveLoad::choose`]),
+    /// its extents (none for an unknown key) and the ticket to give back
+    /// when its read ends.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn plan_reads(&self, keys: impl Iterator<Item = Key>) -> (Vec<usize>, Vec<&[Extent]>, Vec<Option<Ticket<'_>>>) {
+        let (mut copies, mut jobs, mut tickets) = (Vec::new(), Vec::new(), Vec::new());
+        for (l, e) in keys {
+            match self.index.get(l, e) {
+                Some(loc) => {
+                    let (c, t) = self.drives.choose(loc);
+                    copies.push(c);
+                    jobs.push(loc.copy(c));
+                    tickets.push(Some(t));
+                }
+                None => {
+                    copies.push(0);
+                    jobs.push(&[][..]);
+                    tickets.push(None);
+                }
+            }
+        }
+        (copies, jobs, tickets)
+    }
+
+    /// Turns a read of copy `copy` into a record: component views, digest
+    /// check, cache insertion. Returns the record and its payload bytes.
     pub(crate) fn record(
         &self,
         layer: usize,
         expert: usize,
+        copy: usize,
         views: &[SharedBytes],
         verify_s: &mut f64,
     ) -> Result<(Arc<ExpertRecord>, u64), StoreError> {
@@ -455,7 +484,7 @@ impl Shared {
             let got = Digest::of_parts_seeded(loc.digest_seed, parts.iter().map(|p| p.as_slice()));
             *verify_s += t.elapsed().as_secs_f64();
             if got != want {
-                let x = loc.extents[0];
+                let x = loc.copy(copy)[0];
                 return Err(StoreError::Digest {
                     layer,
                     expert,

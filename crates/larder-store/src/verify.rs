@@ -2,7 +2,7 @@
 //! the manifest's own digest (at read), every carried file (config,
 //! tokenizer, templates), the spine file's header and every spine tensor,
 //! every layer file's header (store, source, layer, drive), and every
-//! record's bound digest, re-read with O_DIRECT where the file system
+//! record's bound digest (mirrored copies too), re-read with O_DIRECT where the file system
 //! allows (so the drive itself is checked, not the page cache). Every
 //! problem is listed, not only the first.
 
@@ -29,13 +29,16 @@ pub struct VerifyReport {
     pub spine_bytes: u64,
     pub records: usize,
     pub bytes: u64,
+    /// Mirrored copies checked besides the records ([`crate::mirror`]).
+    pub mirrored_records: usize,
     pub seconds: f64,
     /// One line per problem: what, where and what is wrong.
     pub bad: Vec<String>,
 }
 
 /// Checks the store at `dir`; `progress(bytes)` as spine files and record
-/// bytes are checked (in all, the spine files' sizes plus the records').
+/// bytes are checked (in all, the spine files' sizes plus the records' and
+/// their mirrored copies' payload bytes).
 /// An unreadable or altered manifest is an error (nothing else can be trusted).
 pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport, StoreError> {
     let manifest = Manifest::read(dir)?;
@@ -49,6 +52,7 @@ pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyR
         spine_bytes: manifest.spine.iter().map(|s| s.size).sum(),
         records: 0,
         bytes: 0,
+        mirrored_records: 0,
         seconds: 0.0,
         bad: Vec::new(),
     };
@@ -76,14 +80,23 @@ pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyR
 fn check_records(index: &crate::ExpertIndex, report: &mut VerifyReport, progress: &mut dyn FnMut(u64)) -> Result<(), StoreError> {
     let pool = open_checking(&index.files, 4)?;
     for (layer, experts) in index.layers.iter().enumerate() {
-        for batch in (0..experts.len()).collect::<Vec<_>>().chunks(8) {
-            let jobs: Vec<&[Extent]> = batch.iter().map(|&e| experts[e].extents.as_slice()).collect();
+        // Every copy of every record: the primary (copy 0) and its mirrors.
+        let copies: Vec<(usize, usize)> = (0..experts.len())
+            .flat_map(|e| (0..=experts[e].copies.len()).map(move |c| (e, c)))
+            .collect();
+        for batch in copies.chunks(8) {
+            let jobs: Vec<&[Extent]> = batch.iter().map(|&(e, c)| experts[e].copy(c)).collect();
             pool.read(&jobs, &mut |job, result| {
-                let e = batch[job];
+                let (e, c) = batch[job];
                 let loc = &experts[e];
-                let path = index.files[loc.extents[0].file].display();
-                report.records += 1;
-                report.bytes += loc.payload_len();
+                let at = loc.copy(c)[0];
+                let path = index.files[at.file].display();
+                if c == 0 {
+                    report.records += 1;
+                    report.bytes += loc.payload_len();
+                } else {
+                    report.mirrored_records += 1;
+                }
                 progress(loc.payload_len());
                 match result {
                     Err(err) => report.bad.push(format!("layer {layer} expert {e}: {err}")),
@@ -96,9 +109,14 @@ fn check_records(index: &crate::ExpertIndex, report: &mut VerifyReport, progress
                             }),
                         );
                         if Some(got) != loc.digest {
+                            let what = if c == 0 {
+                                ""
+                            } else {
+                                " (a mirrored copy; `larder mirror` makes it again)"
+                            };
                             report.bad.push(format!(
-                                "layer {layer} expert {e}: digest mismatch in {path} at offset {}",
-                                loc.extents[0].offset
+                                "layer {layer} expert {e}: digest mismatch in {path} at offset {}{what}",
+                                at.offset
                             ));
                         }
                     }

@@ -25,12 +25,14 @@ fn index(name: &str, n: usize, len: u64) -> ExpertIndex {
             parts: vec![Part { extent: 0, offset: 0, len }],
             digest: None,
             digest_seed: 0,
+            copies: Vec::new(),
         })
         .collect();
     ExpertIndex {
         files: vec![path],
         parts: vec![Vec::new()],
         layers: vec![layer],
+        ..Default::default()
     }
 }
 

@@ -22,6 +22,7 @@ fn index(name: &str, layers: usize, experts: usize) -> (ExpertIndex, Vec<u8>) {
         files: vec![path],
         layers: Vec::new(),
         parts: Vec::new(),
+        ..Default::default()
     };
     for l in 0..layers {
         let mut v = Vec::new();
@@ -48,6 +49,7 @@ fn index(name: &str, layers: usize, experts: usize) -> (ExpertIndex, Vec<u8>) {
                 ],
                 digest: Some(Digest::of(rec)),
                 digest_seed: 0,
+                copies: Vec::new(),
             });
         }
         idx.layers.push(v);

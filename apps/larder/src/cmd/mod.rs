@@ -16,6 +16,7 @@ pub mod doctor;
 pub mod forward;
 pub mod lazy;
 pub mod loopback_files;
+pub mod mirror;
 pub mod pack;
 pub mod plan;
 pub mod progress;

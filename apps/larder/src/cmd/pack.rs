@@ -24,7 +24,8 @@ Layer files go to <drive>/larder-<store id>/, so several stores can share a driv
 during pack (a 256 MiB probe each) unless given as DIR:GBps.\n\n\
 Examples:\n  larder pack --model ./k3mini --out ./k3mini.store\n  \
 larder pack --model ~/models/Kimi-K2 --out /fast/k2 --drive /mnt/ssd0 --drive /mnt/ssd1:3.5\n  \
-larder pack --model ~/models/Kimi-K2 --out /fast/k2 --repair"
+larder pack --model ~/models/Kimi-K2 --out /fast/k2 --repair\n  \
+larder pack --model ~/models/Kimi-K2 --out /fast/k2 --drive /mnt/ssd0 --drive /mnt/nvme0 --mirror-hot 64GiB --heat old/heat.json"
 )]
 pub struct Args {
     /// Checkpoint folder to pack.
@@ -40,6 +41,13 @@ pub struct Args {
     /// exactly the records, spine and files that differ.
     #[arg(long)]
     repair: bool,
+    /// After packing, copy the hottest experts (up to SIZE bytes) onto the fastest drive, as `larder mirror`
+    /// does: heat from --heat FILE, or the store's own heat.json when re-packing a store that has run.
+    #[arg(long, value_name = "SIZE", value_parser = larder_store::parse_size)]
+    mirror_hot: Option<u64>,
+    /// The heat file --mirror-hot chooses by (a store's heat.json).
+    #[arg(long, value_name = "FILE", requires = "mirror_hot")]
+    heat: Option<std::path::PathBuf>,
     /// Print one JSON report on stdout.
     #[arg(long)]
     json: bool,
@@ -51,6 +59,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "cannot read the checkpoint",
         &args.model,
     )?;
+    if args.mirror_hot.is_some_and(|s| s > 0) {
+        // The heat --mirror-hot chooses by must be there before the work starts.
+        let heat = match &args.heat {
+            Some(f) => larder_store::heat::load_file(f).map_err(|e| anyhow::anyhow!("--heat {e}"))?,
+            None => larder_store::heat::load(&args.out),
+        };
+        if heat.is_empty() {
+            anyhow::bail!(
+                "--mirror-hot: no heat to choose the hottest experts by: give --heat FILE (a store's heat.json), \
+                 or pack first and run `larder mirror STORE --size SIZE` after the model has run"
+            );
+        }
+    }
     let progress = Progress::new("pack", 0, Unit::Bytes, args.json);
     let layers = src.layers.len();
     let mut layers_done = 0;
@@ -78,8 +99,24 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })
     .with_context(|| format!("pack into {} failed", args.out.display()))?;
     progress.finish();
+    let mirrored = match args.mirror_hot {
+        Some(size) => Some(super::mirror::mirror_store(&args.out, size, None, args.heat.as_deref(), args.json)?),
+        None => None,
+    };
     if args.json {
-        return super::print_json(&json!(report));
+        let mut doc = json!(report);
+        if let Some(m) = &mirrored {
+            doc["mirror"] = json!(m);
+        }
+        return super::print_json(&doc);
+    }
+    if let Some(m) = &mirrored {
+        eprintln!(
+            "[larder] mirrored {} hot experts ({}) onto {}",
+            m.report.experts,
+            larder_store::format_size(m.report.bytes),
+            m.drive.display()
+        );
     }
     eprintln!(
         "[larder] packed {} experts of {} layers ({}) into {} in {:.1}s ({} layers resumed, {} records rewritten)",

@@ -24,7 +24,7 @@ pub struct Args {
     #[arg(value_name = "STORE")]
     store: PathBuf,
     /// Print one JSON report on stdout: {"ok", "store_id", "model_type", "source", "files", "spine_tensors",
-    /// "spine_bytes", "records", "bytes", "seconds", "gbps", "bad": [...]}.
+    /// "spine_bytes", "records", "bytes", "mirrored_records", "seconds", "gbps", "bad": [...]}.
     #[arg(long)]
     json: bool,
 }
@@ -37,6 +37,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .layers
             .iter()
             .map(|l| l.experts.len() as u64 * l.parts.iter().map(|p| p.len).sum::<u64>())
+            .sum::<u64>()
+        + larder_store::mirror::listed(&args.store)
+            .into_iter()
+            .filter_map(|(layer, _)| manifest.layers.iter().find(|l| l.layer == layer))
+            .map(|l| l.parts.iter().map(|p| p.len).sum::<u64>())
             .sum::<u64>();
     let progress = Progress::new("verify", total, Unit::Bytes, args.json);
     progress.set_message("spine and expert records");
@@ -50,12 +55,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         super::print_json(&doc)?;
     } else {
         eprintln!(
-            "[larder] {} files, {} spine tensors ({}), {} records ({}) checked in {:.1}s ({gbps:.2} GB/s)",
+            "[larder] {} files, {} spine tensors ({}), {} records ({}) and {} mirrored copies checked in {:.1}s ({gbps:.2} GB/s)",
             report.files,
             report.spine_tensors,
             larder_store::format_size(report.spine_bytes),
             report.records,
             larder_store::format_size(report.bytes),
+            report.mirrored_records,
             report.seconds,
         );
         for b in &report.bad {

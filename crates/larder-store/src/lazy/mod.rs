@@ -462,6 +462,7 @@ fn index_of(src: &PackSource, layout: &Layout, backend: &LazyBackend) -> ExpertI
         files: backend.paths.clone(),
         parts: vec![Vec::new(); layers],
         layers: vec![Vec::new(); layers],
+        ..Default::default()
     };
     for l in &src.layers {
         index.layers[l.layer] = vec![ExpertLocation::default(); l.experts.len()];
