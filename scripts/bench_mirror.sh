@@ -4,9 +4,10 @@
 # or v2 io.max) to SLOW and FAST bytes/s. A synthetic k3-mini (skewed routing)
 # is packed onto the slow drive only (a store made before a faster drive was
 # added), run once for heat, then decoded in interleaved arms:
-#   none  - no mirrors (mirrors.json moved aside)
-#   hot   - the hottest MIRROR_SHARE of the bank mirrored onto the fast drive
-#   all   - every expert mirrored
+#   none         - no mirrors
+#   hot-demands  - MIRROR_SHARE of the bank mirrored onto the fast drive: the most demanded records
+#   hot-reads    - the same size: the records most read from the drive (misses and prefetches)
+#   all          - every expert mirrored
 # Each arm reports decode tok/s, bytes per drive and the output ids (all arms
 # must agree). Results: bench/results/<date>-mirror/ (JSON lines + summary).
 #
@@ -65,23 +66,24 @@ run() {
 }
 [ -f "$STORE/heat.json" ] || run >/dev/null
 cp "$STORE/heat.json" "$WORK/heat.json"
-mirror() { # bytes -> JSON report; leaves mirrors.json in place
-  "$LARDER" mirror "$STORE" --size "$1" --drive "$WORK/mnt-fast:$(awk "BEGIN{print $FAST/1e9}")" --heat "$WORK/heat.json" --json
+mirror() { # name bytes --by -> mirrors.<name> beside the store, its files kept aside
+  "$LARDER" mirror "$STORE" --size "$2" --by "$3" --drive "$WORK/mnt-fast:$(awk "BEGIN{print $FAST/1e9}")" \
+    --heat "$WORK/heat.json" --json > "$OUT/mirror-$1.json"
+  cp "$STORE/mirrors.json" "$STORE/mirrors.$1"
+  cp "$(ls -d "$WORK"/mnt-fast/larder-*)"/mirror-g* "$WORK/keep/"
 }
-# Both mirror sets stay on the fast drive: "hot" (generation 1) is made first
-# and its files kept aside, since making "all" (generation 2) removes them.
+# Every set stays on the fast drive: each mirror run removes the files of
+# the generation before it, so they are kept aside and put back at the end.
 HOT=$(awk "BEGIN{printf \"%d\", $BANK*$MIRROR_SHARE}")
+rm -f "$STORE/mirrors.json"; rm -rf "$WORK/keep"; mkdir -p "$WORK/keep"
+mirror hot-demands "$HOT" demands
+mirror hot-reads "$HOT" reads
+mirror all "$BANK" demands
 rm -f "$STORE/mirrors.json"
-mirror "$HOT" > "$OUT/mirror-hot.json"
-cp "$STORE/mirrors.json" "$STORE/mirrors.hot"
-FASTDIR=$(ls -d "$WORK"/mnt-fast/larder-*)
-rm -rf "$WORK/keep"; mkdir -p "$WORK/keep"; cp "$FASTDIR"/mirror-g* "$WORK/keep/"
-mirror "$BANK" > "$OUT/mirror-all.json"
-mv "$STORE/mirrors.json" "$STORE/mirrors.all"
-cp -n "$WORK/keep/"* "$FASTDIR/"
+cp -n "$WORK/keep/"* "$(ls -d "$WORK"/mnt-fast/larder-*)/"
 : > "$OUT/runs.jsonl"
 for r in $(seq "$ROUNDS"); do
-  for arm in none hot all; do
+  for arm in none hot-demands hot-reads all; do
     rm -f "$STORE/mirrors.json"
     [ $arm = none ] || cp "$STORE/mirrors.$arm" "$STORE/mirrors.json"
     cp "$WORK/heat.json" "$STORE/heat.json"
@@ -104,7 +106,7 @@ lines = [f"drives: slow {slow/1e9:.2f} GB/s (holds the store), fast {fast/1e9:.2
          f"{hot/2**20:.0f} MiB. All arms: the same ids.", "",
          "| arm | decode tok/s (median, min-max) | expert GB read | share from the fast drive | run s | "
          "bound of its split (max per drive) / run | both drives' bound / run |", "|---|---|---|---|---|---|---|"]
-for arm in ["none", "hot", "all"]:
+for arm in ["none", "hot-demands", "hot-reads", "all"]:
     rs = [r for r in runs if r['arm'] == arm]
     tps = [r['decode_tok_per_s'] for r in rs]
     med = lambda f: st.median(f(r) for r in rs)

@@ -86,6 +86,13 @@ fn hot_experts_mirrored_onto_the_fast_drive_are_read_there_with_the_same_output(
     let m = ok_json(&["mirror", s(&store), "--size", "64MiB", "--json"]);
     let experts = m["experts"].as_u64().unwrap();
     assert!(experts > 0, "{m}");
+    assert_eq!(m["chosen_by"], "reads", "runs record reads from the drives: {m}");
+    let by_demand = ok_json(&["mirror", s(&store), "--size", "64MiB", "--by", "demands", "--json"]);
+    assert_eq!(by_demand["chosen_by"], "demands");
+    assert!(
+        by_demand["experts"].as_u64().unwrap() >= experts,
+        "every demanded expert is mirrored: {by_demand}"
+    );
     assert!(
         m["already_on_drive"].as_u64().unwrap() > 0,
         "the fast drive's own hot records are not copied: {m}"
@@ -104,7 +111,7 @@ fn hot_experts_mirrored_onto_the_fast_drive_are_read_there_with_the_same_output(
     assert!(after[1] > 0, "{after:?}");
 
     let v = ok_json(&["verify", s(&store), "--json"]);
-    assert_eq!(v["mirrored_records"].as_u64(), Some(experts), "{v}");
+    assert_eq!(v["mirrored_records"].as_u64(), by_demand["experts"].as_u64(), "{v}");
     assert_eq!(v["bad"].as_array().unwrap().len(), 0, "{v}");
 
     // A damaged copy: verify names it, and a run that reads it fails on its digest.
@@ -118,7 +125,7 @@ fn hot_experts_mirrored_onto_the_fast_drive_are_read_there_with_the_same_output(
         .unwrap()
         .flatten()
         .map(|e| e.path())
-        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("mirror-g1-"))
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("mirror-g"))
         .unwrap();
     let pristine = std::fs::read(&copy).unwrap();
     let mut bad = pristine.clone();

@@ -125,7 +125,7 @@ impl Drop for Engine {
         }
         if let Some(store) = &self.store {
             if Manifest::is_store(&self.dir) {
-                let _ = larder_store::heat::save(&self.dir, &store.heat());
+                let _ = larder_store::heat::save(&self.dir, &store.heat(), &store.read_heat());
             }
         }
     }

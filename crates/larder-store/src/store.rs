@@ -110,6 +110,8 @@ pub(crate) struct Shared {
     pub(crate) prefetch_skipped: Mutex<HashMap<usize, u64>>,
     /// Demands per (layer, expert) since the store was opened.
     pub(crate) heat: Mutex<crate::heat::Heat>,
+    /// Reads from the drives per (layer, expert) since the store was opened.
+    pub(crate) reads: Mutex<crate::heat::Heat>,
     /// Bytes in flight per drive: which copy of a mirrored record to read.
     pub(crate) drives: DriveLoad,
 }
@@ -173,6 +175,7 @@ impl ExpertStore {
                 prefetched: Mutex::new(HashSet::new()),
                 prefetch_skipped: Mutex::new(HashMap::new()),
                 heat: Mutex::new(HashMap::new()),
+                reads: Mutex::new(HashMap::new()),
             }),
             prefetcher: None,
         }
@@ -375,6 +378,12 @@ impl ExpertStore {
         lock(&self.shared.heat).clone()
     }
 
+    /// Reads from the drives per (layer, expert) since the store was opened
+    /// (demand misses, prefetches and warming).
+    pub fn read_heat(&self) -> crate::heat::Heat {
+        lock(&self.shared.reads).clone()
+    }
+
     /// Reads the hottest of `heat`'s experts into the cache, hottest first,
     /// until the next would not fit the budget (or `limit` bytes), 16 at a
     /// time through the I/O backend, digests checked. Returns the experts and
@@ -495,6 +504,7 @@ impl Shared {
                 });
             }
         }
+        *lock(&self.reads).entry((layer, expert)).or_insert(0) += 1;
         let mapped = self.backend.is_mapped();
         // Every view of a job shares the job's one buffer.
         let held = if mapped {

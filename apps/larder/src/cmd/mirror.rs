@@ -21,7 +21,8 @@ use super::progress::{Progress, Unit};
 fastest drive lets each read go to whichever copy should finish first (bytes already in flight on each drive over \
 its bandwidth). Copies are the same bytes under the same digests, checked on every read as the records are; \
 `larder verify` checks them too. Output never changes.\n\n\
-Heat comes from the store's heat.json (every streamed run adds to it) or --heat FILE. The drive is the store's \
+Heat comes from the store's heat.json (every streamed run adds to it: demands, and reads from the drives) or \
+--heat FILE; records are ranked by reads where recorded (--by), since what the RAM cache keeps is rarely read. The drive is the store's \
 fastest (by the bandwidth pack measured or was given) unless --drive names one; a drive that is not one of the \
 store's is measured (a 256 MiB probe) unless given as DIR:GBps. Records whose primary copy is already on that \
 drive are left out. Writing is atomic: new files, then mirrors.json, then the old files are removed.\n\n\
@@ -41,13 +42,19 @@ pub struct Args {
     /// A heat file (heat.json of this store, saved elsewhere) instead of the store's own.
     #[arg(long, value_name = "FILE")]
     heat: Option<PathBuf>,
-    /// Print one JSON report: {"experts", "bytes", "layers", "already_on_drive", "removed_files", "drive", "gbps"}.
+    /// Rank records by how often they were read from a drive (`reads`: what the drives served under the
+    /// RAM budgets of earlier runs; the hottest experts the RAM cache kept are not worth a copy) or by how
+    /// often they were demanded (`demands`). `auto`: reads where the heat file has them.
+    #[arg(long, value_name = "auto|reads|demands", default_value = "auto", value_parser = ["auto", "reads", "demands"])]
+    by: String,
+    /// Print one JSON report: {"experts", "bytes", "layers", "already_on_drive", "removed_files", "drive", "gbps",
+    /// "chosen_by"}.
     #[arg(long)]
     json: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let report = mirror_store(&a.store, a.size, a.drive.as_ref(), a.heat.as_deref(), a.json)?;
+    let report = mirror_store(&a.store, a.size, a.drive.as_ref(), a.heat.as_deref(), &a.by, a.json)?;
     if a.json {
         return super::print_json(&json!(report));
     }
@@ -55,10 +62,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         eprintln!("[larder] no mirrors ({} removed files)", report.report.removed_files);
     } else {
         eprintln!(
-            "[larder] mirrored {} experts of {} layers ({}) onto {} ({:.2} GB/s); {} hot records already there",
+            "[larder] mirrored {} experts of {} layers ({}, the most {}) onto {} ({:.2} GB/s); {} hot records already there",
             report.report.experts,
             report.report.layers,
             format_size(report.report.bytes),
+            report.chosen_by,
             report.drive.display(),
             report.gbps,
             report.report.already_on_drive
@@ -74,14 +82,29 @@ pub struct Mirrored {
     pub report: MirrorReport,
     pub drive: PathBuf,
     pub gbps: f64,
+    /// `reads` or `demands`: what the records were ranked by.
+    pub chosen_by: &'static str,
 }
 
 /// Mirrors `store`'s hottest `size` bytes of records (see [`Args`]).
-pub fn mirror_store(store: &Path, size: u64, drive: Option<&DriveSpec>, heat: Option<&Path>, quiet: bool) -> anyhow::Result<Mirrored> {
+pub fn mirror_store(
+    store: &Path,
+    size: u64,
+    drive: Option<&DriveSpec>,
+    heat: Option<&Path>,
+    by: &str,
+    quiet: bool,
+) -> anyhow::Result<Mirrored> {
     let manifest = super::about(Manifest::read(store), "cannot read the store", store)?;
-    let heat = match heat {
+    let profile = match heat {
         Some(f) => larder_store::heat::load_file(f).map_err(|e| anyhow::anyhow!("--heat {e}"))?,
-        None => larder_store::heat::load(store),
+        None => larder_store::heat::load_profile(store),
+    };
+    let (heat, chosen_by) = match by {
+        "demands" => (profile.demands, "demands"),
+        "reads" => (profile.reads, "reads"),
+        _ if profile.reads.is_empty() => (profile.demands, "demands"),
+        _ => (profile.reads, "reads"),
     };
     if heat.is_empty() && size > 0 {
         bail!(
@@ -102,7 +125,12 @@ pub fn mirror_store(store: &Path, size: u64, drive: Option<&DriveSpec>, heat: Op
     let report = mirror(store, &heat, &plan, &mut |b| progress.inc(b))
         .with_context(|| format!("mirroring {} onto {} failed", store.display(), dir.display()))?;
     progress.finish();
-    Ok(Mirrored { report, drive: dir, gbps })
+    Ok(Mirrored {
+        report,
+        drive: dir,
+        gbps,
+        chosen_by,
+    })
 }
 
 /// The drive to mirror onto and its bandwidth: the one given (its GB/s

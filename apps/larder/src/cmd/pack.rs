@@ -63,9 +63,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // The heat --mirror-hot chooses by must be there before the work starts.
         let heat = match &args.heat {
             Some(f) => larder_store::heat::load_file(f).map_err(|e| anyhow::anyhow!("--heat {e}"))?,
-            None => larder_store::heat::load(&args.out),
+            None => larder_store::heat::load_profile(&args.out),
         };
-        if heat.is_empty() {
+        if heat.demands.is_empty() && heat.reads.is_empty() {
             anyhow::bail!(
                 "--mirror-hot: no heat to choose the hottest experts by: give --heat FILE (a store's heat.json), \
                  or pack first and run `larder mirror STORE --size SIZE` after the model has run"
@@ -100,7 +100,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     .with_context(|| format!("pack into {} failed", args.out.display()))?;
     progress.finish();
     let mirrored = match args.mirror_hot {
-        Some(size) => Some(super::mirror::mirror_store(&args.out, size, None, args.heat.as_deref(), args.json)?),
+        Some(size) => Some(super::mirror::mirror_store(
+            &args.out,
+            size,
+            None,
+            args.heat.as_deref(),
+            "auto",
+            args.json,
+        )?),
         None => None,
     };
     if args.json {
