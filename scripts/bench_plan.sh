@@ -13,8 +13,9 @@ set -euo pipefail
 bin="$1"; out="$2"; prefix="$3"; shift 3
 routings=("${@:-uniform skewed}")
 mkdir -p "$out"
+# Kernels on every core, as decode runs them (`plan` divides by the threads measured).
 [[ -f "$out/kernels.json" ]] || "$bin" bench kernels --formats bf16,mxfp4 --rows 1,256 --shapes 2048x1408 \
-  --no-candle --json --out "$out/kernels.json" >/dev/null
+  --threads "$(nproc)" --no-candle --json --out "$out/kernels.json" >/dev/null
 ram_gbps=$(python3 -c "import json; print(json.load(open('$out/kernels.json'))['ram_gbps'])")
 for routing in ${routings[*]}; do
   model="$prefix-$routing"
