@@ -15,25 +15,17 @@ fn s(p: &Path) -> &str {
     p.to_str().unwrap()
 }
 
+/// A short greedy run streaming through a tiny cache, one read at a time.
+fn run_args(store: &Path) -> Vec<&str> {
+    let mut args = vec!["run", "--model", s(store), "--ids", "1,200,31,7", "--max-new", "8", "--ignore-eos"];
+    args.extend(["--ram-budget", "64KiB", "--io", "pread", "--prefetch", "0"]);
+    args
+}
+
 fn run(store: &Path) -> serde_json::Value {
-    ok_json(&[
-        "run",
-        "--model",
-        s(store),
-        "--ids",
-        "1,200,31,7",
-        "--max-new",
-        "8",
-        "--ignore-eos",
-        "--ram-budget",
-        "64KiB",
-        "--io",
-        "pread",
-        "--prefetch",
-        "0",
-        "--stats",
-        "--json",
-    ])
+    let mut args = run_args(store);
+    args.extend(["--stats", "--json"]);
+    ok_json(&args)
 }
 
 fn drive_bytes(out: &serde_json::Value) -> Vec<u64> {
@@ -133,22 +125,7 @@ fn hot_experts_mirrored_onto_the_fast_drive_are_read_there_with_the_same_output(
     std::fs::write(&copy, &bad).unwrap();
     let e = fails(&["verify", s(&store)]);
     assert!(e.contains("mirrored copy") || e.contains("problems"), "{e}");
-    let e = fails(&[
-        "run",
-        "--model",
-        s(&store),
-        "--ids",
-        "1,200,31,7",
-        "--max-new",
-        "8",
-        "--ignore-eos",
-        "--ram-budget",
-        "64KiB",
-        "--io",
-        "pread",
-        "--prefetch",
-        "0",
-    ]);
+    let e = fails(&run_args(&store));
     assert!(e.contains("digest"), "{e}");
     std::fs::write(&copy, &pristine).unwrap();
 

@@ -3,19 +3,16 @@
 //! (`Engine::generate_traced`), tagged with their own request id, position
 //! and phase, and the log is a valid trace that reads back as written.
 
-use larder_engine::{Engine, GenerateOptions, Job, Phase, RequestEvent, RouteLog, RowTag, SamplingParams, Scheduler, SchedulerConfig};
+use larder_engine::{Engine, GenerateOptions, Job, Phase, RequestEvent, RouteLog, RowTag, Scheduler, SchedulerConfig};
 use larder_router::{Trace, TraceToken};
 
 mod scheduler_support;
 use scheduler_support::{fixture, prompt};
 
+/// Greedy (the default sampling), past EOS.
 fn options(max_new: usize) -> GenerateOptions {
     GenerateOptions {
         max_new,
-        sampling: SamplingParams {
-            temperature: 0.0,
-            ..SamplingParams::default()
-        },
         stop_at_eos: false,
         ..GenerateOptions::default()
     }
