@@ -258,6 +258,12 @@ impl Manifest {
         }
     }
 
+    /// The store drive whose directory is `dir` (compared as canonical paths).
+    pub fn drive_of(&self, root: &Path, dir: &Path) -> Option<usize> {
+        let want = std::fs::canonicalize(dir).ok()?;
+        (0..self.drives.len()).find(|&d| std::fs::canonicalize(self.drive_dir(root, d)).ok().as_ref() == Some(&want))
+    }
+
     /// The location index of every expert, mirrored copies included
     /// ([`crate::mirror`]), checking drives and files exist and are long enough.
     pub fn index(&self, root: &Path) -> Result<ExpertIndex, StoreError> {

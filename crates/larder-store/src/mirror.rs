@@ -112,12 +112,9 @@ impl Mirrors {
     }
 }
 
-/// The drive id of `dir` in `m` (a store drive, or the next id), by canonical path.
+/// The drive id of `dir` in `m`: a store drive, or the next id.
 fn drive_id(m: &Manifest, root: &Path, dir: &Path) -> usize {
-    let want = std::fs::canonicalize(dir).ok();
-    (0..m.drives.len())
-        .find(|&d| want.is_some() && std::fs::canonicalize(m.drive_dir(root, d)).ok() == want)
-        .unwrap_or(m.drives.len())
+    m.drive_of(root, dir).unwrap_or(m.drives.len())
 }
 
 /// Adds the copies `root/mirrors.json` lists to `index` (files, drive and copies).
@@ -295,12 +292,16 @@ fn write_layer(
         .map_err(|e| StoreError::io(&tmp, e))?;
     let mut records = Vec::with_capacity(experts.len());
     let mut buf = Vec::new();
+    let mut sources: std::collections::HashMap<usize, std::fs::File> = Default::default();
     for (i, &e) in experts.iter().enumerate() {
         let loc = index.get(layer, e).ok_or(StoreError::MissingExpert { layer, expert: e })?;
         let x = loc.extents[0];
         let src = &index.files[x.file];
         buf.resize(x.len as usize, 0);
-        let f = std::fs::File::open(src).map_err(|err| StoreError::io(src, err))?;
+        let f = match sources.entry(x.file) {
+            std::collections::hash_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::hash_map::Entry::Vacant(v) => v.insert(std::fs::File::open(src).map_err(|err| StoreError::io(src, err))?),
+        };
         f.read_exact_at(&mut buf, x.offset).map_err(|err| StoreError::io(src, err))?;
         let got = Digest::of_parts_seeded(
             loc.digest_seed,

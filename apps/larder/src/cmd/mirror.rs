@@ -148,8 +148,7 @@ fn mirror_drive(m: &Manifest, store: &Path, given: Option<&DriveSpec>) -> anyhow
     if let Some(g) = spec.gbps {
         return Ok((spec.dir.clone(), g));
     }
-    let want = std::fs::canonicalize(&spec.dir).ok();
-    if let Some(d) = (0..m.drives.len()).find(|&d| std::fs::canonicalize(m.drive_dir(store, d)).ok() == want) {
+    if let Some(d) = m.drive_of(store, &spec.dir) {
         return Ok((spec.dir.clone(), m.drives[d].gbps));
     }
     let g = larder_store::drive::measure_read_gbps(&spec.dir).with_context(|| {
