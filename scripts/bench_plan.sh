@@ -4,8 +4,8 @@
 # prefetch, io_uring without prefetch), `bench decode --trace` measures decode
 # tok/s (with the drive limit before and after) and records the route trace;
 # `plan` then forecasts the same run from the model, that trace, the budget,
-# the drive limit measured in the run and `bench kernels` figures. Arms are
-# interleaved per budget so drive drift hits every arm alike.
+# the drive limit measured in the run, the arm's backend and `bench kernels`
+# figures. Arms are interleaved per budget so drive drift hits every arm alike.
 # Usage: scripts/bench_plan.sh LARDER_BIN OUT_DIR MODEL_PREFIX [ROUTINGS...]
 #   (models: MODEL_PREFIX-ROUTING, e.g. from `larder synth --arch kimi_linear
 #   --preset k3-mini --experts-format mxfp4 --experts-gib 1 --routing R --out k3mini-R`)
@@ -31,7 +31,7 @@ for routing in ${routings[*]}; do
       drive=$(python3 -c "import json; print(json.load(open('$out/$name.decode.json'))['limit']['gbps'])")
       extra=(); [[ $pf == 0 ]] && extra=(--no-prefetch)
       "$bin" plan --model "$model" --ram-budget "$budget" --drive "$drive" --trace "$out/$name.trace" \
-        --kernels "$out/kernels.json" --ram-gbps "$ram_gbps" --json "${extra[@]}" >"$out/$name.plan.json"
+        --kernels "$out/kernels.json" --ram-gbps "$ram_gbps" --io "$io" --json "${extra[@]}" >"$out/$name.plan.json"
       python3 - "$out/$name" <<'PY'
 import json, sys
 d = json.load(open(sys.argv[1] + ".decode.json")); p = json.load(open(sys.argv[1] + ".plan.json"))

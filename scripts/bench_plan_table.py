@@ -5,7 +5,7 @@ import glob, json, sys
 
 out = sys.argv[1]
 suffix = sys.argv[2] if len(sys.argv) > 2 else ".plan.json"
-print("| routing | budget | arm | measured tok/s | I/O bound tok/s | ratio to bound | hit (measured / simulated, no prefetch) | MB read per token (measured / planned) | planned tok/s | error | binds |")
+print("| routing | budget | arm | measured tok/s | I/O bound tok/s | ratio to bound | hit (measured / simulated) | MB read per token (measured / planned) | planned tok/s | error | binds |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 errors = []
 for f in sorted(glob.glob(f"{out}/*.decode.json")):

@@ -116,6 +116,30 @@ fn plan_forecasts_from_a_trace_or_a_preset() {
     }
     assert!(["disk", "ram", "compute"].contains(&traced["binding"].as_str().unwrap()));
     assert_eq!(traced["ttft_s"].as_object().unwrap().len(), 3);
+    // The replay reads in the background on the recorded predictions; without prefetch it does
+    // not, and pread's demand reads, sharing the drive with them, are never faster.
+    let with = |extra: &[&str]| {
+        let mut args = vec![
+            "plan",
+            "--model",
+            s(&m),
+            "--drive",
+            "0.5",
+            "--trace",
+            s(&trace),
+            "--ram-budget",
+            "100KiB",
+        ];
+        args.extend_from_slice(extra);
+        args.push("--json");
+        ok_json(&args)
+    };
+    let (uring, pread, off) = (with(&[]), with(&["--io", "pread"]), with(&["--no-prefetch"]));
+    assert!(uring["prefetch_bytes_per_token"].as_f64().unwrap() > 0.0, "{uring}");
+    assert_eq!(off["prefetch_bytes_per_token"].as_f64(), Some(0.0));
+    assert!(pread["decode_tok_per_s"].as_f64() <= uring["decode_tok_per_s"].as_f64());
+    let slow = with(&["--cpu-overhead", "1"]);
+    assert!(slow["seconds_per_token"]["compute"].as_f64() > uring["seconds_per_token"]["compute"].as_f64());
     // A bigger cache hits more; more drives never slow decoding.
     let plan = |routing: &str, budget: &str, drive: &str| {
         ok_json(&[
@@ -168,6 +192,10 @@ fn damaged_traces_and_impossible_plans_are_named() {
     assert!(e.contains("--drive"), "{e}");
     let e = fails(&["plan", "--model", s(&m), "--drive", "1", "--ram-budget", "20GB", "--ram", "4GB"]);
     assert!(e.contains("--ram-budget"), "{e}");
+    let e = fails(&["plan", "--model", s(&m), "--drive", "1", "--cpu-overhead", "-1"]);
+    assert!(e.contains("--cpu-overhead"), "{e}");
+    let e = fails(&["plan", "--model", s(&m), "--drive", "1", "--io", "mmap"]);
+    assert!(e.contains("--io"), "{e}");
     let e = fails(&["plan", "--model", s(&m), "--drive", "1", "--routing", "zipf"]);
     assert!(e.contains("--routing") && e.contains("skewed"), "{e}");
     let other = fixture("deepseek_v3_tiny");

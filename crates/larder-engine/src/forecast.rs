@@ -4,35 +4,66 @@
 //! recall, and measured machine figures (drives, RAM, kernels), how fast
 //! decoding will be and which resource binds.
 //!
-//! Per decode token, with `m` the routed-expert bytes that miss the cache:
-//! - disk: `m / drives` seconds, all drives reading in parallel;
+//! Per decode token, with the reads a replay of the trace through the cache
+//! simulator counts (`larder_store::cache::prefetch_sim`: per MoE layer the
+//! records read on demand and those read in the background on the previous
+//! layer's predictions):
+//! - compute: the spine's bytes at its format's measured one-row kernel
+//!   speed and the token's experts' bytes at theirs, on all cores, plus
+//!   `cpu_overhead` of that for the work between the matrix products
+//!   (routing, norms, recurrent state, attention, thread hand-offs;
+//!   [`CPU_OVERHEAD`] measured here unless given);
 //! - RAM: the active weights (the spine but for the embedding table, of
 //!   which a token reads one row, plus the token's experts) once, at the RAM
-//!   bandwidth of all cores;
-//! - compute: the spine's bytes at its format's measured one-row kernel speed
-//!   and the token's experts' bytes at theirs, on all cores (the kernels
-//!   stream weights; CPU time is the larger of RAM and compute).
+//!   bandwidth of all cores; CPU time is the larger of RAM and compute;
+//! - checking digests: demand reads at one core's measured digest speed
+//!   (the model waits for them), background reads spread over all cores;
+//! - waiting: each layer's demand reads, at `demand_share` of the drives'
+//!   summed speed while the next layer's background reads (issued beside
+//!   them) are under way, at the full speed once those are done. Background
+//!   reads are issued one layer ahead, so one decoder layer's CPU time hides
+//!   those that fit in it; of the rest, the reads already under way when the
+//!   layer's demand comes (one per prefetch thread) are waited for, and the
+//!   others are cancelled as stale, their useful share then read on demand
+//!   (as the store does);
+//! - the drives: every read at their summed speed, a floor.
 //!
-//! With prefetch, the reads of a layer's experts that the previous layer's
-//! router predicted (`recall` of them) can overlap compute; the rest are
-//! read on demand, and every prediction is read, so the unpredicted share
-//! costs its bytes twice. Measured here, prefetch hides only part of what it
-//! could (its reads go through two pread threads, not the I/O backend), so
-//! `time = cpu + disk - overlap * recall * min(cpu, disk)` with
-//! [`PREFETCH_OVERLAP`] unless measured otherwise. Without prefetch nothing
-//! overlaps: `time = cpu + disk`. A prompt of `n` tokens
-//! runs read-once (each expert it routes to read once) and its compute is
-//! `n` rows of GEMM at the measured many-row speed; reads and compute are
-//! summed (conservative: they overlap only within a layer).
+//! `time = max(cpu + wait, reads / drives)`; the binding resource is the
+//! drives when all reads take longer than the CPU time, else RAM or compute.
+//! A prompt of `n` tokens runs read-once (each expert it routes to read once)
+//! and its compute is `n` rows of GEMM at the measured many-row speed; reads
+//! and compute are summed (conservative: they overlap only within a layer).
 
 use serde::Serialize;
 
 use crate::plan::ModelSizes;
 
-/// Share of the overlap prefetch could give that it gives: about 0.5 with
-/// io_uring and less with pread on this project's VM
-/// (bench/results/2026-12-03-plan.md, the uniform arms).
-pub const PREFETCH_OVERLAP: f64 = 0.5;
+/// CPU time of a decode step beyond its matrix products, as a share of
+/// theirs: measured on this project's VM (2-vCPU EPYC Zen 3) as in-RAM decode
+/// of kimi_linear k3-mini against the kernel figures (bench/results/
+/// 2026-12-05-plan.md); `larder plan --cpu-overhead` takes a figure measured
+/// on the machine planned for.
+pub const CPU_OVERHEAD: f64 = 0.15;
+
+/// io_uring: a demand batch is split into 1 MiB reads, 32 in flight at the
+/// default depth, against one whole-record read per prefetch thread (2):
+/// demand gets about 32 / 34 of the drive.
+pub const URING_DEMAND_SHARE: f64 = 32.0 / 34.0;
+/// pread: demand reads wait about as long as if they shared the drive evenly
+/// with the background reads beside them (measured: waits 1.5-2x io_uring's
+/// at the same bytes; bench/results/2026-12-05-plan.md).
+pub const PREAD_DEMAND_SHARE: f64 = 0.5;
+
+/// What one MoE layer reads per decode token.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct LayerReads {
+    /// Bytes read on demand (the model waits for them).
+    pub demand_bytes: f64,
+    /// Bytes read in the background on predictions (0 without prefetch).
+    pub prefetch_bytes: f64,
+    /// Share of those a demand then used.
+    pub prefetch_used: f64,
+}
 
 /// What the forecast is made from.
 #[derive(Debug, Clone, PartialEq)]
@@ -45,11 +76,8 @@ pub struct ForecastInput {
     pub ram_budget: u64,
     /// Share of a decode token's expert requests the cache serves.
     pub hit_rate: f64,
-    /// Share of a layer's experts its previous layer's router predicts.
-    pub recall: f64,
-    pub prefetch: bool,
-    /// Share of the possible overlap prefetch achieves ([`PREFETCH_OVERLAP`]).
-    pub prefetch_overlap: f64,
+    /// Per MoE layer, what a decode token reads (from the cache simulator).
+    pub reads: Vec<LayerReads>,
     /// Read GB/s of each drive (experts are striped over all of them).
     pub drives_gbps: Vec<f64>,
     /// RAM read GB/s of all cores together.
@@ -60,6 +88,16 @@ pub struct ForecastInput {
     pub expert_kernel_gbps: f64,
     /// Weight GB/s the kernels process per row at many rows (prefill), all cores.
     pub prefill_kernel_gbps: f64,
+    /// CPU work between the matrix products, as a share of theirs ([`CPU_OVERHEAD`]).
+    pub cpu_overhead: f64,
+    /// GB/s one core checks digests at (`None`: reads are not checked).
+    pub digest_gbps: Option<f64>,
+    pub cores: usize,
+    /// Background read threads (each has at most one read under way).
+    pub prefetch_threads: usize,
+    /// Share of the drives' speed demand reads get while background reads
+    /// are under way ([`URING_DEMAND_SHARE`], [`PREAD_DEMAND_SHARE`]).
+    pub demand_share: f64,
     /// Prompt lengths and, per length, the share of the bank a prompt that
     /// long routes to (read once by the prefill).
     pub prompts: Vec<(usize, f64)>,
@@ -75,32 +113,75 @@ pub struct Forecast {
     /// Routed-expert bytes read from the drives per decode token (prefetch
     /// reads that turn out unused included).
     pub bytes_per_token: f64,
+    /// All of a token's reads at the drives' summed speed.
     pub disk_s_per_token: f64,
     pub ram_s_per_token: f64,
+    /// Matrix products plus the overhead share.
     pub compute_s_per_token: f64,
+    /// Checking the digests of what a token reads.
+    pub digest_s_per_token: f64,
+    /// Time the model waits for reads per token.
+    pub wait_s_per_token: f64,
     /// Time to first token per prompt length (cold cache).
     pub ttft_s: Vec<(usize, f64)>,
+}
+
+/// RAM and compute seconds per decode token, and one decoder layer's share
+/// of the larger (the window a layer's background reads have).
+fn cpu_times(f: &ForecastInput) -> (f64, f64, f64) {
+    let s = &f.sizes;
+    let spine = s.spine_bytes.saturating_sub(f.embedding_bytes) as f64;
+    let active = spine + s.expert_bytes_per_token() as f64;
+    let ram = active / (f.ram_gbps.max(1e-9) * 1e9);
+    let gemm = spine / (f.spine_kernel_gbps.max(1e-9) * 1e9) + s.expert_bytes_per_token() as f64 / (f.expert_kernel_gbps.max(1e-9) * 1e9);
+    let compute = gemm * (1.0 + f.cpu_overhead.max(0.0));
+    (ram, compute, ram.max(compute) / s.layers.max(1) as f64)
+}
+
+/// How many background reads a MoE layer completes per decode token before
+/// its demand cancels the rest: those that fit in one decoder layer's CPU
+/// time at the drives' speed, plus one under way per prefetch thread (the
+/// cache simulator's prefetch limit).
+pub fn background_reads_per_layer(f: &ForecastInput) -> usize {
+    let drives: f64 = f.drives_gbps.iter().sum::<f64>() * 1e9;
+    let (_, _, window) = cpu_times(f);
+    let fit = (window * drives / f.sizes.expert_bytes.max(1) as f64).floor();
+    (fit as usize).saturating_add(f.prefetch_threads)
 }
 
 /// Forecasts decode and TTFT (see the module doc).
 pub fn forecast(f: &ForecastInput) -> Forecast {
     let s = &f.sizes;
     let drives: f64 = f.drives_gbps.iter().sum::<f64>().max(1e-9) * 1e9;
-    let requested = s.expert_bytes_per_token() as f64;
-    let missed = requested * (1.0 - f.hit_rate.clamp(0.0, 1.0));
-    let recall = f.recall.clamp(0.0, 1.0);
-    let bytes_per_token = if f.prefetch { missed * (2.0 - recall) } else { missed };
-    let spine = s.spine_bytes.saturating_sub(f.embedding_bytes) as f64;
-    let active = spine + requested;
-    let disk = missed / drives;
-    let ram = active / (f.ram_gbps.max(1e-9) * 1e9);
-    let compute = spine / (f.spine_kernel_gbps.max(1e-9) * 1e9) + requested / (f.expert_kernel_gbps.max(1e-9) * 1e9);
-    let cpu = ram.max(compute);
-    let per_token = if f.prefetch {
-        cpu + disk - f.prefetch_overlap.clamp(0.0, 1.0) * recall * cpu.min(disk)
-    } else {
-        cpu + disk
+    let active = s.spine_bytes.saturating_sub(f.embedding_bytes) as f64 + s.expert_bytes_per_token() as f64;
+    let (ram, compute, window) = cpu_times(f);
+    let in_flight = (f.prefetch_threads as u64).saturating_mul(s.expert_bytes) as f64;
+    let layers: Vec<(f64, f64, f64)> = f
+        .reads
+        .iter()
+        .map(|r| {
+            let done = r.prefetch_bytes.min(window * drives);
+            let late = (r.prefetch_bytes - done).min(in_flight);
+            let cancelled = r.prefetch_bytes - done - late;
+            (r.demand_bytes + cancelled * r.prefetch_used.clamp(0.0, 1.0), done, late)
+        })
+        .collect();
+    let share = f.demand_share.clamp(0.01, 1.0);
+    let (mut demand, mut background, mut wait) = (0.0, 0.0, 0.0);
+    for (i, &(on_demand, done, late)) in layers.iter().enumerate() {
+        let beside = layers.get(i + 1).map_or(0.0, |n| n.1 + n.2);
+        demand += on_demand;
+        background += done + late;
+        wait += ((on_demand / share).min(on_demand + beside) + late) / drives;
+    }
+    let bytes_per_token = demand + background;
+    let disk = bytes_per_token / drives;
+    let digest = match f.digest_gbps {
+        Some(g) => (demand + background / f.cores.max(1) as f64) / (g.max(1e-9) * 1e9),
+        None => 0.0,
     };
+    let cpu = ram.max(compute) + digest;
+    let per_token = (cpu + wait).max(disk);
     let binding = if disk >= cpu {
         "disk"
     } else if ram >= compute {
@@ -125,6 +206,8 @@ pub fn forecast(f: &ForecastInput) -> Forecast {
         disk_s_per_token: disk,
         ram_s_per_token: ram,
         compute_s_per_token: compute,
+        digest_s_per_token: digest,
+        wait_s_per_token: wait,
         ttft_s,
     }
 }
@@ -157,35 +240,88 @@ mod tests {
             embedding_bytes: 0,
             ram_budget: 5_000_000_000,
             hit_rate: 0.5,
-            recall: 0.7,
-            prefetch: true,
-            prefetch_overlap: 1.0,
+            // Per layer 50 MB missed: 20 MB on demand, 30 MB (and 10 MB wasted) in the background.
+            reads: vec![
+                LayerReads {
+                    demand_bytes: 20e6,
+                    prefetch_bytes: 40e6,
+                    prefetch_used: 0.75,
+                };
+                10
+            ],
             drives_gbps: vec![1.0, 1.0],
             ram_gbps: 20.0,
             spine_kernel_gbps: 10.0,
             expert_kernel_gbps: 10.0,
             prefill_kernel_gbps: 100.0,
+            cpu_overhead: 0.0,
+            digest_gbps: None,
+            cores: 2,
+            prefetch_threads: 1,
+            demand_share: 1.0,
             prompts: vec![(100, 1.0)],
         }
     }
 
     #[test]
-    fn disk_binds_and_prefetch_overlaps_what_it_predicts() {
+    fn demand_reads_stall_and_background_reads_hide_in_a_layer() {
         let f = forecast(&input());
-        // 1 GB requested per token, half missed, over 2 GB/s: 0.25 s; CPU 2 GB / 10 GB/s: 0.2 s.
-        assert!((f.disk_s_per_token - 0.25).abs() < 1e-9);
+        // 600 MB read per token over 2 GB/s: 0.3 s; CPU 2 GB / 10 GB/s: 0.2 s.
+        assert!((f.disk_s_per_token - 0.3).abs() < 1e-9);
         assert!((f.compute_s_per_token - 0.2).abs() < 1e-9);
         assert_eq!(f.binding, "disk");
-        // Full overlap of the predicted 70%: 0.2 + 0.25 - 0.7 * 0.2.
-        assert!((1.0 / f.decode_tok_per_s - 0.31).abs() < 1e-9);
-        let off = forecast(&ForecastInput {
-            prefetch: false,
+        // Each layer: 20 MB on demand (10 ms) + 40 MB in the background (20 ms)
+        // of which a layer's 20 ms of CPU hides all: 0.2 + 0.1 = 0.3 s, the drives' floor.
+        assert!((f.wait_s_per_token - 0.1).abs() < 1e-9);
+        assert!((1.0 / f.decode_tok_per_s - 0.3).abs() < 1e-9);
+        // Slower drives: a layer's 20 ms of CPU hides 20 MB of its background reads; the one
+        // record under way (10 MB) is waited for; the other 10 MB are cancelled and their used
+        // share (7.5 MB) read on demand: per layer 37.5 ms waited, 57.5 MB read.
+        let slow = forecast(&ForecastInput {
+            drives_gbps: vec![0.5, 0.5],
             ..input()
         });
-        assert!((1.0 / off.decode_tok_per_s - 0.45).abs() < 1e-9);
-        assert!(off.bytes_per_token < f.bytes_per_token);
+        assert!((slow.wait_s_per_token - 0.375).abs() < 1e-9);
+        assert!((slow.bytes_per_token - 575e6).abs() < 1.0);
+        assert!((1.0 / slow.decode_tok_per_s - 0.575).abs() < 1e-9);
         // The whole bank over 2 GB/s, then 100 rows of 2 GB at 100 GB/s, then a token.
-        assert!((f.ttft_s[0].1 - (5.0 + 2.0 + 0.31)).abs() < 1e-9);
+        assert!((f.ttft_s[0].1 - (5.0 + 2.0 + 0.3)).abs() < 1e-9);
+        // 20 ms at 2 GB/s is four 10 MB records, plus the one under way.
+        assert_eq!(background_reads_per_layer(&input()), 5);
+    }
+
+    #[test]
+    fn demand_beside_background_reads_gets_its_share_of_the_drive() {
+        let f = forecast(&ForecastInput {
+            demand_share: 0.5,
+            ..input()
+        });
+        // Nine layers read 20 MB on demand beside the next layer's 40 MB: at half speed, 20 ms
+        // each; the last has nothing beside it: 10 ms.
+        assert!((f.wait_s_per_token - (9.0 * 0.02 + 0.01)).abs() < 1e-9);
+        // Beside fewer background bytes than its own, demand takes its bytes plus theirs.
+        let f = forecast(&ForecastInput {
+            demand_share: 0.1,
+            ..input()
+        });
+        assert!((f.wait_s_per_token - (9.0 * 0.03 + 0.01)).abs() < 1e-9);
+    }
+
+    #[test]
+    fn overhead_and_digests_add_cpu_time() {
+        let base = forecast(&ForecastInput {
+            reads: vec![LayerReads::default(); 10],
+            ..input()
+        });
+        assert!((1.0 / base.decode_tok_per_s - 0.2).abs() < 1e-9);
+        let f = forecast(&ForecastInput {
+            cpu_overhead: 0.5,
+            digest_gbps: Some(10.0),
+            ..input()
+        });
+        assert!((f.compute_s_per_token - 0.3).abs() < 1e-9);
+        // 200 MB on demand at 10 GB/s, 400 MB in the background over 2 cores.
+        assert!((f.digest_s_per_token - (0.02 + 0.02)).abs() < 1e-9);
     }
 
     #[test]

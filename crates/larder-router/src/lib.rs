@@ -18,7 +18,7 @@ pub mod trace_stats;
 
 pub use sigmoid::SigmoidGroupTopK;
 pub use softmax::{softmax_topk, SoftmaxTopK};
-pub use synthetic::RoutingModel;
+pub use synthetic::{with_predictions, RoutingModel};
 pub use topk_softmax::{topk_softmax, TopKSoftmax};
 pub use trace::{Phase, Trace, TraceError, TraceHeader, TraceToken, TRACE_VERSION};
 pub use trace_stats::{PassRoutes, RouteStats};

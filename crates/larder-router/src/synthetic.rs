@@ -102,6 +102,37 @@ impl RoutingModel {
     }
 }
 
+/// `trace` with router lookahead of depth 1 added, for replaying prefetch
+/// over a trace drawn from a model: at every MoE layer after the first, each
+/// of a token's experts is predicted with chance `recall`, and the rest of
+/// the `top_k` predictions are drawn uniformly from the experts it does not
+/// route to there (seeded). A trace that records lookahead is returned as is.
+pub fn with_predictions(mut trace: Trace, recall: f64, seed: u64) -> Trace {
+    let layers = trace.header.moe_layers.len();
+    if trace.header.lookahead > 0 || layers < 2 {
+        return trace;
+    }
+    let e = trace.header.experts;
+    let mut rng = seed ^ 0x9e37_79b9_7f4a_7c15;
+    for t in &mut trace.tokens {
+        let mut depth1 = vec![Vec::new(); layers];
+        for (l, routes) in t.routes.iter().enumerate().skip(1) {
+            let mut guess: Vec<usize> = routes.iter().copied().filter(|_| uniform(&mut rng) < recall).collect();
+            let target = guess.len() + (routes.len() - guess.len()).min(e.saturating_sub(routes.len()));
+            while guess.len() < target {
+                let pick = (next(&mut rng) % e as u64) as usize;
+                if !routes.contains(&pick) && !guess.contains(&pick) {
+                    guess.push(pick);
+                }
+            }
+            depth1[l] = guess;
+        }
+        t.predicted = vec![depth1];
+    }
+    trace.header.lookahead = 1;
+    trace
+}
+
 /// The Zipf exponent whose hottest `fraction` of `experts` carries `share` of the weight.
 pub fn skew_for_hot_share(experts: usize, fraction: f64, share: f64) -> f64 {
     let hot = ((experts as f64 * fraction).round() as usize).clamp(1, experts.max(1));
@@ -190,5 +221,23 @@ mod tests {
         assert!(RoutingModel::preset("zipf", 8)
             .unwrap_err()
             .contains("uniform, local, skewed, mixed"));
+    }
+
+    #[test]
+    fn added_predictions_recall_what_they_were_asked_to() {
+        let t = RoutingModel::preset("uniform", 64).unwrap().trace(header(64, 8), 1000, 3);
+        let p = with_predictions(t, 0.7, 5);
+        p.check().unwrap();
+        let recall = p.route_stats(None).lookahead_recall[0].1;
+        assert!((recall - 0.7).abs() < 0.03, "{recall}");
+        assert!(p
+            .tokens
+            .iter()
+            .all(|t| t.predicted[0][0].is_empty() && t.predicted[0][1].len() == 8));
+        // A layer of as many experts as a token picks has no wrong guesses to draw.
+        let tiny = RoutingModel::preset("uniform", 8).unwrap().trace(header(8, 8), 10, 3);
+        let tiny = with_predictions(tiny, 0.5, 1);
+        tiny.check().unwrap();
+        assert!(tiny.tokens.iter().all(|t| t.predicted[0][1].len() <= 8));
     }
 }

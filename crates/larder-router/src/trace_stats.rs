@@ -23,6 +23,10 @@ pub struct PassRoutes {
     pub tokens: usize,
     pub phase: Phase,
     pub layers: Vec<Vec<usize>>,
+    /// Per MoE layer, the union of the experts the previous MoE layer's
+    /// router picked for it (the trace's lookahead depth 1; empty when not
+    /// recorded and for the first MoE layer).
+    pub predicted: Vec<Vec<usize>>,
 }
 
 /// Routing statistics of a trace (or of one phase of it).
@@ -59,6 +63,7 @@ impl Trace {
                     tokens: 0,
                     phase: t.phase,
                     layers: vec![Vec::new(); self.header.moe_layers.len()],
+                    predicted: vec![Vec::new(); self.header.moe_layers.len()],
                 });
             }
             let Some(p) = out.last_mut() else { continue };
@@ -66,9 +71,14 @@ impl Trace {
             for (union, experts) in p.layers.iter_mut().zip(&t.routes) {
                 union.extend(experts);
             }
+            if let Some(depth1) = t.predicted.first() {
+                for (union, experts) in p.predicted.iter_mut().zip(depth1) {
+                    union.extend(experts);
+                }
+            }
         }
         for p in &mut out {
-            for union in &mut p.layers {
+            for union in p.layers.iter_mut().chain(&mut p.predicted) {
                 union.sort_unstable();
                 union.dedup();
             }
@@ -212,6 +222,10 @@ mod tests {
         assert_eq!(p.len(), 2);
         assert_eq!((p[0].tokens, &p[0].layers[0]), (2, &vec![0, 1, 2]));
         assert_eq!(p[1].layers[1], vec![3, 4]);
+        assert!(p[0].predicted.iter().all(Vec::is_empty));
+        let p = trace(&[[0, 1], [1, 2], [3, 4]], true).passes();
+        assert_eq!(p[0].predicted, vec![vec![], vec![0, 1, 9]]);
+        assert_eq!(p[1].predicted[1], vec![3, 9]);
     }
 
     #[test]

@@ -24,6 +24,7 @@ mod kind;
 mod lfu;
 mod lru;
 mod pinned;
+pub mod prefetch_sim;
 mod s3fifo;
 pub mod sim;
 

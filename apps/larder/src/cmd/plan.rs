@@ -9,10 +9,10 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use larder_engine::forecast::{forecast, uniform_union_share, ForecastInput};
+use larder_engine::forecast::{self, forecast, uniform_union_share, ForecastInput, LayerReads};
 use larder_engine::plan::{headroom, ModelSizes};
 use larder_router::{Phase, RoutingModel, Trace, TraceHeader, TRACE_VERSION};
-use larder_store::cache::sim::simulate;
+use larder_store::cache::prefetch_sim::{simulate_prefetch, DecodeStep, LayerAccess, PrefetchLayer, PrefetchResult, PrefetchRule};
 use larder_store::cache::PolicyKind;
 use larder_store::{format_size, parse_size};
 use serde_json::json;
@@ -46,16 +46,27 @@ pub struct Args {
     /// Without --trace: a routing preset (uniform, local, skewed, mixed; docs/routing.md).
     #[arg(long, value_name = "PRESET", default_value = "uniform")]
     routing: String,
-    /// Router lookahead recall for prefetch (default: the trace's depth-1 recall, else 0.7).
+    /// Router lookahead recall for prefetch where the trace recorded no predictions (presets, traces
+    /// without lookahead): predictions are drawn with this recall (default 0.7).
     #[arg(long, value_name = "X")]
     recall: Option<f64>,
     /// Forecast without prefetch.
     #[arg(long)]
     no_prefetch: bool,
-    /// Share (0 to 1) of the overlap of predicted reads with compute that prefetch achieves (default 0.5,
-    /// measured on io_uring; docs/routing.md).
-    #[arg(long, value_name = "X")]
-    prefetch_overlap: Option<f64>,
+    /// The I/O backend planned for: uring (demand reads go first) or pread (they share the drive with
+    /// background reads).
+    #[arg(long, value_name = "BACKEND", default_value = "uring", value_parser = ["uring", "pread"])]
+    io: String,
+    /// Background read threads, as `run --prefetch N` gives them.
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = super::range(1, 64))]
+    prefetch_threads: usize,
+    /// CPU work between a decode step's matrix products, as a share of theirs (default 0.15, measured
+    /// on this project's VM; measure yours as in-RAM `larder bench decode` time over the plan's compute).
+    #[arg(long, value_name = "X", allow_hyphen_values = true)]
+    cpu_overhead: Option<f64>,
+    /// GB/s one core checks record digests at (default: measured here).
+    #[arg(long, value_name = "GBPS")]
+    digest_gbps: Option<f64>,
     /// Cores (default: this machine's).
     #[arg(long, value_parser = super::range(1, super::MAX_THREADS))]
     cores: Option<usize>,
@@ -137,16 +148,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         }
     };
     check_shape(&trace, &sizes, &a)?;
-    let hit_rate = decode_hit_rate(&trace, budget);
-    let traced_recall = trace.route_stats(Some(Phase::Decode)).lookahead_recall.first().map(|r| r.1);
-    let recall = a.recall.or(traced_recall).unwrap_or(PRESET_RECALL);
-    if !(0.0..=1.0).contains(&recall) {
-        bail!("--recall {recall}: a share from 0 to 1");
-    }
-    let overlap = a.prefetch_overlap.unwrap_or(larder_engine::forecast::PREFETCH_OVERLAP);
-    if !(0.0..=1.0).contains(&overlap) {
-        bail!("--prefetch-overlap {overlap}: a share from 0 to 1");
-    }
+    let recall = match a.recall {
+        Some(r) if !(0.0..=1.0).contains(&r) => bail!("--recall {r}: a share from 0 to 1"),
+        r => r.unwrap_or(PRESET_RECALL),
+    };
+    let trace = larder_router::with_predictions(trace, recall, 1);
+    let recall = trace
+        .route_stats(Some(Phase::Decode))
+        .lookahead_recall
+        .first()
+        .map_or(recall, |r| r.1);
+    let cpu_overhead = match a.cpu_overhead {
+        Some(x) if !(x.is_finite() && x >= 0.0) => bail!("--cpu-overhead {x}: a share of 0 or more"),
+        x => x.unwrap_or(larder_engine::forecast::CPU_OVERHEAD),
+    };
+    let digest_gbps = match a.digest_gbps {
+        Some(g) => positive("--digest-gbps", g)?,
+        None => larder_store::digest::check_gbps(64 << 20),
+    };
     let ram_gbps = match a.ram_gbps {
         Some(g) => positive("--ram-gbps", g)?,
         None => larder_tensor::bench::ram_read_gbps(256 << 20),
@@ -161,21 +180,34 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     };
     let (spine_kernel, expert_kernel, prefill_kernel) = kernel_speeds(&a, ram_gbps, expert_format)?;
     let prompts = a.prompt_lens.iter().map(|&n| (n, prompt_union_share(&trace, &sizes, n))).collect();
-    let f = forecast(&ForecastInput {
+    let mut input = ForecastInput {
         sizes: sizes.clone(),
         embedding_bytes,
         ram_budget: budget,
-        hit_rate,
-        recall,
-        prefetch: !a.no_prefetch,
-        prefetch_overlap: overlap,
+        hit_rate: 0.0,
+        reads: Vec::new(),
         drives_gbps: drives.clone(),
         ram_gbps: ram_gbps * cores as f64,
         spine_kernel_gbps: spine_kernel * cores as f64,
         expert_kernel_gbps: expert_kernel * cores as f64,
         prefill_kernel_gbps: prefill_kernel * cores as f64,
+        cpu_overhead,
+        digest_gbps: Some(digest_gbps),
+        cores,
+        prefetch_threads: a.prefetch_threads,
+        demand_share: if a.io == "pread" {
+            forecast::PREAD_DEMAND_SHARE
+        } else {
+            forecast::URING_DEMAND_SHARE
+        },
         prompts,
-    });
+    };
+    let limit = forecast::background_reads_per_layer(&input);
+    let reads = decode_reads(&trace, budget, !a.no_prefetch, limit);
+    input.hit_rate = reads.hit_rate();
+    input.reads = per_token_reads(&reads);
+    let f = forecast(&input);
+    let per_token = |bytes: fn(&PrefetchLayer) -> u64| reads.layers.iter().map(bytes).sum::<u64>() as f64 / reads.tokens.max(1) as f64;
     let ttft: serde_json::Map<String, serde_json::Value> = f.ttft_s.iter().map(|(n, s)| (n.to_string(), json!(s))).collect();
     let doc = json!({
         "model": a.model,
@@ -191,11 +223,18 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "routing": if a.trace.is_some() { "trace".to_string() } else { a.routing.clone() },
         "recall": recall,
         "prefetch": !a.no_prefetch,
-        "prefetch_overlap": overlap,
-        "seconds_per_token": {"disk": f.disk_s_per_token, "ram": f.ram_s_per_token, "compute": f.compute_s_per_token},
+        "io": a.io,
+        "demand_bytes_per_token": per_token(|l| l.demand_bytes),
+        "prefetch_bytes_per_token": per_token(|l| l.prefetch_bytes),
+        "prefetch_used_per_token": per_token(|l| l.prefetch_used),
+        "bytes_per_token_simulated": reads.bytes_per_token(),
+        "cpu_overhead": cpu_overhead,
+        "seconds_per_token": {"disk": f.disk_s_per_token, "ram": f.ram_s_per_token, "compute": f.compute_s_per_token,
+                              "digest": f.digest_s_per_token, "wait": f.wait_s_per_token},
         "machine": {"ram": ram, "drives_gbps": drives, "cores": cores, "ram_gbps_per_core": ram_gbps,
                     "spine_kernel_gbps_per_core": spine_kernel, "expert_kernel_gbps_per_core": expert_kernel,
-                    "expert_format": expert_format, "prefill_kernel_gbps_per_core": prefill_kernel},
+                    "expert_format": expert_format, "prefill_kernel_gbps_per_core": prefill_kernel,
+                    "digest_gbps_per_core": digest_gbps},
     });
     if a.json {
         return super::print_json(&doc);
@@ -215,17 +254,20 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         format_size(budget),
         100.0 * budget as f64 / sizes.bank_bytes as f64,
         PolicyKind::default().name(),
-        100.0 * hit_rate,
+        100.0 * f.hit_rate,
         doc["routing"].as_str().unwrap_or(""),
         format_size(f.bytes_per_token as u64)
     );
     println!(
-        "decode: {:.2} tok/s, bound by {} (per token: disk {:.3} s, RAM {:.3} s, compute {:.3} s; prefetch {}, recall {:.0}%)",
+        "decode: {:.2} tok/s, bound by {} (per token: disk {:.3} s, RAM {:.3} s, compute {:.3} s, digests {:.3} s, \
+         waiting for reads {:.3} s; prefetch {}, recall {:.0}%)",
         f.decode_tok_per_s,
         f.binding,
         f.disk_s_per_token,
         f.ram_s_per_token,
         f.compute_s_per_token,
+        f.digest_s_per_token,
+        f.wait_s_per_token,
         if a.no_prefetch { "off" } else { "on" },
         100.0 * recall
     );
@@ -290,23 +332,49 @@ fn check_shape(trace: &Trace, sizes: &ModelSizes, a: &Args) -> anyhow::Result<()
     Ok(())
 }
 
-/// The default policy's hit rate over the decode passes, the prompt's passes
-/// warming the cache first (the simulator is replayed twice: a policy's
-/// state over a prefix does not depend on what follows it).
-fn decode_hit_rate(trace: &Trace, budget: u64) -> f64 {
+/// The default policy over the trace's decode passes, the prompt's passes
+/// warming the cache first: what each MoE layer reads on demand and, with
+/// `prefetch`, in the background on the recorded depth-1 predictions
+/// (`larder_store::cache::prefetch_sim`), at most `per_layer` of them per
+/// layer and token.
+fn decode_reads(trace: &Trace, budget: u64, prefetch: bool, per_layer: usize) -> PrefetchResult {
     let steps = super::bench_cache::steps(trace);
     let passes = trace.passes();
     let prompt = passes.iter().take_while(|p| p.phase == Phase::Prompt).count();
-    let heat = std::collections::HashMap::new();
-    let layers = trace.header.moe_layers.len();
-    let run = |n: usize| simulate(&steps[..n], budget, PolicyKind::default().build(budget, layers, &heat).as_mut());
-    let (all, warm) = (run(steps.len()), run(prompt));
-    let accesses = all.accesses - warm.accesses;
-    if accesses == 0 {
-        0.0
-    } else {
-        (all.hits - warm.hits) as f64 / accesses as f64
-    }
+    let h = &trace.header;
+    let decode: Vec<DecodeStep> = passes[prompt..]
+        .iter()
+        .map(|p| DecodeStep {
+            tokens: p.tokens,
+            layers: (0..h.moe_layers.len())
+                .map(|i| LayerAccess {
+                    layer: h.moe_layers[i],
+                    bytes: h.expert_bytes[i],
+                    demand: p.layers[i].clone(),
+                    predicted: if prefetch { p.predicted[i].clone() } else { Vec::new() },
+                })
+                .collect(),
+        })
+        .collect();
+    let mut policy = PolicyKind::default().build(budget, h.moe_layers.len(), &std::collections::HashMap::new());
+    let rule = PrefetchRule {
+        per_layer: Some(per_layer),
+        ..PrefetchRule::default()
+    };
+    simulate_prefetch(&steps[..prompt], &decode, budget, policy.as_mut(), rule)
+}
+
+/// Per MoE layer, the bytes a decode token reads on demand and in the background.
+fn per_token_reads(r: &PrefetchResult) -> Vec<LayerReads> {
+    let tokens = r.tokens.max(1) as f64;
+    r.layers
+        .iter()
+        .map(|l| LayerReads {
+            demand_bytes: l.demand_bytes as f64 / tokens,
+            prefetch_bytes: l.prefetch_bytes as f64 / tokens,
+            prefetch_used: l.prefetch_used as f64 / l.prefetch_reads.max(1) as f64,
+        })
+        .collect()
 }
 
 /// The share of each layer's experts the first `n` tokens route to: from the

@@ -104,16 +104,32 @@ fn flatten(steps: &[Step]) -> (Vec<(Key, u64)>, u64) {
 }
 
 /// A cache of keys and sizes driven like [`ExpertCache`](super::ExpertCache).
-struct Held<'a> {
+pub(super) struct Held<'a> {
     budget: u64,
     used: u64,
     map: HashMap<Key, u64>,
     policy: &'a mut dyn EvictionPolicy,
 }
 
-impl Held<'_> {
+impl<'a> Held<'a> {
+    /// An empty cache of `budget` bytes run by `policy`.
+    pub(super) fn new(budget: u64, policy: &'a mut dyn EvictionPolicy) -> Held<'a> {
+        Held {
+            budget,
+            used: 0,
+            map: HashMap::new(),
+            policy,
+        }
+    }
+
+    /// Whether `key` is held (no policy call: a lookup the engine makes
+    /// without using the entry, as prefetch does).
+    pub(super) fn contains(&self, key: Key) -> bool {
+        self.map.contains_key(&key)
+    }
+
     /// `ExpertCache::get`: a hit marks the key used.
-    fn get(&mut self, key: Key) -> bool {
+    pub(super) fn get(&mut self, key: Key) -> bool {
         if !self.map.contains_key(&key) {
             return false;
         }
@@ -122,7 +138,7 @@ impl Held<'_> {
     }
 
     /// `ExpertCache::insert` for a key not held.
-    fn insert(&mut self, key: Key, bytes: u64) {
+    pub(super) fn insert(&mut self, key: Key, bytes: u64) {
         if bytes > self.budget {
             return;
         }
@@ -145,34 +161,35 @@ impl Held<'_> {
 /// Replays `steps` against `policy` (fresh, built for `budget`) in a cache
 /// of `budget` bytes.
 pub fn simulate(steps: &[Step], budget: u64, policy: &mut dyn EvictionPolicy) -> SimResult {
-    let mut held = Held {
-        budget,
-        used: 0,
-        map: HashMap::new(),
-        policy,
-    };
+    let mut held = Held::new(budget, policy);
     let mut tally = Tally::default();
-    let mut seen = HashSet::new();
-    let mut misses = Vec::new();
     for step in steps {
         tally.tokens += step.tokens as u64;
-        seen.clear();
-        let unique: Vec<(Key, u64)> = step.accesses.iter().filter(|(k, _)| seen.insert(*k)).copied().collect();
-        for layer in unique.chunk_by(|a, b| a.0 .0 == b.0 .0) {
-            misses.clear();
-            for &(key, bytes) in layer {
-                let hit = held.get(key);
-                tally.access(bytes, hit);
-                if !hit {
-                    misses.push((key, bytes));
-                }
-            }
-            for &(key, bytes) in &misses {
-                held.insert(key, bytes);
-            }
-        }
+        replay_step(&mut held, step, &mut |bytes, hit| tally.access(bytes, hit));
     }
     tally.finish()
+}
+
+/// One step through `held` as the store's `fetch` runs it: deduped, and per
+/// run of one layer's accesses every key looked up before the misses are
+/// inserted; `access(bytes, hit)` is called for each deduped access.
+pub(super) fn replay_step(held: &mut Held, step: &Step, access: &mut dyn FnMut(u64, bool)) {
+    let mut seen = HashSet::new();
+    let unique: Vec<(Key, u64)> = step.accesses.iter().filter(|(k, _)| seen.insert(*k)).copied().collect();
+    let mut misses = Vec::new();
+    for layer in unique.chunk_by(|a, b| a.0 .0 == b.0 .0) {
+        misses.clear();
+        for &(key, bytes) in layer {
+            let hit = held.get(key);
+            access(bytes, hit);
+            if !hit {
+                misses.push((key, bytes));
+            }
+        }
+        for &(key, bytes) in &misses {
+            held.insert(key, bytes);
+        }
+    }
 }
 
 /// Never used again.
