@@ -2,7 +2,8 @@
 //! out an `Arc`, never a copy) under a byte budget that is never exceeded.
 //!
 //! What to evict is a [`EvictionPolicy`]; the default is [`FairAdaptive`]
-//! (per-layer shares, LRU or LFU within a layer by which hits more lately);
+//! (per-layer shares; within a layer LRU, LFU or a hybrid of both, by which
+//! hits most lately);
 //! [`FairLru`], the previous default, is LRU
 //! with per-layer fairness: when room is needed it evicts from layers holding
 //! more than their share of the budget (budget / layers) first, so one
@@ -23,6 +24,7 @@ mod fair_adaptive;
 mod kind;
 mod lfu;
 mod lru;
+pub mod online_bound;
 mod pinned;
 pub mod prefetch_sim;
 mod s3fifo;

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use larder_router::Trace;
+use larder_store::cache::online_bound::simulate_online_bound;
 use larder_store::cache::sim::{simulate, simulate_belady, simulate_belady_shares, SimResult, Step};
 use larder_store::cache::PolicyKind;
 use serde::Serialize;
@@ -22,6 +23,9 @@ pub const BELADY: &str = "belady";
 /// The optimum held to fixed per-layer shares of the budget (as the fair
 /// policies hold theirs): what a policy with those shares could reach at best.
 pub const BELADY_SHARES: &str = "belady_fair_shares";
+/// What an online policy could reach at best on a trace whose routes depend
+/// on the previous token only (`larder_store::cache::online_bound`).
+pub const ONLINE_BOUND: &str = "online_bound";
 
 /// Arguments of `larder bench cache`.
 #[derive(clap::Args)]
@@ -76,7 +80,7 @@ pub fn steps(trace: &Trace) -> Vec<Step> {
 }
 
 /// Replays `trace` at each budget (bytes) against `policies` (names of
-/// [`PolicyKind`], [`BELADY`] or [`BELADY_SHARES`]).
+/// [`PolicyKind`], [`BELADY`], [`BELADY_SHARES`] or [`ONLINE_BOUND`]).
 pub fn replay(trace: &Trace, budgets: &[u64], policies: &[&str]) -> anyhow::Result<Vec<Curve>> {
     let steps = steps(trace);
     let heat = trace
@@ -94,6 +98,8 @@ pub fn replay(trace: &Trace, budgets: &[u64], policies: &[&str]) -> anyhow::Resu
                 simulate_belady(&steps, budget)
             } else if name == BELADY_SHARES {
                 simulate_belady_shares(&steps, budget, layers)
+            } else if name == ONLINE_BOUND {
+                simulate_online_bound(&steps, budget)
             } else {
                 let kind: PolicyKind = name.parse().map_err(|e| anyhow::anyhow!("{e}"))?;
                 simulate(&steps, budget, kind.build(budget, layers, &heat).as_mut())
@@ -141,7 +147,7 @@ pub fn run(a: CacheArgs) -> anyhow::Result<()> {
         a.budgets.iter().map(|b| parse_budget(b, bank)).collect::<anyhow::Result<_>>()?
     };
     let mut names: Vec<&str> = PolicyKind::ALL.iter().map(|k| k.name()).collect();
-    names.extend([BELADY, BELADY_SHARES]);
+    names.extend([BELADY, BELADY_SHARES, ONLINE_BOUND]);
     let curves = replay(&trace, &budgets, &names).with_context(|| format!("replaying {}", a.trace.display()))?;
     let default = PolicyKind::default().name();
     if a.json {
@@ -181,7 +187,11 @@ pub fn run(a: CacheArgs) -> anyhow::Result<()> {
         }
         println!();
     }
-    for (bound, what) in [(BELADY, "Belady's hit rate"), (BELADY_SHARES, "Belady's in fixed per-layer shares")] {
+    for (bound, what) in [
+        (BELADY, "Belady's hit rate"),
+        (BELADY_SHARES, "Belady's in fixed per-layer shares"),
+        (ONLINE_BOUND, "the online bound's"),
+    ] {
         let worst = curves
             .iter()
             .filter(|c| c.hit(bound) > 0.0)
