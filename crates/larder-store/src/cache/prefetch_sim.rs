@@ -129,7 +129,7 @@ pub fn simulate_prefetch(
 ) -> PrefetchResult {
     let mut held = Held::new(budget, policy);
     for step in warm {
-        replay_step(&mut held, step, &mut |_, _| {});
+        replay_step(&mut held, step, &mut |_, _, _| {});
     }
     let layers = decode.first().map_or(0, |t| t.layers.len());
     let mut out: Vec<PrefetchLayer> = decode.first().map_or_else(Vec::new, |t| {
@@ -159,27 +159,21 @@ pub fn simulate_prefetch(
                     }
                 }
             }
-            let mut seen = HashSet::new();
-            let demand: Vec<usize> = access.demand.iter().copied().filter(|e| seen.insert(*e)).collect();
-            let mut misses = Vec::new();
-            for &e in &demand {
-                let key = (access.layer, e);
+            let demand = Step {
+                tokens: 0,
+                accesses: access.demand.iter().map(|&e| ((access.layer, e), access.bytes)).collect(),
+            };
+            replay_step(&mut held, &demand, &mut |key, bytes, hit| {
                 tally.accesses += 1;
-                if held.get(key) {
+                let prefetched = in_flight.remove(&key);
+                if hit {
                     tally.hits += 1;
-                    if in_flight.remove(&key) {
-                        tally.prefetch_used += 1;
-                    }
+                    tally.prefetch_used += u64::from(prefetched);
                 } else {
-                    in_flight.remove(&key);
-                    misses.push(key);
+                    tally.demand_reads += 1;
+                    tally.demand_bytes += bytes;
                 }
-            }
-            for key in misses {
-                held.insert(key, access.bytes);
-                tally.demand_reads += 1;
-                tally.demand_bytes += access.bytes;
-            }
+            });
         }
     }
     PrefetchResult {

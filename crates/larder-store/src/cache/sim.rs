@@ -165,15 +165,15 @@ pub fn simulate(steps: &[Step], budget: u64, policy: &mut dyn EvictionPolicy) ->
     let mut tally = Tally::default();
     for step in steps {
         tally.tokens += step.tokens as u64;
-        replay_step(&mut held, step, &mut |bytes, hit| tally.access(bytes, hit));
+        replay_step(&mut held, step, &mut |_, bytes, hit| tally.access(bytes, hit));
     }
     tally.finish()
 }
 
 /// One step through `held` as the store's `fetch` runs it: deduped, and per
 /// run of one layer's accesses every key looked up before the misses are
-/// inserted; `access(bytes, hit)` is called for each deduped access.
-pub(super) fn replay_step(held: &mut Held, step: &Step, access: &mut dyn FnMut(u64, bool)) {
+/// inserted; `access(key, bytes, hit)` is called for each deduped access.
+pub(super) fn replay_step(held: &mut Held, step: &Step, access: &mut dyn FnMut(Key, u64, bool)) {
     let mut seen = HashSet::new();
     let unique: Vec<(Key, u64)> = step.accesses.iter().filter(|(k, _)| seen.insert(*k)).copied().collect();
     let mut misses = Vec::new();
@@ -181,7 +181,7 @@ pub(super) fn replay_step(held: &mut Held, step: &Step, access: &mut dyn FnMut(u
         misses.clear();
         for &(key, bytes) in layer {
             let hit = held.get(key);
-            access(bytes, hit);
+            access(key, bytes, hit);
             if !hit {
                 misses.push((key, bytes));
             }
