@@ -16,8 +16,11 @@
 //! - RAM: the active weights (the spine but for the embedding table, of
 //!   which a token reads one row, plus the token's experts) once, at the RAM
 //!   bandwidth of all cores; CPU time is the larger of RAM and compute;
-//! - checking digests: demand reads at one core's measured digest speed
-//!   (the model waits for them), background reads spread over all cores;
+//! - checking digests, at one core's measured digest speed: the store checks
+//!   a layer's records on all cores as their reads complete
+//!   (`larder_store`'s demand reads), so the model waits for the check of
+//!   each layer's last demand read alone and for the rest spread over the
+//!   cores, background reads included;
 //! - waiting: each layer's demand reads, at `demand_share` of the drives'
 //!   summed speed while the next layer's background reads (issued beside
 //!   them) are under way, at the full speed once those are done. Background
@@ -167,19 +170,21 @@ pub fn forecast(f: &ForecastInput) -> Forecast {
         })
         .collect();
     let share = f.demand_share.clamp(0.01, 1.0);
-    let (mut demand, mut background, mut wait) = (0.0, 0.0, 0.0);
+    let cores = f.cores.max(1) as f64;
+    let (mut demand, mut background, mut wait, mut checked) = (0.0, 0.0, 0.0, 0.0);
     for (i, &(on_demand, done, late)) in layers.iter().enumerate() {
         let beside = layers.get(i + 1).map_or(0.0, |n| n.1 + n.2);
         demand += on_demand;
         background += done + late;
         wait += ((on_demand / share).min(on_demand + beside) + late) / drives;
+        // The last record a layer reads is checked alone; the others and
+        // the background reads are checked on all cores.
+        let last = on_demand.min(s.expert_bytes as f64);
+        checked += last + (on_demand - last + done + late) / cores;
     }
     let bytes_per_token = demand + background;
     let disk = bytes_per_token / drives;
-    let digest = match f.digest_gbps {
-        Some(g) => (demand + background / f.cores.max(1) as f64) / (g.max(1e-9) * 1e9),
-        None => 0.0,
-    };
+    let digest = f.digest_gbps.map_or(0.0, |g| checked / (g.max(1e-9) * 1e9));
     let cpu = ram.max(compute) + digest;
     let per_token = (cpu + wait).max(disk);
     let binding = if disk >= cpu {
@@ -320,8 +325,17 @@ mod tests {
             ..input()
         });
         assert!((f.compute_s_per_token - 0.3).abs() < 1e-9);
-        // 200 MB on demand at 10 GB/s, 400 MB in the background over 2 cores.
-        assert!((f.digest_s_per_token - (0.02 + 0.02)).abs() < 1e-9);
+        // At 10 GB/s, per layer: the last 10 MB demand record alone, the other
+        // 10 MB and the 40 MB read in the background over 2 cores.
+        assert!((f.digest_s_per_token - 10.0 * (0.001 + 0.0025)).abs() < 1e-9);
+        // One core checks everything in turn.
+        let one = forecast(&ForecastInput {
+            cores: 1,
+            cpu_overhead: 0.5,
+            digest_gbps: Some(10.0),
+            ..input()
+        });
+        assert!((one.digest_s_per_token - 10.0 * 0.006).abs() < 1e-9);
     }
 
     #[test]

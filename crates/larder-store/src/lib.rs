@@ -20,6 +20,7 @@
 pub mod bench;
 pub mod buf;
 pub mod cache;
+mod demand;
 pub mod digest;
 pub mod drive;
 pub mod drive_load;

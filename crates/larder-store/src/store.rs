@@ -1,6 +1,7 @@
 //! [`ExpertStore`]: the RAM cache in front of an I/O backend over an
 //! [`ExpertIndex`]. `fetch` hands out each requested expert as soon as it is
-//! available (hits at once, misses as their reads complete), checks digests,
+//! available (hits at once, misses as their reads complete and their digests
+//! are checked, several at once on the rayon pool),
 //! fills the cache and counts everything in [`StoreStats`]; `prefetch`
 //! starts background reads of experts the model expects to need next
 //! (see [`crate::prefetch`]).
@@ -11,6 +12,7 @@ use std::time::Instant;
 
 use crate::buf::SharedBytes;
 use crate::cache::{ExpertCache, Key};
+use crate::demand::Tally;
 use crate::digest::Digest;
 use crate::drive_load::{DriveLoad, Ticket};
 use crate::io::{open_backend, IoBackend, IoKind, IoOptions};
@@ -233,7 +235,8 @@ impl ExpertStore {
     }
 
     /// Calls `ready(i, record)` for each `ids[i]` of `layer` as soon as its
-    /// bytes are available: reads in completion order, then ones a prefetch
+    /// bytes are available and checked (digests of demand reads are checked
+    /// on the rayon pool, see [`crate::demand`]): reads in about completion order, then ones a prefetch
     /// is still reading. Cached ones are handed over when the first read
     /// completes (the other reads are in flight then, so computing the
     /// cached experts overlaps them), or at once when nothing is read.
@@ -284,74 +287,31 @@ impl ExpertStore {
             }
         }
         let started = Instant::now();
-        let mut in_ready = 0.0f64;
-        let mut verify_s = 0.0f64;
-        let mut bytes = 0u64;
-        let mut failure: Option<E> = None;
-        // Hands every cached record to `ready`, timing it as compute.
-        let mut run_cached = |ready: &mut dyn FnMut(usize, Arc<ExpertRecord>) -> Result<(), E>, in_ready: &mut f64| {
-            let t = Instant::now();
-            let r = cached.drain(..).try_for_each(|(i, rec)| ready(i, rec));
-            *in_ready += t.elapsed().as_secs_f64();
-            r
-        };
+        let mut tally = Tally::new();
         if misses.is_empty() {
-            if let Err(e) = run_cached(ready, &mut in_ready) {
-                failure = Some(e);
-            }
+            tally.hand_cached(ready, &mut cached);
         } else {
-            let (copies, jobs, mut tickets) = sh.plan_reads(misses.iter().map(|&i| (layer, ids[i])));
-            sh.backend.read(&jobs, &mut |job, result| {
-                tickets[job] = None;
-                if failure.is_some() {
-                    return;
-                }
-                if let Err(e) = run_cached(ready, &mut in_ready) {
-                    failure = Some(e);
-                    return;
-                }
-                let i = misses[job];
-                let outcome = result
-                    .and_then(|views| sh.record(layer, ids[i], copies[job], &views, &mut verify_s))
-                    .map_err(E::from);
-                let outcome = outcome.and_then(|(record, n)| {
-                    bytes += n;
-                    let t = Instant::now();
-                    let r = ready(i, record);
-                    in_ready += t.elapsed().as_secs_f64();
-                    r
-                });
-                if let Err(e) = outcome {
-                    failure = Some(e);
-                }
-            });
+            crate::demand::read_misses(sh, layer, ids, &misses, &mut cached, ready, &mut tally);
         }
         for (i, p) in waits {
-            if failure.is_some() {
+            if tally.failure.is_some() {
                 break;
             }
-            let result = p.wait();
-            let outcome = match result {
+            let outcome = match p.wait() {
                 Ok(record) => {
                     hits += 1;
                     from_prefetch += 1;
                     lock(&sh.prefetched).remove(&(layer, ids[i]));
-                    Ok(record)
+                    Ok((record, 0))
                 }
                 // The prefetch failed: read it on demand (reporting that read's error if any).
-                Err(_) => self.read_one(layer, ids[i], &mut verify_s, &mut bytes).inspect(|_| misses.push(i)),
+                Err(_) => self.read_one(layer, ids[i], &mut tally.verify_inline_s).inspect(|_| misses.push(i)),
             };
-            let outcome = outcome.map_err(E::from).and_then(|record| {
-                let t = Instant::now();
-                let r = ready(i, record);
-                in_ready += t.elapsed().as_secs_f64();
-                r
-            });
-            if let Err(e) = outcome {
-                failure = Some(e);
-            }
+            tally.hand(ready, i, outcome);
         }
-        let waited = (started.elapsed().as_secs_f64() - in_ready - verify_s).max(0.0);
+        // Waiting: the computing thread neither computing nor checking digests
+        // (it waits for reads, and for checks running on the pool).
+        let waited = (started.elapsed().as_secs_f64() - tally.in_ready - tally.verify_inline_s).max(0.0);
         {
             let mut s = lock(&sh.stats);
             s.hits += hits;
@@ -362,12 +322,12 @@ impl ExpertStore {
                 c.misses += misses.len() as u64;
                 c.prefetch_hits += from_prefetch;
             }
-            s.bytes_read += bytes;
+            s.bytes_read += tally.bytes;
             s.reads += misses.len() as u64;
             s.io_wait_s += waited;
-            s.verify_s += verify_s;
+            s.verify_s += tally.verify_inline_s + tally.verify_pool_s;
         }
-        match failure {
+        match tally.failure {
             Some(e) => Err(e),
             None => Ok(()),
         }
@@ -433,7 +393,8 @@ impl ExpertStore {
         Ok((count, bytes))
     }
 
-    fn read_one(&self, layer: usize, expert: usize, verify_s: &mut f64, bytes: &mut u64) -> Result<Arc<ExpertRecord>, StoreError> {
+    /// Reads one record on this thread: its read's record and payload bytes.
+    fn read_one(&self, layer: usize, expert: usize, verify_s: &mut f64) -> Result<(Arc<ExpertRecord>, u64), StoreError> {
         let sh = &*self.shared;
         let loc = sh.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
         let (copy, ticket) = sh.drives.choose(loc);
@@ -441,9 +402,7 @@ impl ExpertStore {
         sh.backend.read(&[loc.copy(copy)], &mut |_, r| out = Some(r));
         drop(ticket);
         let views = out.unwrap_or_else(|| Err(StoreError::Invalid("backend reported nothing".into())))?;
-        let (record, n) = sh.record(layer, expert, copy, &views, verify_s)?;
-        *bytes += n;
-        Ok(record)
+        sh.record(layer, expert, copy, &views, verify_s)
     }
 }
 

@@ -192,3 +192,48 @@ fn a_layer_whose_predictions_go_unused_stops_prefetching() {
     assert!(right.prefetch_precision() > 0.99 && right.prefetch_recall() > 0.9, "{right:?}");
     assert!(!store.prefetch_skipped().contains_key(&0));
 }
+
+/// Demand reads' digests are checked as tasks on the rayon pool when it has
+/// more than one thread, on the computing thread otherwise: the same records
+/// reach the caller either way, a corrupt one is an error and never cached,
+/// and the checks' time is counted.
+#[test]
+fn digests_checked_on_the_pool_or_inline_give_the_same_records_and_errors() {
+    let (mut idx, bytes) = index("pool", 2, 16);
+    idx.layers[1][5].digest = Some(Digest(0xbad));
+    for threads in [1, 4] {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+        pool.install(|| {
+            let store = ExpertStore::open(idx.clone(), opts(64 * RECORD, 0)).unwrap();
+            let all: Vec<usize> = (0..16).collect();
+            fetch_all(&store, 0, &all, &bytes, 16).unwrap();
+            // Now cached: handed over without a read.
+            fetch_all(&store, 0, &all, &bytes, 16).unwrap();
+            let s = store.stats();
+            assert_eq!((s.misses, s.hits, s.bytes_read), (16, 16, 16 * RECORD), "{threads} threads");
+            assert!(s.verify_s > 0.0);
+            let err = fetch_all(&store, 1, &[2, 5, 9], &bytes, 16).unwrap_err();
+            assert!(matches!(err, StoreError::Digest { layer: 1, expert: 5, .. }), "{err}");
+            assert!(!store.cache().contains((1, 5)), "a record that failed its digest is never cached");
+            assert!(fetch_all(&store, 1, &[5], &bytes, 16).is_err(), "and fails again when asked again");
+            fetch_all(&store, 1, &[2, 9], &bytes, 16).unwrap();
+        });
+    }
+}
+
+/// A callback error stops the handing over at once, whichever thread
+/// checked the digests, and the fetch returns that error.
+#[test]
+fn a_callback_error_stops_the_fetch_with_it() {
+    let (idx, _) = index("callback", 1, 8);
+    let store = ExpertStore::open(idx, opts(64 * RECORD, 0)).unwrap();
+    let mut calls = 0;
+    let err = store
+        .fetch::<StoreError>(0, &[0, 1, 2, 3, 4, 5], &mut |_, _| {
+            calls += 1;
+            Err(StoreError::Invalid("stop".into()))
+        })
+        .unwrap_err();
+    assert!(err.to_string().contains("stop"), "{err}");
+    assert_eq!(calls, 1);
+}
