@@ -51,6 +51,12 @@ pub trait EvictionPolicy: Send {
     /// The cache's budget changed to `budget` (policies whose shares
     /// depend on it rescale them; entries are evicted by the cache).
     fn resized(&mut self, _budget: u64) {}
+    /// Asked when `incoming` (not held) would need a victim: `false` keeps
+    /// it out of the cache (the caller still uses it; the policy counts that
+    /// access itself, as no `inserted` follows). Default: always admitted.
+    fn admits(&mut self, _incoming: Key, _bytes: u64) -> bool {
+        true
+    }
 }
 
 /// The key [`ExpertCache::set_budget`] asks victims for: no real entry.
@@ -235,9 +241,20 @@ impl<V> ExpertCache<V> {
         self.lock().map.keys().copied().collect()
     }
 
-    /// Adds an entry of `bytes`, evicting as needed. Values larger than the
-    /// whole budget are not kept (returns `false`).
+    /// Adds an entry of `bytes` just read on demand, evicting as needed,
+    /// unless the policy does not admit it (see [`EvictionPolicy::admits`]).
+    /// Values larger than the whole budget are not kept. Returns whether it was kept.
     pub fn insert(&self, key: Key, value: Arc<V>, bytes: u64) -> bool {
+        self.insert_with(key, value, bytes, true)
+    }
+
+    /// [`insert`](Self::insert) for an entry expected to be used soon (a
+    /// prefetch of a predicted expert, warming): admitted whatever its history.
+    pub fn insert_expected(&self, key: Key, value: Arc<V>, bytes: u64) -> bool {
+        self.insert_with(key, value, bytes, false)
+    }
+
+    fn insert_with(&self, key: Key, value: Arc<V>, bytes: u64, ask: bool) -> bool {
         let mut g = self.lock();
         if bytes > g.budget {
             return false;
@@ -245,6 +262,9 @@ impl<V> ExpertCache<V> {
         if let Some((_, old)) = g.map.remove(&key) {
             g.used -= old;
             g.policy.removed(key);
+        }
+        if ask && g.used + bytes > g.budget && !g.policy.admits(key, bytes) {
+            return false;
         }
         while g.used + bytes > g.budget {
             let Some(victim) = g.policy.victim(key, bytes) else { break };

@@ -103,7 +103,7 @@ pub(crate) fn read_misses<E: From<StoreError>>(
             if tally.failure.is_none() {
                 let i = misses[job];
                 let mut secs = 0.0;
-                let outcome = result.and_then(|views| sh.record(layer, ids[i], copies[job], &views, &mut secs));
+                let outcome = result.and_then(|views| sh.record(layer, ids[i], copies[job], &views, &mut secs, false));
                 tally.verify_inline_s += secs;
                 tally.hand(ready, i, outcome);
             }
@@ -130,7 +130,7 @@ pub(crate) fn read_misses<E: From<StoreError>>(
             let (expert, copy, tx) = (ids[misses[job]], copies[job], tx.clone());
             scope.spawn(move |_| {
                 let mut secs = 0.0;
-                let outcome = result.and_then(|views| sh.record(layer, expert, copy, &views, &mut secs));
+                let outcome = result.and_then(|views| sh.record(layer, expert, copy, &views, &mut secs, false));
                 // The receiver outlives the scope: a send cannot fail.
                 let _ = tx.send((job, outcome, secs));
             });

@@ -151,7 +151,7 @@ fn finish(sh: &Shared, key: Key, copy: usize, pending: &Pending, views: crate::i
     let (layer, expert) = key;
     let mut verify_s = 0.0;
     let result = match sh.index.get(layer, expert) {
-        Some(_) => views.and_then(|views| sh.record(layer, expert, copy, &views, &mut verify_s)),
+        Some(_) => views.and_then(|views| sh.record(layer, expert, copy, &views, &mut verify_s, true)),
         None => Err(crate::StoreError::MissingExpert { layer, expert }),
     };
     {

@@ -373,7 +373,7 @@ impl ExpertStore {
             sh.backend.read(&jobs, &mut |job, result| {
                 tickets[job] = None;
                 let (l, e) = batch[job];
-                match result.and_then(|views| sh.record(l, e, copies[job], &views, &mut verify_s)) {
+                match result.and_then(|views| sh.record(l, e, copies[job], &views, &mut verify_s, true)) {
                     Ok((_, n)) => {
                         count += 1;
                         bytes += n;
@@ -402,7 +402,7 @@ impl ExpertStore {
         sh.backend.read(&[loc.copy(copy)], &mut |_, r| out = Some(r));
         drop(ticket);
         let views = out.unwrap_or_else(|| Err(StoreError::Invalid("backend reported nothing".into())))?;
-        sh.record(layer, expert, copy, &views, verify_s)
+        sh.record(layer, expert, copy, &views, verify_s, false)
     }
 }
 
@@ -432,7 +432,8 @@ impl Shared {
     }
 
     /// Turns a read of copy `copy` into a record: component views, digest
-    /// check, cache insertion. Returns the record and its payload bytes.
+    /// check, cache insertion (`expected`: a prefetch or warming, which the
+    /// cache always admits). Returns the record and its payload bytes.
     pub(crate) fn record(
         &self,
         layer: usize,
@@ -440,6 +441,7 @@ impl Shared {
         copy: usize,
         views: &[SharedBytes],
         verify_s: &mut f64,
+        expected: bool,
     ) -> Result<(Arc<ExpertRecord>, u64), StoreError> {
         let loc = self.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
         let parts: Vec<SharedBytes> = loc
@@ -473,7 +475,11 @@ impl Shared {
         };
         let record = Arc::new(ExpertRecord { parts, bytes: held });
         if !mapped {
-            self.cache.insert((layer, expert), record.clone(), held);
+            if expected {
+                self.cache.insert_expected((layer, expert), record.clone(), held);
+            } else {
+                self.cache.insert((layer, expert), record.clone(), held);
+            }
         }
         Ok((record, loc.payload_len()))
     }

@@ -152,7 +152,7 @@ pub fn simulate_prefetch(
                     let key = (access.layer, e);
                     if room > 0 && !held.contains(key) {
                         room -= 1;
-                        held.insert(key, access.bytes);
+                        held.insert_expected(key, access.bytes);
                         tally.prefetch_reads += 1;
                         tally.prefetch_bytes += access.bytes;
                         in_flight.insert(key);

@@ -139,7 +139,19 @@ impl<'a> Held<'a> {
 
     /// `ExpertCache::insert` for a key not held.
     pub(super) fn insert(&mut self, key: Key, bytes: u64) {
+        self.insert_with(key, bytes, true)
+    }
+
+    /// `ExpertCache::insert_expected` for a key not held (a prefetch).
+    pub(super) fn insert_expected(&mut self, key: Key, bytes: u64) {
+        self.insert_with(key, bytes, false)
+    }
+
+    fn insert_with(&mut self, key: Key, bytes: u64, ask: bool) {
         if bytes > self.budget {
+            return;
+        }
+        if ask && self.used + bytes > self.budget && !self.policy.admits(key, bytes) {
             return;
         }
         while self.used + bytes > self.budget {

@@ -122,3 +122,38 @@ fn a_smaller_budget_evicts_down_and_a_larger_one_refills() {
         assert_eq!(c.counts().used_bytes, 0, "{kind}");
     }
 }
+
+/// A policy that admits nothing once full (LRU otherwise).
+struct Closed(FairLru);
+
+impl EvictionPolicy for Closed {
+    fn inserted(&mut self, key: Key, bytes: u64) {
+        self.0.inserted(key, bytes)
+    }
+    fn touched(&mut self, key: Key) {
+        self.0.touched(key)
+    }
+    fn removed(&mut self, key: Key) {
+        self.0.removed(key)
+    }
+    fn victim(&mut self, incoming: Key, bytes: u64) -> Option<Key> {
+        self.0.victim(incoming, bytes)
+    }
+    fn admits(&mut self, _incoming: Key, _bytes: u64) -> bool {
+        false
+    }
+}
+
+#[test]
+fn a_refused_demand_entry_stays_out_and_an_expected_one_goes_in() {
+    let c: ExpertCache<u32> = ExpertCache::with_policy(200, Box::new(Closed(FairLru::new(200, 1))));
+    assert!(
+        c.insert((0, 0), Arc::new(0), 100) && c.insert((0, 1), Arc::new(1), 100),
+        "room: no question asked"
+    );
+    assert!(!c.insert((0, 2), Arc::new(2), 100), "full: the policy refuses");
+    assert!(!c.contains((0, 2)) && c.contains((0, 0)) && c.contains((0, 1)));
+    assert!(c.insert_expected((0, 3), Arc::new(3), 100), "a prefetch is always admitted");
+    assert!(c.contains((0, 3)));
+    assert_eq!(c.counts().used_bytes, 200);
+}
