@@ -5,10 +5,13 @@
 //!
 //! What it owns: for every layer, the held experts with their last-use tick
 //! and bytes, the use count and last-use tick of every expert ever seen in
-//! the layer (at most the model's experts per layer), and three shadow caches
-//! (keys and sizes only, no values) of the layer's fair share, run as LRU,
-//! LFU and the hybrid, all fed the layer's full access stream (a hit is
-//! `touched`, a miss `inserted`, so the policy sees every access). Each
+//! the layer (at most the model's experts per layer), its access count, and
+//! six shadow caches (keys and sizes only, no values): three of the layer's
+//! fair share, run as LRU, LFU and the hybrid (they choose the mode), and
+//! three of the share in whole records, run as LRU, LFU and LFU with
+//! admission (they gate admission, below). All are fed the layer's full
+//! access stream (a hit is `touched`, a miss `inserted` or refused, so the
+//! policy sees every access). Each
 //! shadow hit adds to that shadow's score; scores decay with a half-life of
 //! [`HALF_LIFE`] layer accesses, so the choice follows phase changes.
 //!
