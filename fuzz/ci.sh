@@ -10,7 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 secs="${LARDER_FUZZ_SECONDS:-30}"
-targets=(checkpoint manifest config request chat_template sse)
+targets=(checkpoint manifest config request chat_template sse trace)
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
   cargo install cargo-fuzz --locked --version '^0.13' >/dev/null 2>&1 || exit 2

@@ -3,7 +3,8 @@
 //! `larder_serve::fuzzing::sse_chunks`, then a structural check
 //! (`check_sse`): every chunk one complete `data: <JSON or [DONE]>\n\n`
 //! frame or a `: \n\n` comment, no line break inside a payload, `[DONE]`
-//! last, and the streamed text exactly the engine's text.
+//! last and always there (right after an error event when generation did
+//! not finish), and the streamed text exactly the engine's text.
 #![no_main]
 
 use larder_serve::fuzzing::{check_sse, sse_chunks, FuzzEvent};

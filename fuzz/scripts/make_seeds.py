@@ -4,7 +4,9 @@
 Real files come from fixtures/ (config.json, tokenizer_config.json, the
 safetensors headers and index of the tiny checkpoints, with their data cut
 down to a few bytes); edge cases are written here. Re-run after a format
-change; libFuzzer adds what it finds next to these.
+change; libFuzzer adds what it finds next to these. The real route traces
+(fuzz/corpus/trace/real_*, synth_*) are recorded by larder itself; see
+trace() for the commands.
 """
 import json
 import pathlib
@@ -79,9 +81,54 @@ def config():
     }
     for name, patch in edge.items():
         put("config", "edge_" + name, json.dumps({**base, **patch}))
+    kimi = json.loads((FIX / "kimi_linear_tiny" / "config.json").read_text())
+    kda = {
+        # Aborted the recorded load (doctor, plan, pack) before issue 37's fix.
+        "regress_kda_huge_conv_kernel": {"short_conv_kernel_size": 1 << 31},
+        "edge_kda_huge_heads": {"num_heads": 1 << 31, "head_dim": 1 << 16},
+    }
+    for name, patch in kda.items():
+        put("config", name, json.dumps({**kimi, "linear_attn_config": {**kimi["linear_attn_config"], **patch}}))
     put("config", "edge_not_json", "{")
     put("config", "edge_no_model_type", "{}")
     put("config", "edge_unknown_arch", '{"model_type":"gpt2"}')
+
+
+def trace():
+    """Hand-made route traces (JSON Lines: a header, then one token a line).
+
+    The real ones were recorded with (from the repository root):
+      larder run --model fixtures/M --ids 1,200,31,7,9 --max-new 4 --ignore-eos \\
+        --trace fuzz/corpus/trace/real_M    (M: qwen3_moe_tiny, deepseek_v3_tiny, kimi_linear_tiny)
+      larder trace synth --model fixtures/qwen3_moe_tiny --routing mixed --tokens 6 \\
+        --out fuzz/corpus/trace/synth_qwen3_moe_tiny_mixed
+    """
+    def header(**patch):
+        h = {"larder_trace": 1, "model": "m", "experts": 8, "top_k": 2, "moe_layers": [1, 2],
+             "expert_bytes": [4096, 4096], "lookahead": 0}
+        return json.dumps({**h, **patch})
+
+    def token(pos, routes, phase="decode", pass_=None, **extra):
+        return json.dumps({"seq": 0, "pos": pos, "phase": phase, "pass": pos if pass_ is None else pass_,
+                           "routes": routes, **extra})
+
+    tokens = [token(0, [[0, 1], [2, 3]], "prompt", 0), token(1, [[1, 2], [3, 4]], "prompt", 0),
+              token(2, [[0, 1], [5, 6]]), token(3, [[7, 1], [2, 3]])]
+    edge = {
+        # Aborted `trace stats` (a counter per claimed expert) before issue 37's fix.
+        "regress_huge_experts": [header(experts=1 << 40)] + tokens,
+        "edge_max_experts": [header(experts=1 << 31), token(0, [[2147483647, 0], [1 << 30, 5]])],
+        "edge_huge_expert_bytes": [header(expert_bytes=[1 << 40, 18446744073709551615])] + tokens,
+        "edge_lookahead": [header(lookahead=1), token(0, [[0, 1], [2, 3]], predicted=[[[], [2, 7]]]),
+                           token(1, [[4, 1], [2, 6]], predicted=[[[], [6, 1]]])],
+        "edge_passes_backwards": [header(), token(0, [[0, 1], [2, 3]], pass_=3), token(1, [[0, 1], [2, 3]], pass_=2)],
+        "edge_bad_routes": [header(), token(0, [[0, 0], [9, 3]]), token(1, [[0, 1, 2], [3]])],
+        "edge_header_only": [header(moe_layers=list(range(64)), expert_bytes=[1] * 64, lookahead=64)],
+        "edge_not_json": ["{", "x"],
+    }
+    for name, lines in edge.items():
+        put("trace", name, "\n".join(lines) + "\n")
+    put("trace", "edge_empty", "")
 
 
 def manifest():
@@ -177,6 +224,7 @@ def sse():
 if __name__ == "__main__":
     checkpoint()
     config()
+    trace()
     manifest()
     request()
     chat_template()

@@ -301,7 +301,7 @@ fn mixer_bytes(spec: &ModelSpec, mixer: &MixerSpec, s: Storage) -> u64 {
             // convolutions of K taps over HD channels; A_log [H], dt_bias [HD],
             // the output norm [D].
             let (hd, d) = (k.num_heads * k.head_dim, k.head_dim);
-            let small = 3 * hd * k.conv_kernel + k.num_heads + hd + d;
+            let small = mul(mul(3, hd as u64), k.conv_kernel as u64).saturating_add((k.num_heads + hd + d) as u64);
             let output_gate = match k.output_gate {
                 KdaOutputGate::LowRank => s.linear(d, h).saturating_add(s.linear(hd, d)),
                 KdaOutputGate::FullRank => s.linear(hd, h),
@@ -312,7 +312,7 @@ fn mixer_bytes(spec: &ModelSpec, mixer: &MixerSpec, s: Storage) -> u64 {
                 .saturating_add(s.linear(hd, d))
                 .saturating_add(output_gate)
                 .saturating_add(s.linear(k.num_heads, h))
-                .saturating_add(s.plain(small as u64))
+                .saturating_add(s.plain(small))
         }
     }
 }

@@ -292,6 +292,24 @@ pub const MAX_CONFIG_INT: u64 = 1 << 31;
 /// The most decoder layers a model may have.
 pub const MAX_LAYERS: usize = 4096;
 
+/// The most elements one tensor a config.json implies may have (2^48: 512
+/// TiB at bf16), counting derived sizes such as `num_heads x head_dim`. The
+/// largest tensors released checkpoints ship are near 2^31 (gpt-oss-120b's
+/// fused experts `[128, 2880, 5760]`, DeepSeek-V3's embedding
+/// `[129280, 7168]`), so this refuses only the absurd (`doctor` still
+/// estimates a 128 TiB embedding, to say it does not fit); it keeps every
+/// element and byte count of a model within a u64, the KV-cache bytes per
+/// token of 4096 layers included (at most 2^63). Checked by `read_spec`
+/// (`spec_limits`).
+pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 48;
+
+/// The widest attention head (`head_dim`, MLA's per-head dims, KDA's
+/// `head_dim`) a config.json may declare: 2^16, 256 times the widest head of
+/// any released model (256). Per-head buffers (the RoPE frequencies, a
+/// query's scratch rows) are sized by it without a tensor to check it
+/// against (Kimi Linear's unused RoPE table).
+pub const MAX_HEAD_DIM: usize = 1 << 16;
+
 /// A parsed config.json with the path kept for error messages.
 pub struct ConfigJson {
     pub path: PathBuf,

@@ -146,7 +146,9 @@ pub struct ExpertPart {
 /// [`crate::fused_experts::gpt_oss_layer_parts`].
 pub fn routed_expert_parts(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<Vec<Vec<Vec<ExpertPart>>>, ModelError> {
     ckpt.configure(spec);
-    let recorder = Recorder::with_names(ckpt.names().into_iter().map(str::to_string));
+    // Checked against the checkpoint's shapes as it records: what the
+    // recorded load allocates is sized by the checkpoint, not config.json.
+    let recorder = Recorder::for_checkpoint(ckpt)?;
     DecoderModel::load(spec.clone(), &recorder, None)?;
     let mut parts: Vec<Vec<Vec<ExpertPart>>> = vec![Vec::new(); spec.layers.len()];
     for (l, n) in expert_layers(spec) {

@@ -110,16 +110,19 @@ impl KdaMixer {
     /// checking every shape against `spec` and `hidden`.
     pub fn load(weights: &dyn WeightSource, prefix: &str, spec: &KdaSpec, hidden: usize, rms_norm_eps: f32) -> Result<Self, ModelError> {
         let (h, d, k) = (spec.num_heads, spec.head_dim, spec.conv_kernel);
-        let hd = h * d;
+        let hd = h.checked_mul(d).ok_or_else(|| {
+            ModelError::config(
+                &weights.config_path(),
+                "linear_attn_config.head_dim",
+                "num_heads x head_dim overflows",
+            )
+        })?;
         let lin = |name: &str, rows: usize, cols: usize| -> Result<Linear, ModelError> {
             let full = format!("{prefix}.{name}.weight");
             check_shape(weights, &full, &[rows, cols])?;
             Ok(Linear::new(weights.matrix(&full, rows, cols)?, None))
         };
-        let mut conv = Vec::with_capacity(3 * hd * k);
-        for name in ["q_conv1d", "k_conv1d", "v_conv1d"] {
-            conv.extend(tensor(weights, &format!("{prefix}.{name}.weight"), &[&[hd, 1, k]])?);
-        }
+        let conv = conv_taps(weights, prefix, hd, k)?;
         let a_log = tensor(weights, &format!("{prefix}.A_log"), &[&[1, 1, h, 1], &[h]])?;
         let full_rank = spec.output_gate == KdaOutputGate::FullRank;
         let g_proj = format!("{prefix}.g_proj.weight");
@@ -409,6 +412,31 @@ fn check_shape(weights: &dyn WeightSource, name: &str, shape: &[usize]) -> Resul
         Some(got) if got != shape => Err(shape_error(weights, name, &got, shape)),
         _ => Ok(()),
     }
+}
+
+/// The q, k and v convolutions' taps, `[3·H·D, kernel]`. Each tensor's
+/// stored shape is checked before it is taken (a source holds only what
+/// its files hold), and the concatenation is allocated fallibly, so a
+/// `short_conv_kernel_size` the weights disagree with is an error naming
+/// it, never an allocation sized from config.json alone.
+fn conv_taps(weights: &dyn WeightSource, prefix: &str, hd: usize, kernel: usize) -> Result<Vec<f32>, ModelError> {
+    let mut parts = Vec::with_capacity(3);
+    for name in ["q_conv1d", "k_conv1d", "v_conv1d"] {
+        parts.push(tensor(weights, &format!("{prefix}.{name}.weight"), &[&[hd, 1, kernel]])?);
+    }
+    let len: usize = parts.iter().map(Vec::len).sum();
+    let mut conv = Vec::new();
+    conv.try_reserve_exact(len).map_err(|e| {
+        ModelError::config(
+            &weights.config_path(),
+            "linear_attn_config.short_conv_kernel_size",
+            format!("{kernel} taps over {hd} channels: cannot allocate the {len} convolution taps of `{prefix}` ({e})"),
+        )
+    })?;
+    for part in parts {
+        conv.extend(part);
+    }
+    Ok(conv)
 }
 
 /// A small f32 tensor (conv taps, gate parameters, norm weight) whose stored

@@ -35,6 +35,7 @@ pub mod moe;
 pub mod quant;
 pub mod rope;
 pub mod source;
+mod spec_limits;
 pub mod state;
 pub mod state_io;
 pub mod synth;

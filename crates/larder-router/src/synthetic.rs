@@ -14,6 +14,10 @@
 //!   the skew that puts [`SKEWED_HOT30`] of the weight in the hottest 30%.
 //! - `mixed` (both at once, milder: K3-like popularity with half of the
 //!   routes reused from the previous token).
+//!
+//! Drawing holds a popularity rank per MoE layer and expert and every route
+//! drawn; both are bounded by [`MAX_DRAWN`] before anything is allocated
+//! (the shape comes from a config.json, which may claim anything).
 
 use crate::trace::{Phase, Trace, TraceHeader, TraceToken};
 
@@ -26,6 +30,12 @@ pub const LOCAL_LOCALITY: f64 = 0.9;
 pub const MIXED_LOCALITY: f64 = 0.5;
 /// The preset names.
 pub const PRESETS: [&str; 4] = ["uniform", "local", "skewed", "mixed"];
+/// The most entries a draw may hold of each of: the popularity ranks (MoE
+/// layers x experts) and the routes drawn (tokens x MoE layers x top_k):
+/// 2^28 (2 GiB of indices). A K3-class shape (61 MoE layers of 896
+/// experts, top-16) needs 54,656 ranks and, for 2,000 tokens, 1,952,000
+/// routes.
+pub const MAX_DRAWN: u64 = 1 << 28;
 
 /// How a synthetic stream of routes behaves.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -39,6 +49,11 @@ pub struct RoutingModel {
 impl RoutingModel {
     /// A preset (see the module doc) for layers of `experts` experts.
     pub fn preset(name: &str, experts: usize) -> Result<RoutingModel, String> {
+        if experts as u64 > MAX_DRAWN {
+            return Err(format!(
+                "{experts} experts per layer: more than the {MAX_DRAWN} a routing preset draws from"
+            ));
+        }
         let skew = || skew_for_hot_share(experts, 0.3, SKEWED_HOT30);
         Ok(match name {
             "uniform" => RoutingModel { skew: 0.0, locality: 0.0 },
@@ -58,8 +73,10 @@ impl RoutingModel {
         })
     }
 
-    /// `tokens` decode tokens (one pass each) for `header`'s layers, seeded.
-    pub fn trace(&self, header: TraceHeader, tokens: usize, seed: u64) -> Trace {
+    /// `tokens` decode tokens (one pass each) for `header`'s layers, seeded;
+    /// an error when the draw would exceed [`MAX_DRAWN`].
+    pub fn trace(&self, header: TraceHeader, tokens: usize, seed: u64) -> Result<Trace, String> {
+        check_drawable(&header, tokens)?;
         let layers = header.moe_layers.len();
         let (e, k) = (header.experts, header.top_k.min(header.experts));
         let mut rng = seed ^ 0x5eed_0fda_7a00;
@@ -95,11 +112,34 @@ impl RoutingModel {
                 predicted: Vec::new(),
             });
         }
-        Trace {
+        Ok(Trace {
             header: TraceHeader { lookahead: 0, ..header },
             tokens: out,
-        }
+        })
     }
+}
+
+/// An error unless drawing `tokens` tokens for `header`'s shape holds at
+/// most [`MAX_DRAWN`] ranks and routes (see the module doc).
+fn check_drawable(header: &TraceHeader, tokens: usize) -> Result<(), String> {
+    let layers = header.moe_layers.len() as u64;
+    let (e, k) = (header.experts as u64, header.top_k.min(header.experts) as u64);
+    if e == 0 {
+        return Err("a layer of 0 experts has nothing to route to".into());
+    }
+    let ranks = layers.saturating_mul(e);
+    if ranks > MAX_DRAWN {
+        return Err(format!(
+            "{layers} MoE layers x {e} experts: {ranks} popularity ranks, more than the {MAX_DRAWN} a draw may hold"
+        ));
+    }
+    let routes = (tokens as u64).saturating_mul(layers).saturating_mul(k);
+    if routes > MAX_DRAWN {
+        return Err(format!(
+            "{tokens} tokens x {layers} MoE layers x top-{k}: {routes} routes, more than the {MAX_DRAWN} a draw may hold; draw fewer tokens"
+        ));
+    }
+    Ok(())
 }
 
 /// `trace` with router lookahead of depth 1 added, for replaying prefetch
@@ -136,9 +176,17 @@ pub fn with_predictions(mut trace: Trace, recall: f64, seed: u64) -> Trace {
 /// The Zipf exponent whose hottest `fraction` of `experts` carries `share` of the weight.
 pub fn skew_for_hot_share(experts: usize, fraction: f64, share: f64) -> f64 {
     let hot = ((experts as f64 * fraction).round() as usize).clamp(1, experts.max(1));
+    // Summed in rank order, as a list of the weights would be, without one.
     let share_at = |s: f64| {
-        let w: Vec<f64> = (1..=experts).map(|r| (r as f64).powf(-s)).collect();
-        w[..hot].iter().sum::<f64>() / w.iter().sum::<f64>()
+        let (mut hot_sum, mut all) = (0.0, 0.0);
+        for r in 1..=experts {
+            let w = (r as f64).powf(-s);
+            if r <= hot {
+                hot_sum += w;
+            }
+            all += w;
+        }
+        hot_sum / all
     };
     let (mut lo, mut hi) = (0.0, 8.0);
     for _ in 0..60 {
@@ -206,7 +254,7 @@ mod tests {
     fn presets_show_their_statistics() {
         let stats = |name: &str, e, k| {
             let m = RoutingModel::preset(name, e).unwrap();
-            let t = m.trace(header(e, k), 2000, 1);
+            let t = m.trace(header(e, k), 2000, 1).unwrap();
             t.check().unwrap();
             t.route_stats(None)
         };
@@ -225,7 +273,7 @@ mod tests {
 
     #[test]
     fn added_predictions_recall_what_they_were_asked_to() {
-        let t = RoutingModel::preset("uniform", 64).unwrap().trace(header(64, 8), 1000, 3);
+        let t = RoutingModel::preset("uniform", 64).unwrap().trace(header(64, 8), 1000, 3).unwrap();
         let p = with_predictions(t, 0.7, 5);
         p.check().unwrap();
         let recall = p.route_stats(None).lookahead_recall[0].1;
@@ -235,9 +283,21 @@ mod tests {
             .iter()
             .all(|t| t.predicted[0][0].is_empty() && t.predicted[0][1].len() == 8));
         // A layer of as many experts as a token picks has no wrong guesses to draw.
-        let tiny = RoutingModel::preset("uniform", 8).unwrap().trace(header(8, 8), 10, 3);
+        let tiny = RoutingModel::preset("uniform", 8).unwrap().trace(header(8, 8), 10, 3).unwrap();
         let tiny = with_predictions(tiny, 0.5, 1);
         tiny.check().unwrap();
         assert!(tiny.tokens.iter().all(|t| t.predicted[0][1].len() <= 8));
+    }
+
+    #[test]
+    fn draws_too_big_to_hold_are_errors() {
+        // A config.json's 2^31 experts per layer: refused before any table is made.
+        let huge = 1usize << 31;
+        assert!(RoutingModel::preset("skewed", huge).unwrap_err().contains("2147483648 experts"));
+        let uniform = RoutingModel::preset("uniform", 8).unwrap();
+        let err = uniform.trace(header(huge, 8), 10, 1).unwrap_err();
+        assert!(err.contains("popularity ranks"), "{err}");
+        let err = uniform.trace(header(1 << 20, 1 << 16), 2000, 1).unwrap_err();
+        assert!(err.contains("routes") && err.contains("fewer tokens"), "{err}");
     }
 }

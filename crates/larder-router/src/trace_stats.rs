@@ -4,6 +4,11 @@
 //! later layer's router guesses its experts from an earlier layer's input
 //! (recall by lookahead depth). Cache hit curves (LRU, Belady) are the
 //! store's simulator's job; [`Trace::passes`] gives it the request order.
+//!
+//! Everything here is sized by the routes a trace holds, never by the
+//! expert count its header claims: popularity counts only the experts
+//! routed to (one never routed to adds a zero, which no hottest share
+//! takes ahead of a used one).
 
 use std::collections::HashMap;
 
@@ -106,7 +111,8 @@ impl Trace {
         let h = &self.header;
         let layers = h.moe_layers.len();
         let counted = |t: &crate::trace::TraceToken| phase.is_none_or(|p| t.phase == p);
-        let mut counts = vec![vec![0u64; h.experts]; layers];
+        // Per layer, routes per expert routed to (sparse: see the module doc).
+        let mut counts: Vec<HashMap<usize, u64>> = vec![HashMap::new(); layers];
         let mut last_use: HashMap<(usize, usize, usize), usize> = HashMap::new();
         let mut previous: HashMap<usize, usize> = HashMap::new(); // seq -> token index
         let mut seq_index: HashMap<usize, usize> = HashMap::new(); // seq -> tokens seen
@@ -130,7 +136,7 @@ impl Trace {
             tokens += 1;
             for (l, experts) in t.routes.iter().enumerate() {
                 for &e in experts {
-                    counts[l][e] += 1;
+                    *counts[l].entry(e).or_insert(0) += 1;
                     routes += 1;
                     match last_use.insert((t.seq, l, e), now) {
                         None => first += 1,
@@ -157,7 +163,7 @@ impl Trace {
         RouteStats {
             tokens,
             routes: routes as usize,
-            popularity: HOT_SHARES.iter().map(|&x| (x, hot_share(&counts, x))).collect(),
+            popularity: HOT_SHARES.iter().map(|&x| (x, hot_share(&counts, h.experts, x))).collect(),
             reuse_distance: (0..buckets.len())
                 .map(|b| (REUSE_BUCKETS.get(b).copied(), share(buckets[b], routes)))
                 .collect(),
@@ -168,13 +174,14 @@ impl Trace {
     }
 }
 
-/// Share of all routes taken by the hottest `fraction` of each layer's experts.
-fn hot_share(counts: &[Vec<u64>], fraction: f64) -> f64 {
+/// Share of all routes taken by the hottest `fraction` of each layer's
+/// `experts` experts, from the counts of those routed to (the rest count 0).
+fn hot_share(counts: &[HashMap<usize, u64>], experts: usize, fraction: f64) -> f64 {
     let (mut hot, mut all) = (0u64, 0u64);
     for layer in counts {
-        let mut sorted = layer.clone();
+        let mut sorted: Vec<u64> = layer.values().copied().collect();
         sorted.sort_unstable_by(|a, b| b.cmp(a));
-        let take = ((sorted.len() as f64 * fraction).round() as usize).max(1);
+        let take = ((experts as f64 * fraction).round() as usize).max(1);
         hot += sorted.iter().take(take).sum::<u64>();
         all += sorted.iter().sum::<u64>();
     }

@@ -144,7 +144,9 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(path) => Trace::read(path)?,
         None => {
             let model = RoutingModel::preset(&a.routing, sizes.experts_per_layer).map_err(|e| anyhow::anyhow!("--routing: {e}"))?;
-            model.trace(header(&sizes), a.tokens, 1)
+            model
+                .trace(header(&sizes), a.tokens, 1)
+                .map_err(|e| anyhow::anyhow!("--routing {} (--tokens {}): {e}", a.routing, a.tokens))?
         }
     };
     check_shape(&trace, &sizes, &a)?;
@@ -379,21 +381,22 @@ fn per_token_reads(r: &PrefetchResult) -> Vec<LayerReads> {
 
 /// The share of each layer's experts the first `n` tokens route to: from the
 /// trace while it lasts, else (a longer prompt) as uniform routing would.
+/// Sized by the routes, not by the header's expert count.
 fn prompt_union_share(trace: &Trace, sizes: &ModelSizes, n: usize) -> f64 {
     if trace.tokens.len() < n {
         return uniform_union_share(sizes.experts_per_layer, sizes.top_k, n);
     }
     let layers = trace.header.moe_layers.len();
-    let mut seen = vec![vec![false; trace.header.experts]; layers];
-    for t in &trace.tokens[..n] {
-        for (l, experts) in t.routes.iter().enumerate() {
-            for &e in experts {
-                seen[l][e] = true;
-            }
-        }
-    }
-    let touched = seen.iter().flatten().filter(|s| **s).count();
-    touched as f64 / (layers * trace.header.experts) as f64
+    let touched: std::collections::HashSet<(usize, usize)> = trace.tokens[..n]
+        .iter()
+        .flat_map(|t| {
+            t.routes
+                .iter()
+                .enumerate()
+                .flat_map(|(l, experts)| experts.iter().map(move |&e| (l, e)))
+        })
+        .collect();
+    touched.len() as f64 / (layers as f64 * trace.header.experts as f64)
 }
 
 /// The routed experts' storage format (`bench kernels`' dtype names), from

@@ -146,7 +146,8 @@ pub(crate) fn qwen_sliding_windows(cfg: &ConfigJson, num_layers: usize) -> Resul
         .collect())
 }
 
-/// Checks per-layer settings are sane.
+/// Checks per-layer settings are sane, and every size the spec implies is
+/// within `spec_limits`' bounds.
 pub(crate) fn finish(cfg: &ConfigJson, mut spec: ModelSpec, layers: Vec<LayerSpec>) -> Result<ModelSpec, ModelError> {
     if layers.is_empty() {
         return Err(cfg.err("num_hidden_layers", "must be positive"));
@@ -155,5 +156,6 @@ pub(crate) fn finish(cfg: &ConfigJson, mut spec: ModelSpec, layers: Vec<LayerSpe
         return Err(cfg.err("sliding_window", "must be positive"));
     }
     spec.layers = layers;
+    crate::spec_limits::check(cfg, &spec)?;
     Ok(spec)
 }

@@ -19,11 +19,18 @@
 //! anonymous mapping (grown to the largest request; pages never written
 //! cost nothing), small tensors are zero vectors, and presence is told by
 //! the rule the recorder is built with (for an existing checkpoint, its
-//! names: [`Recorder::with_names`]), since which optional tensors ship is
-//! the checkpoint's business. Stored shapes are unknown to it
-//! ([`WeightRequest::Shape`] answers `None`).
+//! names), since which optional tensors ship is the checkpoint's business.
+//! A recorder made [`for a checkpoint`](Recorder::for_checkpoint) (what
+//! `doctor`, `plan`, `pack` and streaming use) also checks each request
+//! against the checkpoint's shapes before answering it, so what it
+//! allocates is sized by the checkpoint's tensors, never by config.json
+//! alone; to other recorders stored shapes are unknown
+//! ([`WeightRequest::Shape`] answers `None`), and they allocate small
+//! tensors fallibly (an error, not an abort, when config.json asks for
+//! more than there is).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use larder_tensor::weight::SharedBytes;
@@ -31,6 +38,7 @@ use larder_tensor::{WeightDType, WeightMatrix};
 
 use super::{ExpertTag, RawTensor, Weight, WeightRequest, WeightSource};
 use crate::assemble::{self, PartKind, PartLayout, ShippedAs, FLOAT_DTYPES};
+use crate::checkpoint::Checkpoint;
 use crate::config::ModelSpec;
 use crate::error::ModelError;
 use crate::quant::{CompressedTensors, ModuleRule};
@@ -79,9 +87,22 @@ struct Formats {
     compressed: Option<CompressedTensors>,
 }
 
+/// What a checkpoint holds of one tensor (see [`Recorder::for_checkpoint`]).
+struct StoredTensor {
+    dtype: String,
+    shape: Vec<usize>,
+    /// The safetensors file holding it (for errors).
+    file: PathBuf,
+}
+
 /// A [`WeightSource`] without bytes that records every tensor asked for.
 pub struct Recorder {
     present: Box<Presence>,
+    /// The checkpoint's tensors by name, when recording for one: requests
+    /// are checked against them.
+    stored: Option<HashMap<String, StoredTensor>>,
+    /// The config.json that errors about config fields name.
+    config_path: PathBuf,
     formats: Mutex<Formats>,
     /// The shared zero-filled mapping placeholders view.
     zeros: Mutex<Option<Arc<memmap2::Mmap>>>,
@@ -96,6 +117,8 @@ impl Recorder {
     pub fn new(present: impl Fn(&str) -> bool + Send + Sync + 'static) -> Self {
         Recorder {
             present: Box::new(present),
+            stored: None,
+            config_path: PathBuf::from("config.json"),
             formats: Mutex::new(Formats::default()),
             zeros: Mutex::new(None),
             tensors: Mutex::new(Vec::new()),
@@ -107,6 +130,64 @@ impl Recorder {
     pub fn with_names(names: impl IntoIterator<Item = String>) -> Self {
         let names: HashSet<String> = names.into_iter().collect();
         Self::new(move |n| names.contains(n))
+    }
+
+    /// A recorder for checkpoint `ckpt`: exactly its tensors ship, and each
+    /// request is checked as the checkpoint checks it before anything is
+    /// answered: a small tensor, a parameter and a raw tensor must ship, in
+    /// a shape the loader accepts (placeholders then have the stored shape),
+    /// a linear weight's codes, where they ship, have the shape the loader
+    /// asks for, and shape questions get the stored shape. So a size in
+    /// config.json the checkpoint disagrees with is a shape error here,
+    /// before it sizes anything.
+    pub fn for_checkpoint(ckpt: &Checkpoint) -> Result<Self, ModelError> {
+        let files = ckpt.file_paths();
+        let mut stored = HashMap::new();
+        for name in ckpt.names() {
+            let info = ckpt.tensor_info(name)?;
+            let file = files.get(info.file).cloned().unwrap_or_default();
+            stored.insert(
+                name.to_string(),
+                StoredTensor {
+                    dtype: info.dtype,
+                    shape: info.shape,
+                    file,
+                },
+            );
+        }
+        let names: HashSet<String> = stored.keys().cloned().collect();
+        Ok(Recorder {
+            stored: Some(stored),
+            config_path: ckpt.config_json_path(),
+            ..Self::new(move |n| names.contains(n))
+        })
+    }
+
+    /// The checkpoint's tensor `name`: `Ok(None)` without a checkpoint, an
+    /// error when the checkpoint lacks it.
+    fn stored(&self, name: &str) -> Result<Option<&StoredTensor>, ModelError> {
+        match &self.stored {
+            None => Ok(None),
+            Some(tensors) => tensors
+                .get(name)
+                .map(Some)
+                .ok_or_else(|| ModelError::MissingTensor { name: name.to_string() }),
+        }
+    }
+
+    /// An error unless the checkpoint's `name` (if recording for one) has
+    /// one of `shapes`; the index of the one it has (0 without a checkpoint).
+    fn check_shape(&self, name: &str, shapes: &[&[usize]]) -> Result<usize, ModelError> {
+        let Some(t) = self.stored(name)? else { return Ok(0) };
+        shapes
+            .iter()
+            .position(|s| *s == t.shape.as_slice())
+            .ok_or_else(|| ModelError::TensorShape {
+                name: name.to_string(),
+                path: t.file.clone(),
+                got: t.shape.clone(),
+                expected: shapes.first().map_or_else(Vec::new, |s| s.to_vec()),
+            })
     }
 
     /// Every tensor asked for so far, in the order asked.
@@ -141,6 +222,7 @@ impl Recorder {
     /// and answers with a zero matrix.
     fn weight(&self, name: &str, rows: usize, cols: usize, how: ShippedAs, linear: bool) -> Result<Weight, ModelError> {
         let layout = assemble::part_layout(name, rows, cols, how).map_err(|m| ModelError::Source(format!("weight `{name}`: {m}")))?;
+        self.check_codes(&layout, linear)?;
         for PartLayout {
             kind,
             name: part,
@@ -160,8 +242,34 @@ impl Recorder {
             };
             self.record(&part, role, dtypes, vec![shape]);
         }
-        let bytes = self.zeros(rows * cols * WeightDType::BF16.size())?;
+        let bytes = self.zeros(byte_len(name, &[rows, cols], WeightDType::BF16.size())?)?;
         Ok(Weight::Matrix(WeightMatrix::new(name, WeightDType::BF16, rows, cols, bytes)?))
+    }
+
+    /// Recording for a checkpoint: the codes of a weight (`layout`'s first
+    /// part) have the shape asked for where they ship; a parameter
+    /// (`linear` false) must ship. A linear weight whose codes do not ship
+    /// under this name is left to the checkpoint's own checks, which name
+    /// the quantization config the names follow.
+    fn check_codes(&self, layout: &[PartLayout], linear: bool) -> Result<(), ModelError> {
+        let Some(codes) = layout.iter().find(|p| p.kind == PartKind::Codes) else {
+            return Ok(());
+        };
+        if linear && !(self.present)(&codes.name) {
+            return Ok(());
+        }
+        self.check_shape(&codes.name, &[&codes.shape]).map(|_| ())
+    }
+
+    /// `len` f32 zeros (a small-tensor placeholder), or an error when they
+    /// cannot be allocated.
+    fn f32_zeros(name: &str, len: usize) -> Result<Vec<f32>, ModelError> {
+        let mut values = Vec::new();
+        values
+            .try_reserve_exact(len)
+            .map_err(|e| ModelError::Source(format!("tensor `{name}`: cannot allocate a placeholder of {len} f32 values ({e})")))?;
+        values.resize(len, 0.0);
+        Ok(values)
     }
 
     /// `len` zero bytes viewing the shared mapping (grown when too small).
@@ -196,9 +304,10 @@ impl WeightSource for Recorder {
             WeightRequest::Linear { name, rows, cols } => self.weight(name, rows, cols, self.shipped_as(name), true),
             WeightRequest::Param { name, rows, cols } => self.weight(name, rows, cols, ShippedAs::Dense, false),
             WeightRequest::F32 { name, shapes } => {
-                let first = shapes
-                    .first()
-                    .ok_or_else(|| ModelError::Source(format!("tensor `{name}` asked for in no shape")))?;
+                if shapes.is_empty() {
+                    return Err(ModelError::Source(format!("tensor `{name}` asked for in no shape")));
+                }
+                let shape = self.check_shape(name, shapes)?;
                 self.record(
                     name,
                     RecordedRole::SmallF32,
@@ -206,23 +315,33 @@ impl WeightSource for Recorder {
                     shapes.iter().map(|s| s.to_vec()).collect(),
                 );
                 Ok(Weight::F32 {
-                    values: vec![0.0; first.iter().product()],
-                    shape: 0,
+                    values: Self::f32_zeros(name, element_count(name, shapes[shape])?)?,
+                    shape,
                 })
             }
             WeightRequest::Present { name } => Ok(Weight::Present((self.present)(name))),
-            WeightRequest::Shape { .. } => Ok(Weight::Shape(None)),
+            WeightRequest::Shape { name } => Ok(Weight::Shape(match &self.stored {
+                Some(tensors) => tensors.get(name).map(|t| t.shape.clone()),
+                None => None,
+            })),
             WeightRequest::Raw { name, dtypes, shape } => {
-                let dtype = *dtypes
+                let asked = *dtypes
                     .first()
                     .ok_or_else(|| ModelError::Source(format!("tensor `{name}` asked for in no dtype")))?;
+                // For a checkpoint: its dtype and shape, which the caller checks.
+                let (dtype, stored_shape) = match self.stored(name)? {
+                    Some(t) => (t.dtype.as_str(), t.shape.as_slice()),
+                    None => (asked, shape),
+                };
                 let size = dtype_size(dtype).ok_or_else(|| ModelError::Source(format!("tensor `{name}`: unknown dtype {dtype}")))?;
-                self.record(name, RecordedRole::FusedRaw, dtypes, vec![shape.to_vec()]);
-                Ok(Weight::Raw(RawTensor {
+                let bytes = self.zeros(byte_len(name, stored_shape, size)?)?;
+                let answer = RawTensor {
                     dtype: dtype.to_string(),
-                    shape: shape.to_vec(),
-                    bytes: self.zeros(shape.iter().product::<usize>() * size)?,
-                }))
+                    shape: stored_shape.to_vec(),
+                    bytes,
+                };
+                self.record(name, RecordedRole::FusedRaw, dtypes, vec![shape.to_vec()]);
+                Ok(Weight::Raw(answer))
             }
         }
     }
@@ -241,6 +360,26 @@ impl WeightSource for Recorder {
             compressed: spec.compressed.clone(),
         };
     }
+
+    fn config_path(&self) -> PathBuf {
+        self.config_path.clone()
+    }
+}
+
+/// The element count of tensor `name` of `shape`, or an error when it overflows.
+fn element_count(name: &str, shape: &[usize]) -> Result<usize, ModelError> {
+    shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)).ok_or_else(|| {
+        ModelError::Source(format!(
+            "tensor `{name}`: shape {shape:?} has more elements than memory can address"
+        ))
+    })
+}
+
+/// Bytes of tensor `name` of `shape` at `size` bytes an element, or an error when they overflow.
+fn byte_len(name: &str, shape: &[usize], size: usize) -> Result<usize, ModelError> {
+    element_count(name, shape)?
+        .checked_mul(size)
+        .ok_or_else(|| ModelError::Source(format!("tensor `{name}`: shape {shape:?} has more bytes than memory can address")))
 }
 
 /// Bytes per element of a safetensors dtype.
