@@ -27,7 +27,7 @@ for routing in ${routings[*]}; do
       name="$routing-$share-$arm"
       sync; echo 3 >/proc/sys/vm/drop_caches 2>/dev/null || true
       "$bin" bench decode --model "$model" --ram-budget "$budget" --io "$io" --prefetch $pf \
-        --prompt-tokens 16 --new 32 --json --trace "$out/$name.trace" >"$out/$name.decode.json" 2>"$out/$name.err"
+        --prompt-tokens 16 --new 32 --json --trace "$out/$name.trace" --overwrite >"$out/$name.decode.json" 2>"$out/$name.err"
       drive=$(python3 -c "import json; print(json.load(open('$out/$name.decode.json'))['limit']['gbps'])")
       extra=(); [[ $pf == 0 ]] && extra=(--no-prefetch)
       "$bin" plan --model "$model" --ram-budget "$budget" --drive "$drive" --trace "$out/$name.trace" \

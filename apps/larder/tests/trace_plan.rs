@@ -42,8 +42,9 @@ fn record(model: &str, trace: &Path, max_new: &str) -> Value {
 #[test]
 fn tracing_records_every_token_and_changes_no_output() {
     let tmp = tempfile::tempdir().unwrap();
-    let trace = tmp.path().join("t.jsonl");
     for model in ["qwen3_moe_tiny", "deepseek_v3_tiny", "kimi_linear_tiny", "gpt_oss_tiny"] {
+        // One file per model: an existing trace is replaced only with --overwrite.
+        let trace = tmp.path().join(format!("{model}.jsonl"));
         let plain = generate(model, None, "10");
         let traced = record(model, &trace, "10");
         assert_eq!(plain["ids"], traced["ids"], "{model}: tracing changed the output");

@@ -20,6 +20,10 @@
 //! - [`integrity`] checks a packed store's carried files and spine at load,
 //!   and proves for `larder verify` that a store loads;
 //! - [`stats`] is the timing/throughput record every run reports;
+//! - [`output`] checks an output file the user names (`--trace`, `--out`)
+//!   before any work and writes it atomically;
+//! - [`memory_limit`] is the memory this process may use (MemAvailable and
+//!   its cgroup v1 or v2 limit) and whether a run fits under the limit;
 //! - [`plan`] is the first decode planner (fit, RAM budget, expected tok/s).
 
 pub mod chat;
@@ -33,7 +37,9 @@ pub mod generation;
 pub mod integrity;
 #[cfg(feature = "remote")]
 pub mod lazy;
+pub mod memory_limit;
 pub mod memory_watch;
+pub mod output;
 pub mod pack;
 pub mod plan;
 pub mod prefill;
@@ -57,6 +63,7 @@ pub use larder_router::Phase;
 /// Expert-store counters and sizes, for clients of the engine (the server's
 /// `/metrics` and ready line) that depend on no other larder crate.
 pub use larder_store::{format_size, StoreStats};
+pub use output::{OutputError, OutputFile, OutputKind, ReportKind, RunInputs};
 pub use prefill::PrefillChunk;
 pub use return_points::ReturnPoints;
 pub use route_log::{RouteLog, RowTag};

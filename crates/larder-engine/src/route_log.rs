@@ -10,11 +10,11 @@
 //! every token in the log has a route at every MoE layer and the log always
 //! makes a valid trace.
 
-use std::path::Path;
-
 use larder_model::config::FfnSpec;
 use larder_model::{ModelSpec, RouteTrace};
-use larder_router::{Phase, Trace, TraceError, TraceHeader, TraceToken, TRACE_VERSION};
+use larder_router::{Phase, Trace, TraceHeader, TraceToken, TRACE_VERSION};
+
+use crate::output::{OutputError, OutputFile};
 
 /// Where one row of a pass came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -130,9 +130,10 @@ impl RouteLog {
         self.trace
     }
 
-    /// Writes the log as a trace file, atomically ([`Trace::write`]).
-    pub fn write(&self, path: &Path) -> Result<(), TraceError> {
-        self.trace.write(path)
+    /// Writes the log as a trace file, atomically, to an output checked
+    /// before the run ([`OutputFile::write_with`]).
+    pub fn write(&self, out: &mut OutputFile) -> Result<(), OutputError> {
+        out.write_with(|w| self.trace.write_lines(w))
     }
 }
 

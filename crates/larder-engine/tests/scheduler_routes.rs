@@ -3,7 +3,9 @@
 //! (`Engine::generate_traced`), tagged with their own request id, position
 //! and phase, and the log is a valid trace that reads back as written.
 
-use larder_engine::{Engine, GenerateOptions, Job, Phase, RequestEvent, RouteLog, RowTag, Scheduler, SchedulerConfig};
+use larder_engine::{
+    Engine, GenerateOptions, Job, OutputFile, OutputKind, Phase, RequestEvent, RouteLog, RowTag, RunInputs, Scheduler, SchedulerConfig,
+};
 use larder_router::{Trace, TraceToken};
 
 mod scheduler_support;
@@ -81,7 +83,8 @@ fn batched_routes_equal_each_request_alone() {
 
         // It reads back as written.
         let path = std::env::temp_dir().join(format!("larder-sched-routes-{name}-{}.jsonl", std::process::id()));
-        sched.routes().unwrap().write(&path).unwrap();
+        let mut out = OutputFile::check("--trace", &path, OutputKind::RouteTrace, true, &RunInputs::new()).unwrap();
+        sched.routes().unwrap().write(&mut out).unwrap();
         assert_eq!(Trace::read(&path).unwrap(), recorded);
         let _ = std::fs::remove_file(&path);
     }

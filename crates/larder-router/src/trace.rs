@@ -9,6 +9,12 @@
 //! in range, one route per MoE layer, at most top-k experts, no repeats,
 //! passes in order) and names the file and line of the first problem, so a
 //! truncated or corrupt trace never replays as a different one.
+//!
+//! Writing is serializing ([`Trace::write_lines`]): which file may be
+//! written, and replacing it atomically, is the caller's (larder's commands
+//! go through `larder_engine::output`, which refuses an input of the run, a
+//! non-regular file or a file that is not a trace). [`TraceHeader::parse_line`]
+//! is the cheap test of whether a file is a trace: its first line.
 
 use std::collections::HashSet;
 use std::fs;
@@ -19,6 +25,18 @@ use serde::{Deserialize, Serialize};
 
 /// The format version this build writes and reads.
 pub const TRACE_VERSION: u32 = 1;
+
+/// The most routed experts per layer a trace header may claim: 2^31, the
+/// most any config.json larder reads may declare (larder-model's
+/// `MAX_CONFIG_INT`), so every trace larder records is under it. What reads
+/// a trace allocates by the routes it holds, never by this count.
+pub const MAX_EXPERTS: usize = 1 << 31;
+
+/// The most bytes one expert's record may claim in a trace header: 2^40
+/// (1 TiB, far above any expert's record: DeepSeek-V3's bf16 experts are
+/// 2^25), which keeps the byte sums of replaying a trace (2^24 reads of
+/// the largest expert) within a u64.
+pub const MAX_EXPERT_BYTES: u64 = 1 << 40;
 
 /// Line 1 of a trace: what model it came from and its MoE shape.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -115,8 +133,7 @@ impl Trace {
             .next()
             .ok_or_else(|| TraceError::Empty { path: path.to_path_buf() })?
             .map_err(io)?;
-        let header: TraceHeader = serde_json::from_str(&first).map_err(|e| bad(1, format!("not a trace header: {e}")))?;
-        check_header(&header).map_err(|m| bad(1, m))?;
+        let header = TraceHeader::parse_line(&first).map_err(|m| bad(1, m))?;
         let mut tokens = Vec::new();
         let mut last_pass = 0;
         for (i, line) in lines.enumerate() {
@@ -132,33 +149,36 @@ impl Trace {
         Ok(Trace { header, tokens })
     }
 
-    /// Writes the trace atomically (a `.partial` file renamed when complete).
-    pub fn write(&self, path: &Path) -> Result<(), TraceError> {
-        let io = |source| TraceError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
-        let mut name = path.file_name().unwrap_or_default().to_os_string();
-        name.push(".partial");
-        let partial = path.with_file_name(name);
-        let mut out = std::io::BufWriter::new(fs::File::create(&partial).map_err(io)?);
-        let mut write = || -> std::io::Result<()> {
-            serde_json::to_writer(&mut out, &self.header)?;
+    /// Writes the trace as JSON Lines to `out` (the header line, then one
+    /// line per token); the caller flushes and places the file.
+    pub fn write_lines(&self, mut out: impl Write) -> std::io::Result<()> {
+        serde_json::to_writer(&mut out, &self.header)?;
+        out.write_all(b"\n")?;
+        for t in &self.tokens {
+            serde_json::to_writer(&mut out, t)?;
             out.write_all(b"\n")?;
-            for t in &self.tokens {
-                serde_json::to_writer(&mut out, t)?;
-                out.write_all(b"\n")?;
-            }
-            out.flush()?;
-            out.get_ref().sync_all()
-        };
-        write().map_err(io)?;
-        fs::rename(&partial, path).map_err(io)
+        }
+        Ok(())
     }
 
-    /// Bytes of all experts of all MoE layers.
+    /// Bytes of all experts of all MoE layers (saturating: a header is
+    /// checked on reading, not when built in memory).
     pub fn bank_bytes(&self) -> u64 {
-        self.header.expert_bytes.iter().map(|b| b * self.header.experts as u64).sum()
+        self.header
+            .expert_bytes
+            .iter()
+            .map(|b| b.saturating_mul(self.header.experts as u64))
+            .fold(0, u64::saturating_add)
+    }
+}
+
+impl TraceHeader {
+    /// Parses and checks line 1 of a trace file (the message says why it is
+    /// not one).
+    pub fn parse_line(line: &str) -> Result<TraceHeader, String> {
+        let header: TraceHeader = serde_json::from_str(line).map_err(|e| format!("not a trace header: {e}"))?;
+        check_header(&header)?;
+        Ok(header)
     }
 }
 
@@ -172,6 +192,12 @@ fn check_header(h: &TraceHeader) -> Result<(), String> {
     if h.experts == 0 || h.top_k == 0 || h.top_k > h.experts {
         return Err(format!("experts = {}, top_k = {}: need 1 <= top_k <= experts", h.experts, h.top_k));
     }
+    if h.experts > MAX_EXPERTS {
+        return Err(format!(
+            "experts = {}: more than the {MAX_EXPERTS} experts per layer any model larder loads may have",
+            h.experts
+        ));
+    }
     if h.moe_layers.is_empty() || h.moe_layers.windows(2).any(|w| w[0] >= w[1]) {
         return Err("moe_layers must be a non-empty ascending list of layer indices".into());
     }
@@ -184,6 +210,11 @@ fn check_header(h: &TraceHeader) -> Result<(), String> {
     }
     if h.expert_bytes.contains(&0) {
         return Err("expert_bytes has a 0: every MoE layer's expert has a size in bytes".into());
+    }
+    if let Some(b) = h.expert_bytes.iter().find(|&&b| b > MAX_EXPERT_BYTES) {
+        return Err(format!(
+            "expert_bytes has {b}: more than the {MAX_EXPERT_BYTES} bytes (1 TiB) an expert's record may have"
+        ));
     }
     if h.lookahead > h.moe_layers.len() {
         return Err(format!(
@@ -276,7 +307,7 @@ mod tests {
         fs::create_dir_all(&dir).unwrap();
         let path = dir.join("t.jsonl");
         let t = sample();
-        t.write(&path).unwrap();
+        t.write_lines(fs::File::create(&path).unwrap()).unwrap();
         assert_eq!(Trace::read(&path).unwrap(), t);
         let text = fs::read_to_string(&path).unwrap();
         let cases = [

@@ -1,7 +1,8 @@
 //! `larder serve --trace FILE`: the routes of every forward pass the engine
 //! thread runs, kept in a [`RouteLog`] (each row tagged with its request and
 //! position) and written to FILE as a route trace (JSON Lines, atomically:
-//! a `.partial` file renamed when complete) whenever the engine goes idle,
+//! a `.partial` file renamed when complete; FILE was checked before the
+//! server started, `larder_engine::output`) whenever the engine goes idle,
 //! at most every [`WRITE_EVERY`] while it stays busy, and once more when the
 //! engine thread ends. So after the last request finishes, FILE holds every
 //! pass so far, and a reader never sees a half-written file.
@@ -14,10 +15,9 @@
 //! The log grows with every token served (a few hundred bytes per token);
 //! it is for measurement sessions, not for a server left running for weeks.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use larder_engine::{Engine, RouteLog};
+use larder_engine::{Engine, OutputFile, RouteLog};
 
 /// How often a busy engine rewrites the trace file at most.
 pub const WRITE_EVERY: Duration = Duration::from_secs(10);
@@ -25,8 +25,9 @@ pub const WRITE_EVERY: Duration = Duration::from_secs(10);
 /// Where and how to record routes (`--trace`).
 #[derive(Debug, Clone)]
 pub struct TraceConfig {
-    /// The trace file.
-    pub path: PathBuf,
+    /// The trace file, checked before the server starts (it may replace only
+    /// a trace, and one already there only with `--overwrite`).
+    pub output: OutputFile,
     /// Where the model was loaded from (the trace header's `model`).
     pub model: String,
     /// Bytes of one routed expert (what one cache miss reads).
@@ -50,7 +51,7 @@ impl TraceFile {
         let Some(log) = RouteLog::new(engine.model().spec(), &config.model, config.expert_bytes, config.lookahead) else {
             tracing::error!(
                 "--trace {}: the model has no MoE layers, so there are no routes to record",
-                config.path.display()
+                config.output.path().display()
             );
             return None;
         };
@@ -72,9 +73,9 @@ impl TraceFile {
 
     /// Writes `log` now; a failure is logged (serving goes on).
     pub fn write(&mut self, log: &RouteLog) {
-        match log.write(&self.config.path) {
+        match log.write(&mut self.config.output) {
             Ok(()) => self.written_tokens = log.tokens(),
-            Err(e) => tracing::error!("--trace: {e}"),
+            Err(e) => tracing::error!("{e}"),
         }
         self.written_at = Instant::now();
     }

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Subcommand;
+use larder_engine::{ReportKind, RunInputs};
 use larder_tensor::bench::{bench_formats, ram_read_gbps, roofs, CandleSet, WeightSet, COLD_SET_BYTES};
 use larder_tensor::kernels::{active_path, KernelPath};
 use larder_tensor::WeightFormat;
@@ -43,8 +44,8 @@ pub enum Bench {
 /// Arguments of `larder bench kernels`.
 #[derive(clap::Args)]
 pub struct KernelArgs {
-    /// Print one JSON document: {"ram_gbps", "compute_roofs": [...], "path",
-    /// "threads", "results": [...]}.
+    /// Print one JSON document: {"larder_report": "bench kernels", "ram_gbps",
+    /// "compute_roofs": [...], "path", "threads", "results": [...]}.
     #[arg(long)]
     json: bool,
     /// Threads for the kernels, 1 to 1024 (the RAM bandwidth is measured with one).
@@ -66,9 +67,11 @@ pub struct KernelArgs {
     /// Only these activation row counts (1 to 1024 each), comma-separated.
     #[arg(long, value_delimiter = ',', value_parser = super::range(1, super::MAX_BATCH))]
     rows: Vec<usize>,
-    /// Also write the JSON document to this file.
+    /// Also write the JSON document to this file (an existing report of `bench kernels` only with --overwrite).
     #[arg(long, value_name = "FILE")]
     out: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    output: super::OverwriteArg,
     /// Kernel path to measure (scalar, avx2, avx512, neon); default: the one
     /// larder uses on this CPU (`LARDER_KERNEL` overrides it). Measure
     /// `avx512` here before choosing it with `LARDER_KERNEL=avx512`.
@@ -124,10 +127,17 @@ impl Plan {
     };
 }
 
+/// What `bench kernels --out` writes (`"larder_report": "bench kernels"`; `plan --kernels` reads it).
+pub const KERNELS_REPORT: ReportKind = ReportKind {
+    name: "bench kernels",
+    legacy_keys: &["ram_gbps", "path", "threads", "results"],
+};
+
 /// Largest K or N of a `--shapes` entry (real MoE layers stay under 20000).
 const MAX_DIM: usize = 1 << 16;
 
 fn kernels(args: KernelArgs) -> anyhow::Result<()> {
+    let mut out = super::check_report_out(args.out.as_deref(), KERNELS_REPORT, args.output, &RunInputs::new())?;
     let path: KernelPath = match &args.path {
         None => active_path(),
         Some(name) => {
@@ -215,9 +225,10 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
     }
     bar.finish();
     let doc = json!({
-        "ram_gbps": ram, "compute_roofs": roofs_json, "path": path.name(), "threads": args.threads, "results": results,
+        "larder_report": KERNELS_REPORT.name, "ram_gbps": ram, "compute_roofs": roofs_json, "path": path.name(),
+        "threads": args.threads, "results": results,
     });
-    super::save_json(args.out.as_deref(), &doc)?;
+    super::save_json(out.as_mut(), &doc)?;
     if args.json {
         return super::print_json(&doc);
     }

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use anyhow::Context;
+use larder_engine::{ReportKind, RunInputs};
 use larder_store::pull::{pull, PullEvent, PullOptions};
 use larder_store::remote::{open_source, CheckpointSource, FileSource, HubEnv, RemoteOptions};
 use serde_json::json;
@@ -44,10 +45,19 @@ pub struct PullArgs {
     /// Print one JSON document on stdout.
     #[arg(long)]
     json: bool,
-    /// Also write the JSON document to this file.
+    /// Also write the JSON document to this file (not in --model or --store; an existing report of `bench pull`
+    /// only with --overwrite).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    output: super::OverwriteArg,
 }
+
+/// What `bench pull --out` writes (`"larder_report": "bench pull"`).
+pub const PULL_REPORT: ReportKind = ReportKind {
+    name: "bench pull",
+    legacy_keys: &["raw_gbps_before", "raw_gbps_after", "pull_stream_gbps"],
+};
 
 pub fn pull_bench(args: PullArgs) -> anyhow::Result<()> {
     anyhow::ensure!(
@@ -55,6 +65,8 @@ pub fn pull_bench(args: PullArgs) -> anyhow::Result<()> {
         "--store {} exists; give a folder that does not (it is removed afterwards)",
         args.store.display()
     );
+    let inputs = RunInputs::new().model("--model", &args.model).folder("--store", &args.store);
+    let mut out = super::check_report_out(args.out.as_deref(), PULL_REPORT, args.output, &inputs)?;
     let url = loopback_files::serve(&args.model).context("starting the loopback server")?;
     let env = HubEnv::default();
     let source = CheckpointSource::parse(&url, &env)?;
@@ -104,6 +116,7 @@ pub fn pull_bench(args: PullArgs) -> anyhow::Result<()> {
     let raw_mean = (raw_before + raw_after) / 2.0;
     let stream_gbps = total as f64 / stream_s / 1e9;
     let doc = json!({
+        "larder_report": PULL_REPORT.name,
         "model": args.model,
         "bytes": total,
         "shards": names.len(),
@@ -126,9 +139,7 @@ pub fn pull_bench(args: PullArgs) -> anyhow::Result<()> {
         stream_gbps / raw_mean,
         total as f64 / total_s / 1e9
     );
-    if let Some(path) = &args.out {
-        std::fs::write(path, serde_json::to_vec_pretty(&doc)?).with_context(|| format!("writing {}", path.display()))?;
-    }
+    super::save_json(out.as_mut(), &doc)?;
     if args.json {
         super::print_json(&doc)?;
     }

@@ -8,6 +8,7 @@
 //! oracle arm's, and writes results.json, summary.md and SVG charts.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -286,6 +287,8 @@ fn run_arm(exe: &Path, model: &Path, arm: &Arm, budget: u64, prompt: usize, m: &
         .args(["--seed", &m.workload.seed.to_string()])
         .args(["--limit-records", &m.workload.limit_records.to_string(), "--json", "--trace"])
         .arg(trace)
+        // The trace is in this command's output folder: a rerun into it replaces it.
+        .arg("--overwrite")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let cgroup = match &arm.memory_limit {
@@ -403,13 +406,12 @@ fn utc_date() -> String {
     format!("{y:04}-{mo:02}-{d:02}")
 }
 
-/// Writes `path` through a temporary file and a rename.
+/// Writes `path`, a file in the output folder this command owns, through a
+/// new temporary file and a rename; anything there but a regular file is
+/// refused (`larder_engine::output`).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let mut tmp = path.as_os_str().to_owned();
-    tmp.push(".tmp");
-    let tmp = PathBuf::from(tmp);
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+    let mut out = larder_engine::OutputFile::in_owned_folder("--out", path)?;
+    Ok(out.write_with(|w| w.write_all(bytes))?)
 }
 
 /// The median of `v` (0 when empty).

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use larder_engine::{ExpertMode, GenerateOptions};
+use larder_engine::{ExpertMode, GenerateOptions, ReportKind, RunInputs};
 use larder_model::RouteTrace;
 use larder_store::bench::{measure_reads, random_experts, ReadMeasurement};
 use larder_store::io::{open_backend, IoKind, IoOptions};
@@ -41,10 +41,25 @@ pub struct IoArgs {
     /// Print one JSON document on stdout.
     #[arg(long)]
     json: bool,
-    /// Also write the JSON document to this file.
+    /// Also write the JSON document to this file (not a file of --store; an existing report of `bench io`
+    /// only with --overwrite).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    output: super::OverwriteArg,
 }
+
+/// What `bench io --out` writes (`"larder_report": "bench io"`).
+pub const IO_REPORT: ReportKind = ReportKind {
+    name: "bench io",
+    legacy_keys: &["store", "limit_gbps", "results"],
+};
+
+/// What `bench decode --out` writes (`"larder_report": "bench decode"`).
+pub const DECODE_REPORT: ReportKind = ReportKind {
+    name: "bench decode",
+    legacy_keys: &["limit_before", "limit_after", "ratio_to_io_bound", "ids_hash"],
+};
 
 /// The expert index of a store or checkpoint folder.
 pub fn index_of(dir: &Path) -> anyhow::Result<ExpertIndex> {
@@ -72,6 +87,8 @@ fn measure(
 }
 
 pub fn io(args: IoArgs) -> anyhow::Result<()> {
+    let inputs = RunInputs::new().model("--store", &args.store);
+    let mut out = super::check_report_out(args.out.as_deref(), IO_REPORT, args.output, &inputs)?;
     let index = super::about(index_of(&args.store), "cannot open the store", &args.store)?;
     let mut results = Vec::new();
     let progress = Progress::new("bench io", args.io.len() as u64, Unit::Count, args.json);
@@ -103,8 +120,8 @@ pub fn io(args: IoArgs) -> anyhow::Result<()> {
     }
     progress.finish();
     let limit = results.iter().map(|m| m.gbps).fold(0.0, f64::max);
-    let doc = json!({"store": args.store, "limit_gbps": limit, "results": results});
-    super::save_json(args.out.as_deref(), &doc)?;
+    let doc = json!({"larder_report": IO_REPORT.name, "store": args.store, "limit_gbps": limit, "results": results});
+    super::save_json(out.as_mut(), &doc)?;
     if args.json {
         super::print_json(&doc)?;
     }
@@ -140,18 +157,29 @@ pub struct DecodeArgs {
     /// Print one JSON document on stdout.
     #[arg(long)]
     json: bool,
-    /// Also write the JSON document to this file.
+    /// Also write the JSON document to this file (not a file of --model; an existing report of `bench decode`
+    /// only with --overwrite).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
-    /// Record the run's route trace (as `larder run --trace`) to FILE, for `larder bench cache` and `larder plan`.
+    /// Record the run's route trace (as `larder run --trace`) to FILE, for `larder bench cache` and `larder plan`
+    /// (not a file of --model; an existing trace only with --overwrite).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    #[command(flatten)]
+    output: super::OverwriteArg,
 }
 
 pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
-    if let Some(path) = &args.trace {
-        super::trace::check_writable(path)?;
-    }
+    let mut inputs = super::model_inputs(&args.model, &args.experts);
+    let mut trace_out = match &args.trace {
+        Some(path) => {
+            let out = super::trace::check_output(path, args.output.overwrite, &inputs)?;
+            inputs = inputs.other_output("--trace", path);
+            Some(out)
+        }
+        None => None,
+    };
+    let mut out = super::check_report_out(args.out.as_deref(), DECODE_REPORT, args.output, &inputs)?;
     let mut experts = args.experts.clone();
     if experts.ram_budget.is_none() && experts.io.is_none() {
         // bench decode always streams.
@@ -229,10 +257,10 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     let prefill = after_prefill.clone().unwrap_or_default();
     let decode = store.stats().since(&prefill);
     let routed_bytes = routed_expert_bytes(&trace, prompt.len(), &index);
-    if let Some(path) = &args.trace {
+    if let Some(trace_out) = &mut trace_out {
         let bytes = index.total_bytes() / index.layers.iter().map(|l| l.len() as u64).sum::<u64>().max(1);
         let file = super::trace::to_file(&trace, engine.model().spec(), &args.model, prompt.len(), bytes)?;
-        file.write(path).with_context(|| format!("--trace {}", path.display()))?;
+        trace_out.write_with(|w| file.write_lines(w))?;
     }
     drop(engine);
     let limit_after = measure_limit(args.seed ^ 0xa11)?;
@@ -257,6 +285,7 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     let (overlap, _) = decode_trace.consecutive_overlap();
     let ids_hash = larder_store::Digest::of(&g.ids.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>()).to_string();
     let doc = json!({
+        "larder_report": DECODE_REPORT.name,
         "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)},
         "model": {
             "dir": args.model,
@@ -299,7 +328,7 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
         "ids_hash": ids_hash,
         "stats": g.stats,
     });
-    super::save_json(args.out.as_deref(), &doc)?;
+    super::save_json(out.as_mut(), &doc)?;
     if args.json {
         return super::print_json(&doc);
     }

@@ -1,6 +1,8 @@
 //! Subcommands of the `larder` binary, one file each, the options they
-//! share (where routed experts come from) and the ranges every count, size
-//! and thread flag is checked against when parsed ([`range`]).
+//! share (where routed experts come from, `--overwrite` of output files) and
+//! the ranges every count, size and thread flag is checked against when
+//! parsed ([`range`]). Every output file a flag names (`--trace FILE`,
+//! `--out FILE`) is checked by `larder_engine::output` before any work.
 
 pub mod bench;
 pub mod bench_cache;
@@ -16,6 +18,7 @@ pub mod doctor;
 pub mod forward;
 pub mod lazy;
 pub mod loopback_files;
+pub mod memory_check;
 pub mod mirror;
 pub mod pack;
 pub mod plan;
@@ -32,7 +35,7 @@ use std::path::Path;
 
 use anyhow::Context;
 use larder_engine::memory_watch::WatchConfig;
-use larder_engine::{Engine, ExpertMode, LoadOptions, PrefillChunk};
+use larder_engine::{Engine, ExpertMode, LoadOptions, OutputFile, OutputKind, PrefillChunk, ReportKind, RunInputs};
 use larder_model::MlaCache;
 use larder_store::io::MAX_IO_DEPTH;
 use larder_store::store::MAX_PREFETCH_THREADS;
@@ -64,6 +67,27 @@ pub fn range(min: usize, max: usize) -> impl Fn(&str) -> Result<usize, String> +
     }
 }
 
+/// `--overwrite`: shared by every command that writes a file the user names.
+#[derive(clap::Args, Debug, Clone, Copy, Default)]
+pub struct OverwriteArg {
+    /// Replace an existing output file (--trace FILE, --out FILE) that holds what this command writes (a route
+    /// trace, or a JSON report of this command). Without it such a file is refused. Never replaced, even with
+    /// it: an input of the run (any file of --model's folder or store, --cache-dir, ...), a folder, device,
+    /// FIFO or socket, or a file of another kind. An empty file is replaced without it.
+    #[arg(long)]
+    pub overwrite: bool,
+}
+
+/// The inputs of a run that loads `model` with `experts`' flags: the model's
+/// files and the lazy cache folder (no output may be one of them).
+pub fn model_inputs(model: &Path, experts: &ExpertArgs) -> RunInputs {
+    let inputs = RunInputs::new().model("--model", model);
+    match &experts.cache_dir {
+        Some(dir) => inputs.folder("--cache-dir", dir),
+        None => inputs,
+    }
+}
+
 /// Where routed experts live: options shared by every command that loads a model.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct ExpertArgs {
@@ -71,8 +95,10 @@ pub struct ExpertArgs {
     /// 8GiB) instead of keeping them all in RAM, or `auto`: the memory available
     /// at start minus headroom (the larger of 1 GiB and 5%), the spine and the
     /// prefill memory, capped at the experts' size, then shrunk under memory
-    /// pressure (MemAvailable, cgroup memory.max) and grown back without a
-    /// restart (output is the same at every size). Default: `auto` for a packed
+    /// pressure (MemAvailable, the cgroup's v2 memory.max or v1
+    /// memory.limit_in_bytes) and grown back without a restart (output is the
+    /// same at every size). Under a cgroup limit the spine and one layer
+    /// step's experts must fit, or the run stops before loading and says so. Default: `auto` for a packed
     /// store or when --io asks to stream; all in RAM for a checkpoint folder.
     /// At least one expert record (the error says how much), or 0 for no
     /// cache (every use of an expert reads it again).
@@ -105,16 +131,37 @@ pub struct ExpertArgs {
     /// or a folder). The small files and the spine are fetched into DIR
     /// first; each routed expert is fetched the first time it is used and
     /// kept in DIR as a record of a partial store that survives restarts.
-    /// Output is bit-identical to a local run.
+    /// Output is bit-identical to a local run. How fetched bytes are checked:
+    /// --source-check.
     #[arg(long, value_name = "DIR")]
     pub cache_dir: Option<std::path::PathBuf>,
+    /// With --cache-dir, how bytes from the SOURCE are checked before use.
+    /// `stream` (a new cache's default): each source file streams once,
+    /// whole, and must match the sha256 the source publishes before the
+    /// model loads; every expert fetched later must match the digest its
+    /// bytes had then (the first open moves the whole checkpoint once, as
+    /// `pull` does; records beyond --disk-quota are not kept). `first-fetch`:
+    /// only the spine and the experts used are fetched, and a range's first
+    /// fetch is trusted (later fetches and reads must match it): faster to
+    /// start on a huge checkpoint, but not checked against the source's
+    /// sha256. Fixed when the cache is made; default: the cache's own.
+    #[arg(long, value_name = "stream|first-fetch", value_parser = larder_store::lazy::SourceCheck::parse, requires = "cache_dir")]
+    pub source_check: Option<larder_store::lazy::SourceCheck>,
+    /// With --cache-dir: the longest one request to the SOURCE may take,
+    /// retries included, in seconds (keep it below your clients' timeout).
+    /// After a fetch finds the source unreachable, requests that need it
+    /// fail at once for 30 s (the server answers 503 with Retry-After),
+    /// while requests whose experts are cached are served.
+    #[arg(long, value_name = "SECONDS", default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..=3600), requires = "cache_dir")]
+    pub source_timeout: u64,
     /// With --cache-dir: most bytes DIR may hold (spine, small files and
     /// expert records, e.g. 300GiB); the least-used experts are evicted to
     /// stay under it. Default: no limit.
     #[arg(long, value_name = "SIZE", value_parser = parse_size, requires = "cache_dir")]
     pub disk_quota: Option<u64>,
     /// Activation memory one prefill pass may hold (e.g. 4GiB; default: an
-    /// eighth of the RAM available at start, at least 1GiB). A prompt runs in
+    /// eighth of the RAM available at start, a cgroup limit counting, at least
+    /// 1GiB or a quarter of it, whichever is less). A prompt runs in
     /// one pass, reading each routed expert once, unless its activations
     /// would exceed this; then in as few equal passes as fit. Results never
     /// depend on it.
@@ -246,11 +293,15 @@ pub fn load_engine_with(model: &Path, experts: &ExpertArgs, json: bool) -> anyho
         None => {
             let opts = experts.load_options(model);
             check_budget(model, &opts)?;
+            memory_check::check(model, experts, &opts)?;
             load_with_options(model, &opts, json)?
         }
     };
     engine.set_prefill(experts.prefill());
     if experts.warm {
+        if let Err(e) = larder_store::heat::read_saved(model) {
+            tracing::warn!("--warm: {e}; nothing to warm by");
+        }
         let (n, bytes) = engine.warm().with_context(|| format!("--warm {}", model.display()))?;
         tracing::info!("warmed {n} experts ({})", format_size(bytes));
     }
@@ -350,10 +401,23 @@ pub fn progress_bar(len: u64, template: &str) -> indicatif::ProgressBar {
     bar
 }
 
-/// Writes a JSON report to `--out FILE`, when given (benchmarks).
-pub fn save_json(out: Option<&Path>, doc: &serde_json::Value) -> anyhow::Result<()> {
-    if let Some(path) = out {
-        std::fs::write(path, serde_json::to_vec_pretty(doc)?).with_context(|| format!("cannot write {}", path.display()))?;
+/// Checks a benchmark's `--out FILE`, when given, before any work: where a
+/// report of `kind` may be written ([`OutputFile::check`]).
+pub fn check_report_out(
+    out: Option<&Path>,
+    kind: ReportKind,
+    overwrite: OverwriteArg,
+    inputs: &RunInputs,
+) -> anyhow::Result<Option<OutputFile>> {
+    let check = |path| OutputFile::check("--out", path, OutputKind::Report(kind), overwrite.overwrite, inputs);
+    Ok(out.map(check).transpose()?)
+}
+
+/// Writes a JSON report to `--out FILE`, when given (benchmarks), checked
+/// before the run ([`check_report_out`]).
+pub fn save_json(out: Option<&mut OutputFile>, doc: &serde_json::Value) -> anyhow::Result<()> {
+    if let Some(out) = out {
+        out.write_with(|w| Ok(serde_json::to_writer_pretty(w, doc)?))?;
     }
     Ok(())
 }

@@ -4,7 +4,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use larder_engine::{ChatMessage, Conversation, DrafterChoice, GenerateOptions, Outcome, Request, RequestEvent, SamplingParams};
 use serde_json::json;
 
@@ -73,15 +73,25 @@ pub struct Args {
     draft_max: usize,
     /// Record every token's experts per MoE layer (prompt and decode, each forward pass, and what the next
     /// 3 MoE layers' routers pick on its input) to FILE, JSON Lines; read it with `larder trace stats FILE`
-    /// or `larder bench cache --trace FILE`. Written atomically when generation ends.
+    /// or `larder bench cache --trace FILE`. Written atomically when generation ends. FILE is checked before
+    /// the model loads: it may not be an input of the run, and an existing trace is replaced only with --overwrite.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    #[command(flatten)]
+    output: super::OverwriteArg,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    if let Some(path) = &args.trace {
-        super::trace::check_writable(path)?;
-    }
+    let mut trace_out = match &args.trace {
+        Some(path) => {
+            let mut inputs = super::model_inputs(&args.model, &args.experts);
+            if let Some(draft) = &args.draft_model {
+                inputs = inputs.model("--draft-model", draft);
+            }
+            Some(super::trace::check_output(path, args.output.overwrite, &inputs)?)
+        }
+        None => None,
+    };
     let engine = super::load_engine_with(&args.model, &args.experts, args.json)?;
     let prompt_ids = match (&args.ids, &args.prompt) {
         (Some(ids), _) => ids.clone(),
@@ -152,11 +162,15 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .trace
         .as_ref()
         .map(|_| larder_model::RouteTrace::with_lookahead(super::trace::LOOKAHEAD));
-    let generation = Conversation::new(&engine).run_traced(&engine, &request, &mut sink, route_trace.as_mut())?;
-    if let (Some(path), Some(rt)) = (&args.trace, &route_trace) {
+    let generation = Conversation::new(&engine).run_traced(&engine, &request, &mut sink, route_trace.as_mut());
+    for w in engine.take_warnings() {
+        tracing::warn!("{w}");
+    }
+    let generation = generation?;
+    if let (Some(out), Some(rt)) = (&mut trace_out, &route_trace) {
         let bytes = super::trace::expert_bytes(&args.model)?;
         let file = super::trace::to_file(rt, engine.model().spec(), &args.model, prompt_ids.len(), bytes)?;
-        file.write(path).with_context(|| format!("--trace {}", path.display()))?;
+        out.write_with(|w| file.write_lines(w))?;
     }
     if let Some(e) = write_error {
         if e.kind() != std::io::ErrorKind::BrokenPipe {

@@ -1,5 +1,6 @@
 //! Route traces: turning what a run recorded ([`larder_model::RouteTrace`])
-//! into a trace file (`--trace FILE` on `run` and `bench decode`), and
+//! into a trace file (`--trace FILE` on `run`, `serve` and `bench decode`,
+//! checked before any work by [`check_output`]), and
 //! `larder trace stats FILE`: popularity, reuse distances, lookahead recall,
 //! and the hit rates LRU and Belady's optimum reach at a range of cache
 //! budgets (the format: `larder_router::trace`).
@@ -7,7 +8,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context};
-use larder_engine::{RouteLog, RowTag};
+use larder_engine::{OutputFile, OutputKind, RouteLog, RowTag, RunInputs};
 use larder_model::{ModelSpec, RouteTrace};
 use larder_router::{Phase, RouteStats, Trace, TraceHeader, TRACE_VERSION};
 use serde_json::json;
@@ -42,9 +43,11 @@ pub struct SynthArgs {
     /// Seed of the draw.
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Where to write the trace.
+    /// Where to write the trace (not a file of --model's folder; an existing trace only with --overwrite).
     #[arg(long, value_name = "FILE")]
     out: PathBuf,
+    #[command(flatten)]
+    output: super::OverwriteArg,
 }
 
 /// Arguments of `larder trace stats`.
@@ -66,7 +69,8 @@ pub fn run(cmd: TraceCmd) -> anyhow::Result<()> {
 }
 
 fn synth(a: SynthArgs) -> anyhow::Result<()> {
-    check_writable(&a.out)?;
+    let inputs = RunInputs::new().model("--model", &a.model);
+    let mut out = OutputFile::check("--out", &a.out, OutputKind::RouteTrace, a.output.overwrite, &inputs)?;
     let sizes = super::doctor::model::inspect(&a.model)?.sizes;
     if sizes.moe_layers == 0 || sizes.expert_bytes == 0 {
         bail!("--model {}: has no routed experts", a.model.display());
@@ -81,10 +85,10 @@ fn synth(a: SynthArgs) -> anyhow::Result<()> {
         expert_bytes: vec![sizes.expert_bytes; sizes.moe_layers],
         lookahead: 0,
     };
-    model
+    let trace = model
         .trace(header, a.tokens, a.seed)
-        .write(&a.out)
-        .with_context(|| format!("--out {}", a.out.display()))
+        .map_err(|e| anyhow::anyhow!("--model {} (--tokens {}): {e}", a.model.display(), a.tokens))?;
+    Ok(out.write_with(|w| trace.write_lines(w))?)
 }
 
 /// The trace file of one recorded turn: rows `0..prompt_len` are the prompt.
@@ -104,16 +108,11 @@ pub fn to_file(rt: &RouteTrace, spec: &ModelSpec, model: &Path, prompt_len: usiz
     Ok(trace)
 }
 
-/// Refuses a `--trace` path that cannot be written, before any work.
-pub fn check_writable(path: &Path) -> anyhow::Result<()> {
-    let parent = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-    if !parent.is_dir() {
-        bail!("--trace {}: the folder {} does not exist", path.display(), parent.display());
-    }
-    if path.is_dir() {
-        bail!("--trace {}: is a folder; name a file", path.display());
-    }
-    Ok(())
+/// Checks a `--trace FILE` output before any work (`larder_engine::output`:
+/// not one of `inputs`, a regular file, an existing trace only with
+/// `overwrite`).
+pub fn check_output(path: &Path, overwrite: bool, inputs: &RunInputs) -> anyhow::Result<OutputFile> {
+    Ok(OutputFile::check("--trace", path, OutputKind::RouteTrace, overwrite, inputs)?)
 }
 
 /// Mean bytes of one routed expert of the model at `path` (what one miss reads).
