@@ -3,8 +3,9 @@
 //! without a restart. Which experts are cached changes when bytes arrive,
 //! never what is computed, so output is bit-identical at every size.
 //!
-//! The size at start ([`auto_budget`]) is what is available (`MemAvailable`,
-//! or the cgroup's `memory.max - memory.current` when lower) minus headroom
+//! The size at start ([`auto_budget`]) is what is available
+//! ([`crate::memory_limit::available`]: `MemAvailable`, or the room the
+//! cgroup's v1 or v2 memory limit leaves when lower) minus headroom
 //! for the OS, page cache and the first requests' KV cache
 //! ([`crate::plan::headroom`]: the larger of 1 GiB and 5%), minus the spine
 //! (not loaded yet) and the prefill activation memory, capped at the bank.
@@ -23,7 +24,6 @@ use std::time::Duration;
 use larder_store::ExpertStore;
 
 use crate::plan::headroom;
-use crate::prefill::mem_available;
 
 /// What the watcher keeps the budget between, and how often it looks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,24 +38,10 @@ pub struct WatchConfig {
 }
 
 /// Memory available to this process now: `MemAvailable`, or the room left
-/// under its cgroup v2 `memory.max` when that is lower.
+/// under its cgroup's v1 or v2 memory limit when that is lower
+/// ([`crate::memory_limit::available`]).
 pub fn available() -> Option<u64> {
-    let system = mem_available();
-    match (system, cgroup_room()) {
-        (Some(s), Some(c)) => Some(s.min(c)),
-        (s, c) => s.or(c),
-    }
-}
-
-/// `memory.max - memory.current` of this process's cgroup (v2), if limited.
-fn cgroup_room() -> Option<u64> {
-    let line = std::fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = line.lines().find_map(|l| l.strip_prefix("0::"))?;
-    let dir = std::path::Path::new("/sys/fs/cgroup").join(path.trim_start_matches('/'));
-    let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
-    let max: u64 = read("memory.max")?.trim().parse().ok()?; // "max": no limit
-    let current: u64 = read("memory.current")?.trim().parse().ok()?;
-    Some(max.saturating_sub(current))
+    crate::memory_limit::available()
 }
 
 /// The cache budget `--ram-budget auto` starts with (see the module doc):

@@ -11,7 +11,8 @@
 //! ([`larder_model::activation::activation_bytes_per_row`]). By default
 //! ([`PrefillChunk::Auto`]) a prompt runs in one pass unless its activations
 //! would exceed [`default_prefill_memory`] (`--prefill-memory`): an eighth of
-//! the memory available when the engine starts, at least 1 GiB. A longer
+//! the memory available when the engine starts (a cgroup limit counts), at
+//! least 1 GiB or a quarter of it, whichever is less. A longer
 //! prompt runs in as few equal passes of at most that many rows as it needs.
 //! Results never depend on the chunking (batch invariance, docs/design.md §3).
 //!
@@ -23,23 +24,29 @@
 use larder_model::activation::prefill_rows;
 use larder_model::ModelSpec;
 
-/// The least activation memory [`default_prefill_memory`] gives a pass: 1 GiB.
+/// The least activation memory [`default_prefill_memory`] gives a pass: 1 GiB
+/// (or a quarter of the memory available, when that is less than 4 GiB).
 pub const MIN_PREFILL_MEMORY: u64 = 1 << 30;
 
 /// The activation memory a prefill pass may hold by default: an eighth of
-/// `MemAvailable` now (Linux), at least [`MIN_PREFILL_MEMORY`]; 2 GiB where
-/// that cannot be read.
+/// the memory available now ([`mem_available`]), at least
+/// [`MIN_PREFILL_MEMORY`] or a quarter of it, whichever is less (under a
+/// small cgroup limit 1 GiB would not fit); 2 GiB where that cannot be read.
 pub fn default_prefill_memory() -> u64 {
-    mem_available().map_or(2 << 30, |bytes| (bytes / 8).max(MIN_PREFILL_MEMORY))
+    mem_available().map_or(2 << 30, prefill_memory_of)
 }
 
-/// `MemAvailable` from /proc/meminfo, in bytes (`None` where it cannot be
-/// read): what every memory default (expert cache, KV budget, prefill) is a share of.
+/// [`default_prefill_memory`] out of `available` bytes.
+fn prefill_memory_of(available: u64) -> u64 {
+    (available / 8).max(MIN_PREFILL_MEMORY.min(available / 4))
+}
+
+/// Memory available to this process now, in bytes (`None` where it cannot
+/// be read): `MemAvailable`, or the room its cgroup's v1 or v2 memory limit
+/// leaves when that is lower ([`crate::memory_limit::available`]). What every
+/// memory default (expert cache, KV budget, prefill) is a share of.
 pub fn mem_available() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line["MemAvailable:".len()..].split_whitespace().next()?.parse().ok()?;
-    Some(kb.saturating_mul(1024))
+    crate::memory_limit::available()
 }
 
 /// How a prompt is split into forward passes.
@@ -87,8 +94,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_default_memory_is_at_least_the_floor() {
-        assert!(default_prefill_memory() >= MIN_PREFILL_MEMORY);
+    fn the_default_memory_is_an_eighth_at_least_the_floor_or_a_quarter() {
+        const GIB: u64 = 1 << 30;
+        assert_eq!(prefill_memory_of(64 * GIB), 8 * GIB);
+        assert_eq!(prefill_memory_of(6 * GIB), MIN_PREFILL_MEMORY);
+        assert_eq!(prefill_memory_of(640 << 20), 160 << 20, "a small cgroup limit");
+        assert_eq!(prefill_memory_of(0), 0);
     }
 
     #[test]

@@ -39,9 +39,10 @@ impl Machine {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let ram_total = meminfo_bytes(&meminfo, "MemTotal:").unwrap_or(0);
         let mem_available = meminfo_bytes(&meminfo, "MemAvailable:").unwrap_or(ram_total);
-        let cgroup = cgroup_memory();
-        let ram_available = match cgroup {
-            Some((limit, used)) => mem_available.min(limit.saturating_sub(used)),
+        // The tightest cgroup v1 or v2 limit over this process's cgroup and its ancestors.
+        let cgroup = larder_engine::memory_limit::cgroup_limit();
+        let ram_available = match &cgroup {
+            Some(limit) => mem_available.min(limit.room()),
             None => mem_available,
         };
         Machine {
@@ -54,7 +55,7 @@ impl Machine {
             kernel_paths: KernelPath::available().into_iter().map(|p| p.name()).collect(),
             ram_total,
             ram_available,
-            cgroup_limit: cgroup.map(|(limit, _)| limit),
+            cgroup_limit: cgroup.map(|c| c.limit),
             ram_gbps: larder_tensor::bench::ram_read_gbps(RAM_PROBE_BYTES),
         }
     }
@@ -133,24 +134,6 @@ fn features(cpuinfo: &str) -> Vec<(&'static str, bool)> {
         ("avx512_bf16", has("avx512_bf16")),
         ("amx", has("amx_tile")),
     ]
-}
-
-/// (limit, usage) of this process's memory cgroup, when it has a limit
-/// (cgroup v2 `memory.max`, else v1 `memory.limit_in_bytes`).
-fn cgroup_memory() -> Option<(u64, u64)> {
-    let read = |p: &str| std::fs::read_to_string(p).ok().and_then(|s| s.trim().parse::<u64>().ok());
-    let own = std::fs::read_to_string("/proc/self/cgroup")
-        .ok()
-        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("0::").map(str::to_string)))
-        .unwrap_or_default();
-    for dir in [format!("/sys/fs/cgroup{own}"), "/sys/fs/cgroup".to_string()] {
-        if let Some(limit) = read(&format!("{dir}/memory.max")) {
-            return Some((limit, read(&format!("{dir}/memory.current")).unwrap_or(0)));
-        }
-    }
-    // v1: "no limit" is a huge number (a page-rounded i64::MAX).
-    let limit = read("/sys/fs/cgroup/memory/memory.limit_in_bytes").filter(|&l| l < 1 << 60)?;
-    Some((limit, read("/sys/fs/cgroup/memory/memory.usage_in_bytes").unwrap_or(0)))
 }
 
 #[cfg(test)]
