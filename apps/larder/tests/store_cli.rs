@@ -299,4 +299,26 @@ fn lazy_mode_from_the_command_line_matches_the_local_run_and_names_bad_flags() {
     // --disk-quota needs --cache-dir; the cache is not a plain --model.
     assert!(fails(&["run", "--model", s(&model), "--ids", ids, "--disk-quota", "1GiB"]).contains("--cache-dir"));
     assert!(fails(&["run", "--model", s(&cache), "--ids", ids]).contains("lazy cache"));
+    // The cache streamed every file; a folder publishes no sha256, and verify says so, offline.
+    let v = ok_json(&["verify", s(&cache), "--json"]);
+    assert_eq!(
+        (v["ok"].as_bool(), v["lazy"].as_bool(), v["source_check"].as_str()),
+        (Some(true), Some(true), Some("stream")),
+        "{v}"
+    );
+    assert_eq!(v["present"], v["records"], "{v}");
+    assert!(v["unverified_files"][0].as_str().unwrap().contains("no sha256"), "{v}");
+    // The check is fixed when the cache is made.
+    let err = fails(&[
+        "run",
+        "--model",
+        s(&model),
+        "--ids",
+        ids,
+        "--cache-dir",
+        s(&cache),
+        "--source-check",
+        "first-fetch",
+    ]);
+    assert!(err.contains("--source-check stream"), "{err}");
 }

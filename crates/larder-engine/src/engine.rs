@@ -159,10 +159,10 @@ impl Engine {
                 message: "a lazy cache: run it with `--model SOURCE --cache-dir DIR` (the source it was made from)".into(),
             });
         }
-        if larder_store::pack::is_unfinished(dir) {
+        if let Some(message) = unfinished_store(dir) {
             return Err(EngineError::File {
                 path: dir.to_path_buf(),
-                message: "an unfinished `larder pack` (no manifest.json yet); re-run the same pack command to finish it".into(),
+                message,
             });
         }
         let packed = Manifest::is_store(dir);
@@ -262,6 +262,21 @@ impl Engine {
     /// The expert store, when experts are streamed.
     pub fn store(&self) -> Option<&Arc<ExpertStore>> {
         self.store.as_ref()
+    }
+
+    /// Problems that failed no request since the last call, for the caller
+    /// to print, each said once while it repeats: a lazy cache's experts
+    /// fetched but not kept (a full drive, say), a damaged mirror copy read
+    /// from its primary instead.
+    pub fn take_warnings(&self) -> Vec<String> {
+        #[cfg(feature = "remote")]
+        let mut w = self.take_lazy_problems();
+        #[cfg(not(feature = "remote"))]
+        let mut w = Vec::new();
+        if let Some(store) = self.store() {
+            w.extend(store.take_warnings());
+        }
+        w
     }
 
     /// Sets how prompts are split into forward passes (default: read-once,
@@ -567,4 +582,31 @@ fn check_dir(dir: &Path) -> Result<(), EngineError> {
             message: "model folder not found (give a Hugging Face checkpoint folder or a store made by `larder pack`)".into(),
         })
     }
+}
+
+/// What an unfinished store folder (a plan but no manifest.json yet) is
+/// and how to finish it: a `pack`, a `pull` (its journal or staging
+/// folder), or the first open of a lazy cache; `None` for any other folder.
+pub fn unfinished_store(dir: &Path) -> Option<String> {
+    if !larder_store::pack::is_unfinished(dir) {
+        return None;
+    }
+    #[cfg(feature = "remote")]
+    {
+        if crate::lazy::is_lazy_cache(dir) {
+            return Some(
+                "a lazy cache whose first open did not finish (no lazy.json yet): run it with `--model SOURCE \
+                 --cache-dir DIR` again to resume it"
+                    .into(),
+            );
+        }
+        if dir.join(larder_store::pull::PULL_STATE).exists() || dir.join(crate::pull::STAGING).is_dir() {
+            return Some(
+                "an unfinished `larder pull` (no manifest.json yet): run the same `larder pull SOURCE --out DIR` again \
+                 to resume it; only what is missing is fetched"
+                    .into(),
+            );
+        }
+    }
+    Some("an unfinished `larder pack` (no manifest.json yet); re-run the same pack command to finish it".into())
 }

@@ -57,3 +57,18 @@ pub enum EngineError {
         max_new: usize,
     },
 }
+
+impl EngineError {
+    /// When a lazy store's source cannot be reached now, the seconds until
+    /// it is asked again (a server answers 503 with `Retry-After`); `None`
+    /// for every other error.
+    pub fn retry_after_s(&self) -> Option<u64> {
+        let EngineError::Model(ModelError::Provider(e)) = self else {
+            return None;
+        };
+        match e.downcast_ref::<larder_store::StoreError>() {
+            Some(larder_store::StoreError::SourceUnavailable { retry_after_s, .. }) => Some(*retry_after_s),
+            _ => None,
+        }
+    }
+}

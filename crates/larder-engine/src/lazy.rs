@@ -43,7 +43,7 @@ pub struct LazyLoad {
 
 /// Opens the lazy store `load` names: describes the source (or reads the
 /// saved description), then fetches what is missing of the spine.
-pub fn open_lazy(load: &LazyLoad, events: &dyn Fn(LazyEvent)) -> Result<LazyStore, EngineError> {
+pub fn open_lazy(load: &LazyLoad, events: &(dyn Fn(LazyEvent) + Sync)) -> Result<LazyStore, EngineError> {
     let parsed = CheckpointSource::parse(&load.source, &load.env)?;
     let remote: Arc<dyn FileSource> = Arc::from(open_source(&parsed, &load.env, &load.remote)?);
     let staging = load.cache_dir.join(STAGING);
@@ -68,10 +68,32 @@ pub fn open_lazy(load: &LazyLoad, events: &dyn Fn(LazyEvent)) -> Result<LazyStor
     .map_err(store_err)
 }
 
+/// Whether `dir` is a lazy cache, complete or with its first open unfinished.
+pub fn is_lazy_cache(dir: &std::path::Path) -> bool {
+    lazy::is_lazy(dir) || (dir.join(STAGING).is_dir() && !dir.join("manifest.json").exists())
+}
+
+/// Checks the lazy cache in `dir` without the network
+/// ([`larder_store::lazy::verify`]), from the description it saved.
+pub fn verify_lazy(dir: &std::path::Path) -> Result<lazy::LazyVerifyReport, EngineError> {
+    let staging = dir.join(STAGING);
+    let described = describe_staged(&staging)?.ok_or_else(|| EngineError::File {
+        path: staging.clone(),
+        message: "holds no description of the source: not a lazy cache, or its first open did not finish \
+                  (run the same command with --cache-dir again to resume it)"
+            .into(),
+    })?;
+    lazy::verify(dir, &described.source).map_err(store_err)
+}
+
 impl Engine {
     /// Loads a model lazily (see the module docs); `progress` sees the
     /// spine's load from the cache, `events` the spine's fetch.
-    pub fn load_lazy(load: &LazyLoad, progress: Option<Arc<LoadProgress>>, events: &dyn Fn(LazyEvent)) -> Result<Engine, EngineError> {
+    pub fn load_lazy(
+        load: &LazyLoad,
+        progress: Option<Arc<LoadProgress>>,
+        events: &(dyn Fn(LazyEvent) + Sync),
+    ) -> Result<Engine, EngineError> {
         let opened = open_lazy(load, events)?;
         let dir = opened.root.clone();
         check_carried(&dir, &opened.carried)?;
@@ -91,5 +113,11 @@ impl Engine {
     /// What the lazy cache did since the engine loaded (`None`: not lazy).
     pub fn lazy_counts(&self) -> Option<LazyCounts> {
         self.lazy.as_ref().map(|(b, _)| b.counts())
+    }
+
+    /// A lazy cache's problems that failed no request (experts fetched but
+    /// not kept: a full drive, say) since the last call.
+    pub(crate) fn take_lazy_problems(&self) -> Vec<String> {
+        self.lazy.as_ref().map(|(b, _)| b.take_problems()).unwrap_or_default()
     }
 }

@@ -17,6 +17,10 @@ use crate::error::EngineError;
 use crate::experts::store_err;
 use crate::pack::{describe, CARRIED_FILES};
 
+/// Folder in a pull's --out holding the fetched config, tokenizer and
+/// index files until the store is complete.
+pub const STAGING: &str = ".pull";
+
 /// Small files larger than this are refused (a listing that calls a
 /// weight file `tokenizer.json` must not be read into memory).
 const SMALL_FILE_LIMIT: u64 = 256 << 20;

@@ -84,6 +84,7 @@
 //! alone through [`Conversation::run`](crate::Conversation::run).
 
 mod disk_tier;
+mod identity;
 mod prefix_cache;
 mod sequence;
 
@@ -103,8 +104,9 @@ use crate::route_log::{RouteLog, RowTag};
 use crate::sampling::Sampler;
 use crate::stats::Stats;
 use crate::tokenizer::StreamDecoder;
-pub use disk_tier::{check_state_dir, model_identity, DiskTierConfig, DiskTierStats};
+pub use disk_tier::{check_state_dir, DiskTierConfig, DiskTierStats};
 use disk_tier::{DiskHit, DiskTier};
+pub use identity::{model_identity, CONTENT_DIGESTS};
 use prefix_cache::{Hit, PrefixCache};
 use sequence::{finish, sample_one, Seq};
 
@@ -420,21 +422,41 @@ impl<'e> Scheduler<'e> {
                         return None;
                     }
                 }
-                Err((None, error)) => {
-                    // Not one sequence's fault (expert I/O, say): every running one fails.
-                    let msg = error.to_string();
-                    let mut first = Some(error);
-                    for s in self.running.drain(..) {
-                        let error = first.take().unwrap_or_else(|| EngineError::Invalid {
-                            field: "model",
-                            message: format!("the batched forward pass failed: {msg}"),
-                        });
-                        report.failed.push(Failure { id: s.id, error });
-                    }
+                Err((None, error)) if self.running.len() == 1 => {
+                    let s = self.running.remove(0);
+                    report.failed.push(Failure { id: s.id, error });
                     return None;
                 }
+                // Not one sequence's fault as far as the pass can tell (an
+                // expert the source cannot send, say): each runs alone.
+                Err((None, _)) => return self.forward_each_alone(report),
             }
         }
+    }
+
+    /// Runs every running sequence in a pass of its own (states are
+    /// unchanged by the failed batch): the ones whose experts can be read go
+    /// on with exactly the logits the batch would have given them (batch
+    /// invariance, docs/design.md §3), the others fail with their own
+    /// error. So a request needing an expert from a source that is down
+    /// never takes the cached requests batched with it down too.
+    fn forward_each_alone(&mut self, report: &mut StepReport) -> Option<Vec<Option<Vec<f32>>>> {
+        let all = std::mem::take(&mut self.running);
+        let (mut kept, mut logits) = (Vec::with_capacity(all.len()), Vec::with_capacity(all.len()));
+        for s in all {
+            self.running.push(s);
+            let outcome = self.forward();
+            let Some(s) = self.running.pop() else { continue };
+            match outcome {
+                Ok(mut l) => {
+                    logits.push(l.pop().flatten());
+                    kept.push(s);
+                }
+                Err((_, error)) => report.failed.push(Failure { id: s.id, error }),
+            }
+        }
+        self.running = kept;
+        (!self.running.is_empty()).then_some(logits)
     }
 
     fn retire_cancelled(&mut self, report: &mut StepReport) {

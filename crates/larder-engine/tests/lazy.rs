@@ -10,88 +10,23 @@
 mod common;
 #[path = "../../larder-store/tests/common/mod.rs"]
 mod hub;
+mod lazy_support;
 
-use std::collections::BTreeSet;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{fixture, scratch_dir, stream_outcome, StreamOutcome};
-use hub::{HubServer, Op, REPO};
+use common::{fixture, scratch_dir, stream_outcome};
+use hub::{HubServer, Op};
 use larder_engine::lazy::LazyLoad;
 use larder_engine::Engine;
-use larder_store::lazy::{LazyOptions, RECORDS_LOG};
-use larder_store::remote::{HubEnv, RemoteOptions, RetryPolicy};
-use larder_store::{IoKind, IoOptions, StoreOptions};
+use larder_store::lazy::{SourceCheck, RECORDS_LOG};
+use lazy_support::{assert_same, first_layer_file, load, sent, used, PROMPT};
 
-const PROMPT: [u32; 8] = [3, 1, 4, 1, 5, 9, 2, 6];
-
-/// Lazy load options for the hub at `server` into `dir` (no prefetch, so
-/// what is fetched is exactly what is used; a RAM cache for everything).
+/// Lazy load options trusting first fetches (these tests count what is
+/// fetched by range); see `lazy_source_checks.rs` for the default.
 fn lazy_load(server_url: &str, dir: &Path, quota: Option<u64>, prefetch: usize) -> LazyLoad {
-    LazyLoad {
-        source: REPO.to_string(),
-        cache_dir: dir.to_path_buf(),
-        lazy: LazyOptions {
-            disk_quota: quota,
-            io: io(),
-            ..LazyOptions::default()
-        },
-        store: StoreOptions {
-            io: io(),
-            ram_budget: u64::MAX,
-            verify: true,
-            prefetch_threads: prefetch,
-        },
-        remote: RemoteOptions {
-            retry: RetryPolicy {
-                attempts: 1,
-                base_delay: Duration::from_millis(1),
-                max_delay: Duration::from_millis(2),
-            },
-            connect_timeout: Duration::from_secs(2),
-            read_timeout: Duration::from_secs(5),
-            parallel: 4,
-        },
-        env: HubEnv {
-            endpoint: Some(server_url.to_string()),
-            token: None,
-        },
-        mla_cache: larder_model::MlaCache::default(),
-    }
-}
-
-fn io() -> IoOptions {
-    IoOptions {
-        kind: IoKind::Pread,
-        direct: false,
-        depth: 4,
-    }
-}
-
-fn load(l: &LazyLoad) -> Result<Engine, String> {
-    Engine::load_lazy(l, None, &|_| {}).map_err(|e| e.to_string())
-}
-
-/// Body bytes the server sent for data GETs since the log was cleared.
-fn sent(server: &HubServer) -> usize {
-    server.log().iter().filter(|s| s.op == Op::Get).map(|s| s.body_bytes).sum()
-}
-
-/// The experts an engine's store read, and their payload bytes.
-fn used(engine: &Engine) -> (BTreeSet<(usize, usize)>, u64) {
-    let store = engine.store().unwrap();
-    let keys: BTreeSet<_> = store.cache().keys().into_iter().collect();
-    let bytes = keys.iter().map(|&(l, e)| store.index().get(l, e).unwrap().payload_len()).sum();
-    (keys, bytes)
-}
-
-fn assert_same(got: &StreamOutcome, want: &StreamOutcome, label: &str) {
-    assert!(
-        got.logits.len() == want.logits.len() && got.logits.iter().zip(&want.logits).all(|(a, b)| a.to_bits() == b.to_bits()),
-        "{label}: logits differ from the checkpoint's in RAM"
-    );
-    assert_eq!(got.greedy, want.greedy, "{label}: greedy ids");
+    lazy_support::lazy_load(server_url, dir, quota, prefetch, SourceCheck::FirstFetch)
 }
 
 #[test]
@@ -246,12 +181,7 @@ fn a_run_interrupted_mid_fetch_and_a_corrupt_record_cost_only_a_refetch() {
     assert_eq!(sent(&server) as u64, per_record * (keys.len() as u64 - kept));
     drop(engine);
     // A record damaged on the drive fails its digest and is fetched again.
-    let layer_file = std::fs::read_dir(&dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.is_dir() && p.file_name().unwrap().to_string_lossy().starts_with("larder-"))
-        .and_then(|d| std::fs::read_dir(d).unwrap().map(|e| e.unwrap().path()).next())
-        .unwrap();
+    let layer_file = first_layer_file(&dir);
     let mut bytes = std::fs::read(&layer_file).unwrap();
     let first_record = 4096;
     bytes[first_record + 10] ^= 0xff;

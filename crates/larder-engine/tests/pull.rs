@@ -38,6 +38,7 @@ fn open_hub(server: &HubServer, attempts: u32, token: Option<&str>) -> Box<dyn F
         connect_timeout: Duration::from_secs(2),
         read_timeout: Duration::from_millis(2000),
         parallel: 4,
+        deadline: None,
     };
     open_source(&src, &env, &options).unwrap()
 }
@@ -187,6 +188,9 @@ fn an_interrupted_pull_resumes_with_only_the_missing_bytes() {
     assert!(!Manifest::is_store(&out), "no manifest after a failed pull");
     let kept = saved_offset(&out);
     assert_eq!(kept, 4 * opts.range_bytes, "the four ranges that arrived are kept");
+    // Loading it says what it is and how to finish it (not "re-run pack").
+    let err = Engine::load(&out).err().unwrap().to_string();
+    assert!(err.contains("unfinished `larder pull`") && err.contains("resume"), "{err}");
 
     server.clear_log();
     let remote = open_hub(&server, 4, None);

@@ -54,6 +54,10 @@ pub enum StoreError {
          {smallest} bytes ({}, the largest record), or 0 for no cache", crate::size::format_size(*smallest)
     )]
     BudgetTooSmall { budget: u64, smallest: u64 },
+    /// A lazy store's source cannot be reached now: what needs it fails
+    /// fast until `retry_after_s` passes; what is cached is still served.
+    #[error("{message}")]
+    SourceUnavailable { message: String, retry_after_s: u64 },
     #[error("{0}")]
     Invalid(String),
 }

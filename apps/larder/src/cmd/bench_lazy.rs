@@ -9,8 +9,8 @@ use std::time::Instant;
 
 use anyhow::Context;
 use larder_engine::lazy::LazyLoad;
-use larder_engine::{Engine, GenerateOptions};
-use larder_store::lazy::LazyOptions;
+use larder_engine::{Engine, GenerateOptions, ReportKind, RunInputs};
+use larder_store::lazy::{LazyOptions, SourceCheck};
 use larder_store::remote::{open_source, CheckpointSource, FileSource, HubEnv, RemoteOptions};
 use larder_store::StoreOptions;
 use serde_json::json;
@@ -23,7 +23,8 @@ use super::loopback_files;
     after_help = "Serves --model on a loopback HTTP server throttled to --rate-mbps (one link shared by all \
 connections) and runs it lazily into --cache: load (small files and spine fetched), then --new greedy tokens \
 after a fixed prompt (first pass: every expert fetched the first time it is used), then the same after a restart \
-over the same cache (second pass: experts read from the drive; no request to the source). Both passes must \
+over the same cache (second pass: experts read from the drive; no request to the source). The cache is made with \
+--source-check first-fetch (what is measured is fetching on first use). Both passes must \
 produce the same ids. The link's rate is measured before and after (one 64 MiB range of the largest shard), and \
 the fetched bytes per second of the first pass are given against it.\n\nExample:\n  larder bench lazy --model \
 ./k3mini-kimi --cache /fast/lazy-bench --rate-mbps 300 --new 16 --json --out bench/results/lazy.json"
@@ -50,10 +51,19 @@ pub struct LazyArgs {
     /// Print one JSON document on stdout.
     #[arg(long)]
     json: bool,
-    /// Also write the JSON document to this file.
+    /// Also write the JSON document to this file (not in --model or --cache; an existing report of `bench lazy`
+    /// only with --overwrite).
     #[arg(long, value_name = "FILE")]
     out: Option<PathBuf>,
+    #[command(flatten)]
+    output: super::OverwriteArg,
 }
+
+/// What `bench lazy --out` writes (`"larder_report": "bench lazy"`).
+pub const LAZY_REPORT: ReportKind = ReportKind {
+    name: "bench lazy",
+    legacy_keys: &["first_pass", "second_pass", "link_mbps_before"],
+};
 
 /// One pass: tokens, decode speed and what the lazy store did.
 fn pass(load: &LazyLoad, new: usize) -> anyhow::Result<(serde_json::Value, Vec<u32>)> {
@@ -109,6 +119,8 @@ pub fn lazy_bench(args: LazyArgs) -> anyhow::Result<()> {
         "--cache {} exists; give a folder that does not (it is removed afterwards)",
         args.cache.display()
     );
+    let inputs = RunInputs::new().model("--model", &args.model).folder("--cache", &args.cache);
+    let mut out = super::check_report_out(args.out.as_deref(), LAZY_REPORT, args.output, &inputs)?;
     let rate = args.rate_mbps as f64 * 1e6;
     let url = loopback_files::serve_throttled(&args.model, Some(rate)).context("starting the loopback server")?;
     let env = HubEnv::default();
@@ -122,7 +134,11 @@ pub fn lazy_bench(args: LazyArgs) -> anyhow::Result<()> {
     let load = LazyLoad {
         source: url.clone(),
         cache_dir: args.cache.clone(),
-        lazy: LazyOptions::default(),
+        // What it measures is fetching on first use: the source is not streamed first.
+        lazy: LazyOptions {
+            check: Some(SourceCheck::FirstFetch),
+            ..LazyOptions::default()
+        },
         store: StoreOptions {
             ram_budget: args.ram_budget,
             ..StoreOptions::default()
@@ -146,6 +162,7 @@ pub fn lazy_bench(args: LazyArgs) -> anyhow::Result<()> {
     }
     let tok = |d: &serde_json::Value| d["decode_tok_per_s"].as_f64().unwrap_or(0.0);
     let doc = json!({
+        "larder_report": LAZY_REPORT.name,
         "model": args.model,
         "rate_mbps_set": args.rate_mbps,
         "link_mbps_before": link_before,
@@ -165,9 +182,7 @@ pub fn lazy_bench(args: LazyArgs) -> anyhow::Result<()> {
         link_before.max(link_after),
         tok(&second)
     );
-    if let Some(path) = &args.out {
-        std::fs::write(path, serde_json::to_vec_pretty(&doc)?).with_context(|| format!("writing {}", path.display()))?;
-    }
+    super::save_json(out.as_mut(), &doc)?;
     if args.json {
         super::print_json(&doc)?;
     }

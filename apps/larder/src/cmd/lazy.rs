@@ -23,22 +23,38 @@ pub fn load(source: &Path, dir: &Path, experts: &ExpertArgs, json: bool) -> anyh
         lazy: LazyOptions {
             disk_quota: experts.disk_quota,
             io: store.io,
+            check: experts.source_check,
             ..LazyOptions::default()
         },
         store,
-        remote: RemoteOptions::default(),
+        remote: RemoteOptions {
+            deadline: Some(std::time::Duration::from_secs(experts.source_timeout)),
+            ..RemoteOptions::default()
+        },
         env: HubEnv::from_process(),
         mla_cache: experts.load_options(source).mla_cache,
     };
     let started = std::time::Instant::now();
     let fetch = Progress::new("spine", 0, Unit::Bytes, json);
     let events = |e: LazyEvent| match e {
-        LazyEvent::SpineStarted { total_bytes, done_bytes } => {
+        LazyEvent::Started {
+            total_bytes,
+            done_bytes,
+            whole_files,
+        } => {
+            if whole_files {
+                fetch.set_message("checking every source file against its sha256 (once per cache)");
+            }
             fetch.set_total(total_bytes);
             fetch.set(done_bytes);
         }
-        LazyEvent::SpineAdvanced { bytes } => fetch.inc(bytes),
-        LazyEvent::SpineDone => fetch.finish(),
+        LazyEvent::Advanced { bytes } => fetch.inc(bytes),
+        LazyEvent::FileChecked { file, verified } => {
+            if !verified {
+                tracing::warn!("{file}: the source publishes no sha256; its bytes are trusted as they streamed");
+            }
+        }
+        LazyEvent::Done => fetch.finish(),
     };
     let shown = Arc::new(Progress::new("load", 0, Unit::Bytes, json));
     let hook = {
@@ -52,6 +68,9 @@ pub fn load(source: &Path, dir: &Path, experts: &ExpertArgs, json: bool) -> anyh
     fetch.finish();
     shown.finish();
     let engine = super::about(loaded, "cannot load lazily", dir)?;
+    for w in engine.take_warnings() {
+        tracing::warn!("{w}");
+    }
     if let Some(c) = engine.lazy_counts() {
         tracing::info!(
             "loaded {} lazily into {} in {:.2}s: {} experts ({}) on the drive{}",

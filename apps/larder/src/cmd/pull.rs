@@ -15,7 +15,7 @@ use super::progress::{Progress, Unit};
 
 /// Folder in --out holding the fetched config, tokenizer and index files
 /// until the store is complete.
-const STAGING: &str = ".pull";
+const STAGING: &str = larder_engine::pull::STAGING;
 
 /// Arguments of `larder pull`.
 #[derive(clap::Args)]

@@ -17,11 +17,15 @@ header and every spine tensor, every layer file's header and every expert record
 layer, expert, dtype and shape), then that the store loads as a model. Reads with O_DIRECT where the file system \
 allows, so the drive is checked, not the page cache. Exit 0 only if all of it holds; otherwise every problem is \
 listed, and `larder pack --model CHECKPOINT --out STORE --repair` rewrites what is bad.\n\n\
+A lazy cache (--cache-dir) is checked without the network: its description, carried files, spine, and every \
+expert record on the drive against the digest it was written with and its source digest; it names the records \
+not fetched yet (per layer) and the source files never checked against a published sha256. Exit 0 when \
+nothing it holds is wrong (records not fetched yet are not wrong).\n\n\
 Example:\n  larder verify ./k3mini.store --json"
 )]
 pub struct Args {
-    /// Packed store folder (made by `larder pack`).
-    #[arg(value_name = "STORE")]
+    /// Packed store folder (made by `larder pack` or `larder pull`), or a lazy cache's --cache-dir.
+    #[arg(value_name = "STORE|CACHE_DIR")]
     store: PathBuf,
     /// Print one JSON report on stdout: {"ok", "store_id", "model_type", "source", "files", "spine_tensors",
     /// "spine_bytes", "records", "bytes", "mirrored_records", "seconds", "gbps", "bad": [...]}.
@@ -30,6 +34,12 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if larder_engine::lazy::is_lazy_cache(&args.store) {
+        return run_lazy(&args);
+    }
+    if let Some(what) = larder_engine::engine::unfinished_store(&args.store) {
+        bail!("{}: {what}", args.store.display());
+    }
     let manifest = super::about(larder_store::Manifest::read(&args.store), "cannot read the store", &args.store)?;
     let spine: u64 = manifest.spine.iter().map(|s| s.size).sum();
     let total: u64 = spine
@@ -78,10 +88,79 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
     }
     if !report.bad.is_empty() {
+        if report.bad.iter().all(|b| b.contains("it cannot run")) {
+            bail!(
+                "{} problems found in {}: the checkpoint it was packed from contradicts its own config there; \
+                 pack a correct checkpoint",
+                report.bad.len(),
+                args.store.display()
+            );
+        }
+        let copies = report.bad.iter().filter(|b| b.contains("(a mirrored copy")).count();
+        let fix = match (copies, report.bad.len() - copies) {
+            (0, _) => format!(
+                "`larder pack --model CHECKPOINT --out {} --repair` rewrites them",
+                args.store.display()
+            ),
+            (_, 0) => format!("`larder mirror {} --size SIZE` writes the copies anew", args.store.display()),
+            _ => format!(
+                "`larder pack --model CHECKPOINT --out {0} --repair` rewrites the records and files, then \
+                 `larder mirror {0} --size SIZE` the copies",
+                args.store.display()
+            ),
+        };
+        bail!("{} problems found in {}; {fix}", report.bad.len(), args.store.display());
+    }
+    Ok(())
+}
+
+/// `larder verify CACHE_DIR` on a lazy cache.
+fn run_lazy(args: &Args) -> anyhow::Result<()> {
+    let report = super::about(
+        larder_engine::lazy::verify_lazy(&args.store),
+        "cannot verify the lazy cache",
+        &args.store,
+    )?;
+    if args.json {
+        let mut doc = json!(report);
+        doc["ok"] = json!(report.bad.is_empty());
+        doc["lazy"] = json!(true);
+        super::print_json(&doc)?;
+    } else {
+        eprintln!(
+            "[larder] lazy cache of {} ({} source check): spine {} tensors ({}), {} of {} expert records on the drive ({}), \
+             {} with a source digest",
+            report.source,
+            report.source_check,
+            report.spine_tensors,
+            larder_store::format_size(report.spine_bytes),
+            report.present,
+            report.records,
+            larder_store::format_size(report.present_bytes),
+            report.known,
+        );
+        if report.missing > 0 {
+            let layers: Vec<String> = report.missing_by_layer.iter().map(|(l, n)| format!("{l}: {n}")).collect();
+            eprintln!(
+                "[larder] not fetched yet: {} records (by layer {})",
+                report.missing,
+                layers.join(", ")
+            );
+        }
+        for f in &report.unverified_files {
+            eprintln!("[larder] not checked against the source's sha256: {f}");
+        }
+        for b in &report.bad {
+            eprintln!("[larder] BAD {b}");
+        }
+        if report.bad.is_empty() {
+            eprintln!("[larder] OK: everything the cache holds is what it claims");
+        }
+    }
+    if !report.bad.is_empty() {
         bail!(
-            "{} problems found in {}; `larder pack --model CHECKPOINT --out {} --repair` rewrites them",
+            "{} problems found in the lazy cache {}; the records named are fetched again on their next use",
             report.bad.len(),
-            args.store.display(),
             args.store.display()
         );
     }

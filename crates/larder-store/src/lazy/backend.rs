@@ -13,11 +13,13 @@ use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
+use super::known::{component_digest, source_digest, Known};
 use super::records::{Key, Records};
-use super::SourceFileMeta;
+use super::{SourceCheck, SourceFileMeta};
 use crate::buf::{AlignedBuf, ByteOwner, SharedBytes};
 use crate::digest::Digest;
 use crate::io::{IoBackend, ReadResult};
@@ -67,6 +69,9 @@ pub struct LazyBackend {
     pub(crate) by_extent: HashMap<(usize, u64), usize>,
     pub(crate) by_key: HashMap<Key, usize>,
     pub(crate) records: Mutex<Records>,
+    /// What each record's components must digest to when fetched.
+    pub(crate) known: Mutex<Known>,
+    pub(crate) check: SourceCheck,
     /// Records being fetched by some thread; the condvar wakes waiters.
     pub(crate) fetching: Mutex<HashSet<Key>>,
     pub(crate) fetched: Condvar,
@@ -78,14 +83,32 @@ pub struct LazyBackend {
     /// (answered once per run, at its first fetch that reaches the source).
     pub(crate) checked: Vec<OnceLock<Result<(), String>>>,
     pub(crate) counts: Mutex<LazyCounts>,
-    /// The last problem that did not fail a read (a record not kept).
-    pub(crate) problem: Mutex<Option<String>>,
+    /// Problems that failed no read (records not kept: a full disk, say),
+    /// not yet taken by [`take_problems`](Self::take_problems), and the last one noted.
+    pub(crate) problems: Mutex<(Vec<String>, Option<String>)>,
+    /// Whether the source is known to be down, and how long to wait
+    /// before asking it again.
+    pub(crate) breaker: Mutex<Breaker>,
+    pub(crate) cooldown: Duration,
+}
+
+/// The source's circuit breaker: once a fetch finds the source unreachable
+/// (after its retries, within the source's deadline), fetches fail at once
+/// for `cooldown` instead of each waiting out its own retries; then one
+/// fetch goes through as a probe, and its outcome closes or reopens it.
+#[derive(Default)]
+pub(crate) struct Breaker {
+    /// When it opened, until when it stays open, and why.
+    open: Option<(Instant, Instant, String)>,
+    probing: bool,
 }
 
 /// A fetched record ready to hand out, and what must be logged for it.
 struct Fetched {
     views: Vec<SharedBytes>,
     written: Option<(Key, Digest, u64)>,
+    /// Its source digest, when this first fetch sets it.
+    learned: Option<(Key, Digest)>,
 }
 
 impl LazyBackend {
@@ -98,13 +121,52 @@ impl LazyBackend {
     }
 
     /// The last problem that cost a kept record but failed no read (a
-    /// write or sync error), for the caller to report.
+    /// write or sync error).
     pub fn last_problem(&self) -> Option<String> {
-        lock(&self.problem).clone()
+        lock(&self.problems).1.clone()
     }
 
-    fn note(&self, problem: String) {
-        *lock(&self.problem) = Some(problem);
+    /// Problems noted since the last call, for the caller to report (each
+    /// one once while it repeats: a full disk is said once, not per record).
+    pub fn take_problems(&self) -> Vec<String> {
+        std::mem::take(&mut lock(&self.problems).0)
+    }
+
+    pub(crate) fn note(&self, problem: String) {
+        let mut p = lock(&self.problems);
+        if p.1.as_deref() != Some(problem.as_str()) {
+            p.0.push(problem.clone());
+        }
+        p.1 = Some(problem);
+    }
+
+    /// Logs present the records a streaming first open wrote (synced, and
+    /// read back against the stream's digests).
+    pub(crate) fn adopt(&self, kept: &[(Key, Digest, u64)]) -> Result<(), StoreError> {
+        lock(&self.records).add(kept)
+    }
+
+    /// Checks a fetched record's components against its source digest:
+    /// `Ok(Some(digest))` when this first fetch sets it, `Ok(None)` when
+    /// it matched the known one.
+    fn check_fetched(&self, r: &Rec, parts: &[SharedBytes]) -> Result<Option<(Key, Digest)>, String> {
+        let got = source_digest(r.seed, parts.iter().map(|v| component_digest(v.as_slice())));
+        match (lock(&self.known).get(r.key), self.check) {
+            (Some(want), _) if want == got => Ok(None),
+            (Some(_), check) => Err(format!(
+                "the bytes the source sent differ from the ones {} when this cache was made \
+                 (changed in transit, or at the source): refused, nothing kept; if the source changed, use a new --cache-dir",
+                match check {
+                    SourceCheck::Stream => "streamed with their file's sha256 checked",
+                    SourceCheck::FirstFetch => "first fetched",
+                }
+            )),
+            (None, SourceCheck::FirstFetch) => Ok(Some((r.key, got))),
+            (None, SourceCheck::Stream) => Err(format!(
+                "no digest of it was kept when the cache was made ({} is damaged): use a new --cache-dir",
+                super::known::SOURCES_LOG
+            )),
+        }
     }
 
     /// The record a job reads (a lazy store's jobs are one whole record each).
@@ -151,14 +213,69 @@ impl LazyBackend {
         want == Some(got)
     }
 
+    /// Whether a fetch may go to the source now: `Err((why, seconds to
+    /// wait))` while the breaker is open (or another fetch is its probe).
+    fn may_fetch(&self) -> Result<(), (String, u64)> {
+        let mut b = lock(&self.breaker);
+        let Some((since, until, why)) = b.open.clone() else { return Ok(()) };
+        let now = Instant::now();
+        if now >= until && !b.probing {
+            b.probing = true;
+            return Ok(());
+        }
+        let wait = until.saturating_duration_since(now).as_secs().max(1);
+        Err((
+            format!(
+                "the source has been unreachable for {}s ({why}); it is asked again in {wait}s, and requests that need \
+                 only cached experts are served meanwhile",
+                since.elapsed().as_secs()
+            ),
+            wait,
+        ))
+    }
+
+    /// Records a fetch's outcome in the breaker.
+    fn source_reached(&self, unreachable: Option<String>) {
+        let mut b = lock(&self.breaker);
+        b.probing = false;
+        match unreachable {
+            Some(why) => {
+                let now = Instant::now();
+                let since = b.open.as_ref().map_or(now, |o| o.0);
+                b.open = Some((since, now + self.cooldown, why));
+            }
+            None => b.open = None,
+        }
+    }
+
+    /// The error of a record the source could not send.
+    fn unavailable(&self, key: Key, why: &str, wait: u64) -> StoreError {
+        StoreError::SourceUnavailable {
+            message: format!(
+                "layer {} expert {}: not in the lazy cache yet, and the source is unreachable: {why}",
+                key.0, key.1
+            ),
+            retry_after_s: wait,
+        }
+    }
+
     /// Whether source file `f` is still the one the cache was made from.
-    fn check_source(&self, f: usize) -> Result<(), String> {
+    fn check_source(&self, f: usize) -> Result<(), StoreError> {
         if let Some(answer) = self.checked[f].get() {
-            return answer.clone();
+            return answer.clone().map_err(StoreError::Invalid);
         }
         let want = &self.sources[f];
         // A source that cannot be reached now may be later: not remembered.
-        let meta = self.remote.file_meta(&want.name).map_err(|e| e.to_string())?;
+        let meta = self.remote.file_meta(&want.name).map_err(|e| {
+            if e.is_unreachable() {
+                StoreError::SourceUnavailable {
+                    message: e.to_string(),
+                    retry_after_s: 0,
+                }
+            } else {
+                StoreError::Invalid(e.to_string())
+            }
+        })?;
         let same_sha = match (&meta.sha256, &want.sha256) {
             (Some(a), Some(b)) => a == b,
             _ => true,
@@ -172,20 +289,48 @@ impl LazyBackend {
         } else {
             Ok(())
         };
-        self.checked[f].get_or_init(|| answer).clone()
+        self.checked[f].get_or_init(|| answer).clone().map_err(StoreError::Invalid)
     }
 
     /// Fetches the records `todo` (claimed) through the source's range
     /// backend, calling `done(i, result)` for `todo[i]` as each record
     /// completes; writes and logs the ones kept, then releases the claims.
     fn fetch(&self, todo: &[usize], batch: &HashSet<Key>, done: &mut dyn FnMut(usize, ReadResult)) {
+        if let Err((why, wait)) = self.may_fetch() {
+            for (i, &r) in todo.iter().enumerate() {
+                done(i, Err(self.unavailable(self.recs[r].key, &why, wait)));
+            }
+            self.unclaim(todo.iter().map(|&r| self.recs[r].key));
+            return;
+        }
+        let wait = self.cooldown.as_secs().max(1);
+        let mut unreachable: Option<String> = None;
         let mut fetching: Vec<usize> = Vec::with_capacity(todo.len());
         for (i, &r) in todo.iter().enumerate() {
-            let checked = self.recs[r].parts.iter().try_for_each(|(x, _)| self.check_source(x.file));
+            // Once the source proved unreachable, the rest fail without asking it again.
+            let checked = match &unreachable {
+                Some(why) => Err(StoreError::SourceUnavailable {
+                    message: why.clone(),
+                    retry_after_s: wait,
+                }),
+                None => self.recs[r].parts.iter().try_for_each(|(x, _)| self.check_source(x.file)),
+            };
             match checked {
                 Ok(()) => fetching.push(i),
-                Err(message) => done(i, Err(fetch_error(self.recs[r].key, message))),
+                Err(StoreError::SourceUnavailable { message, .. }) => {
+                    done(i, Err(self.unavailable(self.recs[r].key, &message, wait)));
+                    unreachable.get_or_insert(message);
+                }
+                Err(e) => done(i, Err(fetch_error(self.recs[r].key, e.to_string()))),
             }
+        }
+        if unreachable.is_some() {
+            // Records checked before the source failed are not fetched either.
+            let why = unreachable.clone().unwrap_or_default();
+            for &i in &fetching {
+                done(i, Err(self.unavailable(self.recs[todo[i]].key, &why, wait)));
+            }
+            fetching.clear();
         }
         let jobs: Vec<Vec<Extent>> = fetching
             .iter()
@@ -193,33 +338,51 @@ impl LazyBackend {
             .collect();
         let refs: Vec<&[Extent]> = jobs.iter().map(|j| j.as_slice()).collect();
         let mut written = Vec::new();
+        let mut learned = Vec::new();
         let (mut records, mut bytes) = (0u64, 0u64);
         self.source.read(&refs, &mut |f, result| {
             let i = fetching[f];
             let r = &self.recs[todo[i]];
-            let outcome = result.map_err(|e| fetch_error(r.key, e.to_string())).and_then(|parts| {
-                records += 1;
-                bytes += r.payload;
-                // The components back to back, as the record holds them.
-                let mut buf = AlignedBuf::new(r.len as usize);
-                for (view, (_, at)) in parts.iter().zip(&r.parts) {
-                    let at = *at as usize;
-                    buf.as_mut_slice()[at..at + view.len()].copy_from_slice(view.as_slice());
-                }
-                self.keep(r, buf, batch)
-            });
+            let outcome = result
+                .map_err(|e| match e {
+                    StoreError::SourceUnavailable { message, .. } => {
+                        let e = self.unavailable(r.key, &message, wait);
+                        unreachable.get_or_insert(message);
+                        e
+                    }
+                    e => fetch_error(r.key, e.to_string()),
+                })
+                .and_then(|parts| {
+                    records += 1;
+                    bytes += r.payload;
+                    let first = self.check_fetched(r, &parts).map_err(|m| fetch_error(r.key, m))?;
+                    // The components back to back, as the record holds them.
+                    let mut buf = AlignedBuf::new(r.len as usize);
+                    for (view, (_, at)) in parts.iter().zip(&r.parts) {
+                        let at = *at as usize;
+                        buf.as_mut_slice()[at..at + view.len()].copy_from_slice(view.as_slice());
+                    }
+                    let mut kept = self.keep(r, buf, batch)?;
+                    kept.learned = first;
+                    Ok(kept)
+                });
             match outcome {
                 Ok(kept) => {
                     written.extend(kept.written);
+                    learned.extend(kept.learned);
                     done(i, Ok(kept.views));
                 }
                 Err(e) => done(i, Err(e)),
             }
         });
+        self.source_reached(unreachable);
         {
             let mut c = lock(&self.counts);
             c.fetched_records += records;
             c.fetched_bytes += bytes;
+        }
+        if let Err(e) = lock(&self.known).add(&learned) {
+            self.note(format!("first-fetch digests not kept: {e}"));
         }
         if let Err(e) = self.log_written(&written) {
             lock(&self.counts).not_kept += written.len() as u64;
@@ -243,7 +406,15 @@ impl LazyBackend {
                     Ok(()) => written = Some((r.key, digest, r.len)),
                     Err(e) => {
                         lock(&self.records).release(r.len);
-                        self.note(format!("cannot keep layer {} expert {}: {}: {e}", r.key.0, r.key.1, path.display()));
+                        let what = match e.raw_os_error() {
+                            Some(libc::ENOSPC) | Some(libc::EDQUOT) => "the drive is full",
+                            _ => "writing failed",
+                        };
+                        self.note(format!(
+                            "lazy cache: experts fetched are not kept ({what}: {}: {e}); they are used from RAM and fetched \
+                             again next time: free space there, or lower --disk-quota",
+                            path.display()
+                        ));
                         lock(&self.counts).not_kept += 1;
                     }
                 }
@@ -254,6 +425,7 @@ impl LazyBackend {
         Ok(Fetched {
             views: vec![SharedBytes::new(owner, 0, r.len as usize)],
             written,
+            learned: None,
         })
     }
 

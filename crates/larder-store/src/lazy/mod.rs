@@ -7,14 +7,24 @@
 //! coldest records make room. Output is bit-identical to a local run: the
 //! records are the same bytes, and the model reads them the same way.
 //!
+//! Nothing from the source is trusted as it arrives ([`SourceCheck`]): by
+//! default every source file streams once, whole, with its sha256 checked,
+//! before the model loads ([`stream`]), and every expert fetched by range
+//! later must match the digest its components had then ([`known`]). With
+//! `FirstFetch`, a record's first fetch sets that digest instead.
+//!
 //! The folder holds `lazy.json` (the source, its files, the sealed spine and
 //! carried files; written once the spine is complete), `lazy-records.log`,
-//! the spine and small files at the root, and the layer files under their
-//! temporary names (sparse: only fetched records take space). It has no
-//! `manifest.json`: it is never mistaken for a complete store.
+//! `lazy-sources.log`, the spine and small files at the root, and the layer
+//! files under their temporary names (sparse: only fetched records take
+//! space). It has no `manifest.json`: it is never mistaken for a complete
+//! store. [`verify`] checks one without the network.
 
 mod backend;
+mod known;
 mod records;
+mod stream;
+mod verify;
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -25,7 +35,9 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use serde::{Deserialize, Serialize};
 
 pub use backend::{LazyBackend, LazyCounts};
+pub use known::SOURCES_LOG;
 pub use records::RECORDS_LOG;
+pub use verify::{verify, LazyVerifyReport};
 
 use crate::fsutil::{lock_exclusive, write_atomic, FileLock};
 use crate::io::{open_backend, IoOptions};
@@ -39,7 +51,8 @@ use crate::remote::{FileSource, RangeBackend};
 use crate::size::format_size;
 use crate::StoreError;
 use backend::Rec;
-use records::Records;
+use known::Known;
+use records::{Key, Records};
 
 /// The lazy store's description in its folder.
 pub const LAZY_STATE: &str = "lazy.json";
@@ -53,6 +66,50 @@ pub struct SourceFileMeta {
     pub size: u64,
     /// As the source published it (the hub's LFS sha256), if it did.
     pub sha256: Option<String>,
+    /// Whether the whole file was streamed and matched that sha256.
+    #[serde(default)]
+    pub verified: bool,
+}
+
+/// How bytes from the source are checked before a lazy store uses them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceCheck {
+    /// Every source file streams once, whole, and is checked against the
+    /// sha256 its source publishes before the model loads (a file without
+    /// one is digested as it streamed, and only that is trusted); each
+    /// expert component is digested on the way, and every later fetch by
+    /// range must match. As trustworthy as `pull`; the first open moves
+    /// the whole checkpoint once (records beyond the quota are not kept).
+    #[default]
+    Stream,
+    /// Only the spine's ranges and the experts used are fetched; a range's
+    /// first fetch is trusted (its digest recorded), every later fetch and
+    /// read must match it. Files are not checked against their sha256.
+    FirstFetch,
+}
+
+impl SourceCheck {
+    pub fn name(self) -> &'static str {
+        match self {
+            SourceCheck::Stream => "stream",
+            SourceCheck::FirstFetch => "first-fetch",
+        }
+    }
+
+    /// Parses `stream` or `first-fetch`.
+    pub fn parse(s: &str) -> Result<SourceCheck, String> {
+        match s {
+            "stream" => Ok(SourceCheck::Stream),
+            "first-fetch" => Ok(SourceCheck::FirstFetch),
+            _ => Err(format!("{s:?}: expected stream or first-fetch")),
+        }
+    }
+}
+
+/// Caches made before [`SourceCheck`] existed trusted first fetches.
+fn legacy_check() -> SourceCheck {
+    SourceCheck::FirstFetch
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -62,6 +119,8 @@ struct LazyState {
     /// The SOURCE the cache was made from, as given.
     source: String,
     store_id: String,
+    #[serde(default = "legacy_check")]
+    check: SourceCheck,
     files: Vec<SourceFileMeta>,
     carried: Vec<CarriedFile>,
     spine: SpineFile,
@@ -80,6 +139,12 @@ pub struct LazyOptions {
     pub range_bytes: u64,
     /// How records on the drive are read.
     pub io: IoOptions,
+    /// How the source is checked (`None`: as the cache was made; a new
+    /// cache streams, [`SourceCheck::Stream`]).
+    pub check: Option<SourceCheck>,
+    /// After a fetch finds the source unreachable, how long fetches fail at
+    /// once before the source is asked again (the circuit breaker).
+    pub retry_source_after: std::time::Duration,
 }
 
 impl Default for LazyOptions {
@@ -89,6 +154,8 @@ impl Default for LazyOptions {
             ranges: 8,
             range_bytes: 8 << 20,
             io: IoOptions::default(),
+            check: None,
+            retry_source_after: std::time::Duration::from_secs(30),
         }
     }
 }
@@ -96,16 +163,24 @@ impl Default for LazyOptions {
 /// What opening a lazy store reports.
 #[derive(Debug, Clone)]
 pub enum LazyEvent {
-    /// The spine's bytes, and those already in the folder.
-    SpineStarted {
+    /// The bytes to fetch before the model loads (the spine's ranges, or
+    /// with `whole_files` every source file), and those already in the folder.
+    Started {
         total_bytes: u64,
         done_bytes: u64,
+        whole_files: bool,
     },
-    SpineAdvanced {
+    Advanced {
         bytes: u64,
     },
+    /// A source file streamed whole: its sha256 matched the published one
+    /// (`verified`), or none was published.
+    FileChecked {
+        file: String,
+        verified: bool,
+    },
     /// The spine is complete and sealed.
-    SpineDone,
+    Done,
 }
 
 /// An open lazy store: the index its experts are read by, its backend, and
@@ -135,7 +210,7 @@ pub fn open(
     src: &PackSource,
     root: &Path,
     opts: LazyOptions,
-    progress: &dyn Fn(LazyEvent),
+    progress: &(dyn Fn(LazyEvent) + Sync),
 ) -> Result<LazyStore, StoreError> {
     std::fs::create_dir_all(root).map_err(|e| StoreError::io(root, e))?;
     let lock = lock_exclusive(&root.join(LOCK), "another larder using this --cache-dir")?;
@@ -158,11 +233,38 @@ pub fn open(
     let drives: Vec<PathBuf> = plan.drives.iter().map(|d| resolve(root, &d.path)).collect();
     let layout = Layout::new(src, &plan, &drives, root.join(SPINE))?;
     let budget = records_budget(src, &layout, opts.disk_quota)?;
-    let state = match saved.filter(|s| s.store_id == plan.store_id && root.join(SPINE).is_file()) {
-        Some(s) => s,
-        None => make_state(remote.as_ref(), source, files, src, &layout, root, &plan.store_id, opts, progress)?,
+    let recs = records_of(src, &layout);
+    let reuse = saved.filter(|s| s.store_id == plan.store_id && root.join(SPINE).is_file());
+    if let (Some(s), Some(want)) = (reuse.as_ref(), opts.check) {
+        if s.check != want {
+            return Err(StoreError::Invalid(format!(
+                "{}: this cache was made with --source-check {}, not {}: drop --source-check, or use another --cache-dir",
+                root.join(LAZY_STATE).display(),
+                s.check.name(),
+                want.name()
+            )));
+        }
+    }
+    let (state, kept) = match reuse {
+        Some(s) => (s, Vec::new()),
+        None => {
+            let made = Making {
+                remote: remote.as_ref(),
+                source,
+                files,
+                src,
+                layout: &layout,
+                recs: &recs,
+                budget,
+                root,
+                store_id: &plan.store_id,
+                opts,
+            };
+            made.make(progress)?
+        }
     };
-    let backend = open_backend_of(remote, &layout, src, state.files.clone(), budget, root, opts)?;
+    let backend = open_backend_of(remote, &layout, recs, &state, budget, root, opts)?;
+    backend.adopt(&kept)?;
     Ok(LazyStore {
         root: root.to_path_buf(),
         index: index_of(src, &layout, &backend),
@@ -216,44 +318,85 @@ fn records_budget(src: &PackSource, layout: &Layout, quota: Option<u64>) -> Resu
     Ok(Some(quota - spine - small))
 }
 
-/// Fetches and seals the spine, copies the small files and writes `lazy.json`.
-#[allow(clippy::too_many_arguments)]
-fn make_state(
-    remote: &dyn FileSource,
-    source: &str,
-    files: &[PullFile],
-    src: &PackSource,
-    layout: &Layout,
-    root: &Path,
-    store_id: &str,
+/// A record written to the drive: its key, the digest of its bytes as they
+/// lie, and its length.
+type Written = (Key, crate::digest::Digest, u64);
+
+/// What making a lazy store's folder needs.
+struct Making<'a> {
+    remote: &'a dyn FileSource,
+    source: &'a str,
+    files: &'a [PullFile],
+    src: &'a PackSource,
+    layout: &'a Layout,
+    recs: &'a [Rec],
+    budget: Option<u64>,
+    root: &'a Path,
+    store_id: &'a str,
     opts: LazyOptions,
-    progress: &dyn Fn(LazyEvent),
-) -> Result<LazyState, StoreError> {
-    let mut metas = Vec::with_capacity(files.len());
-    for f in files {
-        let meta = remote.file_meta(&f.name).map_err(|e| StoreError::Invalid(e.to_string()))?;
-        metas.push(SourceFileMeta {
-            name: f.name.clone(),
-            size: f.size,
-            sha256: meta.sha256,
-        });
+}
+
+impl Making<'_> {
+    /// Fetches and checks what the model needs before it loads (every file
+    /// streamed whole, or the spine's ranges; [`SourceCheck`]), seals the
+    /// spine, copies the small files and writes `lazy.json` last; the
+    /// records written on the way.
+    fn make(&self, progress: &(dyn Fn(LazyEvent) + Sync)) -> Result<(LazyState, Vec<Written>), StoreError> {
+        let check = self.opts.check.unwrap_or_default();
+        let mut metas = Vec::with_capacity(self.files.len());
+        for f in self.files {
+            let meta = self.remote.file_meta(&f.name).map_err(|e| StoreError::Invalid(e.to_string()))?;
+            metas.push(SourceFileMeta {
+                name: f.name.clone(),
+                size: f.size,
+                sha256: meta.sha256,
+                verified: false,
+            });
+        }
+        let kept = match check {
+            SourceCheck::Stream => {
+                let streamed = stream::stream_sources(
+                    self.remote,
+                    self.files,
+                    self.layout,
+                    self.recs,
+                    self.budget,
+                    self.root,
+                    self.store_id,
+                    &self.opts,
+                    progress,
+                )?;
+                for (m, v) in metas.iter_mut().zip(&streamed.verified) {
+                    m.verified = *v;
+                }
+                Known::write_all(self.root, &streamed.known)?;
+                streamed.kept
+            }
+            SourceCheck::FirstFetch => {
+                fetch_spine(self.remote, self.files, self.layout, self.root, self.store_id, self.opts, progress)?;
+                // A cache made anew has learned nothing yet.
+                Known::write_all(self.root, &[])?;
+                Vec::new()
+            }
+        };
+        let spine = crate::pull::seal::seal_spine(self.src, &self.layout.spine_header, self.root)?;
+        Journal::open(self.root, self.store_id)?.remove()?;
+        progress(LazyEvent::Done);
+        let state = LazyState {
+            format: FORMAT.into(),
+            version: VERSION,
+            source: self.source.to_string(),
+            store_id: self.store_id.to_string(),
+            check,
+            files: metas,
+            carried: link_files(&self.src.copy, self.root)?,
+            spine,
+        };
+        let text = serde_json::to_vec_pretty(&state).map_err(|e| StoreError::Invalid(e.to_string()))?;
+        write_atomic(&self.root.join(LAZY_STATE), &text)?;
+        let _ = std::fs::remove_dir_all(self.root.join(stream::STREAM_DIR));
+        Ok((state, kept))
     }
-    fetch_spine(remote, files, layout, root, store_id, opts, progress)?;
-    let spine = crate::pull::seal::seal_spine(src, &layout.spine_header, root)?;
-    Journal::open(root, store_id)?.remove()?;
-    progress(LazyEvent::SpineDone);
-    let state = LazyState {
-        format: FORMAT.into(),
-        version: VERSION,
-        source: source.to_string(),
-        store_id: store_id.to_string(),
-        files: metas,
-        carried: link_files(&src.copy, root)?,
-        spine,
-    };
-    let text = serde_json::to_vec_pretty(&state).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    write_atomic(&root.join(LAZY_STATE), &text)?;
-    Ok(state)
 }
 
 /// Puts the small files fetched into the staging folder at the root as
@@ -288,7 +431,7 @@ fn fetch_spine(
     root: &Path,
     store_id: &str,
     opts: LazyOptions,
-    progress: &dyn Fn(LazyEvent),
+    progress: &(dyn Fn(LazyEvent) + Sync),
 ) -> Result<(), StoreError> {
     let out = layout.outputs.len() - 1;
     let spine = &layout.outputs[out];
@@ -314,9 +457,10 @@ fn fetch_spine(
             p.iter().filter(|x| x.src + x.len <= from).map(|x| x.len).sum::<u64>()
         })
         .sum();
-    progress(LazyEvent::SpineStarted {
+    progress(LazyEvent::Started {
         total_bytes: total,
         done_bytes: done,
+        whole_files: false,
     });
     let fail = |e: crate::remote::RemoteError| StoreError::Invalid(format!("{e}; the spine fetched so far is kept: run again to resume"));
     for (f, pieces) in files.iter().zip(&pieces) {
@@ -334,7 +478,7 @@ fn fetch_spine(
                     )));
                 }
                 scatter(&file, &spine.path, pieces, *at, &bytes)?;
-                progress(LazyEvent::SpineAdvanced { bytes: *len });
+                progress(LazyEvent::Advanced { bytes: *len });
             }
             file.sync_data().map_err(|e| StoreError::io(&spine.path, e))?;
             let reached = ranges.last().map_or(from, |r| r.0 + r.1);
@@ -351,12 +495,13 @@ fn fetch_spine(
     Ok(())
 }
 
-/// The ranges covering `pieces` from source offset `from`: adjacent pieces
-/// joined, each range at most `max` bytes.
+/// The ranges covering `pieces` from source offset `from` (the journal's
+/// resume point, which may fall inside a piece: its rest is fetched):
+/// adjacent pieces joined, each range at most `max` bytes.
 fn chunks(pieces: &[Piece], from: u64, max: u64) -> Vec<(u64, u64)> {
     let mut out: Vec<(u64, u64)> = Vec::new();
-    for p in pieces.iter().filter(|p| p.src >= from) {
-        let (mut at, end) = (p.src, p.src + p.len);
+    for p in pieces.iter().filter(|p| p.src + p.len > from) {
+        let (mut at, end) = (p.src.max(from), p.src + p.len);
         while at < end {
             match out.last_mut() {
                 Some(last) if last.0 + last.1 == at && last.1 < max => {
@@ -387,34 +532,15 @@ fn scatter(file: &File, path: &Path, pieces: &[Piece], at: u64, bytes: &[u8]) ->
     Ok(())
 }
 
-/// Opens the layer files (made at full length, sparse, where missing),
-/// replays the records log and opens the local backend.
-fn open_backend_of(
-    remote: Arc<dyn FileSource>,
-    layout: &Layout,
-    src: &PackSource,
-    sources: Vec<crate::lazy::SourceFileMeta>,
-    budget: Option<u64>,
-    root: &Path,
-    opts: LazyOptions,
-) -> Result<LazyBackend, StoreError> {
-    let mut writers = Vec::new();
-    let mut paths = Vec::new();
+/// Every record of the store `layout` places: its key, place, digest seed
+/// and where its components lie in the source files.
+fn records_of(src: &PackSource, layout: &Layout) -> Vec<Rec> {
     let mut recs = Vec::new();
-    let mut remade = Vec::new();
     for (f, lo) in layout.layers.iter().enumerate() {
-        let out = &layout.outputs[f];
-        let (file, created) = out.open()?;
-        writers.push(file);
-        paths.push(out.path.clone());
         let layer = &src.layers[lo.layer];
         for (i, &e) in lo.mine.iter().enumerate() {
-            let key = (layer.layer, e);
-            if created {
-                remade.push(key);
-            }
             recs.push(Rec {
-                key,
+                key: (layer.layer, e),
                 file: f,
                 offset: crate::layer_file::record_offset(i, lo.record_len),
                 len: lo.record_len,
@@ -424,13 +550,39 @@ fn open_backend_of(
             });
         }
     }
+    recs
+}
+
+/// Opens the layer files (made at full length, sparse, where missing),
+/// replays the records log and opens the local backend.
+fn open_backend_of(
+    remote: Arc<dyn FileSource>,
+    layout: &Layout,
+    recs: Vec<Rec>,
+    state: &LazyState,
+    budget: Option<u64>,
+    root: &Path,
+    opts: LazyOptions,
+) -> Result<LazyBackend, StoreError> {
+    let mut writers = Vec::new();
+    let mut paths = Vec::new();
+    let mut remade = std::collections::HashSet::new();
+    for f in 0..layout.layers.len() {
+        let out = &layout.outputs[f];
+        let (file, created) = out.open()?;
+        writers.push(file);
+        paths.push(out.path.clone());
+        if created {
+            remade.extend(recs.iter().filter(|r| r.file == f).map(|r| r.key));
+        }
+    }
     let by_key: HashMap<_, _> = recs.iter().enumerate().map(|(i, r)| (r.key, i)).collect();
     let by_extent = recs.iter().enumerate().map(|(i, r)| ((r.file, r.offset), i)).collect();
-    let remade: std::collections::HashSet<_> = remade.into_iter().collect();
     let size = |k| by_key.get(&k).map(|&i: &usize| recs[i].len);
     let mut records = Records::open(root, budget, &size, &|k| remade.contains(&k))?;
     // A smaller quota than last time: evict down to it.
     let victims = records.reserve(0, &Default::default())?.unwrap_or_default();
+    let sources = state.files.clone();
     let names = sources.iter().map(|s| s.name.clone()).collect();
     let backend = LazyBackend {
         local: open_backend(&paths, opts.io)?,
@@ -439,18 +591,50 @@ fn open_backend_of(
         paths,
         checked: sources.iter().map(|_| OnceLock::new()).collect(),
         sources,
+        check: state.check,
         recs,
         by_extent,
         by_key,
         records: Mutex::new(records),
+        known: Mutex::new(Known::open(root)?),
         fetching: Mutex::new(Default::default()),
         fetched: Condvar::new(),
         remote,
         counts: Mutex::new(LazyCounts::default()),
-        problem: Mutex::new(None),
+        problems: Mutex::new(Default::default()),
+        breaker: Mutex::new(Default::default()),
+        cooldown: opts.retry_source_after,
     };
     backend.punch(&victims)?;
+    note_free_space(&backend, root, budget);
     Ok(backend)
+}
+
+/// Notes (for the caller to report) when the cache's file system has no
+/// room for another record, or less than the quota leaves records: fetched
+/// experts would then be used from RAM and not kept.
+fn note_free_space(backend: &LazyBackend, root: &Path, budget: Option<u64>) {
+    let Ok(space) = crate::drive::fs_space(root) else { return };
+    let record = backend.recs.iter().map(|r| r.len).max().unwrap_or(0);
+    let held = backend.records.lock().map(|r| r.held().1).unwrap_or(0);
+    let room = budget.map(|b| b.saturating_sub(held));
+    if space.free < room.unwrap_or(record).min(record).max(1) {
+        backend.note(format!(
+            "lazy cache {}: only {} free on its drive, less than one expert record ({}): fetched experts will be \
+             used from RAM and not kept; free space there, or use another --cache-dir",
+            root.display(),
+            format_size(space.free),
+            format_size(record)
+        ));
+    } else if let Some(room) = room.filter(|r| space.free < *r) {
+        backend.note(format!(
+            "lazy cache {}: --disk-quota leaves {} for expert records but only {} is free on its drive: the cache \
+             stops keeping experts when the drive fills",
+            root.display(),
+            format_size(room),
+            format_size(space.free)
+        ));
+    }
 }
 
 /// The index the store reads experts by: one record per expert, as the
@@ -495,5 +679,17 @@ mod tests {
         let pieces = [piece(10, 5), piece(15, 5), piece(30, 25), piece(60, 1)];
         assert_eq!(chunks(&pieces, 0, 10), vec![(10, 10), (30, 10), (40, 10), (50, 5), (60, 1)]);
         assert_eq!(chunks(&pieces, 30, 100), vec![(30, 25), (60, 1)]);
+    }
+
+    #[test]
+    fn a_resume_point_inside_a_piece_fetches_the_rest_of_that_piece() {
+        let pieces = [piece(10, 5), piece(15, 5), piece(30, 25), piece(60, 1)];
+        // Every byte at or after the resume point, in each piece, exactly once.
+        for from in 0..62 {
+            let got = chunks(&pieces, from, 7);
+            let covered: Vec<u64> = got.iter().flat_map(|&(a, n)| a..a + n).collect();
+            let want: Vec<u64> = pieces.iter().flat_map(|p| p.src..p.src + p.len).filter(|&b| b >= from).collect();
+            assert_eq!(covered, want, "resume at {from}");
+        }
     }
 }

@@ -201,18 +201,7 @@ pub fn pull(
             done_bytes,
             files: files.len(),
         });
-        let streams = Streams {
-            remote,
-            files,
-            layout: &layout,
-            outputs: &outputs,
-            journal: &journal,
-            opts,
-            progress,
-            reached: Mutex::new(vec![None; files.len()]),
-            saving: Mutex::new(()),
-        };
-        fetched_bytes = streams.run()?;
+        fetched_bytes = stream_files(remote, files, &layout.pieces, &outputs, &journal, opts, &NoObserver, progress)?;
     }
     progress(PullEvent::Sealing);
     let (layers, spine) = seal::seal(src, &layout, out)?;
@@ -252,14 +241,71 @@ pub fn pull(
     })
 }
 
+/// Sees every byte of each source file's stream, in order, the kept prefix
+/// of a resumed stream included; told when a file's stream ends with its
+/// sha256 checked, before the journal counts the file done. Lazy stores
+/// digest the expert components a stream carries this way; `pull` needs
+/// nothing ([`NoObserver`]).
+pub(crate) trait StreamObserver: Sync {
+    /// File `file`'s stream starts again from byte 0: forget what was seen.
+    fn restart(&self, file: usize);
+    /// Bytes `pos..pos + bytes.len()` of file `file`.
+    fn observe(&self, file: usize, pos: u64, bytes: &[u8]);
+    /// File `file` streamed whole; `verified`: its sha256 matched the one
+    /// the source published (`false`: none was published).
+    fn finished(&self, file: usize, verified: bool) -> Result<(), StoreError>;
+}
+
+/// The observer of a plain pull.
+pub(crate) struct NoObserver;
+
+impl StreamObserver for NoObserver {
+    fn restart(&self, _: usize) {}
+    fn observe(&self, _: usize, _: u64, _: &[u8]) {}
+    fn finished(&self, _: usize, _: bool) -> Result<(), StoreError> {
+        Ok(())
+    }
+}
+
+/// Streams every source file the journal does not count done into
+/// `pieces` (per file, where its bytes land in `outputs`), `opts.jobs`
+/// files at once, each checked against the sha256 its source publishes;
+/// the bytes fetched. Progress is journaled as [`pull`] describes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn stream_files(
+    remote: &dyn FileSource,
+    files: &[PullFile],
+    pieces: &[Vec<scatter::Piece>],
+    outputs: &OpenOutputs,
+    journal: &Journal,
+    opts: PullOptions,
+    observer: &dyn StreamObserver,
+    progress: &(dyn Fn(PullEvent) + Sync),
+) -> Result<u64, StoreError> {
+    Streams {
+        remote,
+        files,
+        pieces,
+        outputs,
+        journal,
+        opts,
+        observer,
+        progress,
+        reached: Mutex::new(vec![None; files.len()]),
+        saving: Mutex::new(()),
+    }
+    .run()
+}
+
 /// The streams of one run: up to `opts.jobs` source files at once.
 struct Streams<'a> {
     remote: &'a dyn FileSource,
     files: &'a [PullFile],
-    layout: &'a Layout,
+    pieces: &'a [Vec<scatter::Piece>],
     outputs: &'a OpenOutputs,
     journal: &'a Journal,
     opts: PullOptions,
+    observer: &'a dyn StreamObserver,
     progress: &'a (dyn Fn(PullEvent) + Sync),
     /// Per file, the offset its stream has written up to (while it runs).
     reached: Mutex<Vec<Option<u64>>>,
@@ -344,19 +390,28 @@ impl Streams<'_> {
     /// Streams file `i` from where the journal says it stopped into its
     /// pieces; the bytes fetched.
     fn stream(&self, i: usize) -> Result<u64, StoreError> {
-        let (file, pieces) = (&self.files[i], &self.layout.pieces[i][..]);
+        let (file, pieces) = (&self.files[i], &self.pieces[i][..]);
         let saved = self.journal.get(&file.name);
         let mut state = StreamState::default();
+        self.observer.restart(i);
         if saved.offset > 0 {
-            let kept = GatherReader {
-                head: &file.head,
-                pieces,
-                outputs: self.outputs,
+            let kept = ObservedReader {
+                inner: GatherReader {
+                    head: &file.head,
+                    pieces,
+                    outputs: self.outputs,
+                    pos: 0,
+                    end: saved.offset,
+                },
+                observer: self.observer,
+                file: i,
                 pos: 0,
-                end: saved.offset,
             };
             // A prefix that cannot be read back is fetched again.
-            state = StreamState::from_prefix(kept).unwrap_or_default();
+            state = StreamState::from_prefix(kept).unwrap_or_else(|_| {
+                self.observer.restart(i);
+                StreamState::default()
+            });
         }
         let from = state.offset;
         (self.progress)(PullEvent::FileStarted {
@@ -371,15 +426,21 @@ impl Streams<'_> {
             lock(&self.reached)[i] = Some(pos);
             Ok(())
         };
-        let mut sink = ScatterSink {
-            head: &file.head,
-            pieces,
-            outputs: self.outputs,
+        let mut sink = ObservedSink {
+            inner: ScatterSink {
+                head: &file.head,
+                pieces,
+                outputs: self.outputs,
+                pos: from,
+                advanced: &mut advanced,
+            },
+            observer: self.observer,
+            file: i,
             pos: from,
-            advanced: &mut advanced,
         };
         match self.fetch(file, &mut sink, &mut state) {
             Ok(verified) => {
+                self.observer.finished(i, verified)?;
                 self.save(i, file.size, true, verified)?;
                 (self.progress)(PullEvent::FileDone {
                     file: file.name.clone(),
@@ -469,6 +530,44 @@ impl Streams<'_> {
         lock(&self.reached)[i] = None;
         self.outputs.sync()?;
         self.journal.set(&self.files[i].name, FileProgress { offset, done, verified })
+    }
+}
+
+/// A reader of a kept prefix that shows its bytes to the observer.
+struct ObservedReader<'a, R> {
+    inner: R,
+    observer: &'a dyn StreamObserver,
+    file: usize,
+    pos: u64,
+}
+
+impl<R: std::io::Read> std::io::Read for ObservedReader<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.observer.observe(self.file, self.pos, &buf[..n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+/// A sink that shows the bytes it is given to the observer, once written.
+struct ObservedSink<'a, W> {
+    inner: W,
+    observer: &'a dyn StreamObserver,
+    file: usize,
+    pos: u64,
+}
+
+impl<W: Write> Write for ObservedSink<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.observer.observe(self.file, self.pos, &buf[..n]);
+        self.pos += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
     }
 }
 

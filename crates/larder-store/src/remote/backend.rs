@@ -41,10 +41,16 @@ impl RangeBackend {
             .names
             .get(x.file)
             .ok_or_else(|| StoreError::Invalid(format!("range backend: no file {}", x.file)))?;
-        let bytes = self
-            .remote
-            .read_range(name, x.offset, x.len)
-            .map_err(|e| StoreError::Invalid(e.to_string()))?;
+        let bytes = self.remote.read_range(name, x.offset, x.len).map_err(|e| {
+            if e.is_unreachable() {
+                StoreError::SourceUnavailable {
+                    message: e.to_string(),
+                    retry_after_s: 0,
+                }
+            } else {
+                StoreError::Invalid(e.to_string())
+            }
+        })?;
         if bytes.len() as u64 != x.len {
             return Err(StoreError::Invalid(format!(
                 "{name}: {} bytes came for the {} at offset {} asked",
@@ -89,13 +95,24 @@ impl IoBackend for RangeBackend {
             }
         }
         let next = AtomicUsize::new(0);
+        // Set when the source proves unreachable: no range after it is asked
+        // for (each would wait out its own retries); they fail with its error.
+        let down: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
         std::thread::scope(|scope| {
             let (tx, rx) = mpsc::channel();
             for _ in 0..self.parallel.min(items.len().max(1)) {
-                let (tx, items, next) = (tx.clone(), &items, &next);
+                let (tx, items, next, down) = (tx.clone(), &items, &next, &down);
                 scope.spawn(move || {
                     while let Some(&(j, k)) = items.get(next.fetch_add(1, Ordering::Relaxed)) {
-                        if tx.send((j, k, self.range(&jobs[j][k]))).is_err() {
+                        let known = down.lock().unwrap_or_else(|p| p.into_inner()).clone();
+                        let got = match known {
+                            Some(message) => Err(StoreError::SourceUnavailable { message, retry_after_s: 0 }),
+                            None => self.range(&jobs[j][k]),
+                        };
+                        if let Err(StoreError::SourceUnavailable { message, .. }) = &got {
+                            down.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| message.clone());
+                        }
+                        if tx.send((j, k, got)).is_err() {
                             return;
                         }
                     }

@@ -66,6 +66,11 @@ pub struct RemoteOptions {
     pub read_timeout: Duration,
     /// Range requests in flight at once in `read_ranges`.
     pub parallel: usize,
+    /// Longest one request may take, its retries included (`None`: the
+    /// retry policy alone decides). Each attempt's connect and read
+    /// timeouts are capped at it too. Lazy serving sets it, so a request
+    /// needing an expert from a source that is down fails in seconds.
+    pub deadline: Option<Duration>,
 }
 
 impl Default for RemoteOptions {
@@ -75,6 +80,7 @@ impl Default for RemoteOptions {
             connect_timeout: Duration::from_secs(15),
             read_timeout: Duration::from_secs(30),
             parallel: 8,
+            deadline: None,
         }
     }
 }
@@ -134,13 +140,14 @@ impl Client {
         let tls = ureq::tls::TlsConfig::builder()
             .root_certs(ureq::tls::RootCerts::PlatformVerifier)
             .build();
+        let cap = |t: Duration| options.deadline.map_or(t, |d| t.min(d));
         let agent = ureq::Agent::config_builder()
             .tls_config(tls)
             .http_status_as_error(false)
-            .timeout_resolve(Some(options.connect_timeout))
-            .timeout_connect(Some(options.connect_timeout))
-            .timeout_recv_response(Some(options.read_timeout))
-            .timeout_per_read(Some(options.read_timeout))
+            .timeout_resolve(Some(cap(options.connect_timeout)))
+            .timeout_connect(Some(cap(options.connect_timeout)))
+            .timeout_recv_response(Some(cap(options.read_timeout)))
+            .timeout_per_read(Some(cap(options.read_timeout)))
             .user_agent(concat!("larder/", env!("CARGO_PKG_VERSION")))
             .build()
             .into();
@@ -179,11 +186,20 @@ impl Client {
         mut attempt: impl FnMut() -> Result<Attempt<T>, RemoteError>,
     ) -> Result<T, RemoteError> {
         let attempts = self.options.retry.attempts.max(1);
+        let started = std::time::Instant::now();
         let mut last = String::new();
         for n in 0..attempts {
             if n > 0 {
+                let delay = self.options.retry.delay(n - 1);
+                if let Some(deadline) = self.options.deadline.filter(|d| started.elapsed() + delay > *d) {
+                    return Err(RemoteError::GaveUp {
+                        url: url.to_string(),
+                        attempts: n,
+                        last: format!("{last} (no time left for another within the {:.0?} deadline)", deadline),
+                    });
+                }
                 self.counters.retries.fetch_add(1, Ordering::Relaxed);
-                std::thread::sleep(self.options.retry.delay(n - 1));
+                std::thread::sleep(delay);
             }
             match attempt()? {
                 Attempt::Done(v) => return Ok(v),

@@ -75,6 +75,15 @@ pub enum RemoteError {
     },
 }
 
+impl RemoteError {
+    /// Whether the source could not be reached or kept failing (connect
+    /// errors, timeouts, resets, 5xx after every retry): it may answer
+    /// later, unlike a refusal, a missing file or bad bytes.
+    pub fn is_unreachable(&self) -> bool {
+        matches!(self, RemoteError::Transport { .. } | RemoteError::GaveUp { .. })
+    }
+}
+
 /// Hint for a 401/403: hub repos that do not exist or are private answer
 /// 401 to anonymous requests, gated ones name themselves.
 pub(crate) fn auth_hint(error_code: Option<&str>, token_sent: bool) -> String {

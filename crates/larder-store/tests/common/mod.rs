@@ -48,6 +48,9 @@ pub enum Fault {
     Short { len: usize },
     /// Change the file (its last byte, and so its ETag) before answering.
     Change,
+    /// Flip byte `at` of the body sent (clamped to its last byte), as a
+    /// bad link or proxy would: the file, its ETag and sha256 unchanged.
+    Flip { at: usize },
 }
 
 /// What the server answered, per request.
@@ -178,6 +181,7 @@ pub fn client_options(read_timeout_ms: u64) -> larder_store::remote::RemoteOptio
         connect_timeout: Duration::from_secs(2),
         read_timeout: Duration::from_millis(read_timeout_ms),
         parallel: 4,
+        deadline: None,
     }
 }
 
@@ -392,6 +396,11 @@ fn body_with_fault(
 ) -> (Response<Body>, Op, usize) {
     let len = body.len();
     match fault {
+        Some(Fault::Flip { at }) if len > 0 => {
+            let mut bad = body.to_vec();
+            bad[at.min(len - 1)] ^= 0x01;
+            (reply(status, &headers, full(bad)), op, len)
+        }
         Some(Fault::Short { len: short }) => {
             let short = short.min(len);
             (reply(status, &headers, full(body.slice(..short))), op, short)
