@@ -21,8 +21,10 @@ use clap::{Parser, Subcommand};
 /// activations are f32. DeepSeek/Kimi multi-token-prediction layers are not
 /// loaded (they stay in the checkpoint).
 ///
-/// Logs go to stderr (set LARDER_LOG=debug for more); with --json, stdout
-/// holds exactly one JSON document. LARDER_KERNEL=scalar|avx2|avx512|neon
+/// Logs go to stderr (set LARDER_LOG=debug for more; the HTTP client and TLS
+/// log at most at debug level, where headers such as Authorization are left
+/// out, so HF_TOKEN never reaches a log); with --json, stdout holds exactly
+/// one JSON document. LARDER_KERNEL=scalar|avx2|avx512|neon
 /// forces a CPU kernel path (default: the best verified one this CPU has); a
 /// path this CPU lacks, or any other value, is an error.
 ///
@@ -72,11 +74,35 @@ enum Command {
     Trace(cmd::trace::TraceCmd),
 }
 
-fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
+/// Crates whose trace level dumps what goes over the wire, headers and
+/// all (ureq-proto hex-dumps every request it sends, `Authorization:
+/// Bearer $HF_TOKEN` included; ureq prints redirect URLs, which may be
+/// signed): whatever `LARDER_LOG` asks, they log at most at debug level,
+/// where ureq leaves sensitive headers out.
+const WIRE_DUMP_TARGETS: [&str; 3] = ["ureq", "ureq_proto", "rustls"];
+
+/// Every target at any level, but [`WIRE_DUMP_TARGETS`] at most at debug.
+fn no_wire_dumps() -> tracing_subscriber::filter::Targets {
+    use tracing_subscriber::filter::LevelFilter;
+    tracing_subscriber::filter::Targets::new()
+        .with_default(LevelFilter::TRACE)
+        .with_targets(WIRE_DUMP_TARGETS.map(|target| (target, LevelFilter::DEBUG)))
+}
+
+/// Logging to stderr as `LARDER_LOG` says (an `EnvFilter`; default
+/// `warn`), with [`WIRE_DUMP_TARGETS`] capped at debug.
+fn init_logging() {
+    use tracing_subscriber::filter::FilterExt;
+    use tracing_subscriber::prelude::*;
+    let asked = tracing_subscriber::EnvFilter::try_from_env("LARDER_LOG").unwrap_or_else(|_| "warn".into());
+    let filter = asked.and(no_wire_dumps());
+    tracing_subscriber::registry()
+        .with(tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(filter))
         .init();
+}
+
+fn main() -> ExitCode {
+    init_logging();
     let cli = Cli::parse();
     match run(cli) {
         Ok(()) => ExitCode::SUCCESS,
@@ -105,5 +131,22 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plan(a) => cmd::plan::run(a),
         Command::Warm(a) => cmd::warm::run(a),
         Command::Mirror(a) => cmd::mirror::run(a),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tracing::Level;
+
+    #[test]
+    fn wire_dumps_are_capped_at_debug_and_everything_else_passes() {
+        let filter = super::no_wire_dumps();
+        for target in ["ureq_proto::util", "ureq::run", "rustls::client::hs"] {
+            assert!(!filter.would_enable(target, &Level::TRACE), "{target}");
+            assert!(filter.would_enable(target, &Level::DEBUG), "{target}");
+        }
+        for target in ["larder_store::remote::client", "larder_serve::http", "larder"] {
+            assert!(filter.would_enable(target, &Level::TRACE), "{target}");
+        }
     }
 }

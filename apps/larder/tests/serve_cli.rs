@@ -1,6 +1,8 @@
 //! `larder serve` as a process: it prints its address (before the model has
 //! loaded), answers HTTP, a bad model folder is a clean error, every flag
-//! is range-checked, and SIGTERM drains running requests and exits 0.
+//! is range-checked, an empty API key is refused and a server others can
+//! reach without one is warned about, and SIGTERM drains running requests
+//! and exits 0.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
@@ -81,6 +83,56 @@ fn serve_refuses_a_missing_model_and_a_busy_port() {
     let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tiny");
     let err = common::fails(&["serve", "--model", model.to_str().unwrap(), "--port", &port]);
     assert!(err.contains("cannot listen"), "{err}");
+}
+
+#[test]
+fn serve_refuses_an_empty_api_key_from_the_flag_or_the_environment() {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tiny");
+    let m = model.to_str().unwrap();
+    let err = common::fails(&["serve", "--model", m, "--port", "0", "--api-key", ""]);
+    assert!(err.contains("--api-key") && err.contains("empty"), "{err}");
+    assert!(!err.contains("serving on"), "refused before binding: {err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_larder"))
+        .args(["serve", "--model", m, "--port", "0"])
+        .env("LARDER_API_KEY", "")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "an empty LARDER_API_KEY was accepted: {err}");
+    assert!(err.contains("LARDER_API_KEY") && err.contains("empty"), "{err}");
+}
+
+/// The stderr lines of a `larder serve` with `extra` flags up to its ready
+/// line (the server is then stopped).
+fn lines_until_ready(extra: &[&str]) -> Vec<String> {
+    let model = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures/qwen3_moe_tiny");
+    let mut args = vec!["--model", model.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let (mut child, _addr, lines) = spawn_serve(&args);
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !seen.last().is_some_and(|l: &String| l.contains("ready")) {
+        match lines.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+            Ok(l) => seen.push(l),
+            Err(e) => panic!("no ready line: {e}; got {seen:?}"),
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    seen
+}
+
+#[test]
+fn serve_warns_when_others_can_reach_it_without_an_api_key() {
+    let warned = |lines: &[String]| lines.iter().any(|l| l.contains("warning") && l.contains("without an API key"));
+    let open = lines_until_ready(&["--host", "0.0.0.0"]);
+    assert!(warned(&open), "no warning for 0.0.0.0 without a key: {open:?}");
+    let line = open.iter().find(|l| l.contains("without an API key")).unwrap();
+    assert!(line.contains("--api-key") && line.contains("every network interface"), "{line}");
+    let keyed = lines_until_ready(&["--host", "0.0.0.0", "--api-key", "k3y"]);
+    assert!(!warned(&keyed), "a key was given: {keyed:?}");
+    let local = lines_until_ready(&[]);
+    assert!(!warned(&local), "loopback only: {local:?}");
 }
 
 #[test]
@@ -225,6 +277,7 @@ fn serve_trace_records_every_request_and_trace_stats_reads_it() {
         "ngram",
         "--trace",
         trace.to_str().unwrap(),
+        "--overwrite",
     ]);
     wait_line(&lines, "ready");
     let body = r#"{"model": "m", "prompt": [5, 6, 7, 5, 6, 7, 5, 6], "max_tokens": 6, "ignore_eos": true}"#;
@@ -247,6 +300,7 @@ fn serve_trace_records_every_request_and_trace_stats_reads_it() {
         "0",
         "--trace",
         trace.to_str().unwrap(),
+        "--overwrite",
     ]);
     assert!(e.contains("--trace") && e.contains("no MoE layers"), "{e}");
     let e = common::fails(&["serve", "--model", m, "--port", "0", "--trace", "/nonexistent-dir/t.jsonl"]);

@@ -19,6 +19,8 @@ pub struct ApiError {
     pub code: Option<&'static str>,
     /// The full error, for the server log only (it may name server paths).
     pub detail: Option<String>,
+    /// Seconds to send as `Retry-After` with a 429 or 503 (default 1).
+    pub retry_after_s: Option<u32>,
 }
 
 impl ApiError {
@@ -30,6 +32,7 @@ impl ApiError {
             param: Some(param.to_string()),
             code: None,
             detail: None,
+            retry_after_s: None,
         }
     }
 
@@ -56,6 +59,29 @@ impl ApiError {
         }
     }
 
+    /// The error of a request that failed while generating: a 503 with
+    /// `Retry-After` when it needs an expert a lazy cache cannot fetch now
+    /// (its source is down; requests needing only cached experts are still
+    /// served), a 500 otherwise.
+    pub fn generating(error: &larder_engine::EngineError) -> Self {
+        let Some(wait) = error.retry_after_s() else {
+            return ApiError::internal("generating", error);
+        };
+        ApiError {
+            detail: Some(format!("generating: {error}")),
+            retry_after_s: Some(u32::try_from(wait).unwrap_or(u32::MAX)),
+            ..ApiError::plain(
+                503,
+                "server_error",
+                Some("source_unavailable"),
+                format!(
+                    "an expert this request needs is not cached and the model's source cannot be reached now; \
+                     requests that need only cached experts are still served: retry after {wait} s"
+                ),
+            )
+        }
+    }
+
     /// Logs a server-side (5xx) error with its full detail.
     pub fn log(&self) {
         if self.status >= 500 {
@@ -72,6 +98,7 @@ impl ApiError {
             param: None,
             code,
             detail: None,
+            retry_after_s: None,
         }
     }
 
@@ -171,6 +198,7 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
             param: Some("model".into()),
             code: Some("model_not_found"),
             detail: None,
+            retry_after_s: None,
         });
     }
     refuse_unsupported(obj)?;

@@ -3,8 +3,10 @@
 //! made-up engine events, and checks that what it writes is well-formed
 //! server-sent events: every chunk one complete `data: ...\n\n` frame (or a
 //! `: \n\n` keep-alive comment), no line break inside a payload, JSON
-//! payloads, `[DONE]` only last, and the streamed text equal to the text the
-//! engine produced.
+//! payloads, the streamed text equal to the text the engine produced, and
+//! every stream ending with `[DONE]` (only last): right after an error
+//! event when generation did not finish (it failed, or the engine's events
+//! stopped without an end).
 
 use bytes::Bytes;
 use serde_json::Value;
@@ -122,6 +124,7 @@ pub fn check_sse(chat: bool, events: &[FuzzEvent], chunks: &[Bytes]) -> Result<(
         };
         text.push_str(piece.as_str().unwrap_or(""));
     }
+    check_end(chunks, events)?;
     let expected: String = events
         .iter()
         .take_while(|e| !matches!(e, FuzzEvent::Done { .. } | FuzzEvent::Failed { .. }))
@@ -134,6 +137,33 @@ pub fn check_sse(chat: bool, events: &[FuzzEvent], chunks: &[Bytes]) -> Result<(
         return Err(format!("the stream carries {text:?}, the engine produced {expected:?}"));
     }
     Ok(())
+}
+
+/// However the engine's events end, the stream ends with `[DONE]`; when
+/// they do not end with `Done` (a failure, or none at all: the engine
+/// thread went away), an error event comes right before it.
+fn check_end(chunks: &[Bytes], events: &[FuzzEvent]) -> Result<(), String> {
+    if chunks.last().map(Bytes::as_ref) != Some(b"data: [DONE]\n\n".as_slice()) {
+        return Err(format!("the stream does not end with `data: [DONE]`: {:?}", chunks.last()));
+    }
+    let finished = events
+        .iter()
+        .find(|e| matches!(e, FuzzEvent::Done { .. } | FuzzEvent::Failed { .. }));
+    if matches!(finished, Some(FuzzEvent::Done { .. })) {
+        return Ok(());
+    }
+    let before = chunks.len().checked_sub(2).map(|i| &chunks[i]);
+    let error = before
+        .and_then(|c| c.strip_prefix(b"data: "))
+        .and_then(|c| c.strip_suffix(b"\n\n"))
+        .and_then(|payload| serde_json::from_slice::<Value>(payload).ok());
+    match error {
+        Some(v) if v["error"]["message"].is_string() => Ok(()),
+        _ => Err(format!(
+            "generation did not finish but the frame before `[DONE]` is no error event: {:?}",
+            before.map(|c| String::from_utf8_lossy(c))
+        )),
+    }
 }
 
 #[cfg(test)]
@@ -168,7 +198,7 @@ mod tests {
     }
 
     #[test]
-    fn an_error_ends_the_stream_with_a_json_error_frame() {
+    fn an_error_ends_the_stream_with_a_json_error_frame_then_done() {
         let chunks = roundtrip(
             true,
             vec![
@@ -180,20 +210,56 @@ mod tests {
                 FuzzEvent::Text("after".into()),
             ],
         );
-        let last = chunks.last().unwrap();
-        let v: Value = serde_json::from_slice(&last[6..last.len() - 2]).unwrap();
+        assert_eq!(chunks.last().unwrap().as_ref(), b"data: [DONE]\n\n");
+        let error = &chunks[chunks.len() - 2];
+        let v: Value = serde_json::from_slice(&error[6..error.len() - 2]).unwrap();
         assert_eq!(v["error"]["message"], "boom\n\ndata: x");
+    }
+
+    #[test]
+    fn events_that_stop_without_an_end_give_an_error_event_then_done() {
+        for chat in [true, false] {
+            for events in [vec![], vec![FuzzEvent::Started(2), FuzzEvent::Text("half".into())]] {
+                let chunks = roundtrip(chat, events);
+                let error = &chunks[chunks.len() - 2];
+                let v: Value = serde_json::from_slice(&error[6..error.len() - 2]).unwrap();
+                assert_eq!(v["error"]["type"], "server_error", "{v}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_checker_wants_done_after_an_error() {
+        let failed = [FuzzEvent::Failed {
+            status: 500,
+            message: "boom".into(),
+        }];
+        let error = Bytes::from_static(b"data: {\"error\": {\"message\": \"boom\"}}\n\n");
+        let done = Bytes::from_static(b"data: [DONE]\n\n");
+        assert_eq!(check_sse(false, &failed, &[error.clone(), done.clone()]), Ok(()));
+        assert!(check_sse(false, &failed, std::slice::from_ref(&error)).is_err(), "no [DONE]");
+        assert!(check_sse(false, &failed, std::slice::from_ref(&done)).is_err(), "no error event");
+        let text = Bytes::from_static(b"data: {\"choices\": [{\"text\": \"\"}]}\n\n");
+        assert!(
+            check_sse(false, &[], &[text, done]).is_err(),
+            "events ended without an end, and no error event"
+        );
     }
 
     #[test]
     fn the_checker_refuses_broken_frames() {
         let done = Bytes::from_static(b"data: [DONE]\n\n");
+        let finished = [FuzzEvent::Done {
+            finish_reason: 0,
+            completion_tokens: 0,
+            cached_tokens: 0,
+        }];
         let good = [Bytes::from_static(b"data: {}\n\n"), Bytes::from_static(b": \n\n"), done.clone()];
-        assert_eq!(check_sse(false, &[], &good), Ok(()));
+        assert_eq!(check_sse(false, &finished, &good), Ok(()));
         let bad: [&[u8]; 4] = [b"data: {}\n", b"data: a\nb\n\n", b"data: [DONE]\n\n", b"event: x\n\n"];
         for chunk in bad {
             let chunks = [Bytes::from_static(chunk), done.clone()];
-            assert!(check_sse(false, &[], &chunks).is_err(), "{chunk:?}");
+            assert!(check_sse(false, &finished, &chunks).is_err(), "{chunk:?}");
         }
     }
 }

@@ -1,8 +1,13 @@
 //! HTTP: routing (HEAD and OPTIONS on every route), limits (413 before a
-//! body is read), auth, the "loading" state, and the OpenAI response shapes
-//! (JSON and server-sent events) over hyper 1 on tokio. Streams still
-//! running when the shutdown grace period ends get an error event and
-//! `[DONE]`.
+//! body is read), auth (`Authorization: Bearer KEY`, the scheme matched
+//! case-insensitively as RFC 7235 says), the "loading" state, and the
+//! OpenAI response shapes (JSON and server-sent events) over hyper 1 on
+//! tokio. A generation request is prepared (template, tokenization, prompt
+//! checks) in its handler, off the engine thread ([`crate::prepare`]).
+//!
+//! Every stream ends with `data: [DONE]`: after the final chunk, or after
+//! an error event when generation fails midway (an expert read fails, the
+//! engine thread stops) or the shutdown grace period ends.
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -83,7 +88,8 @@ fn error_reply(e: &ApiError) -> Response<ReplyBody> {
     e.log();
     let mut r = json_reply(e.status, &e.body());
     if e.status == 429 || e.status == 503 {
-        r.headers_mut().insert("retry-after", HeaderValue::from_static("1"));
+        let wait = HeaderValue::from(e.retry_after_s.unwrap_or(1));
+        r.headers_mut().insert("retry-after", wait);
     }
     r
 }
@@ -180,6 +186,7 @@ fn model_by_id(state: &State, raw_id: &str) -> Response<ReplyBody> {
         param: Some("model".into()),
         code: Some("model_not_found"),
         detail: None,
+        retry_after_s: None,
     })
 }
 
@@ -209,9 +216,29 @@ fn authorized(config: &ServerConfig, req: &Request<Incoming>) -> bool {
     let Some(key) = &config.api_key else { return true };
     req.headers()
         .get("authorization")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .is_some_and(|got| got.as_bytes() == key.as_bytes())
+        .and_then(|v| bearer_token(v.as_bytes()))
+        .is_some_and(|got| constant_time_eq(got, key.as_bytes()))
+}
+
+/// The credentials of an `Authorization: Bearer <token>` header value: the
+/// scheme in any case (`bearer`, `BEARER`; RFC 7235), then one or more
+/// spaces or tabs, then the token (trailing whitespace ignored). `None` for
+/// another scheme or an empty token.
+pub fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    const SCHEME: &[u8] = b"bearer";
+    let (scheme, rest) = value.split_at_checked(SCHEME.len())?;
+    if !scheme.eq_ignore_ascii_case(SCHEME) || !rest.first().is_some_and(|b| *b == b' ' || *b == b'\t') {
+        return None;
+    }
+    let token = rest.trim_ascii();
+    (!token.is_empty()).then_some(token)
+}
+
+/// Whether `a == b`, in a time that depends on their lengths only (a key
+/// compared byte by byte and stopping at the first difference tells a
+/// timing attacker how much of it they guessed).
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
 fn now() -> u64 {
@@ -300,17 +327,30 @@ async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: 
             ));
         }
     }
+    let slot = match worker.reserve() {
+        Ok(slot) => slot,
+        Err(e) => return error_reply(&e),
+    };
+    let mut abort = state.abort.clone();
+    // Template, tokenization and prompt checks, off the engine thread.
+    let prepared = tokio::select! {
+        prepared = worker.prepare(&request) => prepared,
+        Ok(_) = abort.wait_for(|a| *a) => return error_reply(&shutting_down()),
+    };
+    let prepared = match prepared {
+        Ok(p) => p,
+        Err(e) => return error_reply(&e),
+    };
     let (tx, mut rx) = mpsc::unbounded_channel();
-    if let Err(e) = worker.submit(request.clone(), tx) {
+    if let Err(e) = worker.submit(slot, prepared, tx) {
         return error_reply(&e);
     }
-    let mut abort = state.abort.clone();
-    // Validation that needs the tokenizer happens on the engine thread; wait for it.
+    // The engine thread admits the job (the KV budget may still refuse it).
     let prompt_tokens = match next_event(&mut rx, &mut abort).await {
         Ok(Some(Event::Started { prompt_tokens })) => prompt_tokens,
         Ok(Some(Event::Failed(e))) => return error_reply(&e),
         Err(()) => return error_reply(&shutting_down()),
-        _ => return error_reply(&ApiError::plain(500, "server_error", None, "the engine thread stopped")),
+        _ => return error_reply(&engine_stopped()),
     };
     let id = format!(
         "{}-{}",
@@ -360,7 +400,7 @@ async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: 
             }
             Some(Event::Failed(e)) => return error_reply(&e),
             Some(Event::Started { .. }) => {}
-            None => return error_reply(&ApiError::plain(500, "server_error", None, "the engine thread stopped")),
+            None => return error_reply(&engine_stopped()),
         }
     }
 }
@@ -371,7 +411,10 @@ fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
 }
 
 /// Turns engine events into SSE chunks; stops (dropping `rx`, which cancels
-/// generation) when the client goes away.
+/// generation) when the client goes away. However generation ends (done,
+/// failed, the engine thread gone, the shutdown grace period over), the
+/// last chunk is `data: [DONE]`, after an error event when it did not
+/// finish.
 pub(crate) async fn stream_events(
     request: GenerationRequest,
     id: String,
@@ -399,15 +442,11 @@ pub(crate) async fn stream_events(
             // The client went away: dropping `rx` cancels the job.
             _ = out.closed() => return,
             // The shutdown grace period is over: end the stream cleanly.
-            Ok(_) = abort.wait_for(|a| *a) => {
-                let e = shutting_down();
-                e.log();
-                send(&e.body());
-                let _ = out.send(Bytes::from_static(b"data: [DONE]\n\n"));
-                return;
-            }
+            Ok(_) = abort.wait_for(|a| *a) => return end_with_error(&out, &shutting_down()),
         };
-        let Some(ev) = ev else { return };
+        let Some(ev) = ev else {
+            return end_with_error(&out, &engine_stopped());
+        };
         let ok = match ev {
             // Nothing to show for this token: an SSE comment keeps the
             // socket written to, so a vanished client is noticed.
@@ -437,17 +476,26 @@ pub(crate) async fn stream_events(
                 let _ = out.send(Bytes::from_static(b"data: [DONE]\n\n"));
                 return;
             }
-            Event::Failed(e) => {
-                e.log();
-                send(&e.body());
-                return;
-            }
+            Event::Failed(e) => return end_with_error(&out, &e),
             Event::Started { .. } => true,
         };
         if !ok {
             return; // client disconnected: dropping `rx` cancels the job
         }
     }
+}
+
+/// Ends a stream that did not finish: the error (logged when a 5xx) as an
+/// event, then `[DONE]`, so clients see a clean end of stream.
+fn end_with_error(out: &mpsc::UnboundedSender<Bytes>, e: &ApiError) {
+    e.log();
+    let _ = out.send(Bytes::from(format!("data: {}\n\n", e.body())));
+    let _ = out.send(Bytes::from_static(b"data: [DONE]\n\n"));
+}
+
+/// The engine thread dropped a request without ending it (it stopped).
+fn engine_stopped() -> ApiError {
+    ApiError::plain(500, "server_error", None, "the engine thread stopped")
 }
 
 fn metrics(worker: Option<&Worker>) -> Response<ReplyBody> {
@@ -522,4 +570,49 @@ fn worker_metrics(worker: &Worker) -> String {
         m.kept_conversations.load(Ordering::Relaxed),
         m.preemptions.load(Ordering::Relaxed),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{bearer_token, constant_time_eq};
+
+    #[test]
+    fn the_bearer_scheme_is_matched_in_any_case_with_any_whitespace_after_it() {
+        for header in [
+            "Bearer k3y",
+            "bearer k3y",
+            "BEARER k3y",
+            "bEaReR k3y",
+            "Bearer   k3y",
+            "Bearer\tk3y",
+            "Bearer \t k3y  ",
+        ] {
+            assert_eq!(bearer_token(header.as_bytes()), Some(b"k3y".as_slice()), "{header:?}");
+        }
+    }
+
+    #[test]
+    fn other_schemes_and_empty_tokens_are_not_bearer_tokens() {
+        for header in [
+            "",
+            "Bearer",
+            "Bearer ",
+            "Bearer   ",
+            "Bearerk3y",
+            "Basic k3y",
+            "Token k3y",
+            "Bear k3y",
+            " Bearer k3y",
+        ] {
+            assert_eq!(bearer_token(header.as_bytes()), None, "{header:?}");
+        }
+    }
+
+    #[test]
+    fn keys_compare_whole() {
+        assert!(constant_time_eq(b"k3y", b"k3y"));
+        assert!(!constant_time_eq(b"k3y", b"k3z"));
+        assert!(!constant_time_eq(b"k3y", b"k3y4"));
+        assert!(!constant_time_eq(b"", b"k"));
+    }
 }

@@ -3,6 +3,9 @@
 //! `POST /v1/completions`, `GET /health`, `GET /metrics`).
 //!
 //! - [`api`] validates requests into generation jobs and shapes errors;
+//! - [`prepare`] renders, tokenizes and checks prompts off the engine
+//!   thread (a bounded pool, small prompts in a lane of their own), so a
+//!   large prompt never stalls the requests already running;
 //! - [`worker`] runs generation on one dedicated engine thread with a FIFO
 //!   queue of bounded depth (429 beyond it), up to `max_batch` requests
 //!   decoding together, cancelling when clients leave;
@@ -22,6 +25,7 @@ pub mod cors;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+pub mod prepare;
 pub mod trace;
 pub mod worker;
 
@@ -43,7 +47,8 @@ pub struct ServerConfig {
     pub port: u16,
     /// The model id clients must ask for.
     pub served_name: String,
-    /// Require `Authorization: Bearer <key>` on /v1 endpoints.
+    /// Require `Authorization: Bearer <key>` on /v1 endpoints (the scheme in
+    /// any case). An empty key is refused at start.
     pub api_key: Option<String>,
     /// Requests queued or running before 429.
     pub queue_depth: usize,
@@ -101,6 +106,46 @@ pub enum ServeError {
     /// The model failed to load (the loader's message, in full).
     #[error("{0}")]
     Load(String),
+    /// An API key no client can send (see [`ServerConfig::check_api_key`]).
+    #[error("the API key {0}")]
+    ApiKey(&'static str),
+}
+
+impl ServerConfig {
+    /// Refuses an API key that no client can send: an empty one (almost
+    /// always an environment variable that is set but empty) or one with
+    /// whitespace around it (a key read from a file with its newline; the
+    /// server trims what clients send). Without a key the server is open,
+    /// so an empty key is a mistake to say, not to guess about.
+    pub fn check_api_key(&self) -> Result<(), ServeError> {
+        match self.api_key.as_deref() {
+            Some(key) if key.trim().is_empty() => Err(ServeError::ApiKey(
+                "is empty (an environment variable set to nothing?): give a key, or leave it out to serve without one",
+            )),
+            Some(key) if key.trim() != key => Err(ServeError::ApiKey(
+                "starts or ends with whitespace (read from a file with its newline?): clients cannot send it; remove it",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The warning for a server that other machines can reach without an API
+/// key (`None` when it listens on loopback only, or has a key).
+pub fn exposure_warning(addr: SocketAddr, has_api_key: bool) -> Option<String> {
+    let ip = addr.ip().to_canonical();
+    if has_api_key || ip.is_loopback() {
+        return None;
+    }
+    let interfaces = if ip.is_unspecified() {
+        "every network interface"
+    } else {
+        "a network interface"
+    };
+    Some(format!(
+        "[larder] warning: listening on {addr} ({interfaces}) without an API key: anyone who can reach this machine \
+         can use the model; set --api-key KEY (or LARDER_API_KEY), or listen on 127.0.0.1"
+    ))
 }
 
 /// How long streams ended at the close of the grace period get to flush.
@@ -169,8 +214,10 @@ impl Drop for RunningServer {
 
 /// Binds and serves in background threads without a model: `/health`
 /// answers 503 `{"status": "loading"}` and the API 503 until
-/// [`RunningServer::attach`].
+/// [`RunningServer::attach`]. An API key no client can send is refused
+/// first ([`ServerConfig::check_api_key`]).
 pub fn bind(config: ServerConfig) -> Result<RunningServer, ServeError> {
+    config.check_api_key()?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -216,7 +263,8 @@ pub fn start(engine: Engine, config: ServerConfig) -> Result<RunningServer, Serv
     Ok(server)
 }
 
-/// Serves until SIGINT or SIGTERM: binds first (printing the address), runs
+/// Serves until SIGINT or SIGTERM: binds first (printing the address, and a
+/// warning when other machines can reach it without an API key), runs
 /// `load` on its own thread meanwhile (the engine and the drafter every
 /// request uses), then drains gracefully and returns `Ok` on a signal. A
 /// failed load is `Err(ServeError::Load)`.
@@ -226,6 +274,7 @@ where
 {
     let grace = config.shutdown_grace;
     let name = config.served_name.clone();
+    let has_api_key = config.api_key.is_some();
     let server = bind(config)?;
     let handle = server.handle.clone();
     let loaded = handle.block_on(async {
@@ -243,6 +292,9 @@ where
             "[larder] serving on http://{} (OpenAI-compatible: /v1/models, /v1/chat/completions, /v1/completions); loading the model",
             server.addr
         );
+        if let Some(warning) = exposure_warning(server.addr, has_api_key) {
+            eprintln!("{warning}");
+        }
         let (tx, rx) = tokio::sync::oneshot::channel();
         std::thread::Builder::new()
             .name("larder-load".into())
@@ -368,4 +420,34 @@ async fn connection(stream: tokio::net::TcpStream, state: Arc<http::State>, mut 
         _ = closing.wait_for(|c| *c) => conn.as_mut().graceful_shutdown(),
     }
     let _ = conn.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{exposure_warning, ServerConfig};
+
+    #[test]
+    fn only_a_server_others_can_reach_without_a_key_is_warned_about() {
+        for addr in ["0.0.0.0:8000", "[::]:8000", "192.168.1.5:8000", "[2001:db8::1]:8000"] {
+            let warning = exposure_warning(addr.parse().unwrap(), false);
+            assert!(warning.is_some_and(|w| w.contains("--api-key")), "{addr}");
+            assert_eq!(exposure_warning(addr.parse().unwrap(), true), None, "{addr} with a key");
+        }
+        for addr in ["127.0.0.1:8000", "127.0.0.2:1", "[::1]:8000", "[::ffff:127.0.0.1]:8000"] {
+            assert_eq!(exposure_warning(addr.parse().unwrap(), false), None, "{addr}");
+        }
+    }
+
+    #[test]
+    fn api_keys_no_client_can_send_are_refused() {
+        let with = |key: &str| ServerConfig {
+            api_key: Some(key.into()),
+            ..ServerConfig::default()
+        };
+        for key in ["", " ", "\n", "k3y\n", " k3y"] {
+            assert!(with(key).check_api_key().is_err(), "{key:?}");
+        }
+        assert!(with("k3y").check_api_key().is_ok());
+        assert!(ServerConfig::default().check_api_key().is_ok());
+    }
 }

@@ -17,22 +17,25 @@
 //! several finished conversations; with a drafter, of the last request's);
 //! this module turns its events into [`Event`]s.
 //!
-//! Sampling a request omits comes from the model's `generation_config.json`
-//! ([`larder_engine::GenerationConfig::sampling_defaults`]); an unseeded
-//! request draws a fresh seed. Engine errors are logged in full here and
-//! reach the client without server file paths.
+//! Jobs arrive prepared ([`crate::prepare`]: template, tokenization, prompt
+//! checks and sampling happen in the HTTP handler, off this thread), so a
+//! large prompt never stalls the requests already running. A job holds its
+//! place in the queue ([`QueueSlot`]) from the moment its request is
+//! accepted, preparation included, until it ends. Engine errors are logged
+//! in full here and reach the client without server file paths.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
 
 use larder_engine::{
-    Conversation, DiskTierConfig, DiskTierStats, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Outcome, Phase, Request,
-    RequestEvent, RouteLog, RouteTrace, RowTag, SamplingParams, Scheduler, SchedulerConfig, StoreStats,
+    Conversation, DiskTierConfig, DiskTierStats, Drafting, Engine, FinishReason, Outcome, Phase, Request, RequestEvent, RouteLog,
+    RouteTrace, RowTag, Scheduler, SchedulerConfig, StoreStats,
 };
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::api::{ApiError, GenerationRequest, Prompt};
+use crate::api::{ApiError, GenerationRequest};
+use crate::prepare::{request_error, Prepared, Preparer};
 use crate::trace::{TraceConfig, TraceFile};
 
 /// What a job reports.
@@ -53,9 +56,23 @@ pub enum Event {
     Failed(ApiError),
 }
 
+/// A place among the `depth` requests queued, preparing or running; given
+/// back when dropped (the request ended, failed or its client left).
+pub struct QueueSlot {
+    in_system: Arc<AtomicUsize>,
+}
+
+impl Drop for QueueSlot {
+    fn drop(&mut self) {
+        self.in_system.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// A prepared request on its way to the engine thread.
 struct Job {
-    request: GenerationRequest,
+    prepared: Prepared,
     events: UnboundedSender<Event>,
+    slot: QueueSlot,
 }
 
 /// Counters for `/metrics`.
@@ -89,13 +106,13 @@ pub struct Metrics {
 /// A handle to the engine thread.
 pub struct Worker {
     jobs: mpsc::SyncSender<Job>,
-    /// Jobs queued or running.
+    /// Requests preparing, queued or running.
     in_system: Arc<AtomicUsize>,
     depth: usize,
     pub metrics: Arc<Metrics>,
     pub context_len: usize,
-    /// Sampling for the fields a request omits (from generation_config.json).
-    pub defaults: SamplingParams,
+    /// Prepares requests off the engine thread, sharing its tokenizer and template.
+    preparer: Preparer,
     engine_stats: Arc<dyn Fn() -> Option<StoreStats> + Send + Sync>,
 }
 
@@ -138,24 +155,24 @@ impl Worker {
         let context_len = engine.model().spec().max_position_embeddings;
         let defaults = engine.generation_config().sampling_defaults();
         let engine = Arc::new(engine);
+        let preparer =
+            Preparer::new(engine.clone(), defaults, crate::prepare::concurrency()).expect("spawn the request preparation threads");
         let stats_engine = engine.clone();
         let engine_stats = Arc::new(move || stats_engine.store().map(|s| s.stats()));
         let (count, m) = (in_system.clone(), metrics.clone());
         std::thread::Builder::new()
             .name("larder-engine".into())
             .spawn(move || {
-                let ctx = JobContext { defaults, drafting };
                 let mut routes = trace.and_then(|t| TraceFile::open(t, &engine));
-                if ctx.drafting.is_off() {
+                if drafting.is_off() {
                     let setup = Setup { batching, disk, routes };
-                    batched_loop(&engine, &rx, &m, &ctx, &count, setup);
+                    batched_loop(&engine, &rx, &m, setup);
                     return;
                 }
                 // The last request's conversation, kept for prefix reuse.
                 let mut conversation = Conversation::new(&engine);
                 for (seq, job) in rx.iter().enumerate() {
-                    let recorded = run_job(&engine, job, &m, &ctx, &mut conversation, routes.as_ref().map(|(_, log)| log));
-                    count.fetch_sub(1, Ordering::SeqCst);
+                    let recorded = run_job(&engine, job, &m, &drafting, &mut conversation, routes.as_ref().map(|(_, log)| log));
                     if let (Some((file, log)), Some((rt, cached, prompt))) = (routes.as_mut(), recorded) {
                         log.append(&rt, |row| RowTag {
                             seq,
@@ -176,16 +193,19 @@ impl Worker {
             depth,
             metrics,
             context_len,
-            defaults,
+            preparer,
             engine_stats,
         }
     }
 
-    /// Queues a request, or refuses it when the queue is full.
-    pub fn submit(&self, request: GenerationRequest, events: UnboundedSender<Event>) -> Result<(), ApiError> {
+    /// A place in the queue for a new request, or a 429 when the queue is full.
+    pub fn reserve(&self) -> Result<QueueSlot, ApiError> {
         let before = self.in_system.fetch_add(1, Ordering::SeqCst);
+        let slot = QueueSlot {
+            in_system: self.in_system.clone(),
+        };
         if before >= self.depth {
-            self.in_system.fetch_sub(1, Ordering::SeqCst);
+            drop(slot);
             self.metrics.rejected_full.fetch_add(1, Ordering::Relaxed);
             return Err(ApiError::plain(
                 429,
@@ -195,10 +215,20 @@ impl Worker {
             ));
         }
         self.metrics.requests.fetch_add(1, Ordering::Relaxed);
-        self.jobs.try_send(Job { request, events }).map_err(|_| {
-            self.in_system.fetch_sub(1, Ordering::SeqCst);
-            ApiError::plain(503, "server_error", None, "the engine thread is not running")
-        })
+        Ok(slot)
+    }
+
+    /// Prepares `request` off the engine thread ([`crate::prepare`]); its
+    /// errors are the client's answer.
+    pub async fn prepare(&self, request: &GenerationRequest) -> Result<Prepared, ApiError> {
+        self.preparer.prepare(request).await
+    }
+
+    /// Hands a prepared request to the engine thread; its events go to `events`.
+    pub fn submit(&self, slot: QueueSlot, prepared: Prepared, events: UnboundedSender<Event>) -> Result<(), ApiError> {
+        self.jobs
+            .try_send(Job { prepared, events, slot })
+            .map_err(|_| ApiError::plain(503, "server_error", None, "the engine thread is not running"))
     }
 
     /// Jobs queued or running.
@@ -209,82 +239,6 @@ impl Worker {
     /// Expert store counters, when experts stream.
     pub fn store_stats(&self) -> Option<StoreStats> {
         (self.engine_stats)()
-    }
-}
-
-/// What every job shares: the model's sampling defaults and the drafter.
-struct JobContext {
-    defaults: SamplingParams,
-    drafting: Drafting,
-}
-
-/// The sampling a request runs with: its own fields, else the model's
-/// defaults; an unseeded request gets a fresh random seed.
-pub fn resolve_sampling(request: &GenerationRequest, defaults: &SamplingParams) -> SamplingParams {
-    SamplingParams {
-        temperature: request.temperature.unwrap_or(defaults.temperature),
-        top_p: request.top_p.unwrap_or(defaults.top_p),
-        top_k: request.top_k.unwrap_or(defaults.top_k),
-        seed: request.seed.unwrap_or_else(fresh_seed),
-    }
-}
-
-/// A seed no earlier request used (std's per-instance random hasher keys).
-fn fresh_seed() -> u64 {
-    use std::hash::BuildHasher;
-    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
-}
-
-/// An engine error while preparing the prompt, as the client sees it:
-/// the request's own faults are 400s; anything about the server's files is
-/// a logged 500 whose message names no path.
-fn prompt_error(e: &EngineError) -> ApiError {
-    match e {
-        EngineError::NoTokenizer { .. } => {
-            tracing::warn!("refused a text request: {e}");
-            ApiError::invalid(
-                "prompt",
-                "this model has no tokenizer (tokenizer.json or tiktoken.model), so text prompts and chats cannot be served; \
-                 send token ids as `prompt` to /v1/completions",
-            )
-        }
-        EngineError::NoChatTemplate { .. } => {
-            tracing::warn!("refused a chat request: {e}");
-            ApiError::invalid("messages", "this model has no chat template; use /v1/completions with a prompt")
-        }
-        EngineError::Tokenizer(_) | EngineError::Template(_) | EngineError::Invalid { .. } => ApiError::invalid("messages", e.to_string()),
-        _ => ApiError::internal("preparing the prompt", e),
-    }
-}
-
-/// The prompt's token ids and the generation options of `request`.
-fn prepare(engine: &Engine, request: &GenerationRequest, ctx: &JobContext) -> Result<(Vec<u32>, GenerateOptions), ApiError> {
-    let prompt = match &request.prompt {
-        Prompt::Chat(messages) => {
-            let msgs: Vec<larder_engine::ChatMessage> = messages.iter().map(|(r, c)| larder_engine::ChatMessage::new(r, c)).collect();
-            engine.encode_chat(&msgs)
-        }
-        Prompt::Text(t) => engine.encode_prompt(t),
-        Prompt::Ids(ids) => Ok(ids.clone()),
-    };
-    let prompt = prompt.map_err(|e| prompt_error(&e))?;
-    let max_new = engine.check_prompt(&prompt, request.max_tokens).map_err(|e| request_error(&e))?;
-    let opts = GenerateOptions {
-        max_new,
-        sampling: resolve_sampling(request, &ctx.defaults),
-        stop_at_eos: !request.ignore_eos,
-        ..GenerateOptions::default()
-    };
-    Ok((prompt, opts))
-}
-
-/// A request the engine refused before generating: a 400 naming the field
-/// (`max_tokens` for a request over the KV budget).
-fn request_error(e: &EngineError) -> ApiError {
-    match e {
-        EngineError::Invalid { field, message } => ApiError::invalid(field, message.clone()),
-        EngineError::KvBudget { .. } => ApiError::invalid("max_tokens", e.to_string()),
-        e => ApiError::invalid("prompt", e.to_string()),
     }
 }
 
@@ -312,30 +266,25 @@ fn run_job(
     engine: &Engine,
     job: Job,
     metrics: &Metrics,
-    ctx: &JobContext,
+    drafting: &Drafting,
     conversation: &mut Conversation,
     routes: Option<&RouteLog>,
 ) -> Option<(RouteTrace, usize, usize)> {
-    let Job { request, events } = job;
-    let fail = |e: ApiError| {
-        let _ = events.send(Event::Failed(e));
-    };
-    let (prompt, opts) = match prepare(engine, &request, ctx) {
-        Ok(p) => p,
-        Err(e) => {
-            fail(e);
-            return None;
-        }
-    };
+    // The slot is given back when this returns.
+    let Job {
+        prepared: Prepared { prompt, options, stop },
+        events,
+        slot: _slot,
+    } = job;
     let _ = events.send(Event::Started {
         prompt_tokens: prompt.len(),
     });
     metrics.prompt_tokens.fetch_add(prompt.len() as u64, Ordering::Relaxed);
     let run = Request {
         prompt: &prompt,
-        options: &opts,
-        stop: &request.stop,
-        drafting: &ctx.drafting,
+        options: &options,
+        stop: &stop,
+        drafting,
         cancel: None,
     };
     let mut sink = |event: RequestEvent<'_>| match event {
@@ -353,15 +302,22 @@ fn run_job(
             reused = g.cached_tokens;
             done(&g, metrics, &events);
         }
-        Err(e) => fail(ApiError::internal("generating", &e)),
+        Err(e) => {
+            let _ = events.send(Event::Failed(ApiError::generating(&e)));
+        }
+    }
+    for w in engine.take_warnings() {
+        tracing::warn!("{w}");
     }
     recorder.map(|rt| (rt, reused, prompt.len()))
 }
 
-/// A request in the scheduler: where its events go and its cancel flag.
+/// A request in the scheduler: where its events go, its cancel flag and
+/// its place in the queue (given back when it is dropped).
 struct Live {
     events: UnboundedSender<Event>,
     cancel: Arc<AtomicBool>,
+    _slot: QueueSlot,
 }
 
 /// What the batched loop starts its scheduler with.
@@ -373,7 +329,7 @@ struct Setup {
 
 /// The engine thread without a drafter: admits jobs between scheduler
 /// steps, cancels requests whose client left, reports failures.
-fn batched_loop(engine: &Engine, rx: &mpsc::Receiver<Job>, metrics: &Arc<Metrics>, ctx: &JobContext, count: &AtomicUsize, setup: Setup) {
+fn batched_loop(engine: &Engine, rx: &mpsc::Receiver<Job>, metrics: &Arc<Metrics>, setup: Setup) {
     let Setup {
         batching: config,
         disk,
@@ -411,7 +367,7 @@ fn batched_loop(engine: &Engine, rx: &mpsc::Receiver<Job>, metrics: &Arc<Metrics
         if sched.is_idle() {
             // Nothing to do: block until a job arrives (or the server stops).
             match rx.recv() {
-                Ok(job) => admit(engine, &mut sched, &mut live, job, metrics, ctx, count),
+                Ok(job) => admit(&mut sched, &mut live, job, metrics),
                 Err(_) => {
                     if let (Some(f), Some(log)) = (file.as_mut(), sched.routes()) {
                         f.write(log);
@@ -421,7 +377,7 @@ fn batched_loop(engine: &Engine, rx: &mpsc::Receiver<Job>, metrics: &Arc<Metrics
             }
         }
         while let Ok(job) = rx.try_recv() {
-            admit(engine, &mut sched, &mut live, job, metrics, ctx, count);
+            admit(&mut sched, &mut live, job, metrics);
         }
         for l in live.values() {
             if l.events.is_closed() {
@@ -430,14 +386,11 @@ fn batched_loop(engine: &Engine, rx: &mpsc::Receiver<Job>, metrics: &Arc<Metrics
         }
         let report = sched.step();
         for id in report.finished {
-            if live.remove(&id).is_some() {
-                count.fetch_sub(1, Ordering::SeqCst);
-            }
+            live.remove(&id);
         }
         for f in report.failed {
             if let Some(l) = live.remove(&f.id) {
-                let _ = l.events.send(Event::Failed(ApiError::internal("generating", &f.error)));
-                count.fetch_sub(1, Ordering::SeqCst);
+                let _ = l.events.send(Event::Failed(ApiError::generating(&f.error)));
             }
         }
         metrics.last_batch.store(report.batch, Ordering::Relaxed);
@@ -447,7 +400,7 @@ fn batched_loop(engine: &Engine, rx: &mpsc::Receiver<Job>, metrics: &Arc<Metrics
         metrics.kv_kept_bytes.store(sched.kept_bytes(), Ordering::Relaxed);
         metrics.kept_conversations.store(sched.kept_conversations(), Ordering::Relaxed);
         metrics.preemptions.store(sched.preemptions(), Ordering::Relaxed);
-        for w in sched.take_disk_warnings() {
+        for w in sched.take_disk_warnings().into_iter().chain(engine.take_warnings()) {
             tracing::warn!("{w}");
         }
         if let (Some(stats), Ok(mut d)) = (sched.disk_stats(), metrics.disk.lock()) {
@@ -456,25 +409,14 @@ fn batched_loop(engine: &Engine, rx: &mpsc::Receiver<Job>, metrics: &Arc<Metrics
     }
 }
 
-/// Hands `job` to the scheduler, or answers it at once when it is refused.
-fn admit(
-    engine: &Engine,
-    sched: &mut Scheduler<'_>,
-    live: &mut HashMap<u64, Live>,
-    job: Job,
-    metrics: &Arc<Metrics>,
-    ctx: &JobContext,
-    count: &AtomicUsize,
-) {
-    let Job { request, events } = job;
-    let refuse = |e: ApiError| {
-        let _ = events.send(Event::Failed(e));
-        count.fetch_sub(1, Ordering::SeqCst);
-    };
-    let (prompt, options) = match prepare(engine, &request, ctx) {
-        Ok(p) => p,
-        Err(e) => return refuse(e),
-    };
+/// Hands `job` to the scheduler, or answers it at once when it is refused
+/// (its slot is then given back).
+fn admit(sched: &mut Scheduler<'_>, live: &mut HashMap<u64, Live>, job: Job, metrics: &Arc<Metrics>) {
+    let Job {
+        prepared: Prepared { prompt, options, stop },
+        events,
+        slot,
+    } = job;
     let prompt_tokens = prompt.len();
     let cancel = Arc::new(AtomicBool::new(false));
     let (tx, m) = (events.clone(), metrics.clone());
@@ -491,7 +433,7 @@ fn admit(
     let job = larder_engine::Job {
         prompt,
         options,
-        stop: request.stop.clone(),
+        stop,
         cancel: Some(cancel.clone()),
         sink: Box::new(sink),
     };
@@ -500,8 +442,17 @@ fn admit(
         Ok(id) => {
             let _ = events.send(Event::Started { prompt_tokens });
             metrics.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
-            live.insert(id, Live { events, cancel });
+            live.insert(
+                id,
+                Live {
+                    events,
+                    cancel,
+                    _slot: slot,
+                },
+            );
         }
-        Err(e) => refuse(request_error(&e)),
+        Err(e) => {
+            let _ = events.send(Event::Failed(request_error(&e)));
+        }
     }
 }

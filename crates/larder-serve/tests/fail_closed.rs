@@ -3,17 +3,20 @@
 //! generation_config.json and fresh seeds, 413 before the body is read,
 //! HEAD/OPTIONS/CORS, `GET /v1/models/{id}`, "loading" before the engine is
 //! attached, errors without server paths (5xx logged in full), and the
-//! graceful shutdown that ends running streams with an error event.
+//! graceful shutdown that ends running streams with an error event, a
+//! stream whose generation fails midway ending with an error event and
+//! `[DONE]`, and a lazy source that is down answered 503 with Retry-After.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use larder_engine::Engine;
-use larder_model::mlp::Mlp;
-use larder_model::{ExpertProvider, ModelError};
+use larder_model::mlp::{load_mlp, Mlp};
+use larder_model::{ExpertProvider, ModelError, RandomSource};
 use larder_serve::{bind, start, RunningServer, ServerConfig};
 use serde_json::{json, Value};
 
@@ -336,4 +339,132 @@ fn shutdown_lets_requests_finish_then_ends_streams_with_an_error_event() {
     assert_eq!(err["error"]["code"], "server_shutdown", "{err}");
     assert!(TcpStream::connect(a).is_err(), "still accepting after shutdown");
     let _ = std::fs::remove_dir_all(&model);
+}
+
+/// Experts that work (random weights of the fixture's shapes) for the
+/// first `calls` layer steps, then fail as a drive would, naming a path.
+struct FailingLater {
+    calls: AtomicUsize,
+    ok_calls: usize,
+    weights: RandomSource,
+}
+
+impl ExpertProvider for FailingLater {
+    fn with_experts(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        run: &mut dyn FnMut(usize, &Mlp) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        if self.calls.fetch_add(1, Ordering::SeqCst) >= self.ok_calls {
+            return Err(ModelError::Io {
+                path: SECRET.into(),
+                source: std::io::Error::other("input/output error"),
+            });
+        }
+        for (i, &e) in ids.iter().enumerate() {
+            // qwen3_moe_tiny: hidden 64, moe_intermediate 32.
+            let mlp = load_mlp(&self.weights, &format!("l{layer}.e{e}"), ["gate", "up", "down"], 64, 32)?;
+            run(i, &mlp)?;
+        }
+        Ok(())
+    }
+}
+
+#[test]
+fn a_stream_that_fails_midway_ends_with_an_error_event_then_done() {
+    // 3 MoE layers: the prompt's pass and 3 decode steps work, the 5th pass fails.
+    let experts = FailingLater {
+        calls: AtomicUsize::new(0),
+        ok_calls: 3 * 4,
+        weights: RandomSource::new(7, 0.1),
+    };
+    let engine = Engine::load_with_experts(&fixture("qwen3_moe_tiny"), Some(Arc::new(experts))).unwrap();
+    let srv = start(
+        engine,
+        ServerConfig {
+            port: 0,
+            served_name: "tiny".into(),
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let body = json!({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 40, "ignore_eos": true, "stream": true}).to_string();
+    let mut s = TcpStream::connect(srv.addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    write!(
+        s,
+        "POST /v1/completions HTTP/1.1\r\nhost: x\r\nconnection: close\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut raw = String::new();
+    s.read_to_string(&mut raw).unwrap();
+    assert!(raw.ends_with("0\r\n\r\n"), "the chunked body did not end cleanly: {raw:?}");
+    let reply = parse_reply(&raw);
+    assert_eq!(reply.status, 200, "{raw}");
+    // One frame per token (text, or a keep-alive comment for a token without text).
+    let frames: Vec<&str> = reply.body.split("\n\n").filter(|f| !f.is_empty()).collect();
+    let tokens = frames.iter().take_while(|f| !f.contains("\"error\"")).count();
+    assert_eq!(tokens, 4, "the tokens before the failure: {frames:?}");
+    let ev = events(&reply.body);
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"), "{}", reply.body);
+    let error: Value = serde_json::from_str(&ev[ev.len() - 2]).unwrap();
+    assert_eq!(error["error"]["type"], "server_error", "{error}");
+    assert!(error["error"]["message"].as_str().unwrap().contains("server log"), "{error}");
+    assert!(
+        !reply.body.contains("secret-larder-store"),
+        "a server path reached the client: {}",
+        reply.body
+    );
+}
+
+/// Experts a lazy cache cannot fetch: its source is down.
+struct SourceDown;
+
+impl ExpertProvider for SourceDown {
+    fn with_experts(
+        &self,
+        layer: usize,
+        ids: &[usize],
+        _run: &mut dyn FnMut(usize, &Mlp) -> Result<(), ModelError>,
+    ) -> Result<(), ModelError> {
+        Err(ModelError::Provider(Box::new(larder_store::StoreError::SourceUnavailable {
+            message: format!(
+                "layer {layer} expert {}: not in the lazy cache yet, and the source is unreachable",
+                ids[0]
+            ),
+            retry_after_s: 17,
+        })))
+    }
+}
+
+#[test]
+fn a_request_needing_an_expert_from_a_source_that_is_down_gets_503_with_retry_after() {
+    let dir = fixture("qwen3_moe_tiny");
+    let engine = Engine::load_with_experts(&dir, Some(Arc::new(SourceDown))).unwrap();
+    let srv = start(
+        engine,
+        ServerConfig {
+            port: 0,
+            served_name: "tiny".into(),
+            ..ServerConfig::default()
+        },
+    )
+    .unwrap();
+    let r = post(
+        srv.addr,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": [5, 6], "max_tokens": 2}),
+    );
+    assert_eq!(r.status, 503, "{}", r.body);
+    assert_eq!(r.header("retry-after").as_deref(), Some("17"), "{}", r.headers);
+    assert_eq!(r.json()["error"]["code"], "source_unavailable", "{}", r.body);
+    // Streamed: the error event carries the same code, then [DONE].
+    let r = post(
+        srv.addr,
+        "/v1/completions",
+        &json!({"model": "tiny", "prompt": [5, 6], "max_tokens": 2, "stream": true}),
+    );
+    assert!(r.body.contains("source_unavailable") && r.body.contains("[DONE]"), "{}", r.body);
 }

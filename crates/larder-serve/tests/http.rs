@@ -177,6 +177,36 @@ fn api_key_is_required_when_set() {
     assert_eq!(send(a, "GET", "/v1/models", &[("authorization", "Bearer nope")], "").status, 401);
     assert_eq!(send(a, "GET", "/v1/models", &[("authorization", "Bearer sekrit")], "").status, 200);
     assert_eq!(send(a, "GET", "/health", &[], "").status, 200, "health needs no key");
+    // The scheme in any case, any whitespace after it (RFC 7235).
+    for header in ["bearer sekrit", "BEARER sekrit", "Bearer \t sekrit"] {
+        assert_eq!(
+            send(a, "GET", "/v1/models", &[("authorization", header)], "").status,
+            200,
+            "{header:?}"
+        );
+    }
+    for header in ["Basic sekrit", "Bearersekrit", "Bearer sekri", "Bearer "] {
+        assert_eq!(
+            send(a, "GET", "/v1/models", &[("authorization", header)], "").status,
+            401,
+            "{header:?}"
+        );
+    }
+}
+
+#[test]
+fn an_empty_api_key_is_refused_at_start() {
+    for key in ["", "  ", "key\n"] {
+        let config = ServerConfig {
+            port: 0,
+            api_key: Some(key.into()),
+            ..ServerConfig::default()
+        };
+        let Err(e) = larder_serve::bind(config) else {
+            panic!("the API key {key:?} was accepted")
+        };
+        assert!(e.to_string().contains("API key"), "{e}");
+    }
 }
 
 #[test]

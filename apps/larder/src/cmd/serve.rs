@@ -25,8 +25,9 @@ Requests the server cannot honour exactly (n > 1, logit_bias, tools, images, non
 fields) get an OpenAI-shaped 400 error before generation starts; bodies over --max-request-bytes get 413. \
 Generation runs on one engine thread: up to --max-batch requests decode together, each token-for-token what it \
 would be alone; more wait FIFO up to --queue-depth, then get 429. A request whose prompt plus max_tokens could \
-not fit in --kv-budget gets a 400 before generation. With --draft, every request decodes speculatively and alone \
-(the model still decides every token).\n\n\
+not fit in --kv-budget gets a 400 before generation. Prompts are rendered and tokenized off the engine thread \
+(large ones at a lower CPU priority), so a large prompt never stalls running streams. With --draft, every request \
+decodes speculatively and alone (the model still decides every token).\n\n\
 SIGINT/SIGTERM: stop accepting, let running requests finish within --shutdown-grace, end streams still running \
 with an error event and [DONE], exit 0.\n\n\
 Examples:\n  larder serve --model ./fixtures/qwen3_moe_tok\n  \
@@ -50,7 +51,8 @@ pub struct Args {
     /// Model id clients must send (default: the model folder's name).
     #[arg(long)]
     served_name: Option<String>,
-    /// Require `Authorization: Bearer KEY` on /v1 endpoints.
+    /// Require `Authorization: Bearer KEY` on /v1 endpoints (the scheme in any case). An empty key is refused
+    /// (an unset variable, most likely); without a key, listening on a non-loopback address is warned about.
     #[arg(long, env = "LARDER_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
     /// Requests queued or running before the server answers 429 (1..=4096).
@@ -97,9 +99,12 @@ pub struct Args {
     /// and what the next 3 MoE layers' routers pick on its input) to FILE, JSON Lines; read it with `larder trace
     /// stats FILE` or `larder bench cache --trace FILE`. Rewritten atomically whenever the server goes idle
     /// (at most every 10 s while busy) and when it stops. It grows with every token served (a few hundred bytes
-    /// each): for measurement sessions.
+    /// each): for measurement sessions. FILE is checked before the model loads: it may not be an input of the run
+    /// (the model's files, --cache-dir, --state-dir), and an existing trace is replaced only with --overwrite.
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+    #[command(flatten)]
+    output: super::OverwriteArg,
 }
 
 /// A `--max-request-bytes` value: a size in BODY_MIN..=BODY_MAX.
@@ -166,15 +171,33 @@ fn state_dir(args: &Args) -> anyhow::Result<Option<larder_engine::DiskTierConfig
     Ok(Some(larder_engine::DiskTierConfig { dir, quota }))
 }
 
+/// `--api-key` (or `LARDER_API_KEY`), checked before anything else: a key
+/// no client can send (empty, or with whitespace around it) is refused.
+fn check_api_key(key: Option<&str>) -> anyhow::Result<()> {
+    let config = ServerConfig {
+        api_key: key.map(str::to_string),
+        ..ServerConfig::default()
+    };
+    config.check_api_key().context("--api-key (or LARDER_API_KEY)")
+}
+
 /// The default `--state-quota`: a tenth of the free space, at least 64 MiB.
 fn default_state_quota(free: u64) -> u64 {
     (free / 10).max(64 << 20)
 }
 
-/// `--trace`, checked before anything loads: a writable path, and a model with routed experts.
+/// `--trace`, checked before anything loads: an output path it may write
+/// (`larder_engine::output`), and a model with routed experts.
 fn trace(args: &Args) -> anyhow::Result<Option<larder_serve::trace::TraceConfig>> {
     let Some(path) = args.trace.clone() else { return Ok(None) };
-    super::trace::check_writable(&path)?;
+    let mut inputs = super::model_inputs(&args.model, &args.experts);
+    if let Some(draft) = &args.draft_model {
+        inputs = inputs.model("--draft-model", draft);
+    }
+    if let Some(dir) = &args.state_dir {
+        inputs = inputs.folder("--state-dir", dir);
+    }
+    let output = super::trace::check_output(&path, args.output.overwrite, &inputs)?;
     let sizes = super::doctor::model::inspect(&args.model)
         .with_context(|| format!("--trace {}: reading the model's MoE shape", path.display()))?
         .sizes;
@@ -186,7 +209,7 @@ fn trace(args: &Args) -> anyhow::Result<Option<larder_serve::trace::TraceConfig>
         );
     }
     Ok(Some(larder_serve::trace::TraceConfig {
-        path,
+        output,
         model: args.model.display().to_string(),
         expert_bytes: sizes.expert_bytes,
         lookahead: super::trace::LOOKAHEAD,
@@ -194,6 +217,7 @@ fn trace(args: &Args) -> anyhow::Result<Option<larder_serve::trace::TraceConfig>
 }
 
 pub fn run_cmd(args: Args) -> anyhow::Result<()> {
+    check_api_key(args.api_key.as_deref())?;
     let kv = kv_budget(&args);
     let state_dir = state_dir(&args)?;
     let trace = trace(&args)?;

@@ -77,12 +77,13 @@ impl TextTokenizer {
     /// Token ids of `text`. `add_special_tokens` applies the tokenizer's
     /// post-processor (e.g. a BOS token), as `tokenizer(text)` does in
     /// transformers; Kimi's adds none. Kimi's tokenizer matches its special
-    /// tokens in any text, as its `encode` does.
+    /// tokens in any text, as its `encode` does. Only ids are computed (no
+    /// offsets: `encode_fast`, the same ids for less work on long prompts).
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>, EngineError> {
         match &self.backend {
             Backend::HuggingFace(inner) => {
                 let enc = inner
-                    .encode(text, add_special_tokens)
+                    .encode_fast(text, add_special_tokens)
                     .map_err(|e| EngineError::Tokenizer(format!("cannot encode text: {e}")))?;
                 Ok(enc.get_ids().to_vec())
             }

@@ -1,0 +1,266 @@
+//! Request preparation, off the engine thread: rendering a chat with the
+//! model's template, tokenizing, the prompt checks (ids in the vocabulary,
+//! the prompt plus `max_tokens` within the context) and resolving the
+//! sampling. A 1 MiB prompt takes a large fraction of a second to tokenize;
+//! done on the engine thread it would stall every running stream (and every
+//! request queued behind it) for that long, so the HTTP handler hands it to
+//! a [`Preparer`] and gives the engine thread a job that is ready to run.
+//!
+//! Preparation is CPU work that competes with the engine thread, so it is
+//! bounded: a [`Preparer`] has two lanes of [`concurrency`] threads each
+//! (the cores the engine thread leaves, at least one, at most
+//! [`MAX_CONCURRENCY`]). Large prompts prepare in the first lane, whose
+//! threads run at a lower CPU priority (nice [`NICE`] on Linux): when they
+//! compete with the engine thread for a core, the engine thread runs first,
+//! so however many large prompts arrive, running streams keep their pace.
+//! Small prompts (up to [`SMALL_PROMPT_BYTES`] of text, or token ids) have
+//! the second lane, at normal priority, to themselves, so a short request
+//! never waits behind the tokenization of large ones. Each lane takes
+//! requests in arrival order; one whose client left while it waited is
+//! skipped.
+//!
+//! Errors are the request's (a 400 naming the field) or, for anything about
+//! the server's files, a logged 500 whose message names no path: the same
+//! answers as when preparation ran on the engine thread.
+
+use std::sync::{mpsc, Arc, Mutex};
+
+use larder_engine::{ChatMessage, Engine, EngineError, GenerateOptions, SamplingParams};
+use tokio::sync::oneshot;
+
+use crate::api::{ApiError, GenerationRequest, Prompt};
+
+/// Prompts with at most this many bytes of text prepare in the small lane.
+/// Tokenizing them takes milliseconds, so they cannot keep the engine thread
+/// from a core for long, even all at once (the queue depth bounds how many).
+pub const SMALL_PROMPT_BYTES: usize = 64 << 10;
+
+/// Most threads per lane, however many cores the machine has.
+pub const MAX_CONCURRENCY: usize = 8;
+
+/// The large lane's nice value (Linux): the scheduler runs the engine
+/// thread and the HTTP threads first when they compete for a core.
+pub const NICE: i32 = 10;
+
+/// A request ready for the engine thread: its prompt's token ids, the
+/// generation options and the stop strings.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    pub stop: Vec<String>,
+}
+
+/// What a lane's thread prepares, and where the result goes.
+struct Task {
+    request: GenerationRequest,
+    reply: oneshot::Sender<Result<Prepared, ApiError>>,
+}
+
+/// Prepares requests on its own threads: a low-priority lane for large
+/// prompts and one for small ones, [`concurrency`] threads each, each lane
+/// first come first served. Its threads end when it is dropped.
+pub struct Preparer {
+    large: mpsc::Sender<Task>,
+    small: mpsc::Sender<Task>,
+}
+
+/// How many requests prepare at once per lane: the cores the engine thread
+/// leaves, at least one and at most [`MAX_CONCURRENCY`].
+pub fn concurrency() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get().saturating_sub(1))
+        .unwrap_or(1)
+        .clamp(1, MAX_CONCURRENCY)
+}
+
+/// Bytes of text `prompt` asks to render and tokenize (token ids need neither).
+pub fn prompt_bytes(prompt: &Prompt) -> usize {
+    match prompt {
+        Prompt::Chat(messages) => messages.iter().map(|(role, content)| role.len() + content.len()).sum(),
+        Prompt::Text(text) => text.len(),
+        Prompt::Ids(_) => 0,
+    }
+}
+
+impl Preparer {
+    /// A preparer sharing `engine` (its tokenizer and chat template) with
+    /// the engine thread, `threads` threads per lane (at least one); an
+    /// error when a thread cannot start.
+    pub fn new(engine: Arc<Engine>, defaults: SamplingParams, threads: usize) -> Result<Preparer, std::io::Error> {
+        let threads = threads.max(1);
+        Ok(Preparer {
+            large: lane(Lane::Large, &engine, defaults, threads)?,
+            small: lane(Lane::Small, &engine, defaults, threads)?,
+        })
+    }
+
+    /// Prepares `request` on a lane's thread, in its turn. Dropping the
+    /// future gives up the turn (a request not started yet is skipped).
+    pub async fn prepare(&self, request: &GenerationRequest) -> Result<Prepared, ApiError> {
+        let lane = if prompt_bytes(&request.prompt) <= SMALL_PROMPT_BYTES {
+            &self.small
+        } else {
+            &self.large
+        };
+        let (reply, result) = oneshot::channel();
+        let task = Task {
+            request: request.clone(),
+            reply,
+        };
+        lane.send(task).map_err(|_| stopped())?;
+        result.await.map_err(|_| stopped())?
+    }
+}
+
+/// Which lane: large prompts (low priority) or small ones.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Lane {
+    Large,
+    Small,
+}
+
+/// Starts a lane's `threads` threads; the sender feeds them in order.
+fn lane(which: Lane, engine: &Arc<Engine>, defaults: SamplingParams, threads: usize) -> Result<mpsc::Sender<Task>, std::io::Error> {
+    let (tasks, queue) = mpsc::channel::<Task>();
+    let queue = Arc::new(Mutex::new(queue));
+    let name = if which == Lane::Large { "large" } else { "small" };
+    for i in 0..threads {
+        let (engine, queue) = (engine.clone(), queue.clone());
+        std::thread::Builder::new().name(format!("larder-prep-{name}-{i}")).spawn(move || {
+            if which == Lane::Large {
+                lower_priority();
+            }
+            serve_lane(&engine, &queue, &defaults)
+        })?;
+    }
+    Ok(tasks)
+}
+
+/// A lane thread: prepares tasks until the preparer is dropped.
+fn serve_lane(engine: &Engine, queue: &Mutex<mpsc::Receiver<Task>>, defaults: &SamplingParams) {
+    loop {
+        // The lock is held only while waiting for the next task.
+        let next = match queue.lock() {
+            Ok(q) => q.recv(),
+            Err(_) => return,
+        };
+        let Ok(Task { request, reply }) = next else { return };
+        if reply.is_closed() {
+            continue; // the client left while it waited
+        }
+        let prepared =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| prepare(engine, &request, defaults))).unwrap_or_else(|_| {
+                Err(ApiError::plain(
+                    500,
+                    "server_error",
+                    None,
+                    "preparing the prompt failed (a bug: see the server log)",
+                ))
+            });
+        let _ = reply.send(prepared);
+    }
+}
+
+/// Lowers the calling thread's CPU priority to [`NICE`] (Linux: nice is per
+/// thread); elsewhere, and if refused, it keeps its priority.
+fn lower_priority() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: setpriority only reads its integer arguments; `who` 0 is the calling thread.
+    unsafe {
+        libc::setpriority(libc::PRIO_PROCESS, 0, NICE);
+    }
+}
+
+fn stopped() -> ApiError {
+    ApiError::plain(503, "server_error", None, "the request preparation threads stopped")
+}
+
+/// The prompt's token ids, the generation options and the stop strings of
+/// `request`, on the calling thread.
+pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &SamplingParams) -> Result<Prepared, ApiError> {
+    let prompt = match &request.prompt {
+        Prompt::Chat(messages) => {
+            let messages: Vec<ChatMessage> = messages.iter().map(|(role, content)| ChatMessage::new(role, content)).collect();
+            engine.encode_chat(&messages)
+        }
+        Prompt::Text(text) => engine.encode_prompt(text),
+        Prompt::Ids(ids) => Ok(ids.clone()),
+    };
+    let prompt = prompt.map_err(|e| prompt_error(&e))?;
+    let max_new = engine.check_prompt(&prompt, request.max_tokens).map_err(|e| request_error(&e))?;
+    let options = GenerateOptions {
+        max_new,
+        sampling: resolve_sampling(request, defaults),
+        stop_at_eos: !request.ignore_eos,
+        ..GenerateOptions::default()
+    };
+    Ok(Prepared {
+        prompt,
+        options,
+        stop: request.stop.clone(),
+    })
+}
+
+/// The sampling a request runs with: its own fields, else the model's
+/// defaults; an unseeded request gets a fresh random seed.
+pub fn resolve_sampling(request: &GenerationRequest, defaults: &SamplingParams) -> SamplingParams {
+    SamplingParams {
+        temperature: request.temperature.unwrap_or(defaults.temperature),
+        top_p: request.top_p.unwrap_or(defaults.top_p),
+        top_k: request.top_k.unwrap_or(defaults.top_k),
+        seed: request.seed.unwrap_or_else(fresh_seed),
+    }
+}
+
+/// A seed no earlier request used (std's per-instance random hasher keys).
+fn fresh_seed() -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(std::time::SystemTime::now())
+}
+
+/// An engine error while preparing the prompt, as the client sees it:
+/// the request's own faults are 400s; anything about the server's files is
+/// a logged 500 whose message names no path.
+fn prompt_error(e: &EngineError) -> ApiError {
+    match e {
+        EngineError::NoTokenizer { .. } => {
+            tracing::warn!("refused a text request: {e}");
+            ApiError::invalid(
+                "prompt",
+                "this model has no tokenizer (tokenizer.json or tiktoken.model), so text prompts and chats cannot be served; \
+                 send token ids as `prompt` to /v1/completions",
+            )
+        }
+        EngineError::NoChatTemplate { .. } => {
+            tracing::warn!("refused a chat request: {e}");
+            ApiError::invalid("messages", "this model has no chat template; use /v1/completions with a prompt")
+        }
+        EngineError::Tokenizer(_) | EngineError::Template(_) | EngineError::Invalid { .. } => ApiError::invalid("messages", e.to_string()),
+        _ => ApiError::internal("preparing the prompt", e),
+    }
+}
+
+/// A request the engine refused before generating: a 400 naming the field
+/// (`max_tokens` for a request over the KV budget).
+pub fn request_error(e: &EngineError) -> ApiError {
+    match e {
+        EngineError::Invalid { field, message } => ApiError::invalid(field, message.clone()),
+        EngineError::KvBudget { .. } => ApiError::invalid("max_tokens", e.to_string()),
+        e => ApiError::invalid("prompt", e.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn token_ids_and_short_texts_are_small_and_long_texts_large() {
+        assert_eq!(prompt_bytes(&Prompt::Ids(vec![1; 100_000])), 0);
+        assert_eq!(prompt_bytes(&Prompt::Text("abc".into())), 3);
+        let chat = Prompt::Chat(vec![("user".into(), "x".repeat(SMALL_PROMPT_BYTES))]);
+        assert!(prompt_bytes(&chat) > SMALL_PROMPT_BYTES);
+        assert!(concurrency() >= 1);
+    }
+}
