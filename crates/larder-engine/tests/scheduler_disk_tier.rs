@@ -80,3 +80,59 @@ fn a_second_turn_after_a_restart_reuses_the_saved_state() {
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
+
+/// A copy of fixture `name` in `dir`, with one weight byte of
+/// model.safetensors changed when `tweak` (same config, same header).
+fn copy_fixture(name: &str, dir: &std::path::Path, tweak: bool) {
+    std::fs::create_dir_all(dir).unwrap();
+    for f in std::fs::read_dir(fixture(name)).unwrap() {
+        let f = f.unwrap().path();
+        if f.is_file() {
+            std::fs::copy(&f, dir.join(f.file_name().unwrap())).unwrap();
+        }
+    }
+    if tweak {
+        let path = dir.join("model.safetensors");
+        let mut b = std::fs::read(&path).unwrap();
+        let last = b.len() - 1;
+        b[last] ^= 0x01;
+        std::fs::write(&path, b).unwrap();
+    }
+}
+
+#[test]
+fn another_checkpoint_with_the_same_config_and_headers_never_reuses_the_state() {
+    let root = std::env::temp_dir().join(format!("larder-disk-two-finetunes-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    let (a, b, states) = (root.join("a"), root.join("b"), root.join("states"));
+    copy_fixture("qwen3_moe_tiny", &a, false);
+    copy_fixture("qwen3_moe_tiny", &b, true);
+    let t1 = spec(prompt(9, 1), 6, 0.0, 5, 0);
+    let t1_out = {
+        let engine = Engine::load(&a).unwrap();
+        let mut sched = scheduler(&engine, &states);
+        run_one(&mut sched, &t1, None)
+    };
+    let t2 = next_turn(&t1, &t1_out, &prompt(4, 2));
+    // The same weights reuse it (the content digests come from the cache now).
+    {
+        let engine = Engine::load(&a).unwrap();
+        let mut sched = scheduler(&engine, &states);
+        assert!(
+            run_one(&mut sched, &t2, None).cached_tokens > 0,
+            "the same checkpoint reuses its state"
+        );
+    }
+    let engine = Engine::load(&b).unwrap();
+    let mut sched = scheduler(&engine, &states);
+    let got = run_one(&mut sched, &t2, None);
+    let d = sched.disk_stats().unwrap();
+    assert_eq!(
+        (got.cached_tokens, d.hits),
+        (0, 0),
+        "another checkpoint's state must not be used: {d:?}"
+    );
+    assert_eq!(got.ids, solo(&engine, &t2).ids);
+    drop(sched);
+    let _ = std::fs::remove_dir_all(&root);
+}

@@ -4,8 +4,9 @@
 //! request sharing its prefix loads the state instead of prefilling it.
 //!
 //! - **Files** are larder-model's `state_io` format (`<hash of the
-//!   tokens>.state`), tagged with the model's identity ([`model_identity`]:
-//!   config.json, manifest.json and every top-level safetensors header) and
+//!   tokens>.state`), tagged with the model's identity
+//!   ([`model_identity`](super::identity::model_identity): config and
+//!   weights, by content; equal headers are not enough) and
 //!   digested whole; a file of another model is left alone and never used.
 //! - **Saving** writes `.<name>.<pid>.tmp`, fsyncs it, renames it into place
 //!   and fsyncs the folder, so no half-written file ever has a `.state`
@@ -24,7 +25,7 @@
 //! engine has no logger of its own.
 
 use std::fs::{self, File};
-use std::io::{BufReader, BufWriter, Read, Write};
+use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::time::{Instant, SystemTime};
 
@@ -104,7 +105,7 @@ impl DiskTier {
     pub(super) fn open(config: DiskTierConfig, model_dir: &Path, model: &DecoderModel) -> Result<Self, EngineError> {
         check_state_dir(&config.dir)?;
         let mut tier = DiskTier {
-            identity: model_identity(model_dir)?,
+            identity: super::identity::model_identity(model_dir, &config.dir)?,
             rollable: model.new_state().can_rollback(),
             config,
             entries: Vec::new(),
@@ -379,47 +380,6 @@ fn file_err(path: &Path, e: std::io::Error) -> EngineError {
         path: path.to_path_buf(),
         message: e.to_string(),
     }
-}
-
-/// The identity state files are tagged with: an XXH3-128 over the model
-/// folder's config.json and manifest.json (when packed) and the header of
-/// every top-level `.safetensors` file (names, dtypes, shapes, offsets), so
-/// another model or other weights never match.
-pub fn model_identity(dir: &Path) -> Result<u128, EngineError> {
-    let mut h = xxhash_rust::xxh3::Xxh3::new();
-    for name in ["config.json", "manifest.json"] {
-        match fs::read(dir.join(name)) {
-            Ok(b) => {
-                h.update(name.as_bytes());
-                h.update(&(b.len() as u64).to_le_bytes());
-                h.update(&b);
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(file_err(&dir.join(name), e)),
-        }
-    }
-    let mut weights: Vec<PathBuf> = fs::read_dir(dir)
-        .map_err(|e| file_err(dir, e))?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-        .collect();
-    weights.sort();
-    for p in weights {
-        h.update(p.file_name().map(|n| n.as_encoded_bytes()).unwrap_or_default());
-        h.update(&safetensors_header(&p).map_err(|e| file_err(&p, e))?);
-    }
-    Ok(h.digest128())
-}
-
-/// A safetensors file's 8-byte length and JSON header (at most 100 MiB).
-fn safetensors_header(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut f = File::open(path)?;
-    let mut len = [0; 8];
-    f.read_exact(&mut len)?;
-    let n = u64::from_le_bytes(len).min(100 << 20);
-    let mut b = len.to_vec();
-    f.take(n).read_to_end(&mut b)?;
-    Ok(b)
 }
 
 #[cfg(test)]
