@@ -96,6 +96,8 @@ pub(crate) fn read_misses<E: From<StoreError>>(
     tally: &mut Tally<E>,
 ) {
     let (copies, jobs, mut tickets) = sh.plan_reads(misses.iter().map(|&i| (layer, ids[i])));
+    // Records whose mirror copy failed: read from the primary once the batch is in.
+    let mut again: Vec<(usize, StoreError)> = Vec::new();
     if !(sh.verify && rayon::current_num_threads() > 1) {
         sh.backend.read(&jobs, &mut |job, result| {
             tickets[job] = None;
@@ -105,16 +107,23 @@ pub(crate) fn read_misses<E: From<StoreError>>(
                 let mut secs = 0.0;
                 let outcome = result.and_then(|views| sh.record(layer, ids[i], copies[job], &views, &mut secs, false));
                 tally.verify_inline_s += secs;
-                tally.hand(ready, i, outcome);
+                match outcome {
+                    Err(e) if copies[job] > 0 => again.push((i, e)),
+                    outcome => tally.hand(ready, i, outcome),
+                }
             }
         });
+        read_primaries(sh, layer, ids, again, ready, tally);
         return;
     }
     let (tx, rx) = mpsc::channel::<(usize, Result<(Arc<ExpertRecord>, u64), StoreError>, f64)>();
-    let take = |tally: &mut Tally<E>, ready: Ready<'_, E>, rx: &mpsc::Receiver<_>| {
+    let take = |tally: &mut Tally<E>, ready: Ready<'_, E>, rx: &mpsc::Receiver<_>, again: &mut Vec<(usize, StoreError)>| {
         for (job, outcome, secs) in rx.try_iter() {
             tally.verify_pool_s += secs;
-            tally.hand(ready, misses[job], outcome);
+            match outcome {
+                Err(e) if copies[job] > 0 => again.push((misses[job], e)),
+                outcome => tally.hand(ready, misses[job], outcome),
+            }
         }
     };
     // Tasks borrow `sh`; the scope ends when every check has run (the
@@ -134,9 +143,30 @@ pub(crate) fn read_misses<E: From<StoreError>>(
                 // The receiver outlives the scope: a send cannot fail.
                 let _ = tx.send((job, outcome, secs));
             });
-            take(tally, ready, &rx);
+            take(tally, ready, &rx, &mut again);
         });
     });
     drop(tx);
-    take(tally, ready, &rx);
+    take(tally, ready, &rx, &mut again);
+    read_primaries(sh, layer, ids, again, ready, tally);
+}
+
+/// Reads from the primary each record whose mirror copy failed, and hands it over.
+fn read_primaries<E: From<StoreError>>(
+    sh: &Shared,
+    layer: usize,
+    ids: &[usize],
+    again: Vec<(usize, StoreError)>,
+    ready: Ready<'_, E>,
+    tally: &mut Tally<E>,
+) {
+    for (i, failed) in again {
+        if tally.failure.is_some() {
+            return;
+        }
+        let mut secs = 0.0;
+        let outcome = sh.read_primary(layer, ids[i], &failed, &mut secs, false);
+        tally.verify_inline_s += secs;
+        tally.hand(ready, i, outcome);
+    }
 }

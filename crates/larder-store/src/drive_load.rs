@@ -90,6 +90,15 @@ impl DriveLoad {
         (best, Ticket { load: self, drive, len })
     }
 
+    /// The primary copy of `loc` and its ticket (its mirror copy failed).
+    pub fn primary(&self, loc: &ExpertLocation) -> (usize, Ticket<'_>) {
+        let len = loc.read_len();
+        let drive = self.drive_of(loc, 0);
+        self.in_flight[drive].fetch_add(len, Ordering::Relaxed);
+        self.read[drive].fetch_add(len, Ordering::Relaxed);
+        (0, Ticket { load: self, drive, len })
+    }
+
     /// Bytes read from each drive so far (as fetched, padding included).
     pub fn bytes_read(&self) -> Vec<u64> {
         self.read.iter().map(|r| r.load(Ordering::Relaxed)).collect()

@@ -154,6 +154,10 @@ fn finish(sh: &Shared, key: Key, copy: usize, pending: &Pending, views: crate::i
         Some(_) => views.and_then(|views| sh.record(layer, expert, copy, &views, &mut verify_s, true)),
         None => Err(crate::StoreError::MissingExpert { layer, expert }),
     };
+    if let (Err(e), true) = (&result, copy > 0) {
+        // The demand read that waits for it reads the primary.
+        sh.note_bad_mirror(key, e);
+    }
     {
         let mut s = lock(&sh.stats);
         s.verify_s += verify_s;

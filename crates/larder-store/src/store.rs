@@ -116,6 +116,12 @@ pub(crate) struct Shared {
     pub(crate) reads: Mutex<crate::heat::Heat>,
     /// Bytes in flight per drive: which copy of a mirrored record to read.
     pub(crate) drives: DriveLoad,
+    /// Records whose mirror copy failed a read or its digest: read from
+    /// the primary from then on.
+    pub(crate) bad_mirrors: Mutex<HashSet<Key>>,
+    /// Problems that failed no read (a damaged mirror copy), for the caller
+    /// to report ([`ExpertStore::take_warnings`]).
+    pub(crate) warnings: Mutex<Vec<String>>,
 }
 
 pub struct ExpertStore {
@@ -178,6 +184,8 @@ impl ExpertStore {
                 prefetch_skipped: Mutex::new(HashMap::new()),
                 heat: Mutex::new(HashMap::new()),
                 reads: Mutex::new(HashMap::new()),
+                bad_mirrors: Mutex::new(HashSet::new()),
+                warnings: Mutex::new(Vec::new()),
             }),
             prefetcher: None,
         }
@@ -193,6 +201,12 @@ impl ExpertStore {
 
     pub fn cache(&self) -> &ExpertCache<ExpertRecord> {
         &self.shared.cache
+    }
+
+    /// Problems that failed no read since the last call (a damaged mirror
+    /// copy, read from the primary instead), each said once.
+    pub fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(&mut *lock(&self.shared.warnings))
     }
 
     pub fn stats(&self) -> StoreStats {
@@ -370,6 +384,7 @@ impl ExpertStore {
         for batch in chosen.chunks(16) {
             let (copies, jobs, mut tickets) = sh.plan_reads(batch.iter().copied());
             let mut failure = None;
+            let mut again = Vec::new();
             sh.backend.read(&jobs, &mut |job, result| {
                 tickets[job] = None;
                 let (l, e) = batch[job];
@@ -378,11 +393,24 @@ impl ExpertStore {
                         count += 1;
                         bytes += n;
                     }
+                    Err(err) if copies[job] > 0 => again.push((job, err)),
                     Err(err) => {
                         failure.get_or_insert(err);
                     }
                 }
             });
+            for (job, err) in again {
+                let (l, e) = batch[job];
+                match sh.read_primary(l, e, &err, &mut verify_s, true) {
+                    Ok((_, n)) => {
+                        count += 1;
+                        bytes += n;
+                    }
+                    Err(err) => {
+                        failure.get_or_insert(err);
+                    }
+                }
+            }
             if let Some(e) = failure {
                 return Err(e);
             }
@@ -396,13 +424,18 @@ impl ExpertStore {
     /// Reads one record on this thread: its read's record and payload bytes.
     fn read_one(&self, layer: usize, expert: usize, verify_s: &mut f64) -> Result<(Arc<ExpertRecord>, u64), StoreError> {
         let sh = &*self.shared;
-        let loc = sh.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
-        let (copy, ticket) = sh.drives.choose(loc);
+        let (copies, jobs, mut tickets) = sh.plan_reads(std::iter::once((layer, expert)));
+        if jobs[0].is_empty() {
+            return Err(StoreError::MissingExpert { layer, expert });
+        }
         let mut out = None;
-        sh.backend.read(&[loc.copy(copy)], &mut |_, r| out = Some(r));
-        drop(ticket);
-        let views = out.unwrap_or_else(|| Err(StoreError::Invalid("backend reported nothing".into())))?;
-        sh.record(layer, expert, copy, &views, verify_s, false)
+        sh.backend.read(&jobs, &mut |_, r| out = Some(r));
+        tickets[0] = None;
+        let views = out.unwrap_or_else(|| Err(StoreError::Invalid("backend reported nothing".into())));
+        match views.and_then(|views| sh.record(layer, expert, copies[0], &views, verify_s, false)) {
+            Err(e) if copies[0] > 0 => sh.read_primary(layer, expert, &e, verify_s, false),
+            outcome => outcome,
+        }
     }
 }
 
@@ -413,10 +446,15 @@ impl Shared {
     #[allow(clippy::type_complexity)]
     pub(crate) fn plan_reads(&self, keys: impl Iterator<Item = Key>) -> (Vec<usize>, Vec<&[Extent]>, Vec<Option<Ticket<'_>>>) {
         let (mut copies, mut jobs, mut tickets) = (Vec::new(), Vec::new(), Vec::new());
+        let bad = lock(&self.bad_mirrors);
         for (l, e) in keys {
             match self.index.get(l, e) {
                 Some(loc) => {
-                    let (c, t) = self.drives.choose(loc);
+                    let (c, t) = if bad.contains(&(l, e)) {
+                        self.drives.primary(loc)
+                    } else {
+                        self.drives.choose(loc)
+                    };
                     copies.push(c);
                     jobs.push(loc.copy(c));
                     tickets.push(Some(t));
@@ -429,6 +467,44 @@ impl Shared {
             }
         }
         (copies, jobs, tickets)
+    }
+
+    /// Reads the primary copy of a record whose mirror copy failed (`failed`:
+    /// its read or digest error), noting the damage once; the mirror copy
+    /// is not read again for it.
+    pub(crate) fn read_primary(
+        &self,
+        layer: usize,
+        expert: usize,
+        failed: &StoreError,
+        verify_s: &mut f64,
+        expected: bool,
+    ) -> Result<(Arc<ExpertRecord>, u64), StoreError> {
+        self.note_bad_mirror((layer, expert), failed);
+        let loc = self.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
+        let (_, ticket) = self.drives.primary(loc);
+        let mut out = None;
+        self.backend.read(&[loc.copy(0)], &mut |_, r| out = Some(r));
+        drop(ticket);
+        let views = out.unwrap_or_else(|| Err(StoreError::Invalid("backend reported nothing".into())))?;
+        self.record(layer, expert, 0, &views, verify_s, expected)
+    }
+
+    /// Remembers that `key`'s mirror copy failed, and says so once.
+    pub(crate) fn note_bad_mirror(&self, key: Key, failed: &StoreError) {
+        if !lock(&self.bad_mirrors).insert(key) {
+            return;
+        }
+        let what = match failed {
+            StoreError::Digest { path, .. } => format!("{}: digest mismatch", path.display()),
+            other => other.to_string(),
+        };
+        lock(&self.warnings).push(format!(
+            "layer {} expert {}: its mirror copy is damaged ({what}); read from the primary copy instead. \
+             `larder verify STORE` lists damaged copies; `larder mirror STORE --size SIZE` writes the copies anew \
+             (`--size 0` removes them)",
+            key.0, key.1
+        ));
     }
 
     /// Turns a read of copy `copy` into a record: component views, digest

@@ -32,6 +32,16 @@ pub fn ok_json(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("larder {args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)))
 }
 
+/// Runs larder expecting success; its stdout JSON document and its stderr.
+pub fn ok_with_stderr(args: &[&str]) -> (Value, String) {
+    let out = larder(args);
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(out.status.success(), "larder {args:?} failed: {err}");
+    let doc =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("larder {args:?}: {e}: {}", String::from_utf8_lossy(&out.stdout)));
+    (doc, err)
+}
+
 /// Runs larder expecting failure without a panic; returns stderr.
 pub fn fails(args: &[&str]) -> String {
     let out = larder(args);
