@@ -35,18 +35,40 @@ fn runs_leave_heat_and_warming_reads_the_hottest_within_the_budget() {
         args.extend_from_slice(extra);
         ok_json(&args)
     };
-    let first = run(&["--ram-budget", "64KiB"]);
+    // A cache that holds every expert the prompt uses and no prefetch: hit
+    // counts depend on nothing but the prompt and what was warmed.
+    let first = run(&["--ram-budget", "64MiB", "--prefetch", "0", "--stats"]);
     let heat: serde_json::Value = serde_json::from_slice(&std::fs::read(store.join("heat.json")).unwrap()).unwrap();
     assert_eq!(heat["larder_heat"], 1);
     let warm = ok_json(&["warm", s(&store), "--ram-budget", "64KiB", "--json"]);
     let (n, bytes) = (warm["experts"].as_u64().unwrap(), warm["bytes"].as_u64().unwrap());
     assert!(n >= 1 && bytes <= 64 * 1024, "{warm}");
-    let warmed = run(&["--ram-budget", "64KiB", "--warm", "--stats"]);
+    let warmed = run(&["--ram-budget", "64MiB", "--prefetch", "0", "--warm", "--stats"]);
     assert_eq!(first["ids"], warmed["ids"], "warming changed the output");
     let (cold, hot) = (&first["stats"], &warmed["stats"]);
-    assert!(hot["cache_hits"].as_u64() > cold["cache_hits"].as_u64(), "{cold} vs {hot}");
-    // A damaged heat file is ignored: nothing to warm, nothing fails.
+    // Cold, each expert's first demand misses; warmed, every expert used is already cached.
+    assert!(cold["cache_misses"].as_u64() > Some(0), "{cold}");
+    assert_eq!(hot["cache_misses"].as_u64(), Some(0), "{hot}");
+    assert_eq!(
+        hot["cache_hits"].as_u64().unwrap(),
+        cold["cache_hits"].as_u64().unwrap() + cold["cache_misses"].as_u64().unwrap()
+    );
+    // A damaged heat file is named (not "no heat yet"); --warm warns and the output is unchanged.
     std::fs::write(store.join("heat.json"), "{").unwrap();
-    assert!(fails(&["warm", s(&store)]).contains("no heat yet"));
-    assert_eq!(run(&["--ram-budget", "64KiB", "--warm"])["ids"], first["ids"]);
+    let e = fails(&["warm", s(&store)]);
+    assert!(e.contains("heat.json") && e.contains("damaged"), "{e}");
+    let (out, err) = common::ok_with_stderr(&[
+        "run",
+        "--model",
+        s(&store),
+        "--ids",
+        "1,200,31,7",
+        "--max-new",
+        "8",
+        "--ignore-eos",
+        "--json",
+        "--warm",
+    ]);
+    assert_eq!(out["ids"], first["ids"]);
+    assert!(err.contains("damaged"), "{err}");
 }

@@ -91,6 +91,23 @@ pub fn load_profile(dir: &Path) -> HeatProfile {
         .unwrap_or_default()
 }
 
+/// The heat saved in `dir`: `Ok(None)` when there is none yet, an error
+/// naming the file when it is there but damaged (commands that need heat
+/// say so rather than "no heat yet"; the next streamed run replaces it).
+pub fn read_saved(dir: &Path) -> Result<Option<HeatProfile>, String> {
+    let path = dir.join(HEAT_FILE);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => parse(&text).map(Some).map_err(|e| {
+            format!(
+                "{}: damaged ({e}); the next streamed run of the store replaces it, or remove it",
+                path.display()
+            )
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
+}
+
 /// The heat in the file at `path`, strictly: a file a user named must be
 /// readable heat, so an error names it and what is wrong.
 pub fn load_file(path: &Path) -> Result<HeatProfile, String> {
@@ -131,6 +148,18 @@ pub fn hottest(heat: &Heat) -> Vec<Key> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_damaged_heat_file_is_an_error_naming_it_not_no_heat() {
+        let dir = std::env::temp_dir().join(format!("larder-heat-damaged-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        assert_eq!(read_saved(&dir), Ok(None));
+        std::fs::write(dir.join(HEAT_FILE), b"{\"larder_heat\": 1, \"layers\": {\"0\": [[1, ").unwrap();
+        let e = read_saved(&dir).unwrap_err();
+        assert!(e.contains("heat.json") && e.contains("damaged"), "{e}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn saves_merge_and_damage_is_ignored() {

@@ -98,7 +98,9 @@ pub fn mirror_store(
     let manifest = super::about(Manifest::read(store), "cannot read the store", store)?;
     let profile = match heat {
         Some(f) => larder_store::heat::load_file(f).map_err(|e| anyhow::anyhow!("--heat {e}"))?,
-        None => larder_store::heat::load_profile(store),
+        None => larder_store::heat::read_saved(store)
+            .map_err(|e| anyhow::anyhow!("{e}"))?
+            .unwrap_or_default(),
     };
     let (heat, chosen_by) = match by {
         "demands" => (profile.demands, "demands"),

@@ -63,7 +63,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         // The heat --mirror-hot chooses by must be there before the work starts.
         let heat = match &args.heat {
             Some(f) => larder_store::heat::load_file(f).map_err(|e| anyhow::anyhow!("--heat {e}"))?,
-            None => larder_store::heat::load_profile(&args.out),
+            None => larder_store::heat::read_saved(&args.out)
+                .map_err(|e| anyhow::anyhow!("--mirror-hot: {e}"))?
+                .unwrap_or_default(),
         };
         if heat.demands.is_empty() && heat.reads.is_empty() {
             anyhow::bail!(

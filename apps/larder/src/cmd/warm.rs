@@ -27,7 +27,8 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     if !Manifest::is_store(&a.store) {
         bail!("{}: not a packed store (make one with `larder pack`)", a.store.display());
     }
-    if larder_store::heat::load(&a.store).is_empty() {
+    let saved = larder_store::heat::read_saved(&a.store).map_err(|e| anyhow::anyhow!("{e}"))?;
+    if saved.is_none_or(|h| h.demands.is_empty()) {
         bail!(
             "{}: no heat yet ({} is written when a streamed run ends); run the model once first",
             a.store.display(),
