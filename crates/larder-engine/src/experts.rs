@@ -201,6 +201,27 @@ impl StoreExperts {
     }
 }
 
+impl StoreExperts {
+    /// The checks a record's bytes must pass when the model builds its
+    /// expert, beyond its digest: each compressed-tensors `weight_shape`
+    /// equals the shape the config gives ([`check_weight_shape`]).
+    /// `parts` in index order.
+    pub(crate) fn check_parts(&self, layer: usize, parts: &[&[u8]]) -> Result<(), String> {
+        let Some(Some(layout)) = self.layouts.get(layer) else {
+            return Ok(());
+        };
+        let (h, i) = (self.width[layer], self.intermediate[layer]);
+        for (pr, (rows, cols)) in layout.iter().zip([(i, h), (i, h), (h, i)]) {
+            if let Some(s) = pr.shape {
+                let desc = &self.parts[layer][s];
+                let bytes = parts.get(s).ok_or_else(|| format!("{}: missing", desc.role))?;
+                check_weight_shape(&desc.dtype, bytes, rows, cols).map_err(|m| format!("{}: {m}", desc.role))?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl ExpertProvider for StoreExperts {
     fn with_experts(
         &self,

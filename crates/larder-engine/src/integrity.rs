@@ -132,15 +132,22 @@ fn check_spine_files(dir: &Path, spine: &[SpineFile], ckpt: &Checkpoint) -> Resu
 /// store loads as a model (config, every tensor the architecture needs,
 /// expert records matching the config). Problems are added to `bad`.
 pub fn verify(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport, EngineError> {
-    let mut report = larder_store::verify::verify_store(dir, progress).map_err(crate::experts::store_err)?;
-    if let Err(e) = check_loads(dir) {
+    let loaded = check_loads(dir);
+    let check = |layer: usize, _: usize, parts: &[&[u8]]| match &loaded {
+        Ok(experts) => experts.check_parts(layer, parts),
+        Err(_) => Ok(()),
+    };
+    let mut report = larder_store::verify::verify_store_with(dir, progress, &check).map_err(crate::experts::store_err)?;
+    if let Err(e) = loaded {
         report.bad.push(format!("the store does not load: {e}"));
     }
     Ok(report)
 }
 
-fn check_loads(dir: &Path) -> Result<(), EngineError> {
-    // Spine bytes were checked above; here only whether they load (headers, no bytes read).
+/// Loads the store as a model (headers only, no weight bytes read); its
+/// expert provider, whose checks every record must pass as well.
+fn check_loads(dir: &Path) -> Result<Arc<StoreExperts>, EngineError> {
+    // Spine bytes are checked by the store's verify; here only whether they load.
     let (manifest, index) = crate::experts::packed_index(dir)?;
     let spec = read_spec(dir)?;
     let ckpt = Checkpoint::open_unread(dir)?;
@@ -150,12 +157,13 @@ fn check_loads(dir: &Path) -> Result<(), EngineError> {
             index,
             StoreOptions {
                 prefetch_threads: 0,
+                ram_budget: 0,
                 ..StoreOptions::default()
             },
         )
         .map_err(crate::experts::store_err)?,
     );
     let provider = Arc::new(StoreExperts::new(store, &spec)?);
-    DecoderModel::load(spec, &ckpt, Some(provider))?;
-    Ok(())
+    DecoderModel::load(spec, &ckpt, Some(provider.clone()))?;
+    Ok(provider)
 }

@@ -128,3 +128,35 @@ fn pack_resumes_finished_layers() {
     let report = larder_store::verify::verify_store(&store, &mut |_| {}).unwrap();
     assert!(report.bad.is_empty());
 }
+
+#[test]
+fn an_int4_expert_whose_weight_shape_disagrees_with_the_config_fails_verify() {
+    // A checkpoint whose expert 1 of layer 1 says another gate shape: its
+    // store is exactly its source (digests match), but that expert cannot run.
+    let out = scratch_dir("store-errors-weight-shape");
+    let model = out.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in std::fs::read_dir(fixture("deepseek_v3_int4")).unwrap() {
+        let f = f.unwrap().path();
+        std::fs::copy(&f, model.join(f.file_name().unwrap())).unwrap();
+    }
+    let path = model.join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let at = header["model.layers.1.mlp.experts.1.gate_proj.weight_shape"]["data_offsets"][0]
+        .as_u64()
+        .unwrap() as usize;
+    bytes[8 + n + at] ^= 0x01;
+    std::fs::write(&path, bytes).unwrap();
+    let store = out.join("store");
+    pack_store(&model, &store, &[]);
+    let report = larder_engine::integrity::verify(&store, &mut |_| {}).unwrap();
+    assert_eq!(report.bad.len(), 1, "{:?}", report.bad);
+    assert!(
+        report.bad[0].contains("layer 1 expert 1") && report.bad[0].contains("weight_shape"),
+        "{:?}",
+        report.bad
+    );
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -41,6 +41,17 @@ pub struct VerifyReport {
 /// their mirrored copies' payload bytes).
 /// An unreadable or altered manifest is an error (nothing else can be trusted).
 pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport, StoreError> {
+    verify_store_with(dir, progress, &|_, _, _| Ok(()))
+}
+
+/// What a record's bytes must also satisfy to be usable, beyond its digest
+/// (the model's own checks, e.g. a compressed-tensors `weight_shape` that
+/// matches the config): `check(layer, expert, parts)` with the record's
+/// parts in index order; an error says what is wrong.
+pub type RecordCheck<'a> = &'a dyn Fn(usize, usize, &[&[u8]]) -> Result<(), String>;
+
+/// [`verify_store`], every record's parts also passed to `check`.
+pub fn verify_store_with(dir: &Path, progress: &mut dyn FnMut(u64), check: RecordCheck<'_>) -> Result<VerifyReport, StoreError> {
     let manifest = Manifest::read(dir)?;
     let t = Instant::now();
     let mut report = VerifyReport {
@@ -69,7 +80,7 @@ pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyR
         progress(s.size);
     }
     match manifest.index(dir) {
-        Ok(index) => check_records(&index, &mut report, progress)?,
+        Ok(index) => check_records(&index, &mut report, progress, check)?,
         Err(e) => report.bad.push(format!("layer files: {e}")),
     }
     report.seconds = t.elapsed().as_secs_f64();
@@ -77,7 +88,12 @@ pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyR
 }
 
 /// Re-reads every record and checks its bound digest.
-fn check_records(index: &crate::ExpertIndex, report: &mut VerifyReport, progress: &mut dyn FnMut(u64)) -> Result<(), StoreError> {
+fn check_records(
+    index: &crate::ExpertIndex,
+    report: &mut VerifyReport,
+    progress: &mut dyn FnMut(u64),
+    check: RecordCheck<'_>,
+) -> Result<(), StoreError> {
     let pool = open_checking(&index.files, 4)?;
     for (layer, experts) in index.layers.iter().enumerate() {
         // Every copy of every record: the primary (copy 0) and its mirrors.
@@ -101,13 +117,17 @@ fn check_records(index: &crate::ExpertIndex, report: &mut VerifyReport, progress
                 match result {
                     Err(err) => report.bad.push(format!("layer {layer} expert {e}: {err}")),
                     Ok(views) => {
-                        let got = Digest::of_parts_seeded(
-                            loc.digest_seed,
-                            loc.parts.iter().map(|p| {
-                                let v = &views[p.extent];
-                                &v.as_slice()[p.offset as usize..(p.offset + p.len) as usize]
-                            }),
-                        );
+                        let parts: Vec<&[u8]> = loc
+                            .parts
+                            .iter()
+                            .map(|p| &views[p.extent].as_slice()[p.offset as usize..(p.offset + p.len) as usize])
+                            .collect();
+                        let got = Digest::of_parts_seeded(loc.digest_seed, parts.iter().copied());
+                        if let (0, Err(m)) = (c, check(layer, e, &parts)) {
+                            report.bad.push(format!(
+                                "layer {layer} expert {e}: {m} (in {path}; the checkpoint it was packed from says so too: it cannot run)"
+                            ));
+                        }
                         if Some(got) != loc.digest {
                             let what = if c == 0 {
                                 ""
