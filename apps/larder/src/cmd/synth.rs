@@ -208,9 +208,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.out.display()
         );
     }
+    let bytes = spec.total_bytes().context("cannot plan the synthetic tensors")?;
+    let removed = larder_model::synth::remove_leftovers(&args.out)?;
+    if !removed.is_empty() {
+        tracing::info!(
+            "removed {} files an interrupted synth left in {}",
+            removed.len(),
+            args.out.display()
+        );
+    }
+    check_free_space(&args.out, bytes)?;
     let started = Instant::now();
     let total = spec.total_expert_bytes();
-    let bar = bar(spec.total_bytes().context("cannot plan the synthetic tensors")?, args.json);
+    let bar = bar(bytes, args.json);
     let files = write(&spec, &args.out, &mut |b| bar.inc(b)).with_context(|| format!("cannot write {}", args.out.display()))?;
     bar.finish_and_clear();
     let written: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
@@ -278,6 +288,28 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .collect();
         eprintln!("[larder]   router lookahead recall: {}", recall.join(", "));
         eprintln!("[larder]   LRU hit rate with 40% of the bank cached: {:.1}%", 100.0 * s.lru_hit_40);
+    }
+    Ok(())
+}
+
+/// Refuses before writing when the file system `out` is on has less free
+/// space than the checkpoint's `bytes` (plus its small files).
+fn check_free_space(out: &std::path::Path, bytes: u64) -> anyhow::Result<()> {
+    let Some(dir) = out.ancestors().find(|d| d.is_dir()) else {
+        return Ok(());
+    };
+    let Ok(space) = larder_store::drive::fs_space(dir) else {
+        return Ok(());
+    };
+    let need = bytes + (1 << 20);
+    if space.free < need {
+        anyhow::bail!(
+            "--out {}: the checkpoint needs {}, but only {} is free there; free space, choose another --out, or \
+             lower --experts-gib",
+            out.display(),
+            larder_store::format_size(need),
+            larder_store::format_size(space.free)
+        );
     }
     Ok(())
 }

@@ -49,7 +49,7 @@ mod write;
 use serde::Serialize;
 
 pub(crate) use write::unit;
-pub use write::write;
+pub use write::{remove_leftovers, write};
 
 /// The architectures [`SynthSpec::preset`] writes.
 pub const ARCHITECTURES: [&str; 4] = ["qwen3_moe", "deepseek_v3", "kimi_linear", "gpt_oss"];

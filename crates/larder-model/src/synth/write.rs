@@ -42,14 +42,21 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
     let shards = plan::shards(spec, out)?;
     let n = shards.len();
     let mut weight_map = serde_json::Map::new();
-    let mut files = Vec::new();
+    // Until config.json is written, a failure removes every file this run made.
+    let mut made = Made(Vec::new());
     for (s, tensors) in shards.iter().enumerate() {
         let name = format!("model-{:05}-of-{:05}.safetensors", s + 1, n);
-        let path = write_shard(spec, &out.join(&name), tensors, progress)?;
+        let path = out.join(&name);
+        made.0.push(path.clone());
+        made.0.push(larder_tensor::safetensors_write::partial_path(&path));
+        write_shard(spec, &path, tensors, progress)?;
         for tp in tensors {
             weight_map.insert(tp.name.clone(), serde_json::Value::String(name.clone()));
         }
-        files.push(path);
+    }
+    for name in ["model.safetensors.index.json", "generation_config.json", "config.json"] {
+        made.0.push(out.join(name));
+        made.0.push(out.join(format!("{name}.partial")));
     }
     let total: u64 = shards.iter().flatten().map(|t| t.bytes()).sum();
     let index = serde_json::json!({"metadata": {"total_size": total}, "weight_map": weight_map});
@@ -66,7 +73,51 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
         &serde_json::json!({"bos_token_id": 0, "eos_token_id": spec.vocab - 1}),
     )?;
     write_json("config.json", &spec.config())?;
+    let files = made
+        .0
+        .iter()
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .cloned()
+        .collect();
+    made.0.clear();
     Ok(files)
+}
+
+/// Files a synth run made (or was making); removed when dropped non-empty,
+/// so a failed run leaves no shard or `.partial` file behind.
+struct Made(Vec<PathBuf>);
+
+impl Drop for Made {
+    fn drop(&mut self) {
+        for p in &self.0 {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+/// Removes what an interrupted synth left in `out` (killed before it could
+/// clean up): `model-NNNNN-of-NNNNN.safetensors` shards and `.partial`
+/// files, only when `out` holds no config.json (no checkpoint). The names removed.
+pub fn remove_leftovers(out: &Path) -> Result<Vec<PathBuf>, ModelError> {
+    if out.join("config.json").exists() || !out.is_dir() {
+        return Ok(Vec::new());
+    }
+    let read = std::fs::read_dir(out).map_err(|e| ModelError::Io {
+        path: out.to_path_buf(),
+        source: e,
+    })?;
+    let mut removed = Vec::new();
+    for path in read.filter_map(|e| e.ok()).map(|e| e.path()) {
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let shard = name.strip_prefix("model-").and_then(|r| r.strip_suffix(".safetensors"));
+        let synth_shard = shard.is_some_and(|r| {
+            r.len() == 14 && r.as_bytes()[5..9] == *b"-of-" && r[..5].bytes().chain(r[9..].bytes()).all(|b| b.is_ascii_digit())
+        });
+        if (synth_shard || name.ends_with(".partial")) && path.is_file() && std::fs::remove_file(&path).is_ok() {
+            removed.push(path);
+        }
+    }
+    Ok(removed)
 }
 
 /// Writes one shard at `path` (via `path.partial`); returns `path`.
