@@ -266,16 +266,7 @@ impl LazyBackend {
         }
         let want = &self.sources[f];
         // A source that cannot be reached now may be later: not remembered.
-        let meta = self.remote.file_meta(&want.name).map_err(|e| {
-            if e.is_unreachable() {
-                StoreError::SourceUnavailable {
-                    message: e.to_string(),
-                    retry_after_s: 0,
-                }
-            } else {
-                StoreError::Invalid(e.to_string())
-            }
-        })?;
+        let meta = self.remote.file_meta(&want.name).map_err(|e| e.into_store())?;
         let same_sha = match (&meta.sha256, &want.sha256) {
             (Some(a), Some(b)) => a == b,
             _ => true,

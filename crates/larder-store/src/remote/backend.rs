@@ -41,16 +41,7 @@ impl RangeBackend {
             .names
             .get(x.file)
             .ok_or_else(|| StoreError::Invalid(format!("range backend: no file {}", x.file)))?;
-        let bytes = self.remote.read_range(name, x.offset, x.len).map_err(|e| {
-            if e.is_unreachable() {
-                StoreError::SourceUnavailable {
-                    message: e.to_string(),
-                    retry_after_s: 0,
-                }
-            } else {
-                StoreError::Invalid(e.to_string())
-            }
-        })?;
+        let bytes = self.remote.read_range(name, x.offset, x.len).map_err(|e| e.into_store())?;
         if bytes.len() as u64 != x.len {
             return Err(StoreError::Invalid(format!(
                 "{name}: {} bytes came for the {} at offset {} asked",
@@ -110,7 +101,9 @@ impl IoBackend for RangeBackend {
                             None => self.range(&jobs[j][k]),
                         };
                         if let Err(StoreError::SourceUnavailable { message, .. }) = &got {
-                            down.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert_with(|| message.clone());
+                            down.lock()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .get_or_insert_with(|| message.clone());
                         }
                         if tx.send((j, k, got)).is_err() {
                             return;

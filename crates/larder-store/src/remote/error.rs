@@ -82,6 +82,20 @@ impl RemoteError {
     pub fn is_unreachable(&self) -> bool {
         matches!(self, RemoteError::Transport { .. } | RemoteError::GaveUp { .. })
     }
+
+    /// As a store error: [`StoreError::SourceUnavailable`](crate::StoreError)
+    /// when the source is unreachable (the caller sets the retry time),
+    /// otherwise an error with this one's message.
+    pub(crate) fn into_store(self) -> crate::StoreError {
+        if self.is_unreachable() {
+            crate::StoreError::SourceUnavailable {
+                message: self.to_string(),
+                retry_after_s: 0,
+            }
+        } else {
+            crate::StoreError::Invalid(self.to_string())
+        }
+    }
 }
 
 /// Hint for a 401/403: hub repos that do not exist or are private answer
