@@ -8,12 +8,12 @@ use std::path::Path;
 use std::time::Duration;
 
 use crate::common::StreamOutcome;
-use crate::hub::{HubServer, Op, REPO};
 use larder_engine::lazy::LazyLoad;
 use larder_engine::Engine;
 use larder_store::lazy::{LazyOptions, SourceCheck};
 use larder_store::remote::{HubEnv, RemoteOptions, RetryPolicy};
 use larder_store::{IoKind, IoOptions, StoreOptions};
+use larder_testkit::hub::{HubServer, Op, REPO};
 
 pub const PROMPT: [u32; 8] = [3, 1, 4, 1, 5, 9, 2, 6];
 
