@@ -15,7 +15,7 @@
 //! row has live at the widest layer counted as if all were live at once); it
 //! sizes prefill, it is not an allocator.
 
-use crate::config::{FfnSpec, MixerSpec, ModelSpec};
+use crate::spec::{FfnSpec, MixerSpec, ModelSpec};
 
 /// Bytes of f32 activations one row holds during a pass, at the widest
 /// layer (an upper estimate; see the module docs).

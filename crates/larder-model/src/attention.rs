@@ -9,6 +9,8 @@
 //! position, in a fixed order: a prompt prefilled in one chunk and the same
 //! prompt fed token by token give bit-identical outputs.
 
+use std::ops::Range;
+
 use larder_tensor::ops::rms_norm_chunks_in_place;
 use larder_tensor::vector::{axpy, dot};
 use larder_tensor::{Linear, Mat};
@@ -19,7 +21,22 @@ use crate::kda::KdaMixer;
 use crate::kv_cache::KvLayer;
 use crate::mla::MlaAttention;
 use crate::rope::Rope;
+use crate::source::WeightView;
+use crate::spec::{LayerSpec, MixerSpec, ModelSpec};
 use crate::state::{LayerState, RecurrentLayer};
+
+/// One sequence's rows in a batch a mixer runs ([`Mixer::forward_rows`]):
+/// rows `rows` of the batch matrix, at positions `start..`, over its layer
+/// `state`.
+pub struct MixerRows<'a> {
+    pub rows: Range<usize>,
+    pub start: usize,
+    pub state: &'a mut LayerState,
+}
+
+fn state_mismatch() -> ModelError {
+    ModelError::State("its state does not match the layer's mixer (attention vs recurrent); make it with new_state()".into())
+}
 
 /// The token mixer of one layer.
 // One per layer, so the size difference between variants does not matter.
@@ -31,6 +48,15 @@ pub enum Mixer {
 }
 
 impl Mixer {
+    /// The mixer `layer` says, from its tensors under `attn` (`model.layers.{l}.self_attn`).
+    pub fn load(spec: &ModelSpec, layer: &LayerSpec, attn: &WeightView<'_>) -> Result<Mixer, ModelError> {
+        match &layer.mixer {
+            MixerSpec::Gqa => GqaAttention::load(spec, attn, layer.sliding_window).map(Mixer::Gqa),
+            MixerSpec::Mla(m) => MlaAttention::load(spec, m, attn).map(Mixer::Mla),
+            MixerSpec::Kda(k) => KdaMixer::load(attn, k, spec.hidden_size, spec.rms_norm_eps).map(Mixer::Kda),
+        }
+    }
+
     /// Mixes rows `x` (positions `start..start + x.rows()`) into the layer's
     /// `state` (which must hold exactly `start` positions): attention appends
     /// their keys and values, KDA updates its recurrent state (uncommitted
@@ -40,10 +66,34 @@ impl Mixer {
             (Mixer::Gqa(a), LayerState::Kv(cache)) => Ok(a.forward(x, start, rope, cache)),
             (Mixer::Mla(a), LayerState::Kv(cache)) => Ok(a.forward(x, start, rope, cache)),
             (Mixer::Kda(k), LayerState::Recurrent(r)) => Ok(k.forward(x, r)),
-            _ => Err(ModelError::State(
-                "its state does not match the layer's mixer (attention vs recurrent); make it with new_state()".into(),
-            )),
+            _ => Err(state_mismatch()),
         }
+    }
+
+    /// Mixes the rows of several sequences at once, as [`forward`](Self::forward)
+    /// does each alone, bit for bit: GQA projects every row in one matrix
+    /// product (batch-invariant kernels: a row's result never depends on the
+    /// others) and attends per row; MLA and KDA run each sequence's rows on
+    /// their own. An error names the part at fault (its index in `parts`).
+    pub fn forward_rows(&self, x: &Mat, parts: &mut [MixerRows<'_>], rope: &Rope) -> Result<Mat, (usize, ModelError)> {
+        if let Mixer::Gqa(a) = self {
+            let mut caches = Vec::with_capacity(parts.len());
+            for (i, p) in parts.iter_mut().enumerate() {
+                match &mut *p.state {
+                    LayerState::Kv(cache) => caches.push((p.rows.clone(), p.start, cache)),
+                    _ => return Err((i, state_mismatch())),
+                }
+            }
+            return Ok(a.forward_rows(x, &mut caches, rope));
+        }
+        let c = x.cols();
+        let mut out = Mat::zeros(x.rows(), c);
+        for (i, p) in parts.iter_mut().enumerate() {
+            let rows = Mat::from_vec(p.rows.len(), c, x.as_slice()[p.rows.start * c..p.rows.end * c].to_vec());
+            let y = self.forward(&rows, p.start, rope, p.state).map_err(|e| (i, e))?;
+            out.as_mut_slice()[p.rows.start * c..p.rows.end * c].copy_from_slice(y.as_slice());
+        }
+        Ok(out)
     }
 
     /// Whether `state` is this mixer's kind of state, with its widths.
@@ -97,8 +147,44 @@ pub struct GqaAttention {
 }
 
 impl GqaAttention {
-    /// See [`Attention::forward`].
+    /// The q/k/v/o projections under `attn` (biases as `spec` says), the
+    /// per-head q/k norms (Qwen3) and sinks (gpt-oss) when it has them.
+    pub fn load(spec: &ModelSpec, attn: &WeightView<'_>, sliding_window: Option<usize>) -> Result<Self, ModelError> {
+        let (h, hd) = (spec.hidden_size, spec.head_dim);
+        let (nq, nkv) = (spec.num_heads * hd, spec.num_kv_heads * hd);
+        let qk_norm = match spec.qk_norm {
+            true => Some((attn.vector("q_norm.weight", hd)?, attn.vector("k_norm.weight", hd)?)),
+            false => None,
+        };
+        Ok(GqaAttention {
+            q_proj: attn.biased_linear("q_proj", nq, h, spec.qkv_bias)?,
+            k_proj: attn.biased_linear("k_proj", nkv, h, spec.qkv_bias)?,
+            v_proj: attn.biased_linear("v_proj", nkv, h, spec.qkv_bias)?,
+            o_proj: attn.biased_linear("o_proj", h, nq, spec.o_bias)?,
+            qk_norm,
+            num_heads: spec.num_heads,
+            num_kv_heads: spec.num_kv_heads,
+            head_dim: hd,
+            rms_norm_eps: spec.rms_norm_eps,
+            sliding_window,
+            sinks: match spec.attention_sinks {
+                true => Some(attn.vector("sinks", spec.num_heads)?),
+                false => None,
+            },
+        })
+    }
+
+    /// See [`Mixer::forward`].
     pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
+        self.forward_rows(x, &mut [(0..x.rows(), start, cache)], rope)
+    }
+
+    /// See [`Mixer::forward_rows`]: `parts` are each sequence's rows of `x`,
+    /// their first position and its cache. The q/k/v and output projections
+    /// run once over every row (one matrix product: each weight read once
+    /// for all sequences, each row's result as alone), then each row attends
+    /// over its own sequence's cache.
+    pub fn forward_rows(&self, x: &Mat, parts: &mut [(Range<usize>, usize, &mut KvLayer)], rope: &Rope) -> Mat {
         let hd = self.head_dim;
         let mut q = self.q_proj.forward(x);
         let mut k = self.k_proj.forward(x);
@@ -107,29 +193,37 @@ impl GqaAttention {
             rms_norm_chunks_in_place(q.as_mut_slice(), hd, qn, self.rms_norm_eps);
             rms_norm_chunks_in_place(k.as_mut_slice(), hd, kn, self.rms_norm_eps);
         }
-        debug_assert_eq!(cache.len(), start);
-        for r in 0..x.rows() {
-            let (cos, sin) = rope.cos_sin(start + r);
-            for head in q.row_mut(r).chunks_exact_mut(hd) {
-                Rope::apply(head, &cos, &sin);
+        for (rows, start, cache) in parts.iter_mut() {
+            debug_assert_eq!(cache.len(), *start);
+            for r in rows.clone() {
+                let (cos, sin) = rope.cos_sin(*start + r - rows.start);
+                for head in q.row_mut(r).chunks_exact_mut(hd) {
+                    Rope::apply(head, &cos, &sin);
+                }
+                for head in k.row_mut(r).chunks_exact_mut(hd) {
+                    Rope::apply(head, &cos, &sin);
+                }
+                cache.push(k.row(r), v.row(r));
             }
-            for head in k.row_mut(r).chunks_exact_mut(hd) {
-                Rope::apply(head, &cos, &sin);
-            }
-            cache.push(k.row(r), v.row(r));
         }
-
+        // Each row's cache and position, now that the caches hold every row.
+        let mut row_of: Vec<Option<(&KvLayer, usize)>> = vec![None; x.rows()];
+        for (rows, start, cache) in parts.iter() {
+            for r in rows.clone() {
+                row_of[r] = Some((&**cache, *start + r - rows.start));
+            }
+        }
         let scale = 1.0 / (hd as f32).sqrt();
         let group = self.num_heads / self.num_kv_heads;
         let mut out = Mat::zeros(x.rows(), self.num_heads * hd);
-        // Rows are independent once the cache holds them: one task per row
-        // (each row's sums in the same order whatever the threads).
-        let cache = &*cache;
+        // Rows are independent once the caches hold them: one task per row,
+        // whichever sequence it belongs to (each row's sums in the same
+        // order whatever the threads).
         out.as_mut_slice()
             .par_chunks_mut(self.num_heads * hd)
             .enumerate()
             .for_each_init(Vec::new, |scores, (r, out_row)| {
-                let pos = start + r;
+                let Some((cache, pos)) = row_of[r] else { return };
                 let first = match self.sliding_window {
                     Some(w) => (pos + 1).saturating_sub(w),
                     None => 0,

@@ -26,7 +26,7 @@ use larder_tensor::ops::softmax_in_place;
 use larder_tensor::Mat;
 
 use crate::error::ModelError;
-use crate::source::WeightSource;
+use crate::source::WeightView;
 
 /// `Inkling2UnweightedRMSNorm`'s eps (its default; not `rms_norm_eps`).
 pub const UNWEIGHTED_NORM_EPS: f32 = 1e-6;
@@ -40,10 +40,10 @@ pub struct DepthAttention {
 }
 
 impl DepthAttention {
-    /// Loads the `[hidden]` query `name` (any shipped float dtype, widened
-    /// to f32); a missing tensor is an error naming it.
-    pub fn load(weights: &dyn WeightSource, name: &str, hidden: usize) -> Result<Self, ModelError> {
-        Ok(Self::new(weights.vector(name, hidden)?))
+    /// Loads the `[hidden]` `query` under `module` (`*_input`; any shipped
+    /// float dtype, widened to f32); a missing tensor is an error naming it.
+    pub fn load(module: &WeightView<'_>, hidden: usize) -> Result<Self, ModelError> {
+        Ok(Self::new(module.vector("query", hidden)?))
     }
 
     pub fn new(query: Vec<f32>) -> Self {
@@ -100,16 +100,16 @@ pub struct LayerAttnRes {
 }
 
 impl LayerAttnRes {
-    /// Layer `layer`'s queries under `prefix` (`model.layers.{layer}`), with
+    /// Layer `layer`'s queries under `weights` (`model.layers.{layer}`), with
     /// `block` layers per block.
-    pub fn load(weights: &dyn WeightSource, prefix: &str, layer: usize, block: usize, hidden: usize) -> Result<Self, ModelError> {
+    pub fn load(weights: &WeightView<'_>, layer: usize, block: usize, hidden: usize) -> Result<Self, ModelError> {
         let attention_input = match layer {
             0 => None,
-            _ => Some(DepthAttention::load(weights, &format!("{prefix}.attention_input.query"), hidden)?),
+            _ => Some(DepthAttention::load(&weights.pp("attention_input"), hidden)?),
         };
         Ok(LayerAttnRes {
             attention_input,
-            mlp_input: DepthAttention::load(weights, &format!("{prefix}.mlp_input.query"), hidden)?,
+            mlp_input: DepthAttention::load(&weights.pp("mlp_input"), hidden)?,
             block_boundary: layer.is_multiple_of(block),
         })
     }

@@ -29,9 +29,9 @@ use larder_tensor::{WeightDType, WeightMatrix};
 use safetensors::tensor::Dtype;
 
 use crate::assemble::{self, PartKind, PartMeta};
-use crate::config::ModelSpec;
 use crate::error::ModelError;
 use crate::quant::{CompressedTensors, ModuleRule};
+use crate::spec::ModelSpec;
 
 /// Where one tensor lives.
 #[derive(Debug, Clone)]

@@ -1,288 +1,24 @@
-//! The architecture-independent description of a decoder model, and the
-//! helpers each architecture uses to read its `config.json` with errors that
-//! name the field.
+//! Reading a checkpoint's `config.json`: [`ConfigJson`], whose accessors
+//! check each value and name the field in every error; the bounds a field
+//! may hold ([`MAX_CONFIG_INT`] and the limits after it); and the one
+//! config-key policy every architecture follows ([`ConfigKeys`],
+//! [`ConfigJson::check_keys`]): each key is read by the architecture,
+//! bookkeeping ([`BOOKKEEPING_KEYS`]), or refused naming it.
+//!
+//! What an architecture reads a config into, [`ModelSpec`] and the specs it
+//! holds, is [`crate::spec`]'s; re-exported here for the paths other crates
+//! use (`larder_model::config::ModelSpec`).
 
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
 use crate::error::ModelError;
-use crate::rope::RopeSpec;
 
-/// Everything the shared decoder needs to build and run a model.
-#[derive(Debug, Clone)]
-pub struct ModelSpec {
-    /// `model_type` from config.json.
-    pub model_type: String,
-    pub hidden_size: usize,
-    pub vocab_size: usize,
-    pub num_heads: usize,
-    pub num_kv_heads: usize,
-    pub head_dim: usize,
-    pub rms_norm_eps: f32,
-    pub max_position_embeddings: usize,
-    pub rope: RopeSpec,
-    pub tie_word_embeddings: bool,
-    /// q/k/v projections carry biases.
-    pub qkv_bias: bool,
-    /// o projection carries a bias.
-    pub o_bias: bool,
-    /// Per-head RMSNorm of q and k before RoPE (Qwen3).
-    pub qk_norm: bool,
-    pub layers: Vec<LayerSpec>,
-    /// Tensor naming of the MoE block.
-    pub moe_names: MoeNames,
-    /// fp8 checkpoints (`quantization_config.quant_method: fp8`): the
-    /// `weight_block_size` of their `*.weight_scale_inv` scales.
-    pub fp8_block: Option<(usize, usize)>,
-    /// compressed-tensors checkpoints (`quantization_config.quant_method:
-    /// compressed-tensors`): which linear modules ship 4-bit packed, and how.
-    pub compressed: Option<crate::quant::CompressedTensors>,
-    /// gpt-oss checkpoints (`quantization_config.quant_method: mxfp4`):
-    /// which layers' fused experts ship MXFP4 (`*_blocks` + `*_scales`).
-    pub mxfp4_experts: Option<crate::quant::Mxfp4Experts>,
-    /// Block attention residuals (Kimi Linear's K3 extension
-    /// `n_layers_per_attn_res_block`, `attn_residual.rs`): the number of
-    /// layers per block; `None` (every other architecture) for plain residuals.
-    pub attn_res_block: Option<usize>,
-    /// Per-head learned attention sinks (gpt-oss, `self_attn.sinks`
-    /// `[num_heads]`): one extra logit per head in every softmax denominator.
-    pub attention_sinks: bool,
-    /// What MLA layers cache per position (not read from config.json: a
-    /// choice of the caller, [`MlaCache::Compact`] unless set before
-    /// [`DecoderModel::load`](crate::DecoderModel::load)).
-    pub mla_cache: MlaCache,
-}
-
-/// What an MLA layer keeps per cached position.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum MlaCache {
-    /// The RMS-normed latent (`kv_lora_rank` floats) and the shared rope key
-    /// (`qk_rope_head_dim`, post-RoPE): `kv_b_proj` is absorbed into the
-    /// queries and the output (DeepSeek's `attn_impl="absorb"`).
-    #[default]
-    Compact,
-    /// Every head's key (`nope + rope`) and value (`v_head_dim`), as
-    /// transformers computes them (for comparison).
-    Expanded,
-}
-
-impl MlaCache {
-    /// Floats per position of one MLA layer: (key, value).
-    pub fn dims(self, m: &MlaSpec, num_heads: usize) -> (usize, usize) {
-        match self {
-            MlaCache::Compact => (m.kv_lora_rank + m.qk_rope_head_dim, 0),
-            MlaCache::Expanded => (num_heads * (m.qk_nope_head_dim + m.qk_rope_head_dim), num_heads * m.v_head_dim),
-        }
-    }
-}
-
-impl ModelSpec {
-    /// KV-cache bytes each further position adds, summed over the layers,
-    /// with MLA layers caching as `mla_cache` says (f32 keys and values;
-    /// recurrent layers add none). Equals
-    /// [`DecoderModel::kv_bytes_per_token`](crate::DecoderModel::kv_bytes_per_token)
-    /// of a model loaded with that choice.
-    pub fn kv_bytes_per_token(&self, mla_cache: MlaCache) -> usize {
-        let floats: usize = self
-            .layers
-            .iter()
-            .map(|l| match &l.mixer {
-                MixerSpec::Gqa => 2 * self.num_kv_heads * self.head_dim,
-                MixerSpec::Mla(m) => {
-                    let (k, v) = mla_cache.dims(m, self.num_heads);
-                    k + v
-                }
-                MixerSpec::Kda(_) => 0,
-            })
-            .sum();
-        floats * 4
-    }
-}
-
-/// The token mixer of one layer (what it computes and the state it keeps).
-#[derive(Debug, Clone, PartialEq)]
-pub enum MixerSpec {
-    /// q/k/v/o projections, `num_kv_heads` shared key/value heads of
-    /// `head_dim` (the [`ModelSpec`]'s attention fields); keys and values cached.
-    Gqa,
-    /// Multi-head latent attention (DeepSeek-V2/V3, Kimi-K2, Kimi Linear's
-    /// full-attention layers); keys and values cached.
-    Mla(MlaSpec),
-    /// Kimi Delta Attention (Kimi Linear's linear-attention layers): a
-    /// fixed-size recurrent state per sequence.
-    Kda(KdaSpec),
-}
-
-/// Multi-head latent attention dimensions.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MlaSpec {
-    /// Low-rank query (`q_a_proj`, `q_a_layernorm`, `q_b_proj`); `None`: one `q_proj`.
-    pub q_lora_rank: Option<usize>,
-    pub kv_lora_rank: usize,
-    pub qk_nope_head_dim: usize,
-    pub qk_rope_head_dim: usize,
-    pub v_head_dim: usize,
-    /// RoPE on interleaved pairs (DeepSeek's layout).
-    pub rope_interleave: bool,
-    /// Softmax scale: `qk_head_dim^-0.5`, times YaRN's `mscale(factor, mscale_all_dim)^2`.
-    pub softmax_scale: f32,
-    /// RoPE on the rope parts of q and k; `false`: they enter the dot product
-    /// unrotated (Kimi Linear, `mla_use_nope`).
-    pub rotary: bool,
-    /// Epsilon of the latent RMSNorms (`q_a_layernorm`, `kv_a_layernorm`).
-    pub latent_norm_eps: f32,
-    /// A head-wise output gate (K3 extension, transformers 5.24.0
-    /// bailing_hybrid's MLA): each head's attention output times
-    /// `sigmoid(g_proj x)[head]` before `o_proj`, `g_proj` `[heads, hidden]`.
-    pub output_gate: bool,
-}
-
-/// Kimi Delta Attention dimensions (`linear_attn_config`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct KdaSpec {
-    /// Heads H (`num_heads`).
-    pub num_heads: usize,
-    /// Key = value dim D per head (`head_dim`), also the rank of `f_a`/`g_a`.
-    pub head_dim: usize,
-    /// Taps K of the causal depthwise convolutions (`short_conv_kernel_size`).
-    pub conv_kernel: usize,
-    /// The lower-bounded forget gate's bound (K3 extension, transformers
-    /// 5.24.0 glm5_next's `gate_lower_bound`): `g = bound ·
-    /// sigmoid(exp(A_log) · u)`; `None`: kimi_linear's `-exp(A_log) · softplus(u)`.
-    pub gate_lower_bound: Option<f32>,
-    /// How the output norm's gate is projected from the layer input.
-    pub output_gate: KdaOutputGate,
-}
-
-/// The projection of a KDA layer's output-norm gate.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum KdaOutputGate {
-    /// Kimi Linear's low rank: `g_b_proj(g_a_proj x)`, `[H·D, D]·[D, hidden]`.
-    LowRank,
-    /// One full-rank `g_proj` `[H·D, hidden]` (K3 extension, transformers
-    /// 5.24.0 bailing_hybrid's `BailingHybridDeltaAttention.g_proj`).
-    FullRank,
-}
-
-/// One decoder layer.
-#[derive(Debug, Clone, PartialEq)]
-pub struct LayerSpec {
-    /// The token mixer (attention or linear attention).
-    pub mixer: MixerSpec,
-    /// Attention layers: attend only to the last `n` positions (None: full causal attention).
-    pub sliding_window: Option<usize>,
-    pub ffn: FfnSpec,
-}
-
-/// The feed-forward part of a layer.
-#[derive(Debug, Clone, PartialEq)]
-pub enum FfnSpec {
-    /// A SwiGLU MLP with this intermediate size.
-    Dense { intermediate: usize },
-    /// A routed mixture of SwiGLU experts.
-    Moe(MoeSpec),
-}
-
-/// A routed MoE block.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MoeSpec {
-    pub num_experts: usize,
-    pub top_k: usize,
-    /// Renormalise the top-k weights to sum to one.
-    pub renormalize: bool,
-    pub expert_intermediate: usize,
-    /// Latent-space experts (Kimi Linear K3, NemotronH's `moe_latent_size`):
-    /// the routed experts' input and output width. The router and the shared
-    /// expert still see the full hidden state; the chosen rows go through
-    /// `{block}.fc1_latent_proj` (`[latent, hidden]`), the experts' weighted
-    /// sum through `{block}.fc2_latent_proj` (`[hidden, latent]`). `None`:
-    /// experts are `hidden_size` wide.
-    pub latent: Option<usize>,
-    /// An always-applied shared expert.
-    pub shared_expert: Option<SharedExpertSpec>,
-    /// How router logits become expert choices and weights.
-    pub scoring: Scoring,
-    /// How the routed experts are stored and what they compute.
-    pub experts: ExpertKind,
-}
-
-/// The routed experts' tensors and computation.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub enum ExpertKind {
-    /// One gate, up and down tensor per expert
-    /// (`{block}.experts.{e}.{expert_proj}.weight`), no biases, `silu(gate) * up`.
-    Swiglu,
-    /// gpt-oss: per MoE layer fused `{block}.experts.gate_up_proj` `[E, H, 2I]`
-    /// (input-major, output columns interleaved gate/up), `gate_up_proj_bias`
-    /// `[E, 2I]`, `down_proj` `[E, I, H]`, `down_proj_bias` `[E, H]`; expert
-    /// `e` is slice `[e]` of each; the clamped activation
-    /// ([`GluActivation::GptOss`](larder_tensor::expert::GluActivation)).
-    GptOss { alpha: f32, limit: f32 },
-}
-
-impl MoeSpec {
-    /// The routed experts' input and output width: the latent size, else `hidden`.
-    pub fn expert_width(&self, hidden: usize) -> usize {
-        self.latent.unwrap_or(hidden)
-    }
-}
-
-/// The routing function of a MoE block.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Scoring {
-    /// Softmax over all experts, top-k (`renormalize`: `norm_topk_prob`).
-    Softmax,
-    /// DeepSeek-V3: sigmoid, selection-only correction bias
-    /// (`{router}.e_score_correction_bias`), group-limited top-k, scaled weights.
-    SigmoidGroups { n_group: usize, topk_group: usize, scaling: f32 },
-    /// gpt-oss: the router has a bias (`{router}.bias`); top-k over the
-    /// biased logits, softmax over the k chosen.
-    TopKSoftmax,
-}
-
-/// The shared expert of a MoE block.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SharedExpertSpec {
-    pub intermediate: usize,
-    /// Scaled by `sigmoid(shared_expert_gate(x))` (Qwen2-MoE).
-    pub sigmoid_gate: bool,
-}
-
-/// How an architecture names its MoE tensors, relative to `model.layers.{L}.`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MoeNames {
-    /// The block's module name (`mlp`, `block_sparse_moe`).
-    pub block: &'static str,
-    /// Router weight module under the block (`gate`).
-    pub router: &'static str,
-    /// Per-expert projection names: gate, up, down.
-    pub expert_proj: [&'static str; 3],
-    /// Shared expert module under the block (`shared_expert`).
-    pub shared_expert: &'static str,
-    /// Shared expert gate module under the block (`shared_expert_gate`).
-    pub shared_expert_gate: &'static str,
-}
-
-impl MoeNames {
-    /// The Qwen / DeepSeek naming (`mlp.experts.E.gate_proj`).
-    pub const QWEN: MoeNames = MoeNames {
-        block: "mlp",
-        router: "gate",
-        expert_proj: ["gate_proj", "up_proj", "down_proj"],
-        shared_expert: "shared_expert",
-        shared_expert_gate: "shared_expert_gate",
-    };
-
-    /// DeepSeek-V3 / Kimi-K2 (`mlp.shared_experts`, ungated).
-    pub const DEEPSEEK: MoeNames = MoeNames {
-        block: "mlp",
-        router: "gate",
-        expert_proj: ["gate_proj", "up_proj", "down_proj"],
-        shared_expert: "shared_experts",
-        shared_expert_gate: "shared_expert_gate",
-    };
-}
+pub use crate::spec::{
+    ExpertKind, FfnSpec, KdaOutputGate, KdaSpec, LayerSpec, MixerSpec, MlaCache, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring,
+    SharedExpertSpec,
+};
 
 /// The largest integer any config.json field may hold: far above every real
 /// size, count or id, and small enough that products of a few never overflow
@@ -309,6 +45,116 @@ pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 48;
 /// query's scratch rows) are sized by it without a tensor to check it
 /// against (Kimi Linear's unused RoPE table).
 pub const MAX_HEAD_DIM: usize = 1 << 16;
+
+/// Keys any config.json may carry, with any value, because nothing larder or
+/// transformers computes for these architectures reads them: Hugging Face
+/// bookkeeping, generation defaults, switches of transformers' `forward`
+/// outputs and task heads, training-only settings, and larder's own
+/// provenance records (`larder_synth`, `larder_upcycle`). Every other key
+/// must be one an architecture reads ([`ConfigKeys`]).
+pub const BOOKKEEPING_KEYS: &[&str] = &[
+    // Hugging Face bookkeeping
+    "architectures",
+    "auto_map",
+    "_name_or_path",
+    "transformers_version",
+    "dtype",
+    "torch_dtype",
+    "tokenizer_class",
+    "transformers.js_config",
+    // generation defaults
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "use_cache",
+    // transformers' forward outputs and task heads
+    "output_attentions",
+    "output_hidden_states",
+    "output_router_logits",
+    "return_dict",
+    "chunk_size_feed_forward",
+    "is_encoder_decoder",
+    "id2label",
+    "label2id",
+    "problem_type",
+    // transformers' PretrainedConfig attributes every config may carry
+    // (serialization, task heads, generate() defaults): none changes logits
+    "use_return_dict",
+    "torchscript",
+    "tie_encoder_decoder",
+    "is_decoder",
+    "add_cross_attention",
+    "cross_attention_hidden_size",
+    "pruned_heads",
+    "finetuning_task",
+    "prefix",
+    "task_specific_params",
+    "tf_legacy_loss",
+    "use_bfloat16",
+    "sep_token_id",
+    "decoder_start_token_id",
+    "max_length",
+    "min_length",
+    "do_sample",
+    "early_stopping",
+    "num_beams",
+    "num_beam_groups",
+    "diversity_penalty",
+    "temperature",
+    "top_k",
+    "top_p",
+    "typical_p",
+    "repetition_penalty",
+    "length_penalty",
+    "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size",
+    "bad_words_ids",
+    "num_return_sequences",
+    "output_scores",
+    "return_dict_in_generate",
+    "forced_bos_token_id",
+    "forced_eos_token_id",
+    "remove_invalid_values",
+    "exponential_decay_length_penalty",
+    "suppress_tokens",
+    "begin_suppress_tokens",
+    "_attn_implementation",
+    "_attn_implementation_autoset",
+    "_commit_hash",
+    // training only
+    "initializer_range",
+    "attention_dropout",
+    "router_aux_loss_coef",
+    "pretraining_tp",
+    // larder's own records
+    "larder_synth",
+    "larder_upcycle",
+];
+
+/// The config.json keys one architecture accepts besides [`BOOKKEEPING_KEYS`]
+/// (checked by [`ConfigJson::check_keys`] before its reader runs).
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct ConfigKeys {
+    /// The section of docs/architectures.md that lists the keys (named in refusals).
+    pub docs: &'static str,
+    /// Keys the architecture's reader reads, each value checked where it is
+    /// read: its own fields, transformers' aliases and derived fields
+    /// (accepted only with the value transformers derives), and fields known
+    /// to have no effect on this architecture's logits. Several lists, so
+    /// architectures share the fields their common reader reads.
+    pub read: &'static [&'static [&'static str]],
+    /// Keys of features larder knows of and does not implement, with what
+    /// each is: refused naming the feature, unless null (the feature off).
+    pub refused: &'static [(&'static str, &'static str)],
+}
+
+impl ConfigKeys {
+    /// Whether the architecture reads `key` (or `key` is bookkeeping).
+    pub fn accepts(&self, key: &str) -> bool {
+        BOOKKEEPING_KEYS.contains(&key) || self.read.iter().any(|list| list.contains(&key))
+    }
+}
 
 /// A parsed config.json with the path kept for error messages.
 pub struct ConfigJson {
@@ -339,6 +185,41 @@ impl ConfigJson {
 
     pub fn err(&self, field: &str, message: impl Into<String>) -> ModelError {
         ModelError::config(&self.path, field, message)
+    }
+
+    /// The one config-key policy: every top-level key of config.json is read
+    /// by architecture `arch` or is bookkeeping (`keys`); a key of a feature
+    /// larder does not implement is refused naming the feature, any other
+    /// key (even null) as a field larder does not implement. A field that
+    /// may change the computation is never ignored.
+    pub fn check_keys(&self, arch: &str, keys: &ConfigKeys) -> Result<(), ModelError> {
+        for (key, value) in self.value.as_object().into_iter().flatten() {
+            if let Some((_, feature)) = keys.refused.iter().find(|(name, _)| name == key) {
+                if value.is_null() {
+                    continue;
+                }
+                return Err(self.err(
+                    key,
+                    format!("is {feature} larder does not implement; see docs/architectures.md ({})", keys.docs),
+                ));
+            }
+            if !keys.accepts(key) {
+                return Err(self.unknown_key(key, arch, keys.docs));
+            }
+        }
+        Ok(())
+    }
+
+    /// The refusal of `field`, a key architecture `arch` does not read
+    /// (nested keys spelled `parent.key`).
+    pub fn unknown_key(&self, field: &str, arch: &str, docs: &str) -> ModelError {
+        self.err(
+            field,
+            format!(
+                "is not a {arch} field larder implements (a field larder cannot interpret may change the computation, so \
+                 it is refused rather than ignored); see docs/architectures.md ({docs})"
+            ),
+        )
     }
 
     fn get(&self, field: &str) -> Option<&Value> {
@@ -464,6 +345,28 @@ impl ConfigJson {
             return Err(self.err("head_dim", format!("{head_dim} must be positive and even (RoPE rotates pairs)")));
         }
         Ok((hidden, heads, kv_heads, head_dim))
+    }
+
+    /// MLA's `num_key_value_heads`: absent or equal to `heads`
+    /// (`num_attention_heads`), since every head has its own key and value.
+    pub fn equal_heads(&self, heads: usize) -> Result<(), ModelError> {
+        let kv_heads = self.opt_usize("num_key_value_heads")?.unwrap_or(heads);
+        if kv_heads != heads {
+            return Err(self.err(
+                "num_key_value_heads",
+                format!("{kv_heads} must equal num_attention_heads ({heads}): MLA has one key and value per head"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// A field transformers derives from others (`qk_head_dim`): accepted
+    /// only with the value `want` it derives (`from` says how).
+    pub fn derived(&self, name: &str, want: usize, from: &str) -> Result<(), ModelError> {
+        match self.opt_usize(name)? {
+            Some(v) if v != want => Err(self.err(name, format!("{v} is not supported (must equal {from}, {want})"))),
+            _ => Ok(()),
+        }
     }
 
     /// `rms_norm_eps` (default 1e-6), validated.

@@ -6,7 +6,8 @@
 //! states.
 //!
 //! Architectures differ only in their [`ModelSpec`] (and tensor names); this
-//! file builds and runs all of them.
+//! file loads the spine (embeddings, final norm, LM head), stacks the layers
+//! [`crate::layer`] loads, and runs all of them.
 //!
 //! Every pass checks the residual stream after the embeddings and after each
 //! layer, and the logits, for NaN and infinities: the first place they appear
@@ -14,42 +15,21 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
-use larder_router::{Route, Router, SigmoidGroupTopK, SoftmaxTopK, TopKSoftmax};
+use larder_router::Route;
 use larder_tensor::ops::rms_norm;
 use larder_tensor::{Linear, Mat, WeightMatrix};
 
-use crate::attention::{GqaAttention, Mixer};
-use crate::attn_residual::{DepthAttention, LayerAttnRes};
-use crate::config::{ExpertKind, FfnSpec, LayerSpec, MixerSpec, MlaCache, MlaSpec, ModelSpec, Scoring};
+use crate::attention::MixerRows;
+use crate::attn_residual::DepthAttention;
 use crate::error::{ModelError, Stage};
-use crate::expert::{expert_tensors, ExpertProvider, ExpertTensor, InMemoryExperts};
-use crate::kda::KdaMixer;
-use crate::mla::{MlaAttention, QueryProj};
-use crate::mlp::{load_mlp, Mlp};
-use crate::moe::{LatentProj, MoeBlock, SharedExpert};
+use crate::expert::{ExpertProvider, InMemoryExperts};
+use crate::layer::{DecoderLayer, Ffn};
 use crate::rope::Rope;
-use crate::source::{with_expert_tag, ExpertTag, WeightSource};
+use crate::source::{WeightSource, WeightView};
+use crate::spec::ModelSpec;
 use crate::state::SequenceState;
-
-/// The feed-forward half of a layer.
-// One per layer, so the size difference between variants does not matter.
-#[allow(clippy::large_enum_variant)]
-pub enum Ffn {
-    Dense(Mlp),
-    Moe(MoeBlock),
-}
-
-/// One decoder layer.
-pub struct DecoderLayer {
-    pub input_norm: Vec<f32>,
-    pub mixer: Mixer,
-    pub post_attention_norm: Vec<f32>,
-    pub ffn: Ffn,
-    /// Block attention residuals (`ModelSpec::attn_res_block`), else `None`.
-    pub attn_res: Option<LayerAttnRes>,
-}
 
 /// Routes taken by every MoE layer during forward passes, per layer in
 /// position order (for tests, traces and predictors).
@@ -121,136 +101,33 @@ impl DecoderModel {
     /// or a [`Recorder`](crate::Recorder) that learns what is asked).
     pub fn load(spec: ModelSpec, weights: &dyn WeightSource, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
         weights.configure(&spec);
-        let h = spec.hidden_size;
-        let embed = weights.param_matrix("model.embed_tokens.weight", spec.vocab_size, h)?;
-        let lm_head = if spec.tie_word_embeddings && !weights.has("lm_head.weight")? {
-            Linear::new(embed.clone(), None)
-        } else {
-            Linear::new(weights.matrix("lm_head.weight", spec.vocab_size, h)?, None)
+        let (root, h) = (WeightView::new(weights), spec.hidden_size);
+        let embed = root.param_matrix("model.embed_tokens.weight", spec.vocab_size, h)?;
+        let lm_head = match spec.tie_word_embeddings && !root.has("lm_head.weight")? {
+            true => Linear::new(embed.clone(), None),
+            false => root.linear("lm_head", spec.vocab_size, h)?,
         };
-        let norm = weights.vector("model.norm.weight", h)?;
+        let norm = root.vector("model.norm.weight", h)?;
         let mut layers = Vec::with_capacity(spec.layers.len());
         let mut in_memory = Vec::with_capacity(spec.layers.len());
-        for (l, ls) in spec.layers.iter().enumerate() {
-            let p = format!("model.layers.{l}");
-            let mixer = load_mixer(&spec, ls, weights, &p)?;
-            let (ffn, layer_experts) = match &ls.ffn {
-                FfnSpec::Dense { intermediate } => (
-                    Ffn::Dense(load_mlp(
-                        weights,
-                        &format!("{p}.mlp"),
-                        ["gate_proj", "up_proj", "down_proj"],
-                        h,
-                        *intermediate,
-                    )?),
-                    Vec::new(),
-                ),
-                FfnSpec::Moe(m) => {
-                    let names = &spec.moe_names;
-                    let bp = format!("{p}.{}", names.block);
-                    let router_bias = match m.scoring {
-                        Scoring::TopKSoftmax => Some(weights.vector(&format!("{bp}.{}.bias", names.router), m.num_experts)?),
-                        _ => None,
-                    };
-                    let router = Linear::new(
-                        weights.param_matrix(&format!("{bp}.{}.weight", names.router), m.num_experts, h)?,
-                        router_bias,
-                    );
-                    let shared = match &m.shared_expert {
-                        None => None,
-                        Some(s) => Some(SharedExpert {
-                            mlp: load_mlp(
-                                weights,
-                                &format!("{bp}.{}", names.shared_expert),
-                                ["gate_proj", "up_proj", "down_proj"],
-                                h,
-                                s.intermediate,
-                            )?,
-                            gate: if s.sigmoid_gate {
-                                Some(Linear::new(
-                                    weights.matrix(&format!("{bp}.{}.weight", names.shared_expert_gate), 1, h)?,
-                                    None,
-                                ))
-                            } else {
-                                None
-                            },
-                        }),
-                    };
-                    let experts_here = if experts.is_some() {
-                        Vec::new()
-                    } else if let ExpertKind::GptOss { .. } = m.experts {
-                        crate::fused_experts::load_gpt_oss_layer(&spec, l, weights)?
-                    } else {
-                        (0..m.num_experts)
-                            .map(|e| {
-                                let [g, u, d] = expert_tensors(&spec, l, e)
-                                    .ok_or_else(|| ModelError::Experts(format!("layer {l}: not a MoE layer")))?;
-                                let w = |t: &ExpertTensor| {
-                                    let tag = ExpertTag {
-                                        layer: l,
-                                        expert: Some(e),
-                                        role: t.role,
-                                    };
-                                    with_expert_tag(weights, tag, || weights.matrix(&t.name, t.shape[0], t.shape[1]))
-                                };
-                                Ok(Arc::new(Mlp::new(&format!("{bp}.experts.{e}"), w(&g)?, w(&u)?, w(&d)?)?))
-                            })
-                            .collect::<Result<Vec<_>, ModelError>>()?
-                    };
-                    let bad = |e: larder_router::RouterError| ModelError::Experts(format!("layer {l}: {e}"));
-                    let routing = match &m.scoring {
-                        Scoring::Softmax => Router::Softmax(SoftmaxTopK::new(m.num_experts, m.top_k, m.renormalize).map_err(bad)?),
-                        Scoring::SigmoidGroups {
-                            n_group,
-                            topk_group,
-                            scaling,
-                        } => {
-                            let bias = weights.optional_vector(&format!("{bp}.{}.e_score_correction_bias", names.router), m.num_experts)?;
-                            Router::SigmoidGroup(
-                                SigmoidGroupTopK::new(m.num_experts, m.top_k, *n_group, *topk_group, m.renormalize, *scaling, bias)
-                                    .map_err(bad)?,
-                            )
-                        }
-                        Scoring::TopKSoftmax => Router::TopKSoftmax(TopKSoftmax::new(m.num_experts, m.top_k).map_err(bad)?),
-                    };
-                    (
-                        Ffn::Moe(MoeBlock {
-                            layer: l,
-                            router,
-                            routing,
-                            latent: m.latent.map(|w| LatentProj::load(weights, &bp, h, w)).transpose()?,
-                            shared,
-                        }),
-                        experts_here,
-                    )
-                }
-            };
-            layers.push(DecoderLayer {
-                input_norm: weights.vector(&format!("{p}.input_layernorm.weight"), h)?,
-                mixer,
-                post_attention_norm: weights.vector(&format!("{p}.post_attention_layernorm.weight"), h)?,
-                ffn,
-                attn_res: match spec.attn_res_block {
-                    None => None,
-                    Some(block) => Some(LayerAttnRes::load(weights, &p, l, block, h)?),
-                },
-            });
+        for (l, layer_spec) in spec.layers.iter().enumerate() {
+            let (layer, layer_experts) = DecoderLayer::load(&spec, l, layer_spec, weights, experts.is_none())?;
+            layers.push(layer);
             in_memory.push(layer_experts);
         }
         let experts = experts.unwrap_or_else(|| Arc::new(InMemoryExperts::new(in_memory)));
-        let rope = Rope::new(&spec.rope, spec.head_dim);
         let final_input = match spec.attn_res_block {
             None => None,
-            Some(_) => Some(DepthAttention::load(weights, "model.final_input.query", h)?),
+            Some(_) => Some(DepthAttention::load(&root.pp("model.final_input"), h)?),
         };
         Ok(DecoderModel {
+            rope: Rope::new(&spec.rope, spec.head_dim),
             spec,
             embed,
             layers,
             norm,
             final_input,
             lm_head,
-            rope,
             experts,
         })
     }
@@ -317,7 +194,7 @@ impl DecoderModel {
     }
 
     /// Last-row logits of a cheap approximate pass in which every MoE layer
-    /// uses only experts already in RAM (see [`MoeBlock::forward_with`]):
+    /// uses only experts already in RAM (see [`MoeBlock::forward_with`](crate::moe::MoeBlock::forward_with)):
     /// what a cache-resident self-draft guesses with. Never the model's answer.
     pub fn forward_last_resident(&self, ids: &[u32], state: &mut SequenceState) -> Result<Vec<f32>, ModelError> {
         self.forward_one(ids, state, Wanted::Last, None, true).map(Mat::into_vec)
@@ -427,18 +304,25 @@ impl DecoderModel {
         for (l, layer) in self.layers.iter().enumerate() {
             let mixer_in = layer.attn_res.as_ref().and_then(|a| a.mixer_input(&blocks, &x));
             let normed = rms_norm(mixer_in.as_ref().unwrap_or(&x), &layer.input_norm, eps);
-            let mut attn = Mat::zeros(x.rows(), h);
+            // Every sequence's rows through the mixer at once (GQA projects
+            // them in one matrix product; each row as alone).
+            let mut parts = Vec::with_capacity(seqs.len());
             for (i, (s, sp)) in seqs.iter_mut().zip(&spans).enumerate() {
                 let state = s
                     .state
                     .layer_mut(l)
                     .ok_or_else(|| (Some(i), ModelError::State(format!("it has no state for layer {l}"))))?;
-                let a = layer
-                    .mixer
-                    .forward(&sp.slice(&normed), sp.pos, &self.rope, state)
-                    .map_err(|e| (Some(i), e))?;
-                attn.as_mut_slice()[sp.row * h..(sp.row + sp.rows) * h].copy_from_slice(a.as_slice());
+                parts.push(MixerRows {
+                    rows: sp.row..sp.row + sp.rows,
+                    start: sp.pos,
+                    state,
+                });
             }
+            let attn = layer
+                .mixer
+                .forward_rows(&normed, &mut parts, &self.rope)
+                .map_err(|(i, e)| (Some(i), e))?;
+            drop(parts);
             let mlp_in = match &layer.attn_res {
                 None => {
                     x.add_assign(&attn);
@@ -604,129 +488,6 @@ impl DecoderModel {
             self.experts.prefetch(nl, &ids);
         }
     }
-}
-
-/// The token mixer of layer `prefix` as `layer` says.
-fn load_mixer(spec: &ModelSpec, layer: &LayerSpec, weights: &dyn WeightSource, prefix: &str) -> Result<Mixer, ModelError> {
-    match &layer.mixer {
-        MixerSpec::Gqa => load_gqa(spec, weights, prefix, layer.sliding_window).map(Mixer::Gqa),
-        MixerSpec::Mla(m) => load_mla(spec, m, weights, prefix).map(Mixer::Mla),
-        MixerSpec::Kda(k) => {
-            KdaMixer::load(weights, &format!("{prefix}.self_attn"), k, spec.hidden_size, spec.rms_norm_eps).map(Mixer::Kda)
-        }
-    }
-}
-
-fn load_gqa(spec: &ModelSpec, weights: &dyn WeightSource, prefix: &str, sliding_window: Option<usize>) -> Result<GqaAttention, ModelError> {
-    let (h, hd) = (spec.hidden_size, spec.head_dim);
-    let (nq, nkv) = (spec.num_heads * hd, spec.num_kv_heads * hd);
-    let a = format!("{prefix}.self_attn");
-    let lin = |name: &str, rows: usize, cols: usize, bias: bool| -> Result<Linear, ModelError> {
-        let w = weights.matrix(&format!("{a}.{name}.weight"), rows, cols)?;
-        let b = if bias {
-            Some(weights.vector(&format!("{a}.{name}.bias"), rows)?)
-        } else {
-            None
-        };
-        Ok(Linear::new(w, b))
-    };
-    let qk_norm = if spec.qk_norm {
-        Some((
-            weights.vector(&format!("{a}.q_norm.weight"), hd)?,
-            weights.vector(&format!("{a}.k_norm.weight"), hd)?,
-        ))
-    } else {
-        None
-    };
-    Ok(GqaAttention {
-        q_proj: lin("q_proj", nq, h, spec.qkv_bias)?,
-        k_proj: lin("k_proj", nkv, h, spec.qkv_bias)?,
-        v_proj: lin("v_proj", nkv, h, spec.qkv_bias)?,
-        o_proj: lin("o_proj", h, nq, spec.o_bias)?,
-        qk_norm,
-        num_heads: spec.num_heads,
-        num_kv_heads: spec.num_kv_heads,
-        head_dim: hd,
-        rms_norm_eps: spec.rms_norm_eps,
-        sliding_window,
-        sinks: match spec.attention_sinks {
-            true => Some(weights.vector(&format!("{a}.sinks"), spec.num_heads)?),
-            false => None,
-        },
-    })
-}
-
-fn load_mla(spec: &ModelSpec, m: &MlaSpec, weights: &dyn WeightSource, prefix: &str) -> Result<MlaAttention, ModelError> {
-    let a = format!("{prefix}.self_attn");
-    let (h, heads) = (spec.hidden_size, spec.num_heads);
-    let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
-    let lin = |name: &str, rows: usize, cols: usize| -> Result<Linear, ModelError> {
-        Ok(Linear::new(weights.matrix(&format!("{a}.{name}.weight"), rows, cols)?, None))
-    };
-    let q = match m.q_lora_rank {
-        None => QueryProj::Direct(lin("q_proj", heads * qk, h)?),
-        Some(rank) => QueryProj::LowRank {
-            a: lin("q_a_proj", rank, h)?,
-            norm: weights.vector(&format!("{a}.q_a_layernorm.weight"), rank)?,
-            b: lin("q_b_proj", heads * qk, rank)?,
-        },
-    };
-    let output_gate = output_gate(
-        weights,
-        &format!("{a}.g_proj.weight"),
-        m.output_gate,
-        heads,
-        h,
-        "mla_use_output_gate",
-    )?;
-    let mla = MlaAttention {
-        q,
-        kv_a: lin("kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, h)?,
-        kv_norm: weights.vector(&format!("{a}.kv_a_layernorm.weight"), m.kv_lora_rank)?,
-        kv_b: lin("kv_b_proj", heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)?,
-        o_proj: lin("o_proj", h, heads * m.v_head_dim)?,
-        num_heads: heads,
-        nope: m.qk_nope_head_dim,
-        rope_dim: m.qk_rope_head_dim,
-        v_dim: m.v_head_dim,
-        kv_lora_rank: m.kv_lora_rank,
-        softmax_scale: m.softmax_scale,
-        interleave: m.rope_interleave,
-        rotary: m.rotary,
-        latent_norm_eps: m.latent_norm_eps,
-        output_gate,
-        cache: spec.mla_cache,
-        absorbed: OnceLock::new(),
-    };
-    // A recorded load's zeros are never run: no f32 copy of them.
-    if spec.mla_cache == MlaCache::Compact && !weights.zero_placeholders() {
-        mla.absorbed();
-    }
-    Ok(mla)
-}
-
-/// A K3 output gate `name` (`[rows, cols]`) that config field `field`
-/// switches on: loaded when on; when off, its presence is an error (the
-/// weight would be ignored).
-pub(crate) fn output_gate(
-    weights: &dyn WeightSource,
-    name: &str,
-    on: bool,
-    rows: usize,
-    cols: usize,
-    field: &str,
-) -> Result<Option<Linear>, ModelError> {
-    if on {
-        return Ok(Some(Linear::new(weights.matrix(name, rows, cols)?, None)));
-    }
-    if weights.has(name)? {
-        return Err(ModelError::config(
-            &weights.config_path(),
-            field,
-            format!("is not true, but the checkpoint has the output gate `{name}`: set it to true, or remove the tensor"),
-        ));
-    }
-    Ok(None)
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ModelError {
     #[error("{path}: {source}")]
     Io {

@@ -3,20 +3,17 @@
 //! RAM, in a cache or on a drive.
 //!
 //! Also: the names and shapes of each routed expert's tensors, as the
-//! loader asks for them ([`expert_tensors`]), and every shipped part of
-//! every expert where it lies ([`routed_expert_parts`]: whole tensors, or
-//! slices `[e]` of fused per-layer tensors for gpt-oss), learned by
-//! recording the loader; direct streaming and `pack` read them.
+//! loader asks for them ([`expert_tensors`]), and loading every routed
+//! expert of a layer into RAM ([`load_routed_experts`]). Where each shipped
+//! part of every expert lies is [`crate::expert_parts`]'.
 
 use std::sync::Arc;
 
-use crate::assemble::PartKind;
-use crate::checkpoint::{Checkpoint, TensorInfo};
-use crate::config::{FfnSpec, ModelSpec};
-use crate::decoder::DecoderModel;
 use crate::error::ModelError;
+use crate::fused_experts::load_gpt_oss_layer;
 use crate::mlp::Mlp;
-use crate::source::{RecordedRole, RecordedTensor, Recorder};
+use crate::source::{with_expert_tag, ExpertTag, TensorPath, WeightSource};
+use crate::spec::{ExpertKind, FfnSpec, ModelSpec};
 
 /// Supplies routed expert weights.
 pub trait ExpertProvider: Send + Sync {
@@ -104,6 +101,12 @@ pub fn expert_layers(spec: &ModelSpec) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// The module of expert `expert` of MoE layer `layer`
+/// (`model.layers.{layer}.{block}.experts.{expert}`).
+fn expert_path(spec: &ModelSpec, layer: usize, expert: usize) -> TensorPath {
+    TensorPath::decoder_layer(layer).pp(spec.moe_names.block).pp("experts").pp(expert)
+}
+
 /// The tensors of expert `expert` of MoE layer `layer` (gate, up, down), or
 /// `None` for a dense layer.
 pub fn expert_tensors(spec: &ModelSpec, layer: usize, expert: usize) -> Option<[ExpertTensor; 3]> {
@@ -112,90 +115,39 @@ pub fn expert_tensors(spec: &ModelSpec, layer: usize, expert: usize) -> Option<[
     };
     // Latent-space experts are `latent` wide, not `hidden_size`.
     let (h, i) = (m.expert_width(spec.hidden_size), m.expert_intermediate);
-    let names = &spec.moe_names;
-    let prefix = format!("model.layers.{layer}.{}.experts.{expert}", names.block);
+    let path = expert_path(spec, layer, expert);
     let t = |k: usize, role, shape| ExpertTensor {
         role,
-        name: format!("{prefix}.{}.weight", names.expert_proj[k]),
+        name: path.pp(spec.moe_names.expert_proj[k]).name("weight"),
         shape,
     };
     Some([t(0, "gate", [i, h]), t(1, "up", [i, h]), t(2, "down", [h, i])])
 }
 
-/// One shipped part of a routed expert: its role in a record (`gate`,
-/// `gate.scale`, `gate_up.bias`, ...), the checkpoint tensor it is or is a
-/// slice of, and where its bytes lie.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ExpertPart {
-    pub role: String,
-    /// The tensor's name (for a gpt-oss expert: the fused per-layer tensor
-    /// whose slice `[e]` this part is).
-    pub tensor: String,
-    /// The part's own bytes (for a slice: its range, shape without the experts axis).
-    pub info: TensorInfo,
-}
-
-/// Every shipped part of every routed expert, `[layer][expert]` (empty for
-/// dense layers), each expert's in record order. Which tensors are routed
-/// experts, and their roles and logical shapes, are learned by recording
-/// the architecture's loader ([`Recorder`], whose requests the loader tags
-/// with [`ExpertTag`]s); where each part lies, and the checks the in-RAM
-/// loader makes, are the checkpoint's: per projection
-/// [`Checkpoint::weight_parts`] (codes, then scales and `weight_shape`
-/// where shipped); for gpt-oss, slice `[e]` of each fused tensor, checked by
-/// [`crate::fused_experts::gpt_oss_layer_parts`].
-pub fn routed_expert_parts(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<Vec<Vec<Vec<ExpertPart>>>, ModelError> {
-    ckpt.configure(spec);
-    // Checked against the checkpoint's shapes as it records: what the
-    // recorded load allocates is sized by the checkpoint, not config.json.
-    let recorder = Recorder::for_checkpoint(ckpt)?;
-    DecoderModel::load(spec.clone(), &recorder, None)?;
-    let mut parts: Vec<Vec<Vec<ExpertPart>>> = vec![Vec::new(); spec.layers.len()];
-    for (l, n) in expert_layers(spec) {
-        parts[l] = vec![Vec::new(); n];
-        // gpt-oss: the fused tensors' dtypes and shapes, checked as the in-RAM loader checks them.
-        crate::fused_experts::gpt_oss_layer_parts(spec, l, Some(ckpt))?;
+/// Every routed expert of MoE layer `layer`, in RAM (what
+/// [`InMemoryExperts`] holds), each request tagged with its [`ExpertTag`]:
+/// gpt-oss's from its fused tensors, the others' from [`expert_tensors`].
+pub fn load_routed_experts(spec: &ModelSpec, layer: usize, weights: &dyn WeightSource) -> Result<Vec<Arc<Mlp>>, ModelError> {
+    let not_moe = || ModelError::Experts(format!("layer {layer}: not a MoE layer"));
+    let FfnSpec::Moe(m) = &spec.layers.get(layer).ok_or_else(not_moe)?.ffn else {
+        return Err(not_moe());
+    };
+    if let ExpertKind::GptOss { .. } = m.experts {
+        return load_gpt_oss_layer(spec, layer, weights);
     }
-    let bad = |t: &RecordedTensor, m: &str| ModelError::Experts(format!("tensor `{}`: {m}", t.name));
-    for t in recorder.tensors() {
-        let Some(tag) = t.expert else { continue };
-        let layer = parts
-            .get_mut(tag.layer)
-            .filter(|p| !p.is_empty())
-            .ok_or_else(|| bad(&t, &format!("tagged for layer {}, which has no routed experts", tag.layer)))?;
-        match (tag.expert, &t.role) {
-            (Some(e), RecordedRole::Linear { weight, part, rows, cols }) => {
-                // Each weight once, by its codes; the checkpoint says which parts ship.
-                if *part != PartKind::Codes {
-                    continue;
-                }
-                let expert = layer
-                    .get_mut(e)
-                    .ok_or_else(|| bad(&t, &format!("tagged expert {e} of layer {}", tag.layer)))?;
-                for p in ckpt.weight_parts(weight, *rows, *cols)? {
-                    expert.push(ExpertPart {
-                        role: p.kind.role(tag.role),
-                        tensor: p.name,
-                        info: p.info,
-                    });
-                }
-            }
-            (None, RecordedRole::FusedRaw) => {
-                for (e, expert) in layer.iter_mut().enumerate() {
-                    expert.push(ExpertPart {
-                        role: tag.role.to_string(),
-                        tensor: t.name.clone(),
-                        info: ckpt.slice_info(&t.name, e)?,
-                    });
-                }
-            }
-            (_, role) => return Err(bad(&t, &format!("a routed-expert tensor recorded as {role:?}"))),
-        }
-    }
-    for (l, layer) in parts.iter().enumerate() {
-        if let Some(e) = layer.iter().position(Vec::is_empty) {
-            return Err(ModelError::Experts(format!("layer {l}: the loader read no tensors for expert {e}")));
-        }
-    }
-    Ok(parts)
+    (0..m.num_experts)
+        .map(|e| {
+            let [g, u, d] = expert_tensors(spec, layer, e).ok_or_else(not_moe)?;
+            let load = |t: &ExpertTensor| {
+                let tag = ExpertTag {
+                    layer,
+                    expert: Some(e),
+                    role: t.role,
+                };
+                with_expert_tag(weights, tag, || weights.matrix(&t.name, t.shape[0], t.shape[1]))
+            };
+            let (g, u, d) = (load(&g)?, load(&u)?, load(&d)?);
+            Ok(Arc::new(Mlp::new(expert_path(spec, layer, e).as_str(), g, u, d)?))
+        })
+        .collect()
 }

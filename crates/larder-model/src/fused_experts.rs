@@ -19,11 +19,11 @@ use larder_tensor::expert::GluActivation;
 
 use crate::assemble::{check_fused_part, gpt_oss_expert, gpt_oss_fused_parts, gpt_oss_placeholder_expert, FusedPart};
 use crate::checkpoint::Checkpoint;
-use crate::config::{ExpertKind, FfnSpec, ModelSpec};
 use crate::error::ModelError;
 use crate::mlp::Mlp;
 use crate::quant::{ModuleRule, PackedFormat};
-use crate::source::{with_expert_tag, ExpertTag, WeightSource};
+use crate::source::{with_expert_tag, ExpertTag, TensorPath, WeightSource};
+use crate::spec::{ExpertKind, FfnSpec, ModelSpec};
 
 /// The fused tensors of a gpt-oss MoE layer's experts.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,6 +38,13 @@ pub struct FusedLayer {
     /// In record order (see [`gpt_oss_fused_parts`]).
     pub parts: Vec<FusedPart>,
     pub activation: GluActivation,
+}
+
+impl FusedLayer {
+    /// Expert `expert`'s module name (`{block}.experts.{expert}`), naming it in errors.
+    pub fn expert_module(&self, expert: usize) -> String {
+        TensorPath::root().pp(&self.block).pp("experts").pp(expert).to_string()
+    }
 }
 
 /// The fused tensors of layer `layer`'s experts, as the config says they
@@ -68,8 +75,8 @@ fn fused_layer(spec: &ModelSpec, layer: usize) -> Result<Option<(FusedLayer, Str
     let ExpertKind::GptOss { alpha, limit } = m.experts else {
         return Ok(None);
     };
-    let block = format!("model.layers.{layer}.{}", spec.moe_names.block);
-    let module = format!("{block}.experts");
+    let block = TensorPath::decoder_layer(layer).pp(spec.moe_names.block);
+    let module = block.name("experts");
     let (field, reason) = match spec.mxfp4_experts.as_ref().map(|q| q.rule(&module)) {
         Some(ModuleRule::Packed(PackedFormat::Mxfp4)) => ("quantization_config.modules_to_not_convert".to_string(), None),
         Some(ModuleRule::Plain { field, reason }) => (field, Some(reason)),
@@ -91,8 +98,8 @@ fn fused_layer(spec: &ModelSpec, layer: usize) -> Result<Option<(FusedLayer, Str
         Some(r) => format!("{field}: {r}, so {module} ships unquantized"),
     };
     let layer_parts = FusedLayer {
-        parts: gpt_oss_fused_parts(&block, m.num_experts, h, i, mxfp4),
-        block,
+        parts: gpt_oss_fused_parts(block.as_str(), m.num_experts, h, i, mxfp4),
+        block: block.to_string(),
         experts: m.num_experts,
         hidden: h,
         intermediate: i,
@@ -155,7 +162,7 @@ pub fn load_gpt_oss_layer(spec: &ModelSpec, layer: usize, weights: &dyn WeightSo
                     (dtype.as_str(), whole.slice(e * len, len))
                 })
                 .collect();
-            let name = format!("{}.experts.{e}", fused.block);
+            let name = fused.expert_module(e);
             let build = match weights.zero_placeholders() {
                 true => gpt_oss_placeholder_expert,
                 false => gpt_oss_expert,

@@ -44,9 +44,9 @@ use larder_tensor::vector::dot;
 use larder_tensor::{Linear, Mat};
 use rayon::prelude::*;
 
-use crate::config::{KdaOutputGate, KdaSpec};
 use crate::error::ModelError;
-use crate::source::WeightSource;
+use crate::source::WeightView;
+use crate::spec::{KdaOutputGate, KdaSpec};
 use crate::state::{RecurrentLayer, RecurrentValues};
 
 /// Epsilon of the q/k L2 norm (inside the square root).
@@ -106,28 +106,21 @@ struct RecurrenceInputs {
 }
 
 impl KdaMixer {
-    /// Loads the KDA tensors under `prefix` (`model.layers.N.self_attn`),
+    /// Loads the KDA tensors under `attn` (`model.layers.N.self_attn`),
     /// checking every shape against `spec` and `hidden`.
-    pub fn load(weights: &dyn WeightSource, prefix: &str, spec: &KdaSpec, hidden: usize, rms_norm_eps: f32) -> Result<Self, ModelError> {
+    pub fn load(attn: &WeightView<'_>, spec: &KdaSpec, hidden: usize, rms_norm_eps: f32) -> Result<Self, ModelError> {
         let (h, d, k) = (spec.num_heads, spec.head_dim, spec.conv_kernel);
-        let hd = h.checked_mul(d).ok_or_else(|| {
-            ModelError::config(
-                &weights.config_path(),
-                "linear_attn_config.head_dim",
-                "num_heads x head_dim overflows",
-            )
-        })?;
-        let lin = |name: &str, rows: usize, cols: usize| -> Result<Linear, ModelError> {
-            let full = format!("{prefix}.{name}.weight");
-            check_shape(weights, &full, &[rows, cols])?;
-            Ok(Linear::new(weights.matrix(&full, rows, cols)?, None))
+        let hd = h
+            .checked_mul(d)
+            .ok_or_else(|| ModelError::config(&attn.config_path(), "linear_attn_config.head_dim", "num_heads x head_dim overflows"))?;
+        let lin = |module: &str, rows: usize, cols: usize| -> Result<Linear, ModelError> {
+            check_shape(attn, &attn.pp(module).name("weight"), &[rows, cols])?;
+            attn.linear(module, rows, cols)
         };
-        let conv = conv_taps(weights, prefix, hd, k)?;
-        let a_log = tensor(weights, &format!("{prefix}.A_log"), &[&[1, 1, h, 1], &[h]])?;
+        let conv = conv_taps(attn, hd, k)?;
+        let a_log = tensor(attn, "A_log", &[&[1, 1, h, 1], &[h]])?;
         let full_rank = spec.output_gate == KdaOutputGate::FullRank;
-        let g_proj = format!("{prefix}.g_proj.weight");
-        let field = "linear_attn_config.use_full_rank_gate";
-        let output_gate = match crate::decoder::output_gate(weights, &g_proj, full_rank, hd, hidden, field)? {
+        let output_gate = match attn.switched_linear("g_proj", full_rank, hd, hidden, "linear_attn_config.use_full_rank_gate")? {
             Some(g) => OutputGateProj::FullRank(g),
             None => OutputGateProj::LowRank {
                 a: lin("g_a_proj", d, hidden)?,
@@ -142,11 +135,11 @@ impl KdaMixer {
             f_a: lin("f_a_proj", d, hidden)?,
             f_b: lin("f_b_proj", hd, d)?,
             decay_rate: a_log.iter().map(|a| a.exp()).collect(),
-            dt_bias: tensor(weights, &format!("{prefix}.dt_bias"), &[&[hd]])?,
+            dt_bias: tensor(attn, "dt_bias", &[&[hd]])?,
             gate_lower_bound: spec.gate_lower_bound,
             b_proj: lin("b_proj", h, hidden)?,
             output_gate,
-            o_norm: tensor(weights, &format!("{prefix}.o_norm.weight"), &[&[d]])?,
+            o_norm: tensor(attn, "o_norm.weight", &[&[d]])?,
             o_proj: lin("o_proj", hidden, hd)?,
             heads: h,
             head_dim: d,
@@ -404,12 +397,12 @@ fn l2_normalise(x: &mut [f32], dim: usize, scale: f32) {
     }
 }
 
-/// An error naming `name` unless its stored shape is `shape` (checked
-/// where the source knows stored shapes; a missing weight is the error the
-/// weight's own request then gives).
-fn check_shape(weights: &dyn WeightSource, name: &str, shape: &[usize]) -> Result<(), ModelError> {
-    match weights.stored_shape(name)? {
-        Some(got) if got != shape => Err(shape_error(weights, name, &got, shape)),
+/// An error naming `name` (a full tensor name) unless its stored shape is
+/// `shape` (checked where the source knows stored shapes; a missing weight
+/// is the error the weight's own request then gives).
+fn check_shape(attn: &WeightView<'_>, name: &str, shape: &[usize]) -> Result<(), ModelError> {
+    match attn.source().stored_shape(name)? {
+        Some(got) if got != shape => Err(shape_error(attn, name, &got, shape)),
         _ => Ok(()),
     }
 }
@@ -419,18 +412,21 @@ fn check_shape(weights: &dyn WeightSource, name: &str, shape: &[usize]) -> Resul
 /// its files hold), and the concatenation is allocated fallibly, so a
 /// `short_conv_kernel_size` the weights disagree with is an error naming
 /// it, never an allocation sized from config.json alone.
-fn conv_taps(weights: &dyn WeightSource, prefix: &str, hd: usize, kernel: usize) -> Result<Vec<f32>, ModelError> {
+fn conv_taps(attn: &WeightView<'_>, hd: usize, kernel: usize) -> Result<Vec<f32>, ModelError> {
     let mut parts = Vec::with_capacity(3);
-    for name in ["q_conv1d", "k_conv1d", "v_conv1d"] {
-        parts.push(tensor(weights, &format!("{prefix}.{name}.weight"), &[&[hd, 1, kernel]])?);
+    for module in ["q_conv1d", "k_conv1d", "v_conv1d"] {
+        parts.push(tensor(&attn.pp(module), "weight", &[&[hd, 1, kernel]])?);
     }
     let len: usize = parts.iter().map(Vec::len).sum();
     let mut conv = Vec::new();
     conv.try_reserve_exact(len).map_err(|e| {
         ModelError::config(
-            &weights.config_path(),
+            &attn.config_path(),
             "linear_attn_config.short_conv_kernel_size",
-            format!("{kernel} taps over {hd} channels: cannot allocate the {len} convolution taps of `{prefix}` ({e})"),
+            format!(
+                "{kernel} taps over {hd} channels: cannot allocate the {len} convolution taps of `{}` ({e})",
+                attn.path()
+            ),
         )
     })?;
     for part in parts {
@@ -439,20 +435,21 @@ fn conv_taps(weights: &dyn WeightSource, prefix: &str, hd: usize, kernel: usize)
     Ok(conv)
 }
 
-/// A small f32 tensor (conv taps, gate parameters, norm weight) whose stored
-/// shape is one of `shapes`, widened to f32.
-fn tensor(weights: &dyn WeightSource, name: &str, shapes: &[&[usize]]) -> Result<Vec<f32>, ModelError> {
-    match weights.tensor_f32_any(name, shapes) {
+/// A small f32 tensor `name` under `at` (conv taps, gate parameters, norm
+/// weight) whose stored shape is one of `shapes`, widened to f32.
+fn tensor(at: &WeightView<'_>, name: &str, shapes: &[&[usize]]) -> Result<Vec<f32>, ModelError> {
+    let full = at.name(name);
+    match at.tensor_f32_any(name, shapes) {
         Ok((values, _)) => Ok(values),
-        Err(ModelError::TensorShape { name: n, got, .. }) if n == name => Err(shape_error(weights, name, &got, shapes[0])),
+        Err(ModelError::TensorShape { name: n, got, .. }) if n == full => Err(shape_error(at, &full, &got, shapes[0])),
         Err(e) => Err(e),
     }
 }
 
-/// A shape mismatch of a KDA tensor, blamed on the config fields that set it.
-fn shape_error(weights: &dyn WeightSource, name: &str, got: &[usize], expected: &[usize]) -> ModelError {
+/// A shape mismatch of KDA tensor `name`, blamed on the config fields that set it.
+fn shape_error(at: &WeightView<'_>, name: &str, got: &[usize], expected: &[usize]) -> ModelError {
     ModelError::config(
-        &weights.config_path(),
+        &at.config_path(),
         "linear_attn_config",
         format!(
             "tensor `{name}` has shape {got:?}, but num_heads, head_dim and short_conv_kernel_size (with hidden_size) \

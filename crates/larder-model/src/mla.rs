@@ -42,13 +42,13 @@ use larder_tensor::vector::{axpy, dot};
 use larder_tensor::{Linear, Mat};
 use rayon::prelude::*;
 
-use crate::config::MlaCache;
+use crate::error::ModelError;
 use crate::kv_cache::KvLayer;
 use crate::rope::Rope;
+use crate::source::WeightView;
+use crate::spec::{MlaCache, MlaSpec, ModelSpec};
 
-/// Epsilon of MLA's latent RMSNorms (transformers' RMSNorm default, not
-/// `rms_norm_eps`, in DeepSeek-V3, Kimi-K2 and Kimi Linear alike).
-pub const LATENT_NORM_EPS: f32 = 1e-6;
+pub use crate::spec::LATENT_NORM_EPS;
 
 /// How queries are projected.
 pub enum QueryProj {
@@ -114,6 +114,47 @@ impl Absorbed {
 }
 
 impl MlaAttention {
+    /// The MLA projections and latent norms under `attn`
+    /// (`model.layers.{l}.self_attn`), shaped by `m`; with the compact cache,
+    /// `kv_b_proj` absorbed at once (not for a recorded load's zeros).
+    pub fn load(spec: &ModelSpec, m: &MlaSpec, attn: &WeightView<'_>) -> Result<Self, ModelError> {
+        let (h, heads) = (spec.hidden_size, spec.num_heads);
+        let qk = m.qk_nope_head_dim + m.qk_rope_head_dim;
+        let q = match m.q_lora_rank {
+            None => QueryProj::Direct(attn.linear("q_proj", heads * qk, h)?),
+            Some(rank) => QueryProj::LowRank {
+                a: attn.linear("q_a_proj", rank, h)?,
+                norm: attn.vector("q_a_layernorm.weight", rank)?,
+                b: attn.linear("q_b_proj", heads * qk, rank)?,
+            },
+        };
+        let output_gate = attn.switched_linear("g_proj", m.output_gate, heads, h, "mla_use_output_gate")?;
+        let mla = MlaAttention {
+            q,
+            kv_a: attn.linear("kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, h)?,
+            kv_norm: attn.vector("kv_a_layernorm.weight", m.kv_lora_rank)?,
+            kv_b: attn.linear("kv_b_proj", heads * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank)?,
+            o_proj: attn.linear("o_proj", h, heads * m.v_head_dim)?,
+            num_heads: heads,
+            nope: m.qk_nope_head_dim,
+            rope_dim: m.qk_rope_head_dim,
+            v_dim: m.v_head_dim,
+            kv_lora_rank: m.kv_lora_rank,
+            softmax_scale: m.softmax_scale,
+            interleave: m.rope_interleave,
+            rotary: m.rotary,
+            latent_norm_eps: m.latent_norm_eps,
+            output_gate,
+            cache: spec.mla_cache,
+            absorbed: OnceLock::new(),
+        };
+        // A recorded load's zeros are never run: no f32 copy of them.
+        if spec.mla_cache == MlaCache::Compact && !attn.zero_placeholders() {
+            mla.absorbed();
+        }
+        Ok(mla)
+    }
+
     /// Key floats per cached position.
     pub fn key_dim(&self) -> usize {
         match self.cache {
@@ -179,7 +220,7 @@ impl MlaAttention {
         (ckv, latent)
     }
 
-    /// See [`crate::attention::Attention::forward`].
+    /// See [`crate::attention::Mixer::forward`].
     pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
         debug_assert_eq!(cache.len(), start);
         let out = match self.cache {

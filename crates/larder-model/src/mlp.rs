@@ -6,16 +6,17 @@
 pub use larder_tensor::expert::SwigluExpert as Mlp;
 
 use crate::error::ModelError;
-use crate::source::WeightSource;
+use crate::source::WeightView;
 
-/// Loads `{prefix}.{gate}.weight`, `{prefix}.{up}.weight`, `{prefix}.{down}.weight`.
-pub fn load_mlp(weights: &dyn WeightSource, prefix: &str, names: [&str; 3], hidden: usize, intermediate: usize) -> Result<Mlp, ModelError> {
-    let w = |n: &str, rows, cols| weights.matrix(&format!("{prefix}.{n}.weight"), rows, cols);
+/// Loads `{gate}.weight`, `{up}.weight` and `{down}.weight` under `weights`'
+/// module (its path names the block in errors).
+pub fn load_mlp(weights: &WeightView<'_>, names: [&str; 3], hidden: usize, intermediate: usize) -> Result<Mlp, ModelError> {
+    let [gate, up, down] = names.map(|n| weights.pp(n));
     Mlp::new(
-        prefix,
-        w(names[0], intermediate, hidden)?,
-        w(names[1], intermediate, hidden)?,
-        w(names[2], hidden, intermediate)?,
+        weights.path().as_str(),
+        gate.matrix("weight", intermediate, hidden)?,
+        up.matrix("weight", intermediate, hidden)?,
+        down.matrix("weight", hidden, intermediate)?,
     )
     .map_err(ModelError::from)
 }

@@ -8,14 +8,17 @@
 //! experts run on `fc1_latent_proj · x`, their weighted sum (in latent space,
 //! canonical order) goes through `fc2_latent_proj` back to the hidden width.
 
-use larder_router::{Route, Router};
+use std::sync::Arc;
+
+use larder_router::{Route, Router, RouterError, SigmoidGroupTopK, SoftmaxTopK, TopKSoftmax};
 use larder_tensor::ops::sigmoid;
 use larder_tensor::{Linear, Mat};
 
 use crate::error::ModelError;
-use crate::expert::ExpertProvider;
-use crate::mlp::Mlp;
-use crate::source::WeightSource;
+use crate::expert::{load_routed_experts, ExpertProvider};
+use crate::mlp::{load_mlp, Mlp};
+use crate::source::WeightView;
+use crate::spec::{ModelSpec, MoeSpec, Scoring, SharedExpertSpec, DENSE_MLP_PROJ};
 
 /// An always-applied shared expert.
 pub struct SharedExpert {
@@ -33,12 +36,27 @@ pub struct LatentProj {
 }
 
 impl LatentProj {
-    /// `{block}.fc1_latent_proj.weight` and `{block}.fc2_latent_proj.weight`
+    /// `fc1_latent_proj.weight` and `fc2_latent_proj.weight` under `block`
     /// (no biases: Kimi's MLPs have none); a missing tensor is an error naming it.
-    pub fn load(weights: &dyn WeightSource, block: &str, hidden: usize, latent: usize) -> Result<LatentProj, ModelError> {
+    pub fn load(block: &WeightView<'_>, hidden: usize, latent: usize) -> Result<LatentProj, ModelError> {
         Ok(LatentProj {
-            down: Linear::new(weights.matrix(&format!("{block}.fc1_latent_proj.weight"), latent, hidden)?, None),
-            up: Linear::new(weights.matrix(&format!("{block}.fc2_latent_proj.weight"), hidden, latent)?, None),
+            down: block.linear("fc1_latent_proj", latent, hidden)?,
+            up: block.linear("fc2_latent_proj", hidden, latent)?,
+        })
+    }
+}
+
+impl SharedExpert {
+    /// The shared expert under `block` (the module `spec.moe_names` says),
+    /// with its sigmoid gate when `shared` has one.
+    pub fn load(spec: &ModelSpec, shared: &SharedExpertSpec, block: &WeightView<'_>) -> Result<SharedExpert, ModelError> {
+        let (h, names) = (spec.hidden_size, &spec.moe_names);
+        Ok(SharedExpert {
+            mlp: load_mlp(&block.pp(names.shared_expert), DENSE_MLP_PROJ, h, shared.intermediate)?,
+            gate: match shared.sigmoid_gate {
+                true => Some(block.linear(names.shared_expert_gate, 1, h)?),
+                false => None,
+            },
         })
     }
 }
@@ -54,6 +72,39 @@ pub struct MoeBlock {
 }
 
 impl MoeBlock {
+    /// MoE layer `layer` as `m` says, from its tensors under `block`
+    /// (`model.layers.{layer}.{moe_names.block}`): router, shared expert,
+    /// routing function, latent projections; with `in_ram`, also every
+    /// routed expert (for [`InMemoryExperts`](crate::InMemoryExperts)),
+    /// returned beside the block (empty otherwise: a provider streams them).
+    pub fn load(
+        spec: &ModelSpec,
+        m: &MoeSpec,
+        layer: usize,
+        block: &WeightView<'_>,
+        in_ram: bool,
+    ) -> Result<(MoeBlock, Vec<Arc<Mlp>>), ModelError> {
+        let router = block.pp(spec.moe_names.router);
+        let router_bias = match m.scoring {
+            Scoring::TopKSoftmax => Some(router.vector("bias", m.num_experts)?),
+            _ => None,
+        };
+        let router_weight = Linear::new(router.param_matrix("weight", m.num_experts, spec.hidden_size)?, router_bias);
+        let shared = m.shared_expert.as_ref().map(|s| SharedExpert::load(spec, s, block)).transpose()?;
+        let experts = match in_ram {
+            true => load_routed_experts(spec, layer, block.source())?,
+            false => Vec::new(),
+        };
+        let moe = MoeBlock {
+            layer,
+            router: router_weight,
+            routing: routing(m, layer, &router)?,
+            latent: m.latent.map(|w| LatentProj::load(block, spec.hidden_size, w)).transpose()?,
+            shared,
+        };
+        Ok((moe, experts))
+    }
+
     /// Routes every row of `x`.
     pub fn route(&self, x: &Mat) -> Vec<Route> {
         let logits = self.router.forward(x);
@@ -153,4 +204,24 @@ impl MoeBlock {
         let shared = self.shared.as_ref()?;
         Some((shared.mlp.forward(x), shared.gate.as_ref().map(|g| g.forward(x))))
     }
+}
+
+/// The routing function `m.scoring` names (DeepSeek's selection-only
+/// correction bias read under `router`, when it ships); a setting the
+/// router refuses is an error naming layer `layer`.
+fn routing(m: &MoeSpec, layer: usize, router: &WeightView<'_>) -> Result<Router, ModelError> {
+    let bad = |e: RouterError| ModelError::Experts(format!("layer {layer}: {e}"));
+    Ok(match &m.scoring {
+        Scoring::Softmax => Router::Softmax(SoftmaxTopK::new(m.num_experts, m.top_k, m.renormalize).map_err(bad)?),
+        Scoring::SigmoidGroups {
+            n_group,
+            topk_group,
+            scaling,
+        } => {
+            let bias = router.optional_vector("e_score_correction_bias", m.num_experts)?;
+            let groups = SigmoidGroupTopK::new(m.num_experts, m.top_k, *n_group, *topk_group, m.renormalize, *scaling, bias);
+            Router::SigmoidGroup(groups.map_err(bad)?)
+        }
+        Scoring::TopKSoftmax => Router::TopKSoftmax(TopKSoftmax::new(m.num_experts, m.top_k).map_err(bad)?),
+    })
 }

@@ -1,6 +1,8 @@
-//! compressed-tensors `quantization_config` (Kimi-K2-Thinking's INT4
-//! `pack-quantized`, the K3 release's `mxfp4-pack-quantized`): which modules
-//! ship 4-bit packed weights and in what format.
+//! `quantization_config`: DeepSeek's fp8 block scales ([`fp8_block`]),
+//! compressed-tensors (Kimi-K2-Thinking's INT4 `pack-quantized`, the K3
+//! release's `mxfp4-pack-quantized`; [`compressed_tensors`]: which modules
+//! ship 4-bit packed weights and in what format) and gpt-oss's MXFP4
+//! experts ([`gpt_oss_mxfp4`]).
 //!
 //! Read fail-closed: every field that changes what the weights mean is
 //! checked, anything not implemented (asymmetric zero points, activation
@@ -125,6 +127,62 @@ const WEIGHT_KEYS: &[&str] = &[
     "scale_dtype",
     "zp_dtype",
 ];
+
+/// Keys of an fp8 `quantization_config`.
+const FP8_KEYS: &[&str] = &[
+    "quant_method",
+    "fmt",
+    "weight_block_size",
+    "activation_scheme",
+    "modules_to_not_convert",
+];
+
+/// `quantization_config` of an fp8 checkpoint (DeepSeek-V3, Kimi-K2): its
+/// block size; `None` without one or for compressed-tensors (read by
+/// [`compressed_tensors`]). Weights are fp8 where they ship as fp8 with
+/// their `weight_scale_inv` (so `modules_to_not_convert` is whatever ships
+/// unquantized); activations stay f32, so only `activation_scheme: dynamic`
+/// (no activation scales shipped) is read; any other key is refused.
+pub fn fp8_block(cfg: &ConfigJson) -> Result<Option<(usize, usize)>, ModelError> {
+    let Some(q) = cfg.raw("quantization_config") else { return Ok(None) };
+    let field = "quantization_config";
+    let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
+    if method == "compressed-tensors" {
+        return Ok(None);
+    }
+    if method != "fp8" {
+        return Err(cfg.err(
+            &format!("{field}.quant_method"),
+            format!("{method:?} is not supported (supported: fp8 with block scales, compressed-tensors)"),
+        ));
+    }
+    let obj = q.as_object().ok_or_else(|| cfg.err(field, "not an object"))?;
+    refuse_unknown(cfg, field, obj, FP8_KEYS)?;
+    if let Some(fmt) = str_field(q, "fmt") {
+        if fmt != "e4m3" {
+            return Err(cfg.err(&format!("{field}.fmt"), format!("{fmt:?} is not supported (supported: e4m3)")));
+        }
+    }
+    match q.get("activation_scheme") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s == "dynamic" => {}
+        Some(v) => {
+            return Err(cfg.err(
+                &format!("{field}.activation_scheme"),
+                format!("{v} is not supported (only dynamic: larder keeps activations in f32 and reads no activation scales)"),
+            ))
+        }
+    }
+    let block: Vec<usize> = q
+        .get("weight_block_size")
+        .and_then(|b| b.as_array())
+        .map(|a| a.iter().filter_map(|v| v.as_u64().map(|x| x as usize)).collect())
+        .unwrap_or_default();
+    match block.as_slice() {
+        [r, c] if *r > 0 && *c > 0 => Ok(Some((*r, *c))),
+        _ => Err(cfg.err(&format!("{field}.weight_block_size"), "expected two positive integers")),
+    }
+}
 
 /// Reads `quantization_config` when its `quant_method` is
 /// `compressed-tensors`; `None` without one or for another method.

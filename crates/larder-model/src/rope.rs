@@ -2,7 +2,7 @@
 //! frequencies (with `default`, `linear`, `llama3` or `yarn` scaling), the
 //! attention scaling factor, and the rotate-half application to one head.
 
-use serde_json::Value;
+use serde_json::{Map, Value};
 
 use crate::config::ConfigJson;
 use crate::error::ModelError;
@@ -39,10 +39,53 @@ pub struct RopeSpec {
     pub scaling: RopeScaling,
 }
 
+impl Default for RopeSpec {
+    /// theta 10000 (transformers' default), unscaled.
+    fn default() -> Self {
+        RopeSpec {
+            theta: 10000.0,
+            scaling: RopeScaling::None,
+        }
+    }
+}
+
+/// Keys of `rope_scaling` / `rope_parameters` every rope type reads.
+pub const ROPE_COMMON_KEYS: &[&str] = &["rope_type", "type", "rope_theta"];
+
+/// The rope types larder implements, with the keys each reads beyond
+/// [`ROPE_COMMON_KEYS`]; any other key of its object is refused naming it.
+pub const ROPE_TYPES: &[(&str, &[&str])] = &[
+    ("default", &[]),
+    ("linear", &["factor"]),
+    (
+        "llama3",
+        &["factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"],
+    ),
+    (
+        "yarn",
+        &[
+            "factor",
+            "original_max_position_embeddings",
+            "beta_fast",
+            "beta_slow",
+            "attention_factor",
+            "mscale",
+            "mscale_all_dim",
+            "truncate",
+        ],
+    ),
+];
+
 impl RopeSpec {
     /// Reads `rope_theta` and `rope_scaling` (or transformers 5's
-    /// `rope_parameters`, which holds both).
+    /// `rope_parameters`, which holds both); either object's rope type must
+    /// be one of [`ROPE_TYPES`] and its keys those the type reads.
     pub fn from_config(cfg: &ConfigJson, default_theta: f64) -> Result<Self, ModelError> {
+        for field in ["rope_scaling", "rope_parameters"] {
+            if let Some(obj) = cfg.raw(field).and_then(Value::as_object) {
+                check_keys(cfg, field, obj)?;
+            }
+        }
         let params = cfg.raw("rope_parameters").filter(|v| v.is_object());
         let theta = match params.and_then(|p| p.get("rope_theta")).and_then(Value::as_f64) {
             Some(t) => t,
@@ -66,11 +109,7 @@ impl RopeSpec {
 
 fn parse_scaling(cfg: &ConfigJson, field: &str, s: &Value, max_pos: f64) -> Result<RopeScaling, ModelError> {
     let obj = s.as_object().ok_or_else(|| cfg.err(field, "expected an object"))?;
-    let kind = obj
-        .get("rope_type")
-        .or_else(|| obj.get("type"))
-        .and_then(Value::as_str)
-        .unwrap_or("default");
+    let kind = rope_kind(obj);
     let num = |key: &str| obj.get(key).and_then(Value::as_f64);
     let need = |key: &str| num(key).ok_or_else(|| cfg.err(&format!("{field}.{key}"), "missing or not a number"));
     let factor = || -> Result<f64, ModelError> {
@@ -99,13 +138,46 @@ fn parse_scaling(cfg: &ConfigJson, field: &str, s: &Value, max_pos: f64) -> Resu
             mscale_all_dim: num("mscale_all_dim"),
             truncate: obj.get("truncate").and_then(Value::as_bool).unwrap_or(true),
         },
-        other => {
-            return Err(cfg.err(
-                &format!("{field}.rope_type"),
-                format!("{other:?} is not supported (supported: default, linear, llama3, yarn)"),
-            ))
-        }
+        other => return Err(unsupported_type(cfg, field, other)),
     })
+}
+
+/// The rope type of a `rope_scaling` / `rope_parameters` object (`default` when unnamed).
+fn rope_kind(obj: &Map<String, Value>) -> &str {
+    obj.get("rope_type")
+        .or_else(|| obj.get("type"))
+        .and_then(Value::as_str)
+        .unwrap_or("default")
+}
+
+/// Refuses a rope type larder does not implement, or a key its type does not read.
+fn check_keys(cfg: &ConfigJson, field: &str, obj: &Map<String, Value>) -> Result<(), ModelError> {
+    let kind = rope_kind(obj);
+    let (_, keys) = ROPE_TYPES
+        .iter()
+        .find(|(name, _)| *name == kind)
+        .ok_or_else(|| unsupported_type(cfg, field, kind))?;
+    match obj
+        .keys()
+        .find(|k| !ROPE_COMMON_KEYS.contains(&k.as_str()) && !keys.contains(&k.as_str()))
+    {
+        Some(key) => Err(cfg.err(
+            &format!("{field}.{key}"),
+            format!(
+                "is not a RoPE parameter larder implements (rope type {kind:?} reads {})",
+                keys.join(", ")
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
+fn unsupported_type(cfg: &ConfigJson, field: &str, kind: &str) -> ModelError {
+    let supported: Vec<&str> = ROPE_TYPES.iter().map(|(name, _)| *name).collect();
+    cfg.err(
+        &format!("{field}.rope_type"),
+        format!("{kind:?} is not supported (supported: {})", supported.join(", ")),
+    )
 }
 
 /// Precomputed inverse frequencies for one head size.

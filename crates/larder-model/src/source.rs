@@ -10,10 +10,13 @@
 //! learns which tensors an architecture reads, with their shipped names,
 //! dtypes, shapes and roles), and the [`RandomSource`] (deterministic random
 //! weights: a model from a spec alone). So tensor names and shapes are
-//! declared once, in the loaders.
+//! declared once, in the loaders, which see a source through a
+//! prefix-scoped [`WeightView`] (`view.pp("self_attn").linear("q_proj", ..)`)
+//! and never format a full tensor name.
 
 pub mod random;
 pub mod recorder;
+pub mod view;
 
 use std::path::PathBuf;
 
@@ -21,11 +24,12 @@ use larder_tensor::weight::SharedBytes;
 use larder_tensor::WeightMatrix;
 
 use crate::checkpoint::Checkpoint;
-use crate::config::ModelSpec;
 use crate::error::ModelError;
+use crate::spec::ModelSpec;
 
 pub use random::RandomSource;
 pub use recorder::{RecordedRole, RecordedTensor, Recorder};
+pub use view::{TensorPath, WeightView};
 
 /// What a loader asks a [`WeightSource`] for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -17,8 +17,9 @@
 //! requests against the checkpoint's shapes. Errors name the field (as most
 //! architectures spell it) and the tensor.
 
-use crate::config::{ConfigJson, ExpertKind, FfnSpec, KdaSpec, MixerSpec, MlaSpec, ModelSpec, MoeSpec, MAX_HEAD_DIM, MAX_TENSOR_ELEMENTS};
+use crate::config::{ConfigJson, MAX_HEAD_DIM, MAX_TENSOR_ELEMENTS};
 use crate::error::ModelError;
+use crate::spec::{ExpertKind, FfnSpec, KdaSpec, MixerSpec, MlaSpec, ModelSpec, MoeSpec};
 
 /// Checks every bound of the module doc on `spec`, read from `cfg`.
 pub(crate) fn check(cfg: &ConfigJson, spec: &ModelSpec) -> Result<(), ModelError> {

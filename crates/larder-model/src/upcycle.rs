@@ -10,8 +10,9 @@
 //! byte-for-byte in its dtype, and the output config states every attention,
 //! RoPE, norm and vocabulary setting explicitly (the MoE architectures'
 //! defaults differ from Llama's, e.g. Mixtral's `rope_theta`). Before writing,
-//! the output config is read back with the target architecture's reader and
-//! its attention settings compared with the source's.
+//! the output config is read back as a load reads it (its keys checked, then
+//! the target architecture's reader) and its attention settings compared
+//! with the source's.
 //!
 //! Layouts: [`UpcycleLayout::Mixtral`] from `llama` or `mistral` sources;
 //! [`UpcycleLayout::Qwen3Moe`] from dense `qwen3` (its attention has the
@@ -31,8 +32,9 @@ use serde::Serialize;
 use serde_json::{json, Map, Value};
 
 use crate::checkpoint::Checkpoint;
-use crate::config::{ConfigJson, ModelSpec};
+use crate::config::ConfigJson;
 use crate::error::ModelError;
+use crate::spec::ModelSpec;
 
 /// The MoE architecture an upcycled checkpoint takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -450,10 +452,8 @@ fn check_same_attention(cfg: &ConfigJson, out: &Value) -> Result<(), ModelError>
         path: cfg.path.clone(),
         value: out.clone(),
     };
-    let got = match out["model_type"].as_str() {
-        Some("mixtral") => crate::arch::mixtral::spec(&out_cfg)?,
-        _ => crate::arch::qwen3_moe::spec(&out_cfg)?,
-    };
+    // Read as a load would read it: every key checked (docs/architectures.md).
+    let got = crate::arch::spec_from_config(&out_cfg)?;
     let want = match cfg.opt_str("model_type")? {
         Some("llama") => crate::arch::llama::spec(cfg)?,
         Some("mistral") => crate::arch::llama::spec_mistral(cfg)?,

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use larder_model::config::MixerSpec;
-use larder_model::{load_model_with, DecoderModel, MlaCache, RouteTrace};
+use larder_model::{DecoderModel, MlaCache, ModelLoad, RouteTrace};
 use serde_json::Value;
 
 const FIXTURES: &[&str] = &[
@@ -126,7 +126,10 @@ fn check_fixture(name: &str) {
 fn check_fixture_with(fixture: &str, cache: MlaCache) {
     let dir = fixture_dir(fixture);
     let name = &format!("{fixture} ({cache:?})");
-    let model = load_model_with(&dir, None, cache).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let model = ModelLoad::new()
+        .mla_cache(cache)
+        .load(&dir)
+        .unwrap_or_else(|e| panic!("{name}: {e}"));
     let r = reference(&dir);
     let prompt = ids(&r.json["prompt_ids"]);
 

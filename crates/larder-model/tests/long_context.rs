@@ -36,10 +36,8 @@ fn model(cache: MlaCache) -> DecoderModel {
     }
     v["rope_parameters"]["original_max_position_embeddings"] = json!(16384);
     v["rope_parameters"]["factor"] = json!(4.0);
-    let spec = larder_model::ModelSpec {
-        mla_cache: cache,
-        ..larder_model::arch::spec_from_config(&cfg).unwrap()
-    };
+    let mut spec = larder_model::arch::spec_from_config(&cfg).unwrap();
+    spec.mla_cache = cache;
     // Weights large enough that attention is far from uniform.
     DecoderModel::load(spec, &RandomSource::new(11, 0.5), None).unwrap()
 }

@@ -9,11 +9,60 @@
 //! layer index `num_hidden_layers` and up) are not loaded: the main model
 //! runs without them; they stay addressable in the checkpoint for drafting.
 
-use crate::config::{
-    ConfigJson, FfnSpec, LayerSpec, MixerSpec, MlaCache, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec,
-};
+use crate::config::{ConfigJson, ConfigKeys};
 use crate::error::ModelError;
 use crate::rope::{RopeScaling, RopeSpec};
+use crate::spec::{FfnSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec};
+
+/// `model_type: deepseek_v3` / `kimi_k2`'s config.json keys.
+pub(crate) const KEYS: ConfigKeys = ConfigKeys {
+    docs: "DeepSeek-V3 / Kimi-K2",
+    read: &[&[
+        "model_type",
+        "vocab_size",
+        "hidden_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "hidden_act",
+        "rms_norm_eps",
+        "attention_bias",
+        "tie_word_embeddings",
+        "max_position_embeddings",
+        "rope_theta",
+        "rope_scaling",
+        "rope_parameters",
+        "rope_interleave",
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "head_dim",
+        "qk_head_dim",
+        "intermediate_size",
+        "moe_intermediate_size",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "n_shared_experts",
+        "first_k_dense_replace",
+        "moe_layer_freq",
+        "n_group",
+        "topk_group",
+        "norm_topk_prob",
+        "routed_scaling_factor",
+        "scoring_func",
+        "topk_method",
+        "quantization_config",
+        // No effect on the main model's logits: multi-token-prediction
+        // layers are not loaded (module doc); training and parallelism settings.
+        "num_nextn_predict_layers",
+        "aux_loss_alpha",
+        "seq_aux",
+        "ep_size",
+    ]],
+    refused: &[],
+};
 
 /// `model_type: deepseek_v3` / `kimi_k2`.
 pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
@@ -23,6 +72,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     }
     let hidden = cfg.usize("hidden_size")?;
     let heads = cfg.usize("num_attention_heads")?;
+    cfg.equal_heads(heads)?;
     let mla = mla_spec(cfg)?;
     let rope = RopeSpec::from_config(cfg, 10000.0)?;
     let qk = (mla.qk_nope_head_dim + mla.qk_rope_head_dim) as f64;
@@ -53,17 +103,10 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         max_position_embeddings: cfg.opt_usize("max_position_embeddings")?.unwrap_or(4096),
         rope,
         tie_word_embeddings: cfg.opt_bool("tie_word_embeddings")?.unwrap_or(false),
-        qkv_bias: false,
-        o_bias: false,
-        qk_norm: false,
-        layers: Vec::new(),
         moe_names: MoeNames::DEEPSEEK,
-        fp8_block: fp8_block(cfg)?,
+        fp8_block: crate::quant::fp8_block(cfg)?,
         compressed: crate::quant::compressed_tensors(cfg)?,
-        mxfp4_experts: None,
-        attn_res_block: None,
-        attention_sinks: false,
-        mla_cache: MlaCache::default(),
+        ..ModelSpec::default()
     };
     let layers = layer_plan(cfg, &MixerSpec::Mla(mla))?;
     super::finish(cfg, spec, layers)
@@ -78,17 +121,18 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
     if rope % 2 != 0 {
         return Err(cfg.err("qk_rope_head_dim", format!("{rope} must be even (RoPE rotates pairs)")));
     }
+    let kv_lora_rank = cfg.usize("kv_lora_rank")?;
+    let nope = cfg.usize("qk_nope_head_dim")?;
+    let v_head_dim = cfg.usize("v_head_dim")?;
+    // Derived by transformers (`head_dim` = qk_rope_head_dim, `qk_head_dim` =
+    // nope + rope) and saved in its configs; larder derives both itself, so
+    // only their types are checked.
+    cfg.opt_usize("head_dim")?;
+    cfg.opt_usize("qk_head_dim")?;
     Ok(MlaSpec {
         q_lora_rank,
-        kv_lora_rank: cfg.usize("kv_lora_rank")?,
-        qk_nope_head_dim: cfg.usize("qk_nope_head_dim")?,
-        qk_rope_head_dim: rope,
-        v_head_dim: cfg.usize("v_head_dim")?,
         rope_interleave: cfg.opt_bool("rope_interleave")?.unwrap_or(true),
-        softmax_scale: 1.0,
-        rotary: true,
-        latent_norm_eps: crate::mla::LATENT_NORM_EPS,
-        output_gate: false,
+        ..MlaSpec::new(kv_lora_rank, nope, rope, v_head_dim)
     })
 }
 
@@ -109,13 +153,12 @@ fn layer_plan(cfg: &ConfigJson, mixer: &MixerSpec) -> Result<Vec<LayerSpec>, Mod
         return Err(cfg.err("moe_layer_freq", "must be positive"));
     }
     Ok((0..n)
-        .map(|l| LayerSpec {
-            mixer: mixer.clone(),
-            sliding_window: None,
-            ffn: match &moe {
+        .map(|l| {
+            let ffn = match &moe {
                 Some(m) if l >= first_dense && l % freq == 0 => FfnSpec::Moe(m.clone()),
                 _ => dense.clone(),
-            },
+            };
+            LayerSpec::new(mixer.clone(), ffn)
         })
         .collect())
 }
@@ -147,53 +190,16 @@ fn moe_spec(cfg: &ConfigJson, num_experts: usize) -> Result<MoeSpec, ModelError>
     let intermediate = cfg.usize("moe_intermediate_size")?;
     let shared = match cfg.opt_usize("n_shared_experts")? {
         None | Some(0) => None,
-        Some(k) => Some(SharedExpertSpec {
-            intermediate: intermediate * k,
-            sigmoid_gate: false,
-        }),
+        Some(k) => Some(SharedExpertSpec::new(intermediate * k)),
     };
     Ok(MoeSpec {
-        num_experts,
-        top_k,
         renormalize: cfg.opt_bool("norm_topk_prob")?.unwrap_or(false),
-        expert_intermediate: intermediate,
-        latent: None,
         shared_expert: shared,
         scoring: Scoring::SigmoidGroups {
             n_group,
             topk_group,
             scaling: cfg.opt_f64("routed_scaling_factor")?.unwrap_or(1.0) as f32,
         },
-        experts: crate::config::ExpertKind::Swiglu,
+        ..MoeSpec::new(num_experts, top_k, intermediate)
     })
-}
-
-/// `quantization_config` of an fp8 checkpoint: its block size.
-pub(crate) fn fp8_block(cfg: &ConfigJson) -> Result<Option<(usize, usize)>, ModelError> {
-    let Some(q) = cfg.raw("quantization_config") else { return Ok(None) };
-    let field = "quantization_config";
-    let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
-    if method == "compressed-tensors" {
-        return Ok(None); // read by crate::quant::compressed_tensors
-    }
-    if method != "fp8" {
-        return Err(cfg.err(
-            &format!("{field}.quant_method"),
-            format!("{method:?} is not supported (supported: fp8 with block scales, compressed-tensors)"),
-        ));
-    }
-    if let Some(fmt) = q.get("fmt").and_then(|f| f.as_str()) {
-        if fmt != "e4m3" {
-            return Err(cfg.err(&format!("{field}.fmt"), format!("{fmt:?} is not supported (supported: e4m3)")));
-        }
-    }
-    let block: Vec<usize> = q
-        .get("weight_block_size")
-        .and_then(|b| b.as_array())
-        .map(|a| a.iter().filter_map(|v| v.as_u64().map(|x| x as usize)).collect())
-        .unwrap_or_default();
-    match block.as_slice() {
-        [r, c] if *r > 0 && *c > 0 => Ok(Some((*r, *c))),
-        _ => Err(cfg.err(&format!("{field}.weight_block_size"), "expected two positive integers")),
-    }
 }

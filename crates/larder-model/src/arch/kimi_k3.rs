@@ -21,8 +21,9 @@
 
 use serde_json::Value;
 
-use crate::config::{ConfigJson, KdaOutputGate};
+use crate::config::ConfigJson;
 use crate::error::ModelError;
+use crate::spec::KdaOutputGate;
 
 /// bailing_hybrid's default `kda_lower_bound`.
 const BAILING_DEFAULT_BOUND: f64 = -5.0;

@@ -12,12 +12,12 @@
 //! (`moe_latent_size`, NemotronH's computation: `MoeSpec::latent`) and the
 //! gates of `kimi_k3.rs`.
 //!
-//! Fails closed on fields: every config.json key is either read here
-//! (`IMPLEMENTED`, with transformers' aliases and derived fields), known
-//! to have no effect on the logits (`NO_EFFECT`), or refused naming it;
-//! K3 extension fields (`K3_EXTENSIONS`) are refused as such. Fields
-//! transformers ignores are accepted only with the value it computes
-//! (`mla_use_nope: true`, `moe_layer_freq: 1`,
+//! Keys follow the one policy (`crate::config::ConfigKeys`): every
+//! config.json key is read here (`KEYS`, with transformers' aliases and
+//! derived fields, and the keys of `linear_attn_config`) or is bookkeeping;
+//! K3 extension fields larder does not implement are refused as such, any
+//! other key as unknown. Fields transformers ignores are accepted only with
+//! the value it computes (`mla_use_nope: true`, `moe_layer_freq: 1`,
 //! `moe_router_activation_func: sigmoid`, `topk_method: noaux_tc`, ...): no
 //! reference exists for others. The lists are in docs/architectures.md.
 
@@ -25,20 +25,22 @@ use serde_json::Value;
 
 use super::kimi_k3;
 
-use crate::config::{
-    ConfigJson, FfnSpec, KdaSpec, LayerSpec, MixerSpec, MlaCache, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec,
-    MAX_CONFIG_INT,
-};
+use crate::config::{ConfigJson, ConfigKeys, MAX_CONFIG_INT};
 use crate::error::ModelError;
-use crate::rope::{RopeScaling, RopeSpec};
+use crate::spec::{FfnSpec, KdaSpec, LayerSpec, MixerSpec, MlaSpec, ModelSpec, MoeNames, MoeSpec, Scoring, SharedExpertSpec};
 
 /// Kimi Linear's MoE tensor names.
 const NAMES: MoeNames = MoeNames {
     block: "block_sparse_moe",
-    router: "gate",
     expert_proj: ["w1", "w3", "w2"],
-    shared_expert: "shared_experts",
-    shared_expert_gate: "shared_expert_gate",
+    ..MoeNames::DEEPSEEK
+};
+
+/// `model_type: kimi_linear`'s config.json keys.
+pub(crate) const KEYS: ConfigKeys = ConfigKeys {
+    docs: "Kimi Linear",
+    read: &[IMPLEMENTED],
+    refused: K3_EXTENSIONS,
 };
 
 /// Fields this file reads (each value is checked where it is read), with
@@ -102,35 +104,8 @@ const IMPLEMENTED: &[&str] = &[
     "kda_lower_bound",
     "kda_safe_gate",
     "mla_use_output_gate",
-];
-
-/// Fields with no effect on the logits (metadata, training-only settings,
-/// output switches of transformers' `forward`), accepted with any value.
-const NO_EFFECT: &[&str] = &[
-    "architectures",
-    "auto_map",
-    "dtype",
-    "torch_dtype",
-    "transformers_version",
-    "_name_or_path",
-    "use_cache",
-    "bos_token_id",
-    "eos_token_id",
-    "pad_token_id",
-    "initializer_range",
-    "attention_dropout",
-    "output_router_logits",
-    "router_aux_loss_coef",
-    "pretraining_tp",
-    "output_attentions",
-    "output_hidden_states",
-    "return_dict",
-    "chunk_size_feed_forward",
-    "is_encoder_decoder",
-    "id2label",
-    "label2id",
-    "problem_type",
-    "tokenizer_class",
+    // read as a switch: only false (or null) accepted
+    "latent_moe_use_norm",
 ];
 
 /// `linear_attn_config` keys larder reads.
@@ -147,33 +122,26 @@ const LINEAR_KEYS: &[&str] = &[
     "use_full_rank_gate",
 ];
 
-/// K3 extension fields larder does not implement: (field, extension). Names
-/// are those of the public reference models (transformers 5.24.0
-/// `glm5_next`, `bailing_hybrid`, `inkling2`, `nemotron_h`) and those seen in
-/// public code written against K3's config; `linear_attn_config.` marks a key
-/// inside that object. A boolean switch set to `false` means the plain
-/// kimi_linear computation and is accepted (see `switch_off`).
+/// K3 extension fields larder does not implement: (field, what it is), for
+/// [`ConfigKeys::refused`] (a null value is the feature off). Names are
+/// those of the public reference models (transformers 5.24.0 `glm5_next`,
+/// `bailing_hybrid`, `inkling2`, `nemotron_h`) and those seen in public code
+/// written against K3's config.
 const K3_EXTENSIONS: &[(&str, &str)] = &[
-    ("activation_situ_beta", "SiTU activations"),
-    ("activation_situ_linear_beta", "SiTU activations"),
+    ("activation_situ_beta", "SiTU activations, a K3 extension"),
+    ("activation_situ_linear_beta", "SiTU activations, a K3 extension"),
     (
         "attn_res_block_size",
-        "attention-residual blocks under a name no reference defines (larder reads inkling2's n_layers_per_attn_res_block)",
+        "attention-residual blocks under a name no reference defines (larder reads inkling2's n_layers_per_attn_res_block), \
+         a K3 extension",
     ),
     (
         "routed_expert_hidden_size",
-        "a latent-space experts variant no reference model defines (moe_latent_size is implemented)",
-    ),
-    (
-        "latent_moe_use_norm",
-        "a latent-space experts variant no reference model defines (moe_latent_size is implemented)",
+        "a latent-space experts variant no reference model defines (moe_latent_size is implemented), a K3 extension",
     ),
 ];
 
-/// K3 switches whose `false` is the plain kimi_linear computation.
-const K3_SWITCHES: &[&str] = &["latent_moe_use_norm"];
-
-/// The error for a K3 extension field.
+/// The error for a K3 extension field or value.
 fn k3_refusal(cfg: &ConfigJson, field: &str, extension: &str) -> ModelError {
     cfg.err(
         field,
@@ -181,47 +149,27 @@ fn k3_refusal(cfg: &ConfigJson, field: &str, extension: &str) -> ModelError {
     )
 }
 
-/// Whether `value` of `field` is a K3 switch turned off (or null).
-fn switch_off(field: &str, value: &Value) -> bool {
-    value.is_null() || (K3_SWITCHES.contains(&field) && value == &Value::Bool(false))
-}
-
-/// Refuses every field larder neither implements nor knows to be without
-/// effect, naming it; K3 extensions are named as such.
-fn check_fields(cfg: &ConfigJson) -> Result<(), ModelError> {
-    let top = cfg.value.as_object().into_iter().flatten();
-    let nested = match cfg.value.get("linear_attn_config") {
-        Some(Value::Object(m)) => Some(m.iter().map(|(k, v)| (format!("linear_attn_config.{k}"), v))),
-        _ => None,
+/// Refuses every `linear_attn_config` key larder does not read, naming it
+/// (top-level keys: [`KEYS`], checked before this reader runs).
+fn check_linear_keys(cfg: &ConfigJson) -> Result<(), ModelError> {
+    let Some(Value::Object(m)) = cfg.value.get("linear_attn_config") else {
+        return Ok(());
     };
-    let fields = top.map(|(k, v)| (k.clone(), v)).chain(nested.into_iter().flatten());
-    for (field, value) in fields {
-        if let Some((_, extension)) = K3_EXTENSIONS.iter().find(|(name, _)| *name == field) {
-            if switch_off(&field, value) {
-                continue;
-            }
-            return Err(k3_refusal(cfg, &field, extension));
-        }
-        let known = match field.strip_prefix("linear_attn_config.") {
-            Some(key) => LINEAR_KEYS.contains(&key),
-            None => IMPLEMENTED.contains(&field.as_str()) || NO_EFFECT.contains(&field.as_str()),
-        };
-        if !known {
-            return Err(cfg.err(
-                &field,
-                "is not a kimi_linear field larder implements (an unknown field, or a K3 extension larder does not \
-                 implement); see docs/architectures.md (Kimi Linear)",
-            ));
-        }
+    match m.keys().find(|k| !LINEAR_KEYS.contains(&k.as_str())) {
+        Some(key) => Err(cfg.unknown_key(&format!("linear_attn_config.{key}"), "kimi_linear", KEYS.docs)),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// `model_type: kimi_linear`.
 pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
-    check_fields(cfg)?;
+    check_linear_keys(cfg)?;
     if cfg.opt_str("hidden_act")? == Some("situ") {
         return Err(k3_refusal(cfg, "hidden_act", "SiTU activations (\"situ\")"));
+    }
+    if cfg.opt_bool("latent_moe_use_norm")? == Some(true) {
+        let variant = "a latent-space experts variant no reference model defines (moe_latent_size is implemented)";
+        return Err(k3_refusal(cfg, "latent_moe_use_norm", variant));
     }
     cfg.require_silu()?;
     refuse_unsupported(cfg)?;
@@ -229,6 +177,8 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     refuse_rope(cfg)?;
     let hidden = cfg.usize("hidden_size")?;
     let mla = mla_spec(cfg)?;
+    // `rope` stays the default: never applied (no layer rotates), it only
+    // sizes the unused table.
     let spec = ModelSpec {
         model_type: "kimi_linear".into(),
         hidden_size: hidden,
@@ -240,23 +190,11 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         max_position_embeddings: cfg
             .opt_usize(aliased(cfg, "model_max_length", "max_position_embeddings")?)?
             .unwrap_or(1 << 20),
-        // Never applied (no layer rotates); only sizes the unused table.
-        rope: RopeSpec {
-            theta: 10000.0,
-            scaling: RopeScaling::None,
-        },
-        tie_word_embeddings: false,
-        qkv_bias: false,
-        o_bias: false,
-        qk_norm: false,
-        layers: Vec::new(),
         moe_names: NAMES,
-        fp8_block: super::deepseek_v3::fp8_block(cfg)?,
+        fp8_block: crate::quant::fp8_block(cfg)?,
         compressed: crate::quant::compressed_tensors(cfg)?,
-        mxfp4_experts: None,
         attn_res_block: attn_res_block(cfg)?,
-        attention_sinks: false,
-        mla_cache: MlaCache::default(),
+        ..ModelSpec::default()
     };
     let kda = MixerSpec::Kda(kda_spec(cfg)?);
     let mla = MixerSpec::Mla(mla);
@@ -264,11 +202,7 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     let layers = mixer_plan(cfg)?
         .into_iter()
         .zip(ffns)
-        .map(|(is_kda, ffn)| LayerSpec {
-            mixer: if is_kda { kda.clone() } else { mla.clone() },
-            sliding_window: None,
-            ffn,
-        })
+        .map(|(is_kda, ffn)| LayerSpec::new(if is_kda { kda.clone() } else { mla.clone() }, ffn))
         .collect();
     super::finish(cfg, spec, layers)
 }
@@ -396,14 +330,7 @@ fn rms_norm_eps(cfg: &ConfigJson) -> Result<f32, ModelError> {
 
 /// MLA without RoPE: scale `(nope + rope)^-0.5`, latent norms at eps 1e-6.
 fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
-    let heads = cfg.usize("num_attention_heads")?;
-    let kv_heads = cfg.opt_usize("num_key_value_heads")?.unwrap_or(heads);
-    if kv_heads != heads {
-        return Err(cfg.err(
-            "num_key_value_heads",
-            format!("{kv_heads} must equal num_attention_heads ({heads}): MLA has one key and value per head"),
-        ));
-    }
+    cfg.equal_heads(cfg.usize("num_attention_heads")?)?;
     let q_lora_rank = match cfg.raw("q_lora_rank") {
         None => None,
         Some(_) => Some(cfg.usize("q_lora_rank")?),
@@ -419,28 +346,14 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
     // `head_dim` has no effect: transformers overwrites it with qk_rope_head_dim
     // (Kimi-Linear-48B's config.json says 72 = hidden / heads). Only its type is checked.
     cfg.opt_usize("head_dim")?;
-    derived(cfg, "qk_head_dim", nope + rope, "qk_nope_head_dim + qk_rope_head_dim")?;
+    cfg.derived("qk_head_dim", nope + rope, "qk_nope_head_dim + qk_rope_head_dim")?;
+    let (kv_lora_rank, v_head_dim) = (field("kv_lora_rank", 512)?, field("v_head_dim", 128)?);
     Ok(MlaSpec {
         q_lora_rank,
-        kv_lora_rank: field("kv_lora_rank", 512)?,
-        qk_nope_head_dim: nope,
-        qk_rope_head_dim: rope,
-        v_head_dim: field("v_head_dim", 128)?,
-        rope_interleave: false,
-        softmax_scale: ((nope + rope) as f64).powf(-0.5) as f32,
         rotary: false,
-        latent_norm_eps: crate::mla::LATENT_NORM_EPS,
         output_gate: kimi_k3::mla_output_gate(cfg)?,
+        ..MlaSpec::new(kv_lora_rank, nope, rope, v_head_dim)
     })
-}
-
-/// A field transformers derives (`qk_head_dim`): accepted only with the
-/// value it computes.
-fn derived(cfg: &ConfigJson, name: &str, want: usize, from: &str) -> Result<(), ModelError> {
-    match cfg.opt_usize(name)? {
-        Some(v) if v != want => Err(cfg.err(name, format!("{v} is not supported (must equal {from}, {want})"))),
-        _ => Ok(()),
-    }
 }
 
 /// `linear_attn_config` as an object (absent: every default).
@@ -477,12 +390,13 @@ fn kda_spec(cfg: &ConfigJson) -> Result<KdaSpec, ModelError> {
         }
         Ok(v)
     };
+    let num_heads = positive("num_heads", "linear_num_heads", 32)?;
+    let head_dim = positive("head_dim", "linear_head_dim", 128)?;
+    let conv_kernel = positive("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
     Ok(KdaSpec {
-        num_heads: positive("num_heads", "linear_num_heads", 32)?,
-        head_dim: positive("head_dim", "linear_head_dim", 128)?,
-        conv_kernel: positive("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?,
         gate_lower_bound: kimi_k3::gate_lower_bound(cfg)?,
         output_gate: kimi_k3::kda_output_gate(cfg)?,
+        ..KdaSpec::new(num_heads, head_dim, conv_kernel)
     })
 }
 
@@ -603,20 +517,14 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
     }
     let shared_expert = match cfg.opt_usize(aliased(cfg, "num_shared_experts", "n_shared_experts")?)?.unwrap_or(1) {
         0 => None,
-        k => Some(SharedExpertSpec {
-            intermediate: intermediate * k,
-            sigmoid_gate: false,
-        }),
+        k => Some(SharedExpertSpec::new(intermediate * k)),
     };
     let scaling = cfg.opt_f64("routed_scaling_factor")?.unwrap_or(2.446);
     if !scaling.is_finite() {
         return Err(cfg.err("routed_scaling_factor", format!("{scaling} is not a finite number")));
     }
     Ok(MoeSpec {
-        num_experts,
-        top_k,
         renormalize: cfg.opt_bool(aliased(cfg, "moe_renormalize", "norm_topk_prob")?)?.unwrap_or(true),
-        expert_intermediate: intermediate,
         latent: latent_size(cfg)?,
         shared_expert,
         scoring: Scoring::SigmoidGroups {
@@ -624,7 +532,7 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
             topk_group,
             scaling: scaling as f32,
         },
-        experts: crate::config::ExpertKind::Swiglu,
+        ..MoeSpec::new(num_experts, top_k, intermediate)
     })
 }
 

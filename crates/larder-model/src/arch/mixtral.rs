@@ -2,15 +2,31 @@
 //! (`block_sparse_moe`, experts `w1`/`w3`/`w2`), softmax top-k, always
 //! renormalised.
 
-use crate::config::{check_top_k, ConfigJson, FfnSpec, LayerSpec, MixerSpec, ModelSpec, MoeNames, MoeSpec};
+use crate::config::{check_top_k, ConfigJson, ConfigKeys};
 use crate::error::ModelError;
+use crate::spec::{FfnSpec, LayerSpec, MixerSpec, ModelSpec, MoeNames, MoeSpec};
 
 const NAMES: MoeNames = MoeNames {
     block: "block_sparse_moe",
-    router: "gate",
     expert_proj: ["w1", "w3", "w2"],
-    shared_expert: "shared_expert",
-    shared_expert_gate: "shared_expert_gate",
+    ..MoeNames::QWEN
+};
+
+/// `model_type: mixtral`'s config.json keys, beyond the shared ones.
+pub(crate) const KEYS: ConfigKeys = ConfigKeys {
+    docs: "Mixtral",
+    read: &[
+        super::SHARED_KEYS,
+        &[
+            "intermediate_size",
+            "num_local_experts",
+            "num_experts_per_tok",
+            "sliding_window",
+            // No effect at inference: training-time router noise.
+            "router_jitter_noise",
+        ],
+    ],
+    refused: &[],
 };
 
 /// `model_type: mixtral`.
@@ -21,22 +37,12 @@ pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     let top_k = cfg.usize("num_experts_per_tok")?;
     check_top_k(cfg, num_experts, top_k)?;
     let moe = MoeSpec {
-        num_experts,
-        top_k,
         renormalize: true,
-        expert_intermediate: cfg.usize("intermediate_size")?,
-        latent: None,
-        shared_expert: None,
-        scoring: crate::config::Scoring::Softmax,
-        experts: crate::config::ExpertKind::Swiglu,
+        ..MoeSpec::new(num_experts, top_k, cfg.usize("intermediate_size")?)
     };
-    let window = cfg.opt_usize("sliding_window")?;
-    let layers = (0..n)
-        .map(|_| LayerSpec {
-            mixer: MixerSpec::Gqa,
-            sliding_window: window,
-            ffn: FfnSpec::Moe(moe.clone()),
-        })
-        .collect();
-    super::finish(cfg, spec, layers)
+    let layer = LayerSpec {
+        sliding_window: cfg.opt_usize("sliding_window")?,
+        ..LayerSpec::new(MixerSpec::Gqa, FfnSpec::Moe(moe))
+    };
+    super::finish(cfg, spec, vec![layer; n])
 }

@@ -2,19 +2,45 @@
 //! optional `norm_topk_prob`, MoE on every `decoder_sparse_step`-th layer
 //! except `mlp_only_layers`, which are dense.
 
-use crate::config::{check_top_k, ConfigJson, FfnSpec, LayerSpec, MixerSpec, ModelSpec, MoeNames, MoeSpec};
+use crate::config::{check_top_k, ConfigJson, ConfigKeys};
 use crate::error::ModelError;
+use crate::spec::{FfnSpec, LayerSpec, MixerSpec, ModelSpec, MoeNames, MoeSpec, SharedExpertSpec};
+
+/// The keys of the layer plan Qwen2-MoE and Qwen3-MoE share ([`qwen_moe_layers`]).
+pub(crate) const QWEN_MOE_KEYS: &[&str] = &[
+    "intermediate_size",
+    "moe_intermediate_size",
+    "num_experts",
+    "num_local_experts",
+    "num_experts_per_tok",
+    "norm_topk_prob",
+    "decoder_sparse_step",
+    "mlp_only_layers",
+    "layer_types",
+    "sliding_window",
+    "use_sliding_window",
+    "max_window_layers",
+];
+
+/// `model_type: qwen3_moe`'s config.json keys.
+pub(crate) const KEYS: ConfigKeys = ConfigKeys {
+    docs: "Qwen3-MoE",
+    read: &[super::SHARED_KEYS, QWEN_MOE_KEYS],
+    refused: &[],
+};
 
 /// `model_type: qwen3_moe`.
 pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
-    let mut spec = super::base_spec(cfg, 10000.0, 32768, MoeNames::QWEN)?;
-    spec.qk_norm = true;
+    let spec = ModelSpec {
+        qk_norm: true,
+        ..super::base_spec(cfg, 10000.0, 32768, MoeNames::QWEN)?
+    };
     let layers = qwen_moe_layers(cfg, None)?;
     super::finish(cfg, spec, layers)
 }
 
 /// The layer plan shared by Qwen2-MoE and Qwen3-MoE.
-pub(crate) fn qwen_moe_layers(cfg: &ConfigJson, shared: Option<crate::config::SharedExpertSpec>) -> Result<Vec<LayerSpec>, ModelError> {
+pub(crate) fn qwen_moe_layers(cfg: &ConfigJson, shared: Option<SharedExpertSpec>) -> Result<Vec<LayerSpec>, ModelError> {
     let n = cfg.num_layers()?;
     // Hub configs say `num_experts`; transformers 5 writes `num_local_experts`.
     let num_experts = match cfg.opt_usize("num_experts")? {
@@ -34,14 +60,9 @@ pub(crate) fn qwen_moe_layers(cfg: &ConfigJson, shared: Option<crate::config::Sh
         let top_k = cfg.usize("num_experts_per_tok")?;
         check_top_k(cfg, num_experts, top_k)?;
         Some(MoeSpec {
-            num_experts,
-            top_k,
             renormalize: cfg.opt_bool("norm_topk_prob")?.unwrap_or(false),
-            expert_intermediate: cfg.usize("moe_intermediate_size")?,
-            latent: None,
             shared_expert: shared,
-            scoring: crate::config::Scoring::Softmax,
-            experts: crate::config::ExpertKind::Swiglu,
+            ..MoeSpec::new(num_experts, top_k, cfg.usize("moe_intermediate_size")?)
         })
     } else {
         None
@@ -58,9 +79,8 @@ pub(crate) fn qwen_moe_layers(cfg: &ConfigJson, shared: Option<crate::config::Sh
                 _ => dense()?,
             };
             Ok(LayerSpec {
-                mixer: MixerSpec::Gqa,
                 sliding_window: windows[l],
-                ffn,
+                ..LayerSpec::new(MixerSpec::Gqa, ffn)
             })
         })
         .collect()

@@ -39,9 +39,9 @@ use larder_tensor::{WeightDType, WeightMatrix};
 use super::{ExpertTag, RawTensor, Weight, WeightRequest, WeightSource};
 use crate::assemble::{self, PartKind, PartLayout, ShippedAs, FLOAT_DTYPES};
 use crate::checkpoint::Checkpoint;
-use crate::config::ModelSpec;
 use crate::error::ModelError;
 use crate::quant::{CompressedTensors, ModuleRule};
+use crate::spec::ModelSpec;
 
 /// What a recorded tensor is to the model.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use larder_model::config::MixerSpec;
-use larder_model::{load_model, load_model_with, BatchSeq, DecoderModel, MlaCache, RouteTrace, SequenceState, Wanted};
+use larder_model::{load_model, BatchSeq, DecoderModel, MlaCache, ModelLoad, RouteTrace, SequenceState, Wanted};
 use larder_tensor::Mat;
 use serde_json::Value;
 
@@ -84,7 +84,7 @@ pub fn loads(name: &str) -> Vec<(String, DecoderModel)> {
     caches
         .into_iter()
         .map(|c| {
-            let model = load_model_with(&dir, None, c).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let model = ModelLoad::new().mla_cache(c).load(&dir).unwrap_or_else(|e| panic!("{name}: {e}"));
             (format!("{name} ({c:?})"), model)
         })
         .collect()
