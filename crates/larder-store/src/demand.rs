@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::io::ReadResult;
-use crate::store::{ExpertRecord, Shared};
+use crate::shared::{ExpertRecord, Shared};
 use crate::StoreError;
 
 /// The caller's callback: `ready(i, record)` for `ids[i]`.

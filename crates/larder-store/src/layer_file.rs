@@ -22,7 +22,7 @@ use crate::fsutil::{commit, temp_path, write_atomic};
 use crate::io::{open_checking, IoBackend};
 use crate::location::Extent;
 use crate::manifest::{ExpertEntry, PartEntry};
-use crate::pack::{record_layout, store_folder, PackEvent, PackLayer, PackSource, Plan};
+use crate::pack_plan::{record_layout, store_folder, PackEvent, PackLayer, PackSource, Plan};
 use crate::record::{record_seed, source_digest, LayerHeader, LAYER_HEADER_LEN};
 use crate::StoreError;
 

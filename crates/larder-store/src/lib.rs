@@ -32,9 +32,12 @@ mod layer_file;
 #[cfg(feature = "remote")]
 pub mod lazy;
 pub mod location;
+mod locks;
 pub mod manifest;
 pub mod mirror;
 pub mod pack;
+mod pack_plan;
+mod pending;
 mod prefetch;
 #[cfg(feature = "remote")]
 pub mod pull;
@@ -42,6 +45,7 @@ mod queue;
 pub mod record;
 #[cfg(feature = "remote")]
 pub mod remote;
+mod shared;
 pub mod size;
 pub mod spine;
 pub mod stats;

@@ -9,14 +9,21 @@
 //! The manifest is written last, atomically; a folder without one is not a
 //! store, and a manifest from another format version or another model is
 //! refused with an error saying so.
+//!
+//! The index of a store's records is built here from the manifest
+//! ([`Manifest::index_without_mirrors`]); [`Manifest::index`], which also
+//! attaches the mirrored copies `mirrors.json` lists, is defined beside them
+//! in [`crate::mirror`]. The record layout and source identity types are
+//! [`crate::record`]'s, re-exported here.
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
-use crate::location::{ExpertIndex, ExpertLocation, Extent, Part, PartDesc};
+use crate::location::{ExpertIndex, ExpertLocation, Extent, Part};
 use crate::record::{record_seed, source_digest, LayerHeader};
+pub use crate::record::{PartEntry, SourceFile, SourceIdentity};
 use crate::StoreError;
 
 pub const MANIFEST: &str = "manifest.json";
@@ -24,22 +31,6 @@ pub const FORMAT: &str = "larder-store";
 pub const VERSION: u32 = 2;
 /// Most layers a store may have (no model comes near; config.json has the same bound).
 pub const MAX_LAYERS: usize = 4096;
-
-/// The checkpoint a store was packed from.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SourceIdentity {
-    /// Digest of the source's `config.json` bytes (the copy in the store must match).
-    pub config_digest: String,
-    pub files: Vec<SourceFile>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SourceFile {
-    pub name: String,
-    pub size: u64,
-    /// Digest of the safetensors header (names, dtypes, shapes, offsets).
-    pub header_digest: String,
-}
 
 /// A file copied from the checkpoint (config.json, tokenizer.json, templates).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -112,15 +103,6 @@ pub struct LayerEntry {
     /// Components of every record of this layer, in record order.
     pub parts: Vec<PartEntry>,
     pub experts: Vec<ExpertEntry>,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct PartEntry {
-    #[serde(flatten)]
-    pub desc: PartDesc,
-    /// Byte range inside the record.
-    pub offset: u64,
-    pub len: u64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -264,15 +246,6 @@ impl Manifest {
         (0..self.drives.len()).find(|&d| std::fs::canonicalize(self.drive_dir(root, d)).ok().as_ref() == Some(&want))
     }
 
-    /// The location index of every expert, mirrored copies included
-    /// ([`crate::mirror`]), checking drives and files exist and are long enough.
-    pub fn index(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
-        let mut index = self.primary_index(root)?;
-        crate::mirror::attach(self, root, &mut index)?;
-        check_sizes(&index)?;
-        Ok(index)
-    }
-
     /// [`index`](Self::index) without the mirrored copies.
     pub fn index_without_mirrors(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
         let index = self.primary_index(root)?;
@@ -280,8 +253,9 @@ impl Manifest {
         Ok(index)
     }
 
-    /// Every expert's primary record, drives and layer headers checked.
-    fn primary_index(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
+    /// Every expert's primary record, drives and layer headers checked
+    /// (file sizes are not: see [`check_sizes`]).
+    pub(crate) fn primary_index(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
         let mpath = root.join(MANIFEST);
         for d in 0..self.drives.len() {
             let dir = self.drive_dir(root, d);
@@ -359,7 +333,7 @@ impl Manifest {
 }
 
 /// Checks every extent of `index` lies inside its file.
-fn check_sizes(index: &ExpertIndex) -> Result<(), StoreError> {
+pub(crate) fn check_sizes(index: &ExpertIndex) -> Result<(), StoreError> {
     let mut sizes = Vec::with_capacity(index.files.len());
     for f in &index.files {
         let meta = std::fs::metadata(f).map_err(|e| StoreError::io(f, e))?;

@@ -10,7 +10,8 @@
 //! content seals it. A copy is the primary's bytes under the same bound
 //! digest, so every read of it is checked exactly as the primary's would be.
 //!
-//! Opening a store attaches the copies to its index; a mirrors.json that is
+//! Opening a store attaches the copies to its index ([`Manifest::index`] is
+//! defined here, over the manifest's primary records); a mirrors.json that is
 //! damaged, edited, from another store or an earlier pack, or whose drive
 //! or files are missing is refused with the file named and the fix
 //! (`larder mirror STORE --size 0` removes them). Writing is atomic: new
@@ -27,8 +28,8 @@ use crate::fsutil::{commit, lock_exclusive, temp_path, write_atomic};
 use crate::heat::{hottest, Heat};
 use crate::layer_file::record_offset;
 use crate::location::{ExpertIndex, Extent};
-use crate::manifest::{DriveEntry, Manifest};
-use crate::pack::{drive_path_string, resolve, store_folder, LOCK};
+use crate::manifest::{check_sizes, DriveEntry, Manifest};
+use crate::pack_plan::{drive_path_string, resolve, store_folder, LOCK};
 use crate::StoreError;
 
 /// The file name beside a store's manifest.
@@ -117,8 +118,20 @@ fn drive_id(m: &Manifest, root: &Path, dir: &Path) -> usize {
     m.drive_of(root, dir).unwrap_or(m.drives.len())
 }
 
+impl Manifest {
+    /// The location index of every expert, mirrored copies included,
+    /// checking drives and files exist and are long enough
+    /// ([`index_without_mirrors`](Self::index_without_mirrors) leaves the copies out).
+    pub fn index(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
+        let mut index = self.primary_index(root)?;
+        attach(self, root, &mut index)?;
+        check_sizes(&index)?;
+        Ok(index)
+    }
+}
+
 /// Adds the copies `root/mirrors.json` lists to `index` (files, drive and copies).
-pub(crate) fn attach(m: &Manifest, root: &Path, index: &mut ExpertIndex) -> Result<(), StoreError> {
+fn attach(m: &Manifest, root: &Path, index: &mut ExpertIndex) -> Result<(), StoreError> {
     let Some(x) = Mirrors::read(root, m)? else { return Ok(()) };
     let path = root.join(MIRRORS);
     let dir = resolve(root, &x.drive.path).join(store_folder(&m.store_id));

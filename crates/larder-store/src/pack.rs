@@ -10,9 +10,9 @@
 //!
 //! Atomic, resumable and locked: the output folder and each drive folder are
 //! locked (`flock`) while a pack runs; the plan (store id, drives,
-//! bandwidths, placement) is saved first and kept; a resumed pack keeps a
-//! finished layer file only as far as it proves every record equal to the
-//! source bytes; the spine, the copied config files and finally
+//! bandwidths, placement; made in `pack_plan.rs`) is saved first and kept;
+//! a resumed pack keeps a finished layer file only as far as it proves every
+//! record equal to the source bytes; the spine, the copied config files and finally
 //! `manifest.json` come last. An interrupted pack leaves no manifest, so
 //! nothing mistakes it for a store. `repair` re-proves a complete store the
 //! same way and rewrites exactly the records that differ.
@@ -20,77 +20,18 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use crate::buf::align_up;
 use crate::digest::Digest;
-use crate::drive::{measure_read_gbps, place};
 use crate::fsutil::{lock_exclusive, write_atomic, FileLock};
 use crate::io::{open_backend, IoKind, IoOptions};
 use crate::layer_file::layer_outs;
-use crate::location::{Extent, PartDesc};
-use crate::manifest::{CarriedFile, DriveEntry, LayerEntry, Manifest, PartEntry, SourceIdentity, FORMAT, MANIFEST, VERSION};
-use crate::record::source_digest;
+use crate::manifest::{CarriedFile, DriveEntry, LayerEntry, Manifest, FORMAT, MANIFEST, VERSION};
+use crate::pack_plan::{load_or_make_plan, record_layout, resolve};
+pub use crate::pack_plan::{store_folder, DriveSpec, PackEvent, PackLayer, PackSource, LOCK, PLAN, SPINE};
 use crate::spine::write_spine;
 pub use crate::spine::SpineTensor;
 use crate::StoreError;
-
-/// The saved plan of a pack (kept after it finishes, for `--repair`).
-pub const PLAN: &str = "pack-plan.json";
-/// The spine's file in the store root.
-pub const SPINE: &str = "spine.safetensors";
-/// The lock a running pack holds in the output folder and each drive folder.
-pub const LOCK: &str = "pack.lock";
-
-/// One layer's routed experts in the source.
-#[derive(Debug, Clone)]
-pub struct PackLayer {
-    pub layer: usize,
-    pub parts: Vec<PartDesc>,
-    /// Per expert, one extent per part (in part order).
-    pub experts: Vec<Vec<Extent>>,
-}
-
-/// Everything pack needs to know about the source checkpoint.
-#[derive(Debug, Clone)]
-pub struct PackSource {
-    pub model_type: String,
-    pub identity: SourceIdentity,
-    /// Source files the extents index.
-    pub files: Vec<PathBuf>,
-    pub spine: Vec<SpineTensor>,
-    pub layers: Vec<PackLayer>,
-    /// Small files copied into the store root (config.json, tokenizer, ...).
-    pub copy: Vec<PathBuf>,
-}
-
-/// A drive directory, with its bandwidth if the user gave it.
-#[derive(Debug, Clone)]
-pub struct DriveSpec {
-    pub dir: PathBuf,
-    pub gbps: Option<f64>,
-}
-
-impl DriveSpec {
-    /// Parses `DIR` or `DIR:GBps`.
-    pub fn parse(s: &str) -> Result<DriveSpec, String> {
-        if let Some((dir, bw)) = s.rsplit_once(':') {
-            if let Ok(g) = bw.parse::<f64>() {
-                if !(g.is_finite() && g > 0.0) {
-                    return Err(format!("drive {s:?}: bandwidth must be a positive number of GB/s"));
-                }
-                return Ok(DriveSpec {
-                    dir: PathBuf::from(dir),
-                    gbps: Some(g),
-                });
-            }
-        }
-        Ok(DriveSpec {
-            dir: PathBuf::from(s),
-            gbps: None,
-        })
-    }
-}
 
 /// How to pack.
 #[derive(Debug, Clone, Copy, Default)]
@@ -98,36 +39,6 @@ pub struct PackOptions {
     /// Re-prove a complete store (or one whose manifest is damaged) against
     /// the source and rewrite what differs, instead of refusing it.
     pub repair: bool,
-}
-
-/// What pack reports as it goes.
-#[derive(Debug, Clone)]
-pub enum PackEvent {
-    MeasuringDrive {
-        dir: PathBuf,
-    },
-    DriveMeasured {
-        dir: PathBuf,
-        gbps: f64,
-    },
-    /// Bytes to write or prove in total: expert records, then the spine tensors.
-    Started {
-        total_bytes: u64,
-    },
-    /// More bytes are done (expert records written and verified, or proven;
-    /// then the spine, at once when it is written).
-    Advanced {
-        bytes: u64,
-    },
-    /// A record found from an earlier pack differed and was rewritten.
-    RecordRewritten {
-        layer: usize,
-        expert: usize,
-    },
-    LayerDone {
-        layer: usize,
-        resumed: bool,
-    },
 }
 
 /// The outcome of a pack.
@@ -144,15 +55,6 @@ pub struct PackReport {
     pub rewritten_records: usize,
     pub drives: Vec<DriveEntry>,
     pub seconds: f64,
-}
-
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub(crate) struct Plan {
-    pub(crate) store_id: String,
-    pub(crate) identity: SourceIdentity,
-    pub(crate) drives: Vec<DriveEntry>,
-    /// Per packed layer: drive of each expert.
-    pub(crate) placement: Vec<(usize, Vec<usize>)>,
 }
 
 /// Packs `src` into `out`, layer files on `drives` (the store root when empty).
@@ -264,11 +166,6 @@ pub fn pack_with(
     })
 }
 
-/// The folder of store `id` on every drive.
-pub fn store_folder(id: &str) -> String {
-    format!("larder-{id}")
-}
-
 /// Refuses a complete store unless repairing it; refuses another model's store.
 pub(crate) fn check_existing_store(src: &PackSource, out: &Path, opts: PackOptions) -> Result<(), StoreError> {
     if !Manifest::is_store(out) {
@@ -302,15 +199,6 @@ pub(crate) fn check_existing_store(src: &PackSource, out: &Path, opts: PackOptio
     Ok(())
 }
 
-pub(crate) fn resolve(root: &Path, p: &str) -> PathBuf {
-    let p = Path::new(p);
-    if p.is_absolute() {
-        p.to_path_buf()
-    } else {
-        root.join(p)
-    }
-}
-
 /// Copies the small files into the store root, with their digests.
 pub(crate) fn copy_files(copy: &[PathBuf], out: &Path) -> Result<Vec<CarriedFile>, StoreError> {
     copy.iter()
@@ -329,132 +217,6 @@ pub(crate) fn copy_files(copy: &[PathBuf], out: &Path) -> Result<Vec<CarriedFile
             })
         })
         .collect()
-}
-
-/// A new store id: 16 hex digits from the clock, the process and the source.
-fn new_store_id(src: &PackSource, out: &Path) -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos());
-    let what = format!(
-        "{nanos}\0{}\0{}\0{}",
-        std::process::id(),
-        out.display(),
-        source_digest(&src.identity)
-    );
-    format!("{:016x}", Digest::seed_of(what.as_bytes()))
-}
-
-pub(crate) fn load_or_make_plan(
-    src: &PackSource,
-    out: &Path,
-    drives: &[DriveSpec],
-    progress: &mut dyn FnMut(PackEvent),
-) -> Result<Plan, StoreError> {
-    let path = out.join(PLAN);
-    let wanted: Vec<String> = if drives.is_empty() {
-        vec![".".into()]
-    } else {
-        drives.iter().map(|d| drive_path_string(out, &d.dir)).collect::<Result<_, _>>()?
-    };
-    for (i, w) in wanted.iter().enumerate() {
-        if wanted[..i].contains(w) {
-            return Err(StoreError::Invalid(format!(
-                "--drive {w} is given twice; name each drive folder once"
-            )));
-        }
-    }
-    if path.exists() {
-        let text = std::fs::read_to_string(&path).map_err(|e| StoreError::io(&path, e))?;
-        let plan: Plan = serde_json::from_str(&text).map_err(|e| StoreError::manifest(&path, format!("unreadable pack plan: {e}")))?;
-        if plan.identity != src.identity {
-            return Err(StoreError::manifest(
-                &path,
-                "an unfinished pack of another model is in this folder; choose another --out or remove it",
-            ));
-        }
-        let have: Vec<&str> = plan.drives.iter().map(|d| d.path.as_str()).collect();
-        if !drives.is_empty() && have != wanted.iter().map(|s| s.as_str()).collect::<Vec<_>>() {
-            return Err(StoreError::manifest(
-                &path,
-                format!("this store's pack uses drives {have:?}; resume or repair it with the same --drive list"),
-            ));
-        }
-        return Ok(plan);
-    }
-    let specs: Vec<DriveSpec> = if drives.is_empty() {
-        vec![DriveSpec {
-            dir: out.to_path_buf(),
-            gbps: None,
-        }]
-    } else {
-        drives.to_vec()
-    };
-    let mut entries = Vec::new();
-    for (spec, p) in specs.iter().zip(&wanted) {
-        if !spec.dir.is_dir() {
-            return Err(StoreError::io(
-                &spec.dir,
-                std::io::Error::new(std::io::ErrorKind::NotFound, "drive directory does not exist"),
-            ));
-        }
-        let gbps = match spec.gbps {
-            Some(g) => g,
-            // One drive: placement does not depend on its speed.
-            None if specs.len() == 1 => 1.0,
-            None => {
-                progress(PackEvent::MeasuringDrive { dir: spec.dir.clone() });
-                let g = measure_read_gbps(&spec.dir)?;
-                progress(PackEvent::DriveMeasured {
-                    dir: spec.dir.clone(),
-                    gbps: g,
-                });
-                g
-            }
-        };
-        entries.push(DriveEntry { path: p.clone(), gbps });
-    }
-    let weights: Vec<f64> = entries.iter().map(|d| d.gbps).collect();
-    let plan = Plan {
-        store_id: new_store_id(src, out),
-        identity: src.identity.clone(),
-        drives: entries,
-        placement: src.layers.iter().map(|l| (l.layer, place(l.experts.len(), &weights))).collect(),
-    };
-    let text = serde_json::to_vec_pretty(&plan).map_err(|e| StoreError::Invalid(e.to_string()))?;
-    write_atomic(&path, &text)?;
-    Ok(plan)
-}
-
-/// Drives inside the store root are recorded relative to it (the store can move).
-pub(crate) fn drive_path_string(out: &Path, dir: &Path) -> Result<String, StoreError> {
-    let abs_out = std::fs::canonicalize(out).map_err(|e| StoreError::io(out, e))?;
-    let abs = std::fs::canonicalize(dir).map_err(|e| StoreError::io(dir, e))?;
-    Ok(match abs.strip_prefix(&abs_out) {
-        Ok(rel) if rel.as_os_str().is_empty() => ".".into(),
-        Ok(rel) => rel.to_string_lossy().into_owned(),
-        Err(_) => abs.to_string_lossy().into_owned(),
-    })
-}
-
-/// Components back to back (as shipped); the record padded to 4 KiB.
-pub(crate) fn record_layout(parts: &[PartDesc], experts: &[Vec<Extent>]) -> (Vec<PartEntry>, u64) {
-    let lens: Vec<u64> = experts.first().map(|x| x.iter().map(|e| e.len).collect()).unwrap_or_default();
-    let mut at = 0;
-    let entries = parts
-        .iter()
-        .zip(&lens)
-        .map(|(d, &len)| {
-            let p = PartEntry {
-                desc: d.clone(),
-                offset: at,
-                len,
-            };
-            at += len;
-            p
-        })
-        .collect();
-    (entries, align_up(at))
 }
 
 /// Whether `dir` holds an unfinished pack (a plan but no manifest).

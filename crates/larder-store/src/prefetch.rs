@@ -10,42 +10,38 @@
 //! taken back and read on demand; one being read is waited for; a failed
 //! prefetch is retried on demand; and when a layer's demand arrives, the
 //! predictions for it and earlier layers not yet started are cancelled
-//! (stale: [`cancel_stale`]). A wrong guess costs bandwidth and cache space,
-//! never correctness: prefetch only decides when bytes arrive.
+//! (stale: [`Prefetcher::cancel_stale`]). A wrong guess costs bandwidth and
+//! cache space, never correctness: prefetch only decides when bytes arrive.
+//! A layer whose predictions go mostly unused stops prefetching but for
+//! one request in [`PREFETCH_PROBE`] ([`Prefetcher::request`]).
+//!
+//! The prefetches on their way are [`crate::pending`]'s; the counters and
+//! the cache are [`Shared`]'s.
 
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use crate::cache::Key;
-use crate::io::{check_range, spawn};
+use crate::io::{check_range, spawn, ReadResult};
+use crate::pending::PendingRead;
 use crate::queue::WorkQueue;
-use crate::store::{lock, ExpertRecord, Shared, MAX_PREFETCH_THREADS};
+use crate::shared::{ExpertRecord, Shared};
 use crate::StoreError;
 
-pub(crate) enum PendingState {
-    Queued,
-    Running,
-    Done(Result<Arc<ExpertRecord>, String>),
-}
+/// Most prefetch threads a store starts: prefetch reads one layer ahead
+/// (top-k records), so more threads than that only add contention.
+pub const MAX_PREFETCH_THREADS: usize = 64;
+/// Background reads a layer makes before its precision can switch its
+/// prefetch off, and the share of requests that still go through then.
+pub const PREFETCH_PROBE: u64 = 64;
+/// A layer whose prefetched records are used less often than this stops
+/// prefetching (see [`ExpertStore::prefetch`](crate::ExpertStore::prefetch)).
+pub const PREFETCH_MIN_PRECISION: f64 = 0.5;
 
-/// One prefetch on its way.
-pub(crate) struct Pending {
-    pub(crate) state: Mutex<PendingState>,
-    done: Condvar,
-}
-
-impl Pending {
-    /// Blocks until the prefetch finishes.
-    pub(crate) fn wait(&self) -> Result<Arc<ExpertRecord>, String> {
-        let mut s = lock(&self.state);
-        loop {
-            if let PendingState::Done(r) = &*s {
-                return r.clone();
-            }
-            s = self.done.wait(s).unwrap_or_else(|e| e.into_inner());
-        }
-    }
-}
+/// Most predictions one worker reads in one batch: one, so the records a
+/// demand waits for first arrive first (a batch read together finishes
+/// together; see `io::uring`).
+const BATCH: usize = 1;
 
 pub(crate) struct Prefetcher {
     shared: Arc<Shared>,
@@ -72,52 +68,43 @@ impl Prefetcher {
         Ok(p)
     }
 
-    /// Queues the ids that are neither cached nor pending.
+    /// Queues the ids of `layer` that are neither cached nor pending, unless
+    /// the layer's prefetch is off for low precision: once it has read
+    /// [`PREFETCH_PROBE`] records in the background and fewer than
+    /// [`PREFETCH_MIN_PRECISION`] of them were used, only every
+    /// [`PREFETCH_PROBE`]th request goes through.
     pub(crate) fn request(&self, layer: usize, ids: &[usize]) {
         let sh = &*self.shared;
-        let mut keys = Vec::new();
-        {
-            let mut pending = lock(&sh.pending);
-            for &e in ids {
-                let key = (layer, e);
-                if sh.index.get(layer, e).is_none() || pending.contains_key(&key) || sh.cache.contains(key) {
-                    continue;
-                }
-                pending.insert(
-                    key,
-                    Arc::new(Pending {
-                        state: Mutex::new(PendingState::Queued),
-                        done: Condvar::new(),
-                    }),
-                );
-                keys.push(key);
-            }
+        let off = sh
+            .layer_counts(layer)
+            .is_some_and(|c| c.prefetch_reads >= PREFETCH_PROBE && c.prefetch_precision() < PREFETCH_MIN_PRECISION);
+        if off && !sh.count_prefetch_skipped(layer).is_multiple_of(PREFETCH_PROBE) {
+            return;
         }
+        let mut keys: Vec<Key> = ids
+            .iter()
+            .filter(|&&e| sh.index.get(layer, e).is_some())
+            .map(|&e| (layer, e))
+            .collect();
+        // Not pending, then not cached, then queued unless queued meanwhile
+        // (one lock at a time: see `shared`'s lock rules).
+        sh.pending.retain_absent(&mut keys);
+        keys.retain(|&key| !sh.cache.contains(key));
+        sh.pending.queue(&mut keys);
         if !keys.is_empty() {
             self.queue.push_all(keys);
         }
     }
-}
 
-/// Most predictions one worker reads in one batch: one, so the records a
-/// demand waits for first arrive first (a batch read together finishes
-/// together; see `io::uring`).
-const BATCH: usize = 1;
-
-/// Cancels queued (not started) predictions for layers up to `layer`: its
-/// demand has arrived, so they can no longer be used before being read
-/// again. Returns how many were cancelled.
-pub(crate) fn cancel_stale(sh: &Shared, layer: usize) -> u64 {
-    let mut pending = lock(&sh.pending);
-    let stale: Vec<Key> = pending
-        .iter()
-        .filter(|(k, p)| k.0 <= layer && matches!(*lock(&p.state), PendingState::Queued))
-        .map(|(k, _)| *k)
-        .collect();
-    for k in &stale {
-        pending.remove(k);
+    /// Cancels the predictions for layers up to `layer` not yet started: its
+    /// demand has arrived, so they can no longer be used before being read
+    /// again. Counts them in the stats.
+    pub(crate) fn cancel_stale(&self, layer: usize) {
+        let cancelled = self.shared.pending.cancel_stale(layer);
+        if cancelled > 0 {
+            self.shared.count_cancelled(cancelled);
+        }
     }
-    stale.len() as u64
 }
 
 fn worker(sh: &Shared, queue: &WorkQueue<Key>) {
@@ -127,54 +114,33 @@ fn worker(sh: &Shared, queue: &WorkQueue<Key>) {
             return;
         }
         // Claim them, but for those a demand read took back or cancelled.
-        let claimed: Vec<(Key, Arc<Pending>)> = {
-            let map = lock(&sh.pending);
-            keys.into_iter()
-                .filter_map(|key| {
-                    let p = map.get(&key).cloned()?;
-                    *lock(&p.state) = PendingState::Running;
-                    Some((key, p))
-                })
-                .collect()
-        };
+        let claimed = sh.pending.claim(keys);
         let (copies, jobs, mut tickets) = sh.plan_reads(claimed.iter().map(|(k, _)| *k));
         sh.backend.read_background(&jobs, &mut |job, views| {
             tickets[job] = None;
-            let ((layer, expert), pending) = &claimed[job];
-            finish(sh, (*layer, *expert), copies[job], pending, views);
+            let (key, pending) = &claimed[job];
+            finish(sh, *key, copies[job], pending, views);
         });
     }
 }
 
 /// Checks and caches one prefetched record, counts it, and wakes its waiters.
-fn finish(sh: &Shared, key: Key, copy: usize, pending: &Pending, views: crate::io::ReadResult) {
+fn finish(sh: &Shared, key: Key, copy: usize, pending: &PendingRead<ExpertRecord>, views: ReadResult) {
     let (layer, expert) = key;
     let mut verify_s = 0.0;
     let result = match sh.index.get(layer, expert) {
         Some(_) => views.and_then(|views| sh.record(layer, expert, copy, &views, &mut verify_s, true)),
-        None => Err(crate::StoreError::MissingExpert { layer, expert }),
+        None => Err(StoreError::MissingExpert { layer, expert }),
     };
     if let (Err(e), true) = (&result, copy > 0) {
         // The demand read that waits for it reads the primary.
         sh.note_bad_mirror(key, e);
     }
-    {
-        let mut s = lock(&sh.stats);
-        s.verify_s += verify_s;
-        if let Ok((_, n)) = &result {
-            s.bytes_read += n;
-            s.prefetch_reads += 1;
-            if let Some(c) = s.layers.get_mut(layer) {
-                c.prefetch_reads += 1;
-            }
-        }
-    }
+    sh.count_prefetch(layer, verify_s, result.as_ref().ok().map(|(_, n)| *n));
     if result.is_ok() {
-        lock(&sh.prefetched).insert(key);
+        sh.note_prefetched(key);
     }
-    lock(&sh.pending).remove(&key);
-    *lock(&pending.state) = PendingState::Done(result.map(|(r, _)| r).map_err(|e| e.to_string()));
-    pending.done.notify_all();
+    sh.pending.finish(key, pending, result.map(|(r, _)| r).map_err(|e| e.to_string()));
 }
 
 impl Drop for Prefetcher {

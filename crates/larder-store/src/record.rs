@@ -1,7 +1,10 @@
-//! What binds a record to its place: the digest seed of an expert record
-//! (store id, layer, expert, and every component's role, dtype, shape,
-//! offset and length), and the header at the start of every layer file
-//! naming the store, source checkpoint, layer and drive it belongs to.
+//! What binds a record to its place: the layout of its components
+//! ([`PartEntry`]) and the identity of the checkpoint it was packed from
+//! ([`SourceIdentity`]), both listed in the manifest (which re-exports them);
+//! the digest seed of an expert record (store id, layer, expert, and every
+//! component's role, dtype, shape, offset and length); and the header at the
+//! start of every layer file naming the store, source checkpoint, layer and
+//! drive it belongs to.
 //!
 //! With both, a layer file of another store (two stores packed onto one
 //! drive folder), a record moved to another expert id, or a manifest whose
@@ -15,12 +18,39 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
-use crate::manifest::{PartEntry, SourceIdentity};
+use crate::location::PartDesc;
 use crate::StoreError;
 
 /// Bytes reserved at the start of a layer file for its header; records follow.
 pub const LAYER_HEADER_LEN: u64 = 4096;
 const LAYER_MAGIC: &[u8] = b"LARDER-LAYER-FILE\n";
+
+/// The checkpoint a store was packed from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceIdentity {
+    /// Digest of the source's `config.json` bytes (the copy in the store must match).
+    pub config_digest: String,
+    pub files: Vec<SourceFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceFile {
+    pub name: String,
+    pub size: u64,
+    /// Digest of the safetensors header (names, dtypes, shapes, offsets).
+    pub header_digest: String,
+}
+
+/// One component of a record: what it is and its byte range inside the
+/// record (the layout every record of a layer shares; part of the binding).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PartEntry {
+    #[serde(flatten)]
+    pub desc: PartDesc,
+    /// Byte range inside the record.
+    pub offset: u64,
+    pub len: u64,
+}
 
 /// The seed of record (`layer`, `expert`)'s digest in store `store_id`.
 pub fn record_seed(store_id: &str, layer: usize, expert: usize, parts: &[PartEntry]) -> u64 {

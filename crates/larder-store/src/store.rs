@@ -5,28 +5,26 @@
 //! fills the cache and counts everything in [`StoreStats`]; `prefetch`
 //! starts background reads of experts the model expects to need next
 //! (see [`crate::prefetch`]).
+//!
+//! The state the store shares with its prefetch threads and digest tasks,
+//! and the rule that no two of its locks are ever held together, are
+//! `shared.rs`'s; this file locks nothing itself.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Instant;
 
-use crate::buf::SharedBytes;
 use crate::cache::{ExpertCache, Key};
 use crate::demand::Tally;
-use crate::digest::Digest;
-use crate::drive_load::{DriveLoad, Ticket};
 use crate::io::{open_backend, IoBackend, IoKind, IoOptions};
-use crate::location::{ExpertIndex, Extent};
-use crate::prefetch::{Pending, PendingState, Prefetcher};
+use crate::location::ExpertIndex;
+use crate::pending::PendingRead;
+use crate::prefetch::Prefetcher;
+pub use crate::prefetch::{MAX_PREFETCH_THREADS, PREFETCH_MIN_PRECISION, PREFETCH_PROBE};
+pub use crate::shared::ExpertRecord;
+use crate::shared::{DemandCounts, Shared};
 use crate::stats::StoreStats;
 use crate::StoreError;
-
-/// One expert's component bytes, in component order.
-pub struct ExpertRecord {
-    pub parts: Vec<SharedBytes>,
-    /// RAM this record holds (buffer sizes; 0 for mapped views).
-    pub bytes: u64,
-}
 
 /// How to open a store.
 #[derive(Debug, Clone, Copy)]
@@ -40,16 +38,6 @@ pub struct StoreOptions {
     /// [`MAX_PREFETCH_THREADS`] (0: no prefetch; mmap never prefetches).
     pub prefetch_threads: usize,
 }
-
-/// Most prefetch threads a store starts: prefetch reads one layer ahead
-/// (top-k records), so more threads than that only add contention.
-pub const MAX_PREFETCH_THREADS: usize = 64;
-/// Background reads a layer makes before its precision can switch its
-/// prefetch off, and the share of requests that still go through then.
-pub const PREFETCH_PROBE: u64 = 64;
-/// A layer whose prefetched records are used less often than this stops
-/// prefetching (see [`ExpertStore::prefetch`]).
-pub const PREFETCH_MIN_PRECISION: f64 = 0.5;
 
 impl StoreOptions {
     /// Refuses option values the store cannot honour (library users bypass
@@ -97,33 +85,6 @@ impl Default for StoreOptions {
     }
 }
 
-/// State shared by the computing thread and the prefetch threads.
-pub(crate) struct Shared {
-    pub(crate) index: ExpertIndex,
-    pub(crate) backend: Arc<dyn IoBackend>,
-    pub(crate) cache: ExpertCache<ExpertRecord>,
-    pub(crate) verify: bool,
-    pub(crate) stats: Mutex<StoreStats>,
-    /// Prefetches queued or running, by key.
-    pub(crate) pending: Mutex<HashMap<Key, Arc<Pending>>>,
-    /// Keys a prefetch put in the cache that no demand has used yet.
-    pub(crate) prefetched: Mutex<HashSet<Key>>,
-    /// Per layer: prefetch requests skipped for low precision.
-    pub(crate) prefetch_skipped: Mutex<HashMap<usize, u64>>,
-    /// Demands per (layer, expert) since the store was opened.
-    pub(crate) heat: Mutex<crate::heat::Heat>,
-    /// Reads from the drives per (layer, expert) since the store was opened.
-    pub(crate) reads: Mutex<crate::heat::Heat>,
-    /// Bytes in flight per drive: which copy of a mirrored record to read.
-    pub(crate) drives: DriveLoad,
-    /// Records whose mirror copy failed a read or its digest: read from
-    /// the primary from then on.
-    pub(crate) bad_mirrors: Mutex<HashSet<Key>>,
-    /// Problems that failed no read (a damaged mirror copy), for the caller
-    /// to report ([`ExpertStore::take_warnings`]).
-    pub(crate) warnings: Mutex<Vec<String>>,
-}
-
 pub struct ExpertStore {
     shared: Arc<Shared>,
     prefetcher: Option<Prefetcher>,
@@ -166,27 +127,8 @@ impl ExpertStore {
 
     /// A store without prefetching over a given backend.
     pub fn with_backend(index: ExpertIndex, backend: Arc<dyn IoBackend>, ram_budget: u64, verify: bool) -> ExpertStore {
-        let layers = index.expert_layers();
-        let stats = StoreStats {
-            layers: vec![Default::default(); index.layers.len()],
-            ..Default::default()
-        };
         ExpertStore {
-            shared: Arc::new(Shared {
-                cache: ExpertCache::new(ram_budget, layers),
-                drives: DriveLoad::new(&index),
-                index,
-                backend,
-                verify,
-                stats: Mutex::new(stats),
-                pending: Mutex::new(HashMap::new()),
-                prefetched: Mutex::new(HashSet::new()),
-                prefetch_skipped: Mutex::new(HashMap::new()),
-                heat: Mutex::new(HashMap::new()),
-                reads: Mutex::new(HashMap::new()),
-                bad_mirrors: Mutex::new(HashSet::new()),
-                warnings: Mutex::new(Vec::new()),
-            }),
+            shared: Arc::new(Shared::new(index, backend, ram_budget, verify)),
             prefetcher: None,
         }
     }
@@ -206,13 +148,11 @@ impl ExpertStore {
     /// Problems that failed no read since the last call (a damaged mirror
     /// copy, read from the primary instead), each said once.
     pub fn take_warnings(&self) -> Vec<String> {
-        std::mem::take(&mut *lock(&self.shared.warnings))
+        self.shared.take_warnings()
     }
 
     pub fn stats(&self) -> StoreStats {
-        let mut s = lock(&self.shared.stats).clone();
-        s.drive_bytes = self.shared.drives.bytes_read();
-        s
+        self.shared.stats()
     }
 
     /// Starts background reads of `ids` of `layer` that are neither cached
@@ -225,27 +165,14 @@ impl ExpertStore {
     /// [`PREFETCH_PROBE`]th request goes through, so the figure keeps being
     /// measured and prefetch resumes if predictions improve.
     pub fn prefetch(&self, layer: usize, ids: &[usize]) {
-        let Some(p) = &self.prefetcher else { return };
-        let off = {
-            let s = lock(&self.shared.stats);
-            s.layers
-                .get(layer)
-                .is_some_and(|c| c.prefetch_reads >= PREFETCH_PROBE && c.prefetch_precision() < PREFETCH_MIN_PRECISION)
-        };
-        if off {
-            let mut skipped = lock(&self.shared.prefetch_skipped);
-            let n = skipped.entry(layer).or_insert(0);
-            *n += 1;
-            if !(*n).is_multiple_of(PREFETCH_PROBE) {
-                return;
-            }
+        if let Some(p) = &self.prefetcher {
+            p.request(layer, ids);
         }
-        p.request(layer, ids);
     }
 
     /// Prefetch requests skipped per layer because its precision was low.
     pub fn prefetch_skipped(&self) -> HashMap<usize, u64> {
-        lock(&self.shared.prefetch_skipped).clone()
+        self.shared.prefetch_skipped()
     }
 
     /// Calls `ready(i, record)` for each `ids[i]` of `layer` as soon as its
@@ -262,20 +189,12 @@ impl ExpertStore {
         ready: &mut dyn FnMut(usize, Arc<ExpertRecord>) -> Result<(), E>,
     ) -> Result<(), E> {
         let sh = &*self.shared;
-        if self.prefetcher.is_some() {
-            let cancelled = crate::prefetch::cancel_stale(sh, layer);
-            if cancelled > 0 {
-                lock(&sh.stats).prefetch_cancelled += cancelled;
-            }
+        if let Some(p) = &self.prefetcher {
+            p.cancel_stale(layer);
         }
-        {
-            let mut heat = lock(&sh.heat);
-            for &e in ids {
-                *heat.entry((layer, e)).or_insert(0) += 1;
-            }
-        }
+        sh.count_demands(layer, ids);
         let mut misses: Vec<usize> = Vec::new();
-        let mut waits: Vec<(usize, Arc<Pending>)> = Vec::new();
+        let mut waits: Vec<(usize, Arc<PendingRead<ExpertRecord>>)> = Vec::new();
         let mut cached: Vec<(usize, Arc<ExpertRecord>)> = Vec::new();
         let (mut hits, mut from_prefetch) = (0u64, 0u64);
         for (i, &e) in ids.iter().enumerate() {
@@ -285,17 +204,13 @@ impl ExpertStore {
             let key = (layer, e);
             if let Some(rec) = sh.cache.get(key) {
                 hits += 1;
-                from_prefetch += lock(&sh.prefetched).remove(&key) as u64;
+                from_prefetch += sh.take_prefetched(key) as u64;
                 cached.push((i, rec));
                 continue;
             }
-            let mut pending = lock(&sh.pending);
-            match pending.get(&key).cloned() {
-                // Queued but not started: read it now, on demand.
-                Some(p) if matches!(*lock(&p.state), PendingState::Queued) => {
-                    pending.remove(&key);
-                    misses.push(i);
-                }
+            // A prefetch being read is waited for; one only queued is taken
+            // back and read now, on demand.
+            match sh.pending.take_back(key) {
                 Some(p) => waits.push((i, p)),
                 None => misses.push(i),
             }
@@ -315,7 +230,7 @@ impl ExpertStore {
                 Ok(record) => {
                     hits += 1;
                     from_prefetch += 1;
-                    lock(&sh.prefetched).remove(&(layer, ids[i]));
+                    sh.take_prefetched((layer, ids[i]));
                     Ok((record, 0))
                 }
                 // The prefetch failed: read it on demand (reporting that read's error if any).
@@ -326,21 +241,17 @@ impl ExpertStore {
         // Waiting: the computing thread neither computing nor checking digests
         // (it waits for reads, and for checks running on the pool).
         let waited = (started.elapsed().as_secs_f64() - tally.in_ready - tally.verify_inline_s).max(0.0);
-        {
-            let mut s = lock(&sh.stats);
-            s.hits += hits;
-            s.misses += misses.len() as u64;
-            s.prefetch_hits += from_prefetch;
-            if let Some(c) = s.layers.get_mut(layer) {
-                c.hits += hits;
-                c.misses += misses.len() as u64;
-                c.prefetch_hits += from_prefetch;
-            }
-            s.bytes_read += tally.bytes;
-            s.reads += misses.len() as u64;
-            s.io_wait_s += waited;
-            s.verify_s += tally.verify_inline_s + tally.verify_pool_s;
-        }
+        sh.count_demand(
+            layer,
+            DemandCounts {
+                hits,
+                misses: misses.len() as u64,
+                prefetch_hits: from_prefetch,
+                bytes: tally.bytes,
+                io_wait_s: waited,
+                verify_s: tally.verify_inline_s + tally.verify_pool_s,
+            },
+        );
         match tally.failure {
             Some(e) => Err(e),
             None => Ok(()),
@@ -349,13 +260,13 @@ impl ExpertStore {
 
     /// Demands per (layer, expert) since the store was opened.
     pub fn heat(&self) -> crate::heat::Heat {
-        lock(&self.shared.heat).clone()
+        self.shared.demand_heat()
     }
 
     /// Reads from the drives per (layer, expert) since the store was opened
     /// (demand misses, prefetches and warming).
     pub fn read_heat(&self) -> crate::heat::Heat {
-        lock(&self.shared.reads).clone()
+        self.shared.read_heat()
     }
 
     /// Reads the hottest of `heat`'s experts into the cache, hottest first,
@@ -415,9 +326,7 @@ impl ExpertStore {
                 return Err(e);
             }
         }
-        let mut s = lock(&sh.stats);
-        s.bytes_read += bytes;
-        s.verify_s += verify_s;
+        sh.count_warmed(bytes, verify_s);
         Ok((count, bytes))
     }
 
@@ -437,130 +346,4 @@ impl ExpertStore {
             outcome => outcome,
         }
     }
-}
-
-impl Shared {
-    /// The reads of `keys`: per key, the copy chosen ([`DriveLoad::choose`]),
-    /// its extents (none for an unknown key) and the ticket to give back
-    /// when its read ends.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn plan_reads(&self, keys: impl Iterator<Item = Key>) -> (Vec<usize>, Vec<&[Extent]>, Vec<Option<Ticket<'_>>>) {
-        let (mut copies, mut jobs, mut tickets) = (Vec::new(), Vec::new(), Vec::new());
-        let bad = lock(&self.bad_mirrors);
-        for (l, e) in keys {
-            match self.index.get(l, e) {
-                Some(loc) => {
-                    let (c, t) = if bad.contains(&(l, e)) {
-                        self.drives.primary(loc)
-                    } else {
-                        self.drives.choose(loc)
-                    };
-                    copies.push(c);
-                    jobs.push(loc.copy(c));
-                    tickets.push(Some(t));
-                }
-                None => {
-                    copies.push(0);
-                    jobs.push(&[][..]);
-                    tickets.push(None);
-                }
-            }
-        }
-        (copies, jobs, tickets)
-    }
-
-    /// Reads the primary copy of a record whose mirror copy failed (`failed`:
-    /// its read or digest error), noting the damage once; the mirror copy
-    /// is not read again for it.
-    pub(crate) fn read_primary(
-        &self,
-        layer: usize,
-        expert: usize,
-        failed: &StoreError,
-        verify_s: &mut f64,
-        expected: bool,
-    ) -> Result<(Arc<ExpertRecord>, u64), StoreError> {
-        self.note_bad_mirror((layer, expert), failed);
-        let loc = self.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
-        let (_, ticket) = self.drives.primary(loc);
-        let mut out = None;
-        self.backend.read(&[loc.copy(0)], &mut |_, r| out = Some(r));
-        drop(ticket);
-        let views = out.unwrap_or_else(|| Err(StoreError::Invalid("backend reported nothing".into())))?;
-        self.record(layer, expert, 0, &views, verify_s, expected)
-    }
-
-    /// Remembers that `key`'s mirror copy failed, and says so once.
-    pub(crate) fn note_bad_mirror(&self, key: Key, failed: &StoreError) {
-        if !lock(&self.bad_mirrors).insert(key) {
-            return;
-        }
-        let what = match failed {
-            StoreError::Digest { path, .. } => format!("{}: digest mismatch", path.display()),
-            other => other.to_string(),
-        };
-        lock(&self.warnings).push(format!(
-            "layer {} expert {}: its mirror copy is damaged ({what}); read from the primary copy instead. \
-             `larder verify STORE` lists damaged copies; `larder mirror STORE --size SIZE` writes the copies anew \
-             (`--size 0` removes them)",
-            key.0, key.1
-        ));
-    }
-
-    /// Turns a read of copy `copy` into a record: component views, digest
-    /// check, cache insertion (`expected`: a prefetch or warming, which the
-    /// cache always admits). Returns the record and its payload bytes.
-    pub(crate) fn record(
-        &self,
-        layer: usize,
-        expert: usize,
-        copy: usize,
-        views: &[SharedBytes],
-        verify_s: &mut f64,
-        expected: bool,
-    ) -> Result<(Arc<ExpertRecord>, u64), StoreError> {
-        let loc = self.index.get(layer, expert).ok_or(StoreError::MissingExpert { layer, expert })?;
-        let parts: Vec<SharedBytes> = loc
-            .parts
-            .iter()
-            .map(|p| views[p.extent].slice(p.offset as usize, p.len as usize))
-            .collect();
-        if let (true, Some(want)) = (self.verify, loc.digest) {
-            let t = Instant::now();
-            let got = Digest::of_parts_seeded(loc.digest_seed, parts.iter().map(|p| p.as_slice()));
-            *verify_s += t.elapsed().as_secs_f64();
-            if got != want {
-                let x = loc.copy(copy)[0];
-                return Err(StoreError::Digest {
-                    layer,
-                    expert,
-                    path: self.index.files[x.file].clone(),
-                    offset: x.offset,
-                    expected: want.to_string(),
-                    got: got.to_string(),
-                });
-            }
-        }
-        *lock(&self.reads).entry((layer, expert)).or_insert(0) += 1;
-        let mapped = self.backend.is_mapped();
-        // Every view of a job shares the job's one buffer.
-        let held = if mapped {
-            0
-        } else {
-            views.first().map_or(0, |v| v.owner_len() as u64)
-        };
-        let record = Arc::new(ExpertRecord { parts, bytes: held });
-        if !mapped {
-            if expected {
-                self.cache.insert_expected((layer, expert), record.clone(), held);
-            } else {
-                self.cache.insert((layer, expert), record.clone(), held);
-            }
-        }
-        Ok((record, loc.payload_len()))
-    }
-}
-
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }

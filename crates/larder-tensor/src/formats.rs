@@ -1,7 +1,8 @@
-//! Element decoders of the quantized formats checkpoints ship, each exact:
-//! every code maps to the f32 value the format defines, and a weight is that
-//! value times its block scale computed in f32 (as the reference
-//! implementations dequantize).
+//! The stored form of one weight row in each format checkpoints ship
+//! ([`RowView`], borrowed; [`crate::weight`] hands them out) and the exact
+//! element decoders of the quantized ones: every code maps to the f32 value
+//! the format defines, and a weight is that value times its block scale
+//! computed in f32 (as the reference implementations dequantize).
 //!
 //! - **fp8 e4m3fn** (DeepSeek-V3 / Kimi-K2): 1 sign, 4 exponent (bias 7),
 //!   3 mantissa bits; no infinities; `0x7f`/`0xff` are NaN; max 448.
@@ -12,7 +13,95 @@
 
 use std::sync::OnceLock;
 
-use crate::weight::RowView;
+use crate::dtype::WeightDType;
+
+/// The stored form of one weight row, borrowed.
+#[derive(Debug, Clone, Copy)]
+pub enum RowView<'a> {
+    Dense {
+        dtype: WeightDType,
+        bytes: &'a [u8],
+    },
+    /// fp8 codes and the scales of this row's block-row (one per `block_cols`
+    /// columns); the first `lead` columns of the first block are not in the view.
+    Fp8 {
+        codes: &'a [u8],
+        scales: &'a [f32],
+        block_cols: usize,
+        lead: usize,
+    },
+    /// Two fp4 codes per byte (low nibble first) and one e8m0 scale per 32 columns.
+    Mxfp4 {
+        blocks: &'a [u8],
+        scales: &'a [u8],
+    },
+    /// Little-endian i32 words of 8 offset int4 values, one scale per `group`
+    /// columns; the first `lead` columns of the first group are not in the view.
+    Int4 {
+        packed: &'a [u8],
+        scales: &'a [f32],
+        group: usize,
+        lead: usize,
+    },
+}
+
+impl<'a> RowView<'a> {
+    /// The columns `c0..c1` of this view. `c0` and `c1` must be multiples of 32
+    /// (or `c1` the row's end); quantized views carry the offset into their
+    /// first block.
+    #[inline(always)]
+    pub fn slice(self, c0: usize, c1: usize) -> RowView<'a> {
+        match self {
+            RowView::Dense { dtype, bytes } => RowView::Dense {
+                dtype,
+                bytes: &bytes[c0 * dtype.size()..c1 * dtype.size()],
+            },
+            RowView::Fp8 {
+                codes,
+                scales,
+                block_cols,
+                lead,
+            } => {
+                let (first, lead) = first_block(lead + c0, block_cols);
+                RowView::Fp8 {
+                    codes: &codes[c0..c1],
+                    scales: &scales[first..],
+                    block_cols,
+                    lead,
+                }
+            }
+            RowView::Mxfp4 { blocks, scales } => RowView::Mxfp4 {
+                blocks: &blocks[c0 / 2..c1 / 2],
+                scales: &scales[c0 / 32..c1.div_ceil(32)],
+            },
+            RowView::Int4 {
+                packed,
+                scales,
+                group,
+                lead,
+            } => {
+                let (first, lead) = first_block(lead + c0, group);
+                RowView::Int4 {
+                    packed: &packed[c0 / 2..c1 / 2],
+                    scales: &scales[first..],
+                    group,
+                    lead,
+                }
+            }
+        }
+    }
+}
+
+/// The block holding column `start` and the columns before it in that block
+/// (no division for the common start inside the first block).
+#[inline(always)]
+fn first_block(start: usize, block: usize) -> (usize, usize) {
+    if start < block {
+        (0, start)
+    } else {
+        (start / block, start % block)
+    }
+}
 
 /// Decodes one stored row into `out` (the scalar reference of every format).
 pub fn decode_row(view: RowView<'_>, out: &mut [f32]) {

@@ -1,7 +1,8 @@
 //! larder-tensor: the numeric floor of larder.
 //!
-//! It owns device selection ([`device`]), the weight dtypes checkpoints ship in
-//! ([`dtype`]), weight matrices kept in those dtypes ([`weight`]), f32 activation
+//! It owns the weight dtypes checkpoints ship in ([`dtype`]), their row
+//! layouts and exact decoders ([`formats`]), weight matrices kept in those
+//! dtypes ([`weight`]), f32 activation
 //! matrices ([`mat`]) and the kernels that multiply one by the other
 //! ([`kernels`], used through [`Linear`] and [`expert::SwigluExpert`]), and
 //! the dot products attention takes over cached positions ([`vector`]). It knows nothing about models or files.
@@ -13,7 +14,6 @@
 
 pub mod bench;
 pub mod bytes;
-pub mod device;
 pub mod dtype;
 pub mod expert;
 pub mod formats;

@@ -24,8 +24,8 @@ use crate::buf::{AlignedBuf, ByteOwner, SharedBytes};
 use crate::digest::Digest;
 use crate::io::{IoBackend, ReadResult};
 use crate::location::Extent;
+use crate::locks::lock;
 use crate::remote::{FileSource, RangeBackend};
-use crate::store::lock;
 use crate::StoreError;
 
 /// One record of the lazy store: where it lies and where it comes from.

@@ -17,7 +17,7 @@ use super::{read_state, records_of, SourceCheck, LAZY_STATE};
 use crate::buf::AlignedBuf;
 use crate::digest::Digest;
 use crate::fsutil::lock_exclusive;
-use crate::pack::{load_or_make_plan, resolve, PackSource, LOCK, SPINE};
+use crate::pack_plan::{load_or_make_plan, resolve, PackSource, LOCK, SPINE};
 use crate::pull::scatter::Layout;
 use crate::pull::PULL_STATE;
 use crate::spine::check_spine;

@@ -30,9 +30,8 @@ use serde::Serialize;
 
 use crate::fsutil::lock_exclusive;
 use crate::manifest::{DriveEntry, Manifest, FORMAT, VERSION};
-use crate::pack::{
-    check_existing_store, copy_files, load_or_make_plan, resolve, store_folder, DriveSpec, PackEvent, PackOptions, PackSource, LOCK, SPINE,
-};
+use crate::pack::{check_existing_store, copy_files, PackOptions};
+use crate::pack_plan::{load_or_make_plan, resolve, store_folder, DriveSpec, PackEvent, PackSource, LOCK, SPINE};
 use crate::remote::{FileSource, RemoteError, StreamState};
 use crate::StoreError;
 use journal::{FileProgress, Journal};

@@ -15,7 +15,7 @@ use larder_tensor::safetensors_write::Header;
 
 use crate::fsutil::temp_path;
 use crate::layer_file::{layer_outs, record_offset, LayerOut};
-use crate::pack::{PackSource, Plan};
+use crate::pack_plan::{PackSource, Plan};
 use crate::spine::spine_header;
 use crate::StoreError;
 

@@ -15,7 +15,7 @@ use crate::digest::Digest;
 use crate::fsutil::{commit, temp_path};
 use crate::io::{open_backend, IoKind, IoOptions};
 use crate::manifest::{ExpertEntry, LayerEntry, SpineFile};
-use crate::pack::{record_layout, PackSource, SPINE};
+use crate::pack_plan::{record_layout, PackSource, SPINE};
 use crate::spine::check_spine;
 use crate::StoreError;
 

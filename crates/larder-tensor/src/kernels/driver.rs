@@ -18,23 +18,13 @@
 
 use rayon::prelude::*;
 
-use super::rows::{dense_columns, Call, RowPlan, Scratch};
+use super::rows::{dense_columns, Call, Chunk, RowPlan, Scratch};
 use super::{
     Activations, KernelPath, ACTIVATION_CACHE_BYTES, FEATURES_PER_TASK, FEATURE_BLOCK, K_CHUNK, MAX_FEATURES_PER_TASK, MIN_ROW_BLOCK,
     PARALLEL_MIN_ELEMS, TASK_ACC_BYTES,
 };
 use crate::mat::Mat;
 use crate::weight::WeightMatrix;
-
-/// One column range of a call and its activation rows.
-pub(super) struct Chunk<'a> {
-    pub c0: usize,
-    pub c1: usize,
-    /// What the row strategy's kernel reads (prescaled, maybe permuted).
-    pub kernel_xs: Vec<&'a [f32]>,
-    /// The activations as given.
-    pub plain_xs: Vec<&'a [f32]>,
-}
 
 /// The product, shapes already checked (`x.cols() == w.cols()`).
 pub(super) fn matmul_t_checked(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Mat {

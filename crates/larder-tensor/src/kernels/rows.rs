@@ -17,13 +17,23 @@
 //! - [`RowStrategy::Decoded`]: quantized rows decoded exactly into an
 //!   L1-sized f32 buffer, then the dense f32 kernel.
 
-use super::driver::Chunk;
 #[cfg(target_arch = "x86_64")]
 use super::{blocked, codes_avx2, quant_avx2};
 use super::{f32_bytes, Activations, KernelPath, FEATURE_BLOCK, K_CHUNK};
 use crate::dtype::WeightDType;
 use crate::mat::Mat;
 use crate::weight::{RowView, WeightFormat, WeightMatrix, WeightRows};
+
+/// One column range of a call and its activation rows (the driver cuts
+/// them; a [`RowPlan`] adds each into its accumulators).
+pub(super) struct Chunk<'a> {
+    pub c0: usize,
+    pub c1: usize,
+    /// What the row strategy's kernel reads (prescaled, maybe permuted).
+    pub kernel_xs: Vec<&'a [f32]>,
+    /// The activations as given.
+    pub plain_xs: Vec<&'a [f32]>,
+}
 
 /// How a call's register blocks of rows are computed.
 #[derive(Clone, Copy)]
