@@ -1,7 +1,6 @@
 //! `larder`: the one command-line binary. Each subcommand lives in `cmd/`.
 
 mod cmd;
-mod smollm2;
 
 use std::process::ExitCode;
 

@@ -4,7 +4,7 @@
 //! checkpoint in the cache, the real upcycled MoE answering "Paris" while
 //! streaming experts from its store. The exactness of the Rust GGUF
 //! conversion against the Python script is a unit test
-//! (`smollm2::exactness`, run by `cargo test -p larder --bin larder`).
+//! (`smollm2::exactness`, run by `cargo test -p larder-tools`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -1,24 +1,14 @@
-//! `larder bench`: measured speed against the physical limit of the same run.
-//!
-//! `larder bench kernels` first measures one thread's RAM read bandwidth and
-//! this core's compute roofs (the kernels' inner steps with everything in
-//! L1; a kernel streaming from RAM reaches at most the lower roof), then
-//! the weight bytes per second of every weight format at the shapes of real
-//! MoE layers, for 1, 8 and 64 activation rows, cold (weights streamed from
-//! RAM) and hot (the same weight again), and candle's own matmul on the same
-//! dense weights, cold and hot, in the same thread pool, for comparison.
+//! `larder bench`: measured speed against the physical limit of the same
+//! run. The subcommands' flags, output and exit codes live here and in
+//! `bench_*.rs`; the measuring is `larder_bench`'s. `larder bench kernels`
+//! (here): weight-format kernels vs. RAM bandwidth and this core's compute
+//! roofs (`larder_bench::kernels`).
 
-use std::time::Duration;
-
-use anyhow::Context;
 use clap::Subcommand;
-use larder_engine::{ReportKind, RunInputs};
-use larder_tensor::bench::{bench_formats, ram_read_gbps, roofs, CandleSet, WeightSet, COLD_SET_BYTES};
-use larder_tensor::kernels::{active_path, KernelPath};
-use larder_tensor::WeightFormat;
-use serde_json::json;
+use larder_bench::kernels::{KernelOptions, KernelReport, KERNELS_REPORT};
+use larder_engine::RunInputs;
 
-use super::progress::{Progress, Unit};
+use super::progress::Shown;
 
 /// What to benchmark.
 #[derive(Subcommand)]
@@ -92,176 +82,58 @@ pub fn run(bench: Bench) -> anyhow::Result<()> {
     }
 }
 
-/// What a `larder bench kernels` run measures unless told otherwise, and how long.
-struct Plan {
-    shapes: &'static [(usize, usize)],
-    rows: &'static [usize],
-    /// Timing budget per case.
-    budget: Duration,
-    /// Bytes read to measure RAM bandwidth.
-    ram_bytes: usize,
-    /// Bytes of distinct weights a cold case cycles through.
-    cold_bytes: usize,
-    /// Seconds per compute-roof stream.
-    roof_secs: f64,
-}
-
-impl Plan {
-    /// A smoke test, not a measurement.
-    const QUICK: Plan = Plan {
-        shapes: &[(512, 256)],
-        rows: &[1, 8],
-        budget: Duration::from_millis(20),
-        ram_bytes: 64 << 20,
-        cold_bytes: 4 << 20,
-        roof_secs: 0.01,
-    };
-    /// The shapes of real MoE layers.
-    const FULL: Plan = Plan {
-        shapes: &[(7168, 2048), (2048, 1408), (4096, 1536)],
-        rows: &[1, 8, 64],
-        budget: Duration::from_millis(400),
-        ram_bytes: 1 << 30,
-        cold_bytes: COLD_SET_BYTES,
-        roof_secs: 0.5,
-    };
-}
-
-/// What `bench kernels --out` writes (`"larder_report": "bench kernels"`; `plan --kernels` reads it).
-pub const KERNELS_REPORT: ReportKind = ReportKind {
-    name: "bench kernels",
-    legacy_keys: &["ram_gbps", "path", "threads", "results"],
-};
-
-/// Largest K or N of a `--shapes` entry (real MoE layers stay under 20000).
-const MAX_DIM: usize = 1 << 16;
-
 fn kernels(args: KernelArgs) -> anyhow::Result<()> {
     let mut out = super::check_report_out(args.out.as_deref(), KERNELS_REPORT, args.output, &RunInputs::new())?;
-    let path: KernelPath = match &args.path {
-        None => active_path(),
-        Some(name) => {
-            let path = KernelPath::from_name(name).with_context(|| format!("unknown kernel path {name:?} (scalar, avx2, avx512, neon)"))?;
-            let have: Vec<&str> = KernelPath::available().iter().map(|p| p.name()).collect();
-            anyhow::ensure!(
-                path.is_supported(),
-                "--path {name}: this CPU cannot run that kernel path (it has: {})",
-                have.join(", ")
-            );
-            path
-        }
+    let opts = KernelOptions {
+        threads: args.threads,
+        quick: args.quick,
+        no_candle: args.no_candle,
+        formats: args.formats,
+        shapes: args.shapes,
+        rows: args.rows,
+        path: args.path,
     };
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build()
-        .context("cannot build the benchmark thread pool")?;
-    let plan = if args.quick { Plan::QUICK } else { Plan::FULL };
-    let parsed: Vec<(usize, usize)> = args
-        .shapes
-        .iter()
-        .map(|s| {
-            let (k, n) = s.split_once('x').with_context(|| format!("shape {s:?} is not KxN"))?;
-            Ok((
-                k.parse().with_context(|| format!("shape {s:?}"))?,
-                n.parse().with_context(|| format!("shape {s:?}"))?,
-            ))
-        })
-        .collect::<anyhow::Result<_>>()?;
-    let shapes: &[(usize, usize)] = if parsed.is_empty() { plan.shapes } else { &parsed };
-    let rows: &[usize] = if args.rows.is_empty() { plan.rows } else { &args.rows };
-    if shapes
-        .iter()
-        .any(|&(k, n)| k == 0 || n == 0 || k % 32 != 0 || k > MAX_DIM || n > MAX_DIM)
-    {
-        anyhow::bail!("--shapes: K and N must be 1 to {MAX_DIM}, with K a multiple of 32");
-    }
-    let formats: Vec<(&str, WeightFormat)> = bench_formats()
-        .into_iter()
-        .filter(|(name, _)| args.formats.is_empty() || args.formats.iter().any(|f| f == name))
-        .collect();
-    if formats.is_empty() {
-        anyhow::bail!("--formats matched none of f32, f16, bf16, fp8, mxfp4, int4");
-    }
-
-    eprintln!("measuring RAM read bandwidth (1 thread, {} MiB) ...", plan.ram_bytes >> 20);
-    let ram = ram_read_gbps(plan.ram_bytes);
-    eprintln!("RAM read: {ram:.2} GB/s; kernel path {}, {} thread(s)", path.name(), args.threads);
-    eprintln!("measuring compute roofs (1 thread) ...");
-    let roofs = roofs::measure(plan.roof_secs);
-    let roofs_json: Vec<_> = roofs
-        .iter()
-        .map(|r| json!({ "stream": r.stream, "ginstr_per_s": r.ginstr_per_s, "weight_gbps": r.weight_gbps }))
-        .collect();
-
-    let total = (shapes.len() * formats.len() * rows.len() * 2) as u64;
-    let bar = Progress::new("bench kernels", total, Unit::Count, args.json);
-    let mut results = Vec::new();
-    for &(k, n) in shapes {
-        for (name, format) in &formats {
-            bar.set_message(&format!("{name} {k}x{n}"));
-            let set = WeightSet::new(*format, n, k, plan.cold_bytes);
-            // candle on the same weights, cold and hot, in the same pool.
-            let candle_set = if args.no_candle {
-                None
-            } else {
-                CandleSet::new(&set).context("candle weights")?
-            };
-            for &m in rows {
-                for cold in [true, false] {
-                    let candle = candle_set.as_ref().and_then(|cs| {
-                        let b = if m >= 64 { Duration::ZERO } else { plan.budget };
-                        pool.install(|| cs.measure(m, cold, b)).ok()
-                    });
-                    let c = pool.install(|| set.measure(path, m, cold, plan.budget));
-                    results.push(json!({
-                        "dtype": name, "format": format.to_string(), "rows": m, "k": k, "n": n,
-                        "threads": args.threads, "cold": cold, "seconds": c.seconds, "gbps": c.gbps,
-                        "ratio_to_ram": c.gbps / ram, "candle_gbps": candle,
-                    }));
-                    bar.inc(1);
-                }
-            }
-        }
-    }
-    bar.finish();
-    let doc = json!({
-        "larder_report": KERNELS_REPORT.name, "ram_gbps": ram, "compute_roofs": roofs_json, "path": path.name(),
-        "threads": args.threads, "results": results,
-    });
+    let report = larder_bench::kernels::run(&opts, &Shown { json: args.json })?;
+    let doc = report.to_json();
     super::save_json(out.as_mut(), &doc)?;
     if args.json {
         return super::print_json(&doc);
     }
+    print_kernels(&report);
+    Ok(())
+}
+
+/// The table of `bench kernels`.
+fn print_kernels(report: &KernelReport) {
     println!(
-        "RAM read bandwidth (1 thread): {ram:.2} GB/s   kernel path: {}   threads: {}",
-        path.name(),
-        args.threads
+        "RAM read bandwidth (1 thread): {:.2} GB/s   kernel path: {}   threads: {}",
+        report.ram_gbps,
+        report.path.name(),
+        report.threads
     );
-    println!("compute roofs (1 thread, everything in L1): {}", roofs::summary(&roofs));
+    println!("compute roofs (1 thread, everything in L1): {}", report.roofs_summary());
     println!(
         "{:<6} {:>5} {:>11} {:>5} {:>9} {:>7} {:>9} {:>9}",
         "dtype", "rows", "k x n", "cache", "GB/s", "of RAM", "candle", "vs 1-row"
     );
     let mut one_row = std::collections::HashMap::new();
-    for r in &results {
-        let key = (r["dtype"].to_string(), r["k"].as_u64(), r["cold"].as_bool());
-        let secs = r["seconds"].as_f64().unwrap_or(0.0);
-        if r["rows"] == 1 {
-            one_row.insert(key.clone(), secs);
+    for r in &report.results {
+        let key = (r.dtype.clone(), r.k, r.cold);
+        if r.rows == 1 {
+            one_row.insert(key.clone(), r.seconds);
         }
-        let rel = one_row.get(&key).map_or(String::new(), |s| format!("{:.2}x", secs / s));
-        let candle = r["candle_gbps"].as_f64().map_or("-".into(), |g| format!("{g:.2}"));
+        let rel = one_row.get(&key).map_or(String::new(), |s| format!("{:.2}x", r.seconds / s));
+        let candle = r.candle_gbps.map_or("-".into(), |g| format!("{g:.2}"));
         println!(
             "{:<6} {:>5} {:>11} {:>5} {:>9.2} {:>6.0}% {:>9} {:>9}",
-            r["dtype"].as_str().unwrap_or(""),
-            r["rows"],
-            format!("{}x{}", r["k"], r["n"]),
-            if r["cold"] == true { "cold" } else { "hot" },
-            r["gbps"].as_f64().unwrap_or(0.0),
-            r["ratio_to_ram"].as_f64().unwrap_or(0.0) * 100.0,
+            r.dtype,
+            r.rows,
+            format!("{}x{}", r.k, r.n),
+            if r.cold { "cold" } else { "hot" },
+            r.gbps,
+            r.ratio_to_ram * 100.0,
             candle,
             rel
         );
     }
-    Ok(())
 }

@@ -1,21 +1,13 @@
 //! `larder bench lazy`: decode speed of a lazy model whose source is a
-//! throttled link (a loopback server sharing --rate-mbps over all
-//! connections), first pass (experts fetched on first use) against second
-//! pass (a restart over the same cache: experts read from the drive), with
-//! the link's measured rate and the drive's read rate in the same run.
+//! throttled loopback link, first pass (fetching) against second pass (the
+//! drive) (`larder_bench::lazy`); here its flags and output.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
-use anyhow::Context;
-use larder_engine::lazy::LazyLoad;
-use larder_engine::{Engine, GenerateOptions, ReportKind, RunInputs};
-use larder_store::lazy::{LazyOptions, SourceCheck};
-use larder_store::remote::{open_source, CheckpointSource, FileSource, HubEnv, RemoteOptions};
-use larder_store::StoreOptions;
-use serde_json::json;
+use larder_bench::lazy::{LazyBenchOptions, LAZY_REPORT};
+use larder_engine::RunInputs;
 
-use super::loopback_files;
+use super::progress::Shown;
 
 /// Arguments of `larder bench lazy`.
 #[derive(clap::Args)]
@@ -59,129 +51,19 @@ pub struct LazyArgs {
     output: super::OverwriteArg,
 }
 
-/// What `bench lazy --out` writes (`"larder_report": "bench lazy"`).
-pub const LAZY_REPORT: ReportKind = ReportKind {
-    name: "bench lazy",
-    legacy_keys: &["first_pass", "second_pass", "link_mbps_before"],
-};
-
-/// One pass: tokens, decode speed and what the lazy store did.
-fn pass(load: &LazyLoad, new: usize) -> anyhow::Result<(serde_json::Value, Vec<u32>)> {
-    let started = Instant::now();
-    let engine = Engine::load_lazy(load, None, &|_| {})?;
-    let load_s = started.elapsed().as_secs_f64();
-    let vocab = engine.model().spec().vocab_size as u32;
-    let prompt: Vec<u32> = [3u32, 1, 4, 1, 5, 9, 2, 6].iter().map(|t| t % vocab).collect();
-    let opts = GenerateOptions {
-        max_new: new,
-        stop_at_eos: false,
-        ..GenerateOptions::default()
-    };
-    let g = engine.generate(&prompt, &opts, &mut |_| true)?;
-    let c = engine.lazy_counts().context("not lazy")?;
-    let s = &g.stats;
-    let doc = json!({
-        "load_seconds": load_s,
-        "prefill_seconds": s.prefill_s,
-        "decode_seconds": s.decode_s,
-        "decode_tok_per_s": s.decode_tok_per_s,
-        "new_tokens": s.new_tokens,
-        "fetched_records": c.fetched_records,
-        "fetched_bytes": c.fetched_bytes,
-        "fetched_mb_per_s_while_generating": c.fetched_bytes as f64 / (s.prefill_s + s.decode_s) / 1e6,
-        "local_reads": c.local_reads,
-        "present_records": c.present_records,
-        "present_bytes": c.present_bytes,
-    });
-    Ok((doc, g.ids))
-}
-
-/// MB/s of one 64 MiB range of the largest shard through the link.
-fn link_mbps(remote: &dyn FileSource) -> anyhow::Result<f64> {
-    let listing = remote.list_files()?;
-    let (name, size) = listing
-        .files
-        .iter()
-        .filter(|f| f.name.ends_with(".safetensors"))
-        .filter_map(|f| f.size.map(|s| (f.name.clone(), s)))
-        .max_by_key(|f| f.1)
-        .context("no safetensors file to measure the link with")?;
-    let len = size.min(64 << 20);
-    let t = Instant::now();
-    let ranges: Vec<(u64, u64)> = (0..8).map(|i| (i * len / 8, len / 8)).collect();
-    remote.read_ranges(&name, &ranges, 8)?;
-    Ok(len as f64 / t.elapsed().as_secs_f64() / 1e6)
-}
-
 pub fn lazy_bench(args: LazyArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(
-        !args.cache.exists(),
-        "--cache {} exists; give a folder that does not (it is removed afterwards)",
-        args.cache.display()
-    );
+    larder_bench::lazy::check_cache(&args.cache)?;
     let inputs = RunInputs::new().model("--model", &args.model).folder("--cache", &args.cache);
     let mut out = super::check_report_out(args.out.as_deref(), LAZY_REPORT, args.output, &inputs)?;
-    let rate = args.rate_mbps as f64 * 1e6;
-    let url = loopback_files::serve_throttled(&args.model, Some(rate)).context("starting the loopback server")?;
-    let env = HubEnv::default();
-    let remote = open_source(&CheckpointSource::parse(&url, &env)?, &env, &RemoteOptions::default())?;
-    let link_before = link_mbps(remote.as_ref())?;
-    eprintln!(
-        "[larder] link: {link_before:.0} MB/s measured ({} MB/s set), serving {}",
-        args.rate_mbps,
-        args.model.display()
-    );
-    let load = LazyLoad {
-        source: url.clone(),
-        cache_dir: args.cache.clone(),
-        // What it measures is fetching on first use: the source is not streamed first.
-        lazy: LazyOptions {
-            check: Some(SourceCheck::FirstFetch),
-            ..LazyOptions::default()
-        },
-        store: StoreOptions {
-            ram_budget: args.ram_budget,
-            ..StoreOptions::default()
-        },
-        remote: RemoteOptions::default(),
-        env,
-        mla_cache: larder_model::MlaCache::default(),
+    let opts = LazyBenchOptions {
+        model: args.model,
+        cache: args.cache,
+        rate_mbps: args.rate_mbps,
+        new: args.new as usize,
+        ram_budget: args.ram_budget,
+        keep: args.keep,
     };
-    let (first, ids_first) = pass(&load, args.new as usize)?;
-    eprintln!("[larder] first pass: {first}");
-    let (second, ids_second) = pass(&load, args.new as usize)?;
-    eprintln!("[larder] second pass: {second}");
-    anyhow::ensure!(
-        ids_first == ids_second,
-        "the passes produced different ids: {ids_first:?} vs {ids_second:?}"
-    );
-    let link_after = link_mbps(remote.as_ref())?;
-    let drive = larder_store::drive::measure_read_gbps(&args.cache).unwrap_or(0.0);
-    if !args.keep {
-        std::fs::remove_dir_all(&args.cache).with_context(|| format!("removing {}", args.cache.display()))?;
-    }
-    let tok = |d: &serde_json::Value| d["decode_tok_per_s"].as_f64().unwrap_or(0.0);
-    let doc = json!({
-        "larder_report": LAZY_REPORT.name,
-        "model": args.model,
-        "rate_mbps_set": args.rate_mbps,
-        "link_mbps_before": link_before,
-        "link_mbps_after": link_after,
-        "drive_read_gbps_after": drive,
-        "ram_budget": args.ram_budget,
-        "first_pass": first,
-        "second_pass": second,
-        "speedup_second_over_first": tok(&second) / tok(&first).max(1e-12),
-        "same_ids": true,
-    });
-    eprintln!(
-        "[larder] decode {:.2} tok/s first pass (fetching at {:.0} MB/s of a {:.0}-{:.0} MB/s link), {:.2} tok/s second pass (drive)",
-        tok(&first),
-        first["fetched_mb_per_s_while_generating"].as_f64().unwrap_or(0.0),
-        link_before.min(link_after),
-        link_before.max(link_after),
-        tok(&second)
-    );
+    let doc = larder_bench::lazy::run(&opts, &Shown { json: args.json })?;
     super::save_json(out.as_mut(), &doc)?;
     if args.json {
         super::print_json(&doc)?;

@@ -1,17 +1,14 @@
 //! `larder bench io` and `larder bench decode`: streaming speed against the
-//! drive limit measured in the same run (docs/design.md §5).
+//! drive limit measured in the same run (docs/design.md §5); the measuring is
+//! `larder_bench::store` and `larder_bench::decode`.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
-use larder_engine::{ExpertMode, GenerateOptions, ReportKind, RunInputs};
-use larder_model::RouteTrace;
-use larder_store::bench::{measure_reads, random_experts, ReadMeasurement};
-use larder_store::io::{open_backend, IoKind, IoOptions};
-use larder_store::{ExpertIndex, Manifest, StoreStats};
-use serde_json::json;
+use larder_bench::decode::{DecodeOptions, DECODE_REPORT};
+use larder_bench::store::{IoBenchOptions, IO_REPORT};
+use larder_store::io::IoKind;
 
-use super::progress::{Progress, Unit};
+use super::progress::Shown;
 
 /// Arguments of `larder bench io`.
 #[derive(clap::Args)]
@@ -47,85 +44,6 @@ pub struct IoArgs {
     out: Option<PathBuf>,
     #[command(flatten)]
     output: super::OverwriteArg,
-}
-
-/// What `bench io --out` writes (`"larder_report": "bench io"`).
-pub const IO_REPORT: ReportKind = ReportKind {
-    name: "bench io",
-    legacy_keys: &["store", "limit_gbps", "results"],
-};
-
-/// What `bench decode --out` writes (`"larder_report": "bench decode"`).
-pub const DECODE_REPORT: ReportKind = ReportKind {
-    name: "bench decode",
-    legacy_keys: &["limit_before", "limit_after", "ratio_to_io_bound", "ids_hash"],
-};
-
-/// The expert index of a store or checkpoint folder.
-pub fn index_of(dir: &Path) -> anyhow::Result<ExpertIndex> {
-    if Manifest::is_store(dir) {
-        Ok(larder_engine::experts::packed_index(dir)?.1)
-    } else {
-        let spec = larder_model::arch::read_spec(dir)?;
-        let ckpt = larder_model::checkpoint::Checkpoint::open(dir)?;
-        Ok(larder_engine::experts::direct_index(&spec, &ckpt)?)
-    }
-}
-
-fn measure(
-    index: &ExpertIndex,
-    kind: IoKind,
-    direct: bool,
-    depth: usize,
-    records: usize,
-    batch: usize,
-    seed: u64,
-) -> anyhow::Result<ReadMeasurement> {
-    let backend = open_backend(&index.files, IoOptions { kind, direct, depth })?;
-    let experts = random_experts(index, records, seed);
-    Ok(measure_reads(index, &*backend, &experts, batch)?)
-}
-
-pub fn io(args: IoArgs) -> anyhow::Result<()> {
-    let inputs = RunInputs::new().model("--store", &args.store);
-    let mut out = super::check_report_out(args.out.as_deref(), IO_REPORT, args.output, &inputs)?;
-    let index = super::about(index_of(&args.store), "cannot open the store", &args.store)?;
-    let mut results = Vec::new();
-    let progress = Progress::new("bench io", args.io.len() as u64, Unit::Count, args.json);
-    for (i, name) in args.io.iter().enumerate() {
-        let kind = IoKind::parse(name).with_context(|| format!("unknown backend {name:?}"))?;
-        progress.set_message(name);
-        let m = measure(
-            &index,
-            kind,
-            !args.no_direct && kind != IoKind::Mmap,
-            args.depth,
-            args.records,
-            args.batch,
-            i as u64 + 1,
-        )?;
-        if !args.json {
-            eprintln!(
-                "[larder] {:>5} direct={:<5} {} records of {} in batches of {}: {:.2} GB/s",
-                m.backend,
-                m.direct,
-                m.records,
-                larder_store::format_size(m.bytes / m.records.max(1) as u64),
-                m.batch,
-                m.gbps
-            );
-        }
-        results.push(m);
-        progress.inc(1);
-    }
-    progress.finish();
-    let limit = results.iter().map(|m| m.gbps).fold(0.0, f64::max);
-    let doc = json!({"larder_report": IO_REPORT.name, "store": args.store, "limit_gbps": limit, "results": results});
-    super::save_json(out.as_mut(), &doc)?;
-    if args.json {
-        super::print_json(&doc)?;
-    }
-    Ok(())
 }
 
 /// Arguments of `larder bench decode`.
@@ -169,6 +87,30 @@ pub struct DecodeArgs {
     output: super::OverwriteArg,
 }
 
+pub fn io(args: IoArgs) -> anyhow::Result<()> {
+    let inputs = larder_engine::RunInputs::new().model("--store", &args.store);
+    let mut out = super::check_report_out(args.out.as_deref(), IO_REPORT, args.output, &inputs)?;
+    let index = super::about(
+        larder_engine::sizing::expert_index(&args.store),
+        "cannot open the store",
+        &args.store,
+    )?;
+    let opts = IoBenchOptions {
+        store: args.store.clone(),
+        backends: args.io,
+        records: args.records,
+        batch: args.batch,
+        depth: args.depth,
+        no_direct: args.no_direct,
+    };
+    let doc = larder_bench::store::io(&index, &opts, &Shown { json: args.json })?.to_json();
+    super::save_json(out.as_mut(), &doc)?;
+    if args.json {
+        super::print_json(&doc)?;
+    }
+    Ok(())
+}
+
 pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     let mut inputs = super::model_inputs(&args.model, &args.experts);
     let mut trace_out = match &args.trace {
@@ -185,191 +127,57 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
         // bench decode always streams.
         experts.io = Some(IoKind::best());
     }
-    let opts = experts.load_options(&args.model);
-    let ExpertMode::Stream(store_opts) = opts.experts else {
-        anyhow::bail!("bench decode streams experts; give --ram-budget");
+    let load = experts.load_options(&args.model);
+    super::check_budget(&args.model, &load)?;
+    let opts = DecodeOptions {
+        model: args.model.clone(),
+        load,
+        prefill: experts.prefill(),
+        prompt_tokens: args.prompt_tokens,
+        new: args.new,
+        seed: args.seed,
+        limit_records: args.limit_records,
+        trace: trace_out.is_some(),
     };
-    super::check_budget(&args.model, &opts)?;
-    let index = index_of(&args.model)?;
-    let spec = larder_model::arch::read_spec(&args.model)?;
-    let top_k = spec
-        .layers
-        .iter()
-        .find_map(|l| match &l.ffn {
-            larder_model::FfnSpec::Moe(m) => Some(m.top_k),
-            _ => None,
-        })
-        .context("the model has no routed experts")?;
-    // The drive limit, measured before and after decoding (drives, virtual
-    // ones especially, vary over time); the ratio uses the higher of the two.
-    let measure_limit = |seed: u64| {
-        let shown = Progress::new("drive limit", args.limit_records as u64, Unit::Count, args.json);
-        shown.set_message(&format!("{} random records", store_opts.io.kind.name()));
-        let m = measure(
-            &index,
-            store_opts.io.kind,
-            store_opts.io.direct && store_opts.io.kind != IoKind::Mmap,
-            store_opts.io.depth,
-            args.limit_records,
-            top_k,
-            seed,
-        );
-        shown.set(args.limit_records as u64);
-        shown.finish();
-        m
-    };
-    let limit_before = measure_limit(args.seed ^ 0xb0b)?;
-    larder_store::bench::drop_page_cache(&index.files);
-
-    let mut engine = super::load_with_options(&args.model, &opts, args.json)?;
-    engine.set_prefill(experts.prefill());
-    let tokens = Progress::new("decode", args.new as u64, Unit::Count, args.json);
-    let store = engine.store().context("experts are not streamed")?.clone();
-    let vocab = engine.model().spec().vocab_size as u64;
-    let mut s = args.seed;
-    let prompt: Vec<u32> = (0..args.prompt_tokens)
-        .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((s >> 33) % vocab) as u32
-        })
-        .collect();
-    let gen_opts = GenerateOptions {
-        max_new: args.new,
-        stop_at_eos: false,
-        ..GenerateOptions::default()
-    };
-    let mut after_prefill: Option<StoreStats> = None;
-    let mut trace = RouteTrace::with_lookahead(if args.trace.is_some() { super::trace::LOOKAHEAD } else { 0 });
-    let g = engine.generate_traced(
-        &prompt,
-        &gen_opts,
-        &mut |_| {
-            if after_prefill.is_none() {
-                after_prefill = Some(store.stats());
-            }
-            tokens.inc(1);
-            true
-        },
-        Some(&mut trace),
-    )?;
-    tokens.finish();
-    let prefill_rows = engine.prefill_rows();
-    let prefill = after_prefill.clone().unwrap_or_default();
-    let decode = store.stats().since(&prefill);
-    let routed_bytes = routed_expert_bytes(&trace, prompt.len(), &index);
-    if let Some(trace_out) = &mut trace_out {
-        let bytes = index.total_bytes() / index.layers.iter().map(|l| l.len() as u64).sum::<u64>().max(1);
-        let file = super::trace::to_file(&trace, engine.model().spec(), &args.model, prompt.len(), bytes)?;
-        trace_out.write_with(|w| file.write_lines(w))?;
+    let loader = |model: &Path, load: &larder_engine::LoadOptions| super::load_with_options(model, load, args.json).map_err(Into::into);
+    let report = larder_bench::decode::decode(&opts, &loader, &Shown { json: args.json })?;
+    if let (Some(trace_out), Some(trace)) = (&mut trace_out, &report.trace) {
+        trace_out.write_with(|w| trace.write_lines(w))?;
     }
-    drop(engine);
-    let limit_after = measure_limit(args.seed ^ 0xa11)?;
-    let limit = if limit_after.gbps > limit_before.gbps {
-        limit_after.clone()
-    } else {
-        limit_before.clone()
-    };
-    let steps = g.stats.new_tokens.saturating_sub(1).max(1) as f64;
-    let miss_bytes_per_token = decode.bytes_read as f64 / steps;
-    let bound = if miss_bytes_per_token > 0.0 {
-        limit.gbps * 1e9 / miss_bytes_per_token
-    } else {
-        f64::INFINITY
-    };
-    let ratio = g.stats.decode_tok_per_s / bound;
-    // Routing overlap over the decoded tokens only.
-    let mut decode_trace = RouteTrace::default();
-    for (l, routes) in &trace.layers {
-        decode_trace.layers.insert(*l, routes[prompt.len().min(routes.len())..].to_vec());
-    }
-    let (overlap, _) = decode_trace.consecutive_overlap();
-    let ids_hash = larder_store::Digest::of(&g.ids.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>()).to_string();
-    let doc = json!({
-        "larder_report": DECODE_REPORT.name,
-        "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)},
-        "model": {
-            "dir": args.model,
-            "packed": Manifest::is_store(&args.model),
-            "layers": spec.layers.len(),
-            "expert_layers": index.expert_layers(),
-            "experts_per_layer": index.layers.iter().map(|l| l.len()).max().unwrap_or(0),
-            "top_k": top_k,
-            "expert_bank_bytes": index.total_bytes(),
-        },
-        "io": {"backend": store_opts.io.kind.name(), "direct": store_opts.io.direct, "depth": store_opts.io.depth, "verify": store_opts.verify, "prefetch_threads": store_opts.prefetch_threads},
-        "prefetch_reads": decode.prefetch_reads,
-        "prefetch_hits": decode.prefetch_hits,
-        "prefetch_accuracy": decode.prefetch_accuracy(),
-        "ram_budget": store_opts.ram_budget,
-        "cache_state": "cold",
-        "limit": limit,
-        "limit_before": limit_before,
-        "limit_after": limit_after,
-        "prompt_tokens": prompt.len(),
-        "new_tokens": g.stats.new_tokens,
-        "prefill_tok_per_s": g.stats.prefill_tok_per_s,
-        "prefill_rows_per_pass": prefill_rows,
-        "prefill_expert_bytes_read": prefill.bytes_read,
-        "prefill_routed_expert_bytes": routed_bytes,
-        "prefill_read_amplification": if routed_bytes > 0 { prefill.bytes_read as f64 / routed_bytes as f64 } else { 0.0 },
-        "prefill_io_wait_share": if g.stats.prefill_s > 0.0 { prefill.io_wait_s / g.stats.prefill_s } else { 0.0 },
-        "prefill_prefetch_reads": prefill.prefetch_reads,
-        "time_to_first_token_s": g.stats.time_to_first_token_s,
-        "decode_tok_per_s": g.stats.decode_tok_per_s,
-        "decode_s": g.stats.decode_s,
-        "decode_expert_bytes_read": decode.bytes_read,
-        "miss_bytes_per_token": miss_bytes_per_token,
-        "hit_rate": decode.hit_rate(),
-        "io_wait_share": if g.stats.decode_s > 0.0 { decode.io_wait_s / g.stats.decode_s } else { 0.0 },
-        "io_bound_tok_per_s": bound,
-        "ratio_to_io_bound": ratio,
-        "routing_overlap": overlap,
-        "routing_overlap_uniform": top_k as f64 / index.layers.iter().map(|l| l.len()).max().unwrap_or(1).max(1) as f64,
-        "ids_hash": ids_hash,
-        "stats": g.stats,
-    });
+    let doc = report.doc;
     super::save_json(out.as_mut(), &doc)?;
     if args.json {
         return super::print_json(&doc);
     }
-    eprintln!(
-        "[larder] prefill: {} tokens, {} rows per pass, read amplification {:.2} ({} read / {} routed), io wait {:.0}%",
-        prompt.len(),
-        prefill_rows,
-        doc["prefill_read_amplification"].as_f64().unwrap_or(0.0),
-        larder_store::format_size(prefill.bytes_read),
-        larder_store::format_size(routed_bytes),
-        100.0 * doc["prefill_io_wait_share"].as_f64().unwrap_or(0.0),
-    );
-    eprintln!(
-        "[larder] drive limit {:.2} GB/s ({}) | prefill {:.2} tok/s | first token {:.2}s | decode {:.3} tok/s | {} per token | hit {:.1}% | io wait {:.0}% | {:.0}% of the I/O bound ({:.3} tok/s) | overlap {:.3}",
-        limit.gbps,
-        limit.backend,
-        g.stats.prefill_tok_per_s,
-        g.stats.time_to_first_token_s,
-        g.stats.decode_tok_per_s,
-        larder_store::format_size(miss_bytes_per_token as u64),
-        100.0 * decode.hit_rate(),
-        100.0 * doc["io_wait_share"].as_f64().unwrap_or(0.0),
-        100.0 * ratio,
-        bound,
-        overlap
-    );
+    print_decode(&doc);
     Ok(())
 }
 
-/// Bytes of the distinct experts the first `prompt` positions of `trace`
-/// routed to: what a read-once prefill reads from a cold cache.
-fn routed_expert_bytes(trace: &RouteTrace, prompt: usize, index: &ExpertIndex) -> u64 {
-    let mut distinct = std::collections::BTreeSet::new();
-    for (&l, routes) in &trace.layers {
-        for r in &routes[..prompt.min(routes.len())] {
-            distinct.extend(r.experts.iter().map(|&e| (l, e)));
-        }
-    }
-    distinct
-        .iter()
-        .filter_map(|&(l, e)| index.get(l, e))
-        .map(|loc| loc.payload_len())
-        .sum()
+/// The two summary lines of `bench decode`.
+fn print_decode(doc: &serde_json::Value) {
+    let f = |k: &str| doc[k].as_f64().unwrap_or(0.0);
+    let u = |k: &str| doc[k].as_u64().unwrap_or(0);
+    eprintln!(
+        "[larder] prefill: {} tokens, {} rows per pass, read amplification {:.2} ({} read / {} routed), io wait {:.0}%",
+        u("prompt_tokens"),
+        u("prefill_rows_per_pass"),
+        f("prefill_read_amplification"),
+        larder_store::format_size(u("prefill_expert_bytes_read")),
+        larder_store::format_size(u("prefill_routed_expert_bytes")),
+        100.0 * f("prefill_io_wait_share"),
+    );
+    eprintln!(
+        "[larder] drive limit {:.2} GB/s ({}) | prefill {:.2} tok/s | first token {:.2}s | decode {:.3} tok/s | {} per token | hit {:.1}% | io wait {:.0}% | {:.0}% of the I/O bound ({:.3} tok/s) | overlap {:.3}",
+        doc["limit"]["gbps"].as_f64().unwrap_or(0.0),
+        doc["limit"]["backend"].as_str().unwrap_or(""),
+        f("prefill_tok_per_s"),
+        f("time_to_first_token_s"),
+        f("decode_tok_per_s"),
+        larder_store::format_size(f("miss_bytes_per_token") as u64),
+        100.0 * f("hit_rate"),
+        100.0 * f("io_wait_share"),
+        100.0 * f("ratio_to_io_bound"),
+        doc["io_bound_tok_per_s"].as_f64().unwrap_or(f64::INFINITY),
+        f("routing_overlap")
+    );
 }

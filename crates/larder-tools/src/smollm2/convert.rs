@@ -9,12 +9,12 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
 use larder_tensor::safetensors_write::{Header, KeyOrder, SafetensorsWriter, TensorHeader};
 
 use super::gguf::{Gguf, TensorInfo, Value};
 use super::json::{self, Style, J};
 use super::tokenizer::{self, SpecialIds};
+use super::{refuse, ConvertError, Result};
 
 /// What a conversion wrote.
 #[derive(Debug, Clone)]
@@ -38,51 +38,57 @@ struct Hparams {
     eps: f64,
 }
 
-fn int(g: &Gguf, key: &str) -> anyhow::Result<Option<i64>> {
+fn int(g: &Gguf, key: &str) -> Result<Option<i64>> {
     match g.get(key) {
         None => Ok(None),
         Some(v) => v
             .as_int()
             .map(Some)
-            .with_context(|| format!("GGUF metadata {key:?} is not an integer")),
+            .ok_or_else(|| ConvertError::Gguf(format!("GGUF metadata {key:?} is not an integer"))),
     }
 }
 
-fn required_int(g: &Gguf, key: &str) -> anyhow::Result<i64> {
-    int(g, key)?.with_context(|| format!("GGUF metadata has no {key:?}"))
+fn required_int(g: &Gguf, key: &str) -> Result<i64> {
+    int(g, key)?.ok_or_else(|| ConvertError::Gguf(format!("GGUF metadata has no {key:?}")))
 }
 
 /// Python's `float(str(np.float32(x)))`: the shortest decimal that round-trips to the f32.
-fn f32_shortest(g: &Gguf, key: &str) -> anyhow::Result<Option<f64>> {
+fn f32_shortest(g: &Gguf, key: &str) -> Result<Option<f64>> {
     let x = match g.get(key) {
         None => return Ok(None),
         Some(Value::F32(x)) => *x,
         Some(Value::F64(x)) => *x as f32,
-        Some(v) => v.as_int().with_context(|| format!("GGUF metadata {key:?} is not a number"))? as f32,
+        Some(v) => v
+            .as_int()
+            .ok_or_else(|| ConvertError::Gguf(format!("GGUF metadata {key:?} is not a number")))? as f32,
     };
-    Ok(Some(format!("{x}").parse::<f64>()?))
+    let shortest = format!("{x}");
+    let parsed = shortest
+        .parse::<f64>()
+        .map_err(|e| ConvertError::Gguf(format!("GGUF metadata {key:?}: {shortest}: {e}")))?;
+    Ok(Some(parsed))
 }
 
-fn hparams(g: &Gguf) -> anyhow::Result<Hparams> {
+fn hparams(g: &Gguf) -> Result<Hparams> {
     match g.get("general.architecture").and_then(Value::as_str) {
         Some("llama") => {}
-        Some(a) => bail!("general.architecture is {a:?}; only 'llama' is supported"),
-        None => bail!("GGUF metadata has no 'general.architecture'"),
+        Some(a) => refuse!("general.architecture is {a:?}; only 'llama' is supported"),
+        None => refuse!("GGUF metadata has no 'general.architecture'"),
     }
     let heads = required_int(g, "llama.attention.head_count")?;
     let hidden = required_int(g, "llama.embedding_length")?;
     if heads <= 0 || hidden <= 0 || hidden % heads != 0 {
-        bail!("embedding_length {hidden} is not a positive multiple of head_count {heads}");
+        refuse!("embedding_length {hidden} is not a positive multiple of head_count {heads}");
     }
     if let Some(r) = int(g, "llama.rope.dimension_count")? {
         if r != hidden / heads {
-            bail!("partial rope (rope.dimension_count={r}, head_dim={}) unsupported", hidden / heads);
+            refuse!("partial rope (rope.dimension_count={r}, head_dim={}) unsupported", hidden / heads);
         }
     }
     match g.get("llama.rope.scaling.type") {
         None => {}
         Some(v) if v.as_str() == Some("none") => {}
-        Some(_) => bail!("rope scaling in GGUF metadata is not supported by this converter"),
+        Some(_) => refuse!("rope scaling in GGUF metadata is not supported by this converter"),
     }
     Ok(Hparams {
         hidden,
@@ -93,12 +99,12 @@ fn hparams(g: &Gguf) -> anyhow::Result<Hparams> {
         ctx: required_int(g, "llama.context_length")?,
         rope_theta: f32_shortest(g, "llama.rope.freq_base")?.unwrap_or(10000.0),
         eps: f32_shortest(g, "llama.attention.layer_norm_rms_epsilon")?
-            .context("GGUF metadata has no 'llama.attention.layer_norm_rms_epsilon'")?,
+            .ok_or_else(|| ConvertError::Gguf("GGUF metadata has no 'llama.attention.layer_norm_rms_epsilon'".into()))?,
     })
 }
 
 /// The Hugging Face name of a GGUF tensor.
-fn hf_name(gname: &str) -> anyhow::Result<String> {
+fn hf_name(gname: &str) -> Result<String> {
     let global = match gname {
         "token_embd.weight" => Some("model.embed_tokens.weight"),
         "output_norm.weight" => Some("model.norm.weight"),
@@ -120,11 +126,11 @@ fn hf_name(gname: &str) -> anyhow::Result<String> {
         Some("ffn_gate.weight") => "mlp.gate_proj.weight",
         Some("ffn_up.weight") => "mlp.up_proj.weight",
         Some("ffn_down.weight") => "mlp.down_proj.weight",
-        _ => bail!("unexpected GGUF tensor {gname:?}"),
+        _ => refuse!("unexpected GGUF tensor {gname:?}"),
     };
     match (blk, layer) {
         (Some("blk"), Some(l)) => Ok(format!("model.layers.{l}.{mapped}")),
-        _ => bail!("unexpected GGUF tensor {gname:?}"),
+        _ => refuse!("unexpected GGUF tensor {gname:?}"),
     }
 }
 
@@ -171,9 +177,9 @@ fn expected_shapes(h: &Hparams, vocab: i64, tied: bool) -> HashMap<String, Vec<u
 
 /// Undoes llama.cpp's `permute` of q/k rows: row (h, i, j) goes back to (h, j, i)
 /// for `i < dim`, `j < 2` (numpy: `reshape(n_head, dim, 2, cols).swapaxes(1, 2)`).
-fn unpermute_rope(w: &[f32], rows: usize, cols: usize, n_head: usize) -> anyhow::Result<Vec<f32>> {
+fn unpermute_rope(w: &[f32], rows: usize, cols: usize, n_head: usize) -> Result<Vec<f32>> {
     if n_head == 0 || !rows.is_multiple_of(n_head * 2) {
-        bail!("{rows} rows cannot be split over {n_head} heads x 2 for the rope permutation");
+        refuse!("{rows} rows cannot be split over {n_head} heads x 2 for the rope permutation");
     }
     let dim = rows / n_head / 2;
     let mut out = vec![0f32; w.len()];
@@ -197,13 +203,13 @@ struct Planned<'a> {
     rope_heads: Option<usize>,
 }
 
-fn plan<'a>(g: &'a Gguf, h: &Hparams, vocab: i64) -> anyhow::Result<(Vec<Planned<'a>>, bool)> {
+fn plan<'a>(g: &'a Gguf, h: &Hparams, vocab: i64) -> Result<(Vec<Planned<'a>>, bool)> {
     let tied = !g.tensors.iter().any(|t| t.name == "output.weight");
     let mut out: Vec<Planned> = Vec::with_capacity(g.tensors.len());
     for t in &g.tensors {
         let name = hf_name(&t.name)?;
         if out.iter().any(|p| p.name == name) {
-            bail!("GGUF tensor {:?} appears twice", t.name);
+            refuse!("GGUF tensor {:?} appears twice", t.name);
         }
         let rope_heads = if t.name.ends_with("attn_q.weight") {
             Some(h.heads as usize)
@@ -222,13 +228,13 @@ fn plan<'a>(g: &'a Gguf, h: &Hparams, vocab: i64) -> anyhow::Result<(Vec<Planned
     let exp = expected_shapes(h, vocab, tied);
     for p in &out {
         match exp.get(&p.name) {
-            None => bail!("unexpected tensor {} (from GGUF {})", p.name, p.info.name),
-            Some(s) if *s != p.shape => bail!("{}: shape {:?}, expected {:?}", p.name, p.shape, s),
+            None => refuse!("unexpected tensor {} (from GGUF {})", p.name, p.info.name),
+            Some(s) if *s != p.shape => refuse!("{}: shape {:?}, expected {:?}", p.name, p.shape, s),
             Some(_) => {}
         }
     }
     if let Some(missing) = exp.keys().find(|k| !out.iter().any(|p| &p.name == *k)) {
-        bail!("tensor set mismatch: {missing} is missing from the GGUF");
+        refuse!("tensor set mismatch: {missing} is missing from the GGUF");
     }
     out.sort_by_key(|p| sort_key(&p.name));
     Ok((out, tied))
@@ -264,19 +270,19 @@ fn config_json(h: &Hparams, ids: SpecialIds, vocab: i64, tied: bool) -> J {
     ])
 }
 
-fn write_json(dir: &Path, name: &str, v: &J, style: Style, newline: bool) -> anyhow::Result<()> {
-    let mut s = json::to_string(v, style).map_err(|e| anyhow::anyhow!("{name}: {e}"))?;
+fn write_json(dir: &Path, name: &str, v: &J, style: Style, newline: bool) -> Result<()> {
+    let mut s = json::to_string(v, style).map_err(|e| ConvertError::Gguf(format!("{name}: {e}")))?;
     if newline {
         s.push('\n');
     }
     let path = dir.join(name);
-    std::fs::write(&path, s).with_context(|| format!("cannot write {}", path.display()))
+    std::fs::write(&path, s).map_err(|e| ConvertError::io(format!("cannot write {}", path.display()), e))
 }
 
 /// The safetensors header the script writes: its tensor order, all F32,
 /// `{"format": "pt"}` metadata, laid out as its `json.dumps` prints it
 /// (larder-tensor's `KeyOrder::AsGiven`: compact, padded with spaces to 8 bytes).
-fn safetensors_header(tensors: &[Planned]) -> anyhow::Result<Header> {
+fn safetensors_header(tensors: &[Planned]) -> Result<Header> {
     let list: Vec<TensorHeader> = tensors
         .iter()
         .map(|t| TensorHeader {
@@ -286,12 +292,12 @@ fn safetensors_header(tensors: &[Planned]) -> anyhow::Result<Header> {
             len: t.info.elements() * 4,
         })
         .collect();
-    Header::new(&list, &[("format", "pt")], KeyOrder::AsGiven).context("model.safetensors header")
+    Header::new(&list, &[("format", "pt")], KeyOrder::AsGiven).map_err(|source| ConvertError::Header { source })
 }
 
 /// Writes `path` through the shared safetensors writer (under `.partial`,
 /// renamed when complete); returns its size.
-fn write_safetensors(path: &Path, g: &Gguf, tensors: &[Planned], progress: &mut dyn FnMut(u64, u64)) -> anyhow::Result<u64> {
+fn write_safetensors(path: &Path, g: &Gguf, tensors: &[Planned], progress: &mut dyn FnMut(u64, u64)) -> Result<u64> {
     let header = safetensors_header(tensors)?;
     let total = header.file_len() - header.data_start();
     let mut w = SafetensorsWriter::create(path, &header)?;
@@ -299,7 +305,7 @@ fn write_safetensors(path: &Path, g: &Gguf, tensors: &[Planned], progress: &mut 
     for t in tensors {
         let mut values = g.dequantize(t.info);
         if let Some(heads) = t.rope_heads {
-            values = unpermute_rope(&values, t.shape[0], t.shape[1], heads).with_context(|| t.name.clone())?;
+            values = unpermute_rope(&values, t.shape[0], t.shape[1], heads).map_err(|e| ConvertError::Gguf(format!("{}: {e}", t.name)))?;
         }
         let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
         w.write(&bytes)?;
@@ -312,7 +318,7 @@ fn write_safetensors(path: &Path, g: &Gguf, tensors: &[Planned], progress: &mut 
 
 /// Converts `g` into the checkpoint folder `out` (via `out.tmp`, renamed last);
 /// `progress(done, total)` follows the tensor bytes written.
-pub fn convert(g: &Gguf, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> anyhow::Result<Summary> {
+pub fn convert(g: &Gguf, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> Result<Summary> {
     let h = hparams(g)?;
     let vocab = tokenizer::read_vocab(g)?;
     let vocab_size = int(g, "llama.vocab_size")?.unwrap_or(vocab.tokens.len() as i64);
@@ -329,21 +335,24 @@ pub fn convert(g: &Gguf, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> anyh
         generation.push(("pad_token_id", J::Int(p)));
     }
     match g.get("tokenizer.ggml.add_bos_token") {
-        Some(Value::Bool(true)) => bail!("tokenizer.ggml.add_bos_token is true; this converter writes no BOS post-processor"),
-        Some(v) if v.as_int().is_some_and(|i| i != 0) => bail!("tokenizer.ggml.add_bos_token is set; no BOS post-processor"),
+        Some(Value::Bool(true)) => refuse!("tokenizer.ggml.add_bos_token is true; this converter writes no BOS post-processor"),
+        Some(v) if v.as_int().is_some_and(|i| i != 0) => refuse!("tokenizer.ggml.add_bos_token is set; no BOS post-processor"),
         _ => {}
     }
     let template = match g.get("tokenizer.chat_template") {
         None => None,
-        Some(v) => Some(v.as_str().context("tokenizer.chat_template is not a string")?),
+        Some(v) => Some(
+            v.as_str()
+                .ok_or_else(|| ConvertError::Gguf("tokenizer.chat_template is not a string".into()))?,
+        ),
     };
     let (tok_config, special_map) = tokenizer::tokenizer_configs(&vocab, ids, h.ctx, template)?;
 
     let tmp = PathBuf::from(format!("{}.tmp", out.display()));
     if tmp.exists() {
-        std::fs::remove_dir_all(&tmp).with_context(|| format!("cannot remove {}", tmp.display()))?;
+        std::fs::remove_dir_all(&tmp).map_err(|e| ConvertError::io(format!("cannot remove {}", tmp.display()), e))?;
     }
-    std::fs::create_dir_all(&tmp).with_context(|| format!("cannot create {}", tmp.display()))?;
+    std::fs::create_dir_all(&tmp).map_err(|e| ConvertError::io(format!("cannot create {}", tmp.display()), e))?;
     write_json(&tmp, "config.json", &config_json(&h, ids, vocab_size, tied), Style::PRETTY, true)?;
     write_json(&tmp, "generation_config.json", &J::obj(generation), Style::PRETTY, true)?;
     write_json(&tmp, "tokenizer_config.json", &tok_config, Style::PRETTY, true)?;
@@ -351,9 +360,9 @@ pub fn convert(g: &Gguf, out: &Path, progress: &mut dyn FnMut(u64, u64)) -> anyh
     write_json(&tmp, "tokenizer.json", &tokenizer::tokenizer_json(&vocab), Style::LINE, false)?;
     let bytes = write_safetensors(&tmp.join("model.safetensors"), g, &tensors, progress)?;
     if out.exists() {
-        std::fs::remove_dir_all(out).with_context(|| format!("cannot remove the old {}", out.display()))?;
+        std::fs::remove_dir_all(out).map_err(|e| ConvertError::io(format!("cannot remove the old {}", out.display()), e))?;
     }
-    std::fs::rename(&tmp, out).with_context(|| format!("cannot rename {} to {}", tmp.display(), out.display()))?;
+    std::fs::rename(&tmp, out).map_err(|e| ConvertError::io(format!("cannot rename {} to {}", tmp.display(), out.display()), e))?;
     Ok(Summary {
         tensors: tensors.len(),
         tied,

@@ -16,6 +16,15 @@ use super::wheel::hex;
 /// Attempts per download (the first and three retries).
 const ATTEMPTS: u32 = 4;
 
+/// What a download is doing, for progress display.
+#[derive(Debug, Clone, Copy)]
+pub enum DownloadEvent<'a> {
+    /// Bytes received so far (and the total, when the server says).
+    Bytes { done: u64, total: Option<u64> },
+    /// An attempt failed transiently; the next one starts after the wait (the line says so).
+    Retrying { line: &'a str },
+}
+
 /// Why a download failed, in one line (the URL is named by the caller).
 #[derive(Debug)]
 pub struct DownloadError {
@@ -129,16 +138,17 @@ fn attempt(url: &str, part: &Path, progress: &mut dyn FnMut(u64, Option<u64>)) -
 
 /// Downloads `url` to `dest` (via `dest.part`), checking the sha256; retries
 /// transient failures (connection, timeouts, HTTP 5xx/429) with backoff.
-pub fn download(url: &str, dest: &Path, sha256: &str, progress: &mut dyn FnMut(u64, Option<u64>)) -> Result<(), DownloadError> {
+pub fn download(url: &str, dest: &Path, sha256: &str, events: &mut dyn FnMut(DownloadEvent)) -> Result<(), DownloadError> {
     let part = PathBuf::from(format!("{}.part", dest.display()));
     let mut last = String::new();
     for n in 0..ATTEMPTS {
         if n > 0 {
             let wait = Duration::from_secs(1 << (n - 1));
-            eprintln!("[larder] download of {url} failed ({last}); retrying in {}s", wait.as_secs());
+            let line = format!("[larder] download of {url} failed ({last}); retrying in {}s", wait.as_secs());
+            events(DownloadEvent::Retrying { line: &line });
             std::thread::sleep(wait);
         }
-        match attempt(url, &part, progress) {
+        match attempt(url, &part, &mut |done, total| events(DownloadEvent::Bytes { done, total })) {
             Ok(got) if got == sha256 => {
                 return std::fs::rename(&part, dest).map_err(|e| DownloadError {
                     reason: format!("cannot rename {} to {}: {e}", part.display(), dest.display()),
@@ -175,22 +185,24 @@ mod tests {
         let sha = hex(&Sha256::digest(b"hello"));
         let mut seen = 0;
         let dest = tmp.path().join("dest.bin");
-        download(&url, &dest, &sha, &mut |done, total| {
-            seen = done;
-            assert_eq!(total, Some(5));
+        download(&url, &dest, &sha, &mut |ev| {
+            if let DownloadEvent::Bytes { done, total } = ev {
+                seen = done;
+                assert_eq!(total, Some(5));
+            }
         })
         .unwrap();
         assert_eq!((std::fs::read(&dest).unwrap(), seen), (b"hello".to_vec(), 5));
 
         let other = tmp.path().join("other.bin");
-        let err = download(&url, &other, &"0".repeat(64), &mut |_, _| {}).unwrap_err();
+        let err = download(&url, &other, &"0".repeat(64), &mut |_| {}).unwrap_err();
         assert!(err.reason.contains("sha256"), "{err}");
         assert!(
             !other.exists() && !tmp.path().join("other.bin.part").exists(),
             "nothing partial is left"
         );
 
-        let err = download("file:///nonexistent/x", &other, &sha, &mut |_, _| {}).unwrap_err();
+        let err = download("file:///nonexistent/x", &other, &sha, &mut |_| {}).unwrap_err();
         assert!(err.reason.contains("/nonexistent/x"), "{err}");
     }
 }

@@ -7,10 +7,9 @@
 
 use std::collections::HashMap;
 
-use anyhow::{bail, Context};
-
 use super::gguf::{Gguf, Value};
 use super::json::J;
+use super::{refuse, ConvertError, Result};
 
 const TOKEN_TYPE_NORMAL: i64 = 1;
 const TOKEN_TYPE_CONTROL: i64 = 3;
@@ -39,23 +38,23 @@ pub struct SpecialIds {
     pub unk: Option<i64>,
 }
 
-fn strings(g: &Gguf, key: &str) -> anyhow::Result<Vec<String>> {
+fn strings(g: &Gguf, key: &str) -> Result<Vec<String>> {
     let Some(Value::Arr(items)) = g.get(key) else {
-        bail!("GGUF metadata has no {key:?} array");
+        refuse!("GGUF metadata has no {key:?} array");
     };
     items
         .iter()
         .map(|v| v.as_str().map(str::to_string))
         .collect::<Option<Vec<_>>>()
-        .with_context(|| format!("GGUF metadata {key:?} holds a non-string"))
+        .ok_or_else(|| ConvertError::Gguf(format!("GGUF metadata {key:?} holds a non-string")))
 }
 
 /// Reads and checks the vocabulary (byte-level BPE only).
-pub fn read_vocab(g: &Gguf) -> anyhow::Result<Vocab> {
+pub fn read_vocab(g: &Gguf) -> Result<Vocab> {
     match g.get("tokenizer.ggml.model").and_then(Value::as_str) {
         Some("gpt2") => {}
-        Some(m) => bail!("tokenizer.ggml.model is {m:?}; only 'gpt2' (byte-level BPE) is supported"),
-        None => bail!("GGUF metadata has no 'tokenizer.ggml.model'"),
+        Some(m) => refuse!("tokenizer.ggml.model is {m:?}; only 'gpt2' (byte-level BPE) is supported"),
+        None => refuse!("GGUF metadata has no 'tokenizer.ggml.model'"),
     }
     let tokens = strings(g, "tokenizer.ggml.tokens")?;
     let merges = strings(g, "tokenizer.ggml.merges")?;
@@ -65,19 +64,19 @@ pub fn read_vocab(g: &Gguf) -> anyhow::Result<Vocab> {
             .iter()
             .map(Value::as_int)
             .collect::<Option<_>>()
-            .context("tokenizer.ggml.token_type holds a non-integer")?,
-        Some(_) => bail!("tokenizer.ggml.token_type is not an array"),
+            .ok_or_else(|| ConvertError::Gguf("tokenizer.ggml.token_type holds a non-integer".into()))?,
+        Some(_) => refuse!("tokenizer.ggml.token_type is not an array"),
     };
     if types.len() != tokens.len() {
-        bail!("token_type and tokens differ in length");
+        refuse!("token_type and tokens differ in length");
     }
     if let Some(mg) = merges.iter().find(|m| m.split(' ').count() != 2) {
-        bail!("merge {mg:?} is not two space-separated tokens");
+        refuse!("merge {mg:?} is not two space-separated tokens");
     }
     let mut seen = HashMap::with_capacity(tokens.len());
     for (i, t) in tokens.iter().enumerate() {
         if let Some(j) = seen.insert(t.as_str(), i) {
-            bail!("duplicate token {t:?} at ids {j} and {i}");
+            refuse!("duplicate token {t:?} at ids {j} and {i}");
         }
     }
     let added = tokens
@@ -155,19 +154,19 @@ pub fn tokenizer_json(v: &Vocab) -> J {
     ])
 }
 
-fn token_str(v: &Vocab, id: Option<i64>) -> anyhow::Result<J> {
+fn token_str(v: &Vocab, id: Option<i64>) -> Result<J> {
     match id {
         None => Ok(J::Null),
         Some(i) => usize::try_from(i)
             .ok()
             .and_then(|i| v.tokens.get(i))
             .map(J::s)
-            .with_context(|| format!("special token id {i} is outside the vocabulary of {}", v.tokens.len())),
+            .ok_or_else(|| ConvertError::Gguf(format!("special token id {i} is outside the vocabulary of {}", v.tokens.len()))),
     }
 }
 
 /// `tokenizer_config.json` and `special_tokens_map.json`.
-pub fn tokenizer_configs(v: &Vocab, ids: SpecialIds, ctx: i64, chat_template: Option<&str>) -> anyhow::Result<(J, J)> {
+pub fn tokenizer_configs(v: &Vocab, ids: SpecialIds, ctx: i64, chat_template: Option<&str>) -> Result<(J, J)> {
     let decoder = v
         .added
         .iter()
