@@ -56,6 +56,16 @@ pub enum EngineError {
         prompt_tokens: usize,
         max_new: usize,
     },
+    /// An [`EngineHandle`](crate::EngineHandle)'s engine thread is not
+    /// running: it stopped, could not start, or panicked (the message says).
+    #[error("the engine thread {0}")]
+    EngineThread(String),
+}
+
+/// A store error as an engine error (kept whole: the server and
+/// [`EngineError::retry_after_s`] look inside it).
+pub(crate) fn store_err(e: larder_store::StoreError) -> EngineError {
+    EngineError::Model(ModelError::Provider(Box::new(e)))
 }
 
 impl EngineError {

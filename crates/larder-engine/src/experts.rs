@@ -15,7 +15,7 @@ use larder_model::fused_experts::{gpt_oss_layer_parts, FusedLayer};
 use larder_model::quant::ModuleRule;
 use larder_model::{expert_layers, expert_tensors, routed_expert_parts, ExpertPart, ExpertProvider, ModelError, ModelSpec};
 use larder_store::manifest::SourceIdentity;
-use larder_store::{Digest, ExpertIndex, ExpertLocation, ExpertRecord, ExpertStore, Extent, Manifest, Part, PartDesc, StoreError};
+use larder_store::{Digest, ExpertIndex, ExpertLocation, ExpertRecord, ExpertStore, Extent, Part, PartDesc, StoreError};
 use larder_tensor::expert::{ComponentLayout, ExpertLayout, SwigluExpert};
 use larder_tensor::{WeightFormat, WeightMatrix};
 
@@ -357,25 +357,4 @@ pub fn source_identity(dir: &Path, ckpt: &Checkpoint) -> Result<SourceIdentity, 
         config_digest: Digest::of(&bytes).to_string(),
         files,
     })
-}
-
-/// The index of a packed store at `dir`, after checking its config.json is
-/// the one it was packed from and its carried files are the ones packed.
-pub fn packed_index(dir: &Path) -> Result<(Manifest, ExpertIndex), EngineError> {
-    let manifest = Manifest::read(dir).map_err(store_err)?;
-    let cfg = dir.join("config.json");
-    let bytes = std::fs::read(&cfg).map_err(|source| EngineError::Io { path: cfg.clone(), source })?;
-    if Digest::of(&bytes).to_string() != manifest.source.config_digest {
-        return Err(EngineError::File {
-            path: cfg,
-            message: "differs from the config.json the store's manifest was packed from; the manifest belongs to another model".into(),
-        });
-    }
-    crate::integrity::check_carried_files(dir, &manifest)?;
-    let index = manifest.index(dir).map_err(store_err)?;
-    Ok((manifest, index))
-}
-
-pub(crate) fn store_err(e: StoreError) -> EngineError {
-    EngineError::Model(ModelError::Provider(Box::new(e)))
 }

@@ -14,9 +14,9 @@ use larder_model::checkpoint::{Checkpoint, TensorCheck, TensorInfo};
 use larder_model::DecoderModel;
 use larder_store::manifest::{CarriedFile, SpineFile, SpineTensorEntry};
 use larder_store::verify::VerifyReport;
-use larder_store::{Digest, ExpertStore, Manifest, StoreOptions};
+use larder_store::{Digest, ExpertIndex, ExpertStore, Manifest, StoreOptions};
 
-use crate::error::EngineError;
+use crate::error::{store_err, EngineError};
 use crate::experts::StoreExperts;
 use crate::pack::CARRIED_FILES;
 
@@ -52,6 +52,23 @@ pub fn check_carried(dir: &Path, files: &[CarriedFile]) -> Result<(), EngineErro
         }
     }
     Ok(())
+}
+
+/// The index of a packed store at `dir`, after checking its config.json is
+/// the one it was packed from and its carried files are the ones packed.
+pub fn packed_index(dir: &Path) -> Result<(Manifest, ExpertIndex), EngineError> {
+    let manifest = Manifest::read(dir).map_err(store_err)?;
+    let cfg = dir.join("config.json");
+    let bytes = std::fs::read(&cfg).map_err(|source| EngineError::Io { path: cfg.clone(), source })?;
+    if Digest::of(&bytes).to_string() != manifest.source.config_digest {
+        return Err(EngineError::File {
+            path: cfg,
+            message: "differs from the config.json the store's manifest was packed from; the manifest belongs to another model".into(),
+        });
+    }
+    check_carried_files(dir, &manifest)?;
+    let index = manifest.index(dir).map_err(store_err)?;
+    Ok((manifest, index))
 }
 
 /// The check every spine tensor must pass as the model takes it.
@@ -137,7 +154,7 @@ pub fn verify(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport,
         Ok(experts) => experts.check_parts(layer, parts),
         Err(_) => Ok(()),
     };
-    let mut report = larder_store::verify::verify_store_with(dir, progress, &check).map_err(crate::experts::store_err)?;
+    let mut report = larder_store::verify::verify_store_with(dir, progress, &check).map_err(store_err)?;
     if let Err(e) = loaded {
         report.bad.push(format!("the store does not load: {e}"));
     }
@@ -148,7 +165,7 @@ pub fn verify(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport,
 /// expert provider, whose checks every record must pass as well.
 fn check_loads(dir: &Path) -> Result<Arc<StoreExperts>, EngineError> {
     // Spine bytes are checked by the store's verify; here only whether they load.
-    let (manifest, index) = crate::experts::packed_index(dir)?;
+    let (manifest, index) = packed_index(dir)?;
     let spec = read_spec(dir)?;
     let ckpt = Checkpoint::open_unread(dir)?;
     check_spine_files(dir, &manifest.spine, &ckpt)?;
@@ -161,7 +178,7 @@ fn check_loads(dir: &Path) -> Result<Arc<StoreExperts>, EngineError> {
                 ..StoreOptions::default()
             },
         )
-        .map_err(crate::experts::store_err)?,
+        .map_err(store_err)?,
     );
     let provider = Arc::new(StoreExperts::new(store, &spec)?);
     DecoderModel::load(spec, &ckpt, Some(provider.clone()))?;

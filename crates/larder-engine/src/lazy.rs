@@ -17,13 +17,16 @@ use larder_store::remote::{open_source, CheckpointSource, FileSource, HubEnv, Re
 use larder_store::{ExpertStore, StoreOptions};
 
 use crate::engine::{report_reads, Engine, LoadProgress};
+use crate::error::store_err;
 use crate::error::EngineError;
-use crate::experts::{store_err, StoreExperts};
+use crate::experts::StoreExperts;
 use crate::integrity::{check_carried, open_spine_files};
 use crate::pull::{describe_remote, describe_staged};
 
 /// Where the description of the source is kept inside the cache folder.
-const STAGING: &str = ".lazy-source";
+const STAGING: &str = crate::store_folder::LAZY_STAGING;
+
+pub use crate::store_folder::is_lazy_cache;
 
 /// How to load a model lazily.
 #[derive(Debug, Clone)]
@@ -66,11 +69,6 @@ pub fn open_lazy(load: &LazyLoad, events: &(dyn Fn(LazyEvent) + Sync)) -> Result
         events,
     )
     .map_err(store_err)
-}
-
-/// Whether `dir` is a lazy cache, complete or with its first open unfinished.
-pub fn is_lazy_cache(dir: &std::path::Path) -> bool {
-    lazy::is_lazy(dir) || (dir.join(STAGING).is_dir() && !dir.join("manifest.json").exists())
 }
 
 /// Checks the lazy cache in `dir` without the network

@@ -619,10 +619,8 @@ mod tests {
         let spec = larder_model::arch::read_spec(&dir).unwrap();
         let bf16 = Storage::from_config(Some("bfloat16"), None).unwrap();
         let with = estimate_sizes(&spec, bf16).spine_bytes;
-        let plain = ModelSpec {
-            attn_res_block: None,
-            ..spec.clone()
-        };
+        let mut plain = spec.clone();
+        plain.attn_res_block = None;
         // 7 layers, hidden 48: 6 attention_input + 7 mlp_input + final_input, f32 (as the fixture ships them).
         assert_eq!(with - estimate_sizes(&plain, bf16).spine_bytes, 14 * 48 * 4);
     }

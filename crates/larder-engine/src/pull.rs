@@ -13,13 +13,13 @@ use larder_store::pack::PackSource;
 use larder_store::pull::PullFile;
 use larder_store::remote::{FileSource, Listing, StreamState};
 
+use crate::error::store_err;
 use crate::error::EngineError;
-use crate::experts::store_err;
 use crate::pack::{describe, CARRIED_FILES};
 
 /// Folder in a pull's --out holding the fetched config, tokenizer and
 /// index files until the store is complete.
-pub const STAGING: &str = ".pull";
+pub const STAGING: &str = crate::store_folder::PULL_STAGING;
 
 /// Small files larger than this are refused (a listing that calls a
 /// weight file `tokenizer.json` must not be read into memory).

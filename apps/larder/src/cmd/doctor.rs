@@ -1,27 +1,22 @@
 //! `larder doctor`: what this machine is and what it can run. Machine facts
-//! ([`machine`]), a probe of each drive folder ([`probe`]), a model's shape
-//! and sizes ([`model`]) and the plan larder-engine's first planner makes
+//! (`larder_engine::machine`), a probe of each drive folder
+//! (`larder_engine::drive_probe`), a model's shape and sizes
+//! (`larder_engine::sizing`) and the plan larder-engine's first planner makes
 //! from them: whether it fits, the `--ram-budget` and `--io` to use, and the
 //! expected decode tok/s with the bound that sets it. docs/doctor.md
 //! describes every figure and the `--json` keys.
 
-#[path = "doctor_machine.rs"]
-mod machine;
-#[path = "doctor_model.rs"]
-pub(crate) mod model;
-#[path = "doctor_probe.rs"]
-mod probe;
-
 use std::path::PathBuf;
 
 use anyhow::Context;
-use larder_engine::plan::{plan, Bound, Fit, MachineFigures, Plan};
+use larder_engine::plan::{Bound, Fit};
+use larder_engine::recommend::{budget_flag, recommend, Recommendation};
 use larder_store::{format_size, parse_size};
 use serde_json::{json, Value};
 
-use machine::Machine;
-use model::ModelReport;
-use probe::DriveReport;
+use larder_engine::drive_probe::DriveReport;
+use larder_engine::machine::Machine;
+use larder_engine::sizing::{Kind, ModelReport};
 
 /// Largest `--probe-mib`.
 const MAX_PROBE_MIB: usize = 64 << 10;
@@ -64,14 +59,15 @@ struct Drive {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let model = args.model.as_deref().map(model::inspect).transpose()?;
+    let model = args.model.as_deref().map(super::inspect_model).transpose()?;
     if let Some(budget) = args.ram_budget {
         check_budget(budget, model.as_ref())?;
     }
     let drives = probe_drives(&args, model.as_ref())?;
     let machine = Machine::inspect();
+    let probed: Vec<&DriveReport> = drives.iter().filter_map(|d| d.result.as_ref().ok()).collect();
     let rec = match &model {
-        Some(m) => Some(recommend(&machine, &drives, m, args.ram_budget)?),
+        Some(m) => Some(recommend(&machine, &probed, m, args.ram_budget).context("planning the model")?),
         None => None,
     };
     if args.json {
@@ -124,10 +120,18 @@ fn probe_drives(args: &Args, model: Option<&ModelReport>) -> anyhow::Result<Vec<
             continue;
         }
         seen.push(key);
-        let result = probe::probe(&path, args.probe_mib, args.json);
+        let progress = super::progress::Progress::new(
+            "doctor: drive probe",
+            2 * args.probe_mib as u64 * (1 << 20),
+            super::progress::Unit::Bytes,
+            args.json,
+        );
+        progress.set_message(&path.display().to_string());
+        let result = larder_engine::drive_probe::probe(&path, args.probe_mib, &|n| progress.inc(n));
+        progress.finish();
         let result = match result {
-            Err(e) if required => return Err(e),
-            r => r.map_err(|e| format!("{e:#}")),
+            Err(e) if required => return Err(e.into()),
+            r => r.map_err(|e| e.to_string()),
         };
         drives.push(Drive { path, result });
     }
@@ -150,105 +154,6 @@ fn drive_json(d: &Drive) -> Value {
             "read_gbps": r.read_gbps,
             "page_cache_only": r.page_cache_only,
         }),
-    }
-}
-
-/// The plan for the model, and how to run it.
-struct Recommendation {
-    plan: Plan,
-    ram_gbps: f64,
-    /// The model drive's figure (None: its probe failed).
-    drive: Option<DriveReport>,
-    io: &'static str,
-    spine_bytes: u64,
-    ram_available: u64,
-}
-
-fn recommend(machine: &Machine, drives: &[Drive], m: &ModelReport, budget: Option<u64>) -> anyhow::Result<Recommendation> {
-    let key = std::fs::canonicalize(&m.folder).unwrap_or_else(|_| m.folder.clone());
-    let drive = drives
-        .iter()
-        .filter_map(|d| d.result.as_ref().ok())
-        .find(|r| std::fs::canonicalize(&r.path).unwrap_or_else(|_| r.path.clone()) == key)
-        .cloned();
-    let figures = MachineFigures {
-        ram_available: machine.ram_available,
-        ram_gbps: machine.ram_gbps,
-        drive_gbps: drive.as_ref().map(|d| d.read_gbps),
-    };
-    let plan = plan(&m.sizes, &figures, budget).context("planning the model")?;
-    let io = match &drive {
-        Some(d) if d.io_uring && d.o_direct => "uring",
-        _ => "pread",
-    };
-    Ok(Recommendation {
-        plan,
-        ram_gbps: machine.ram_gbps,
-        drive,
-        io,
-        spine_bytes: m.sizes.spine_bytes,
-        ram_available: machine.ram_available,
-    })
-}
-
-/// A `--ram-budget` value no larger than `bytes`: whole GiB from 10 GiB,
-/// whole MiB from 10 MiB, else bytes.
-fn budget_flag(bytes: u64) -> String {
-    if bytes >= 10 << 30 {
-        format!("{}GiB", bytes >> 30)
-    } else if bytes >= 10 << 20 {
-        format!("{}MiB", bytes >> 20)
-    } else {
-        bytes.to_string()
-    }
-}
-
-impl Recommendation {
-    fn fit_text(&self) -> String {
-        let usable = self.ram_available.saturating_sub(self.plan.headroom_bytes);
-        match self.plan.fit {
-            Fit::InRam => "runs in RAM".into(),
-            Fit::Streamed => "runs streamed".into(),
-            Fit::DoesNotFit { .. } if self.spine_bytes > usable => format!(
-                "does not fit: the spine alone needs {}; {} available after {} headroom",
-                format_size(self.spine_bytes),
-                format_size(usable),
-                format_size(self.plan.headroom_bytes)
-            ),
-            Fit::DoesNotFit { needs } => format!(
-                "does not fit: the spine ({}), one layer step's experts and {} headroom need {}; {} available",
-                format_size(self.spine_bytes),
-                format_size(self.plan.headroom_bytes),
-                format_size(needs),
-                format_size(self.ram_available)
-            ),
-        }
-    }
-
-    fn disk_gbps(&self) -> Option<f64> {
-        self.drive.as_ref().map(|d| d.read_gbps)
-    }
-
-    fn to_json(&self) -> Value {
-        let p = &self.plan;
-        let fits = !matches!(p.fit, Fit::DoesNotFit { .. });
-        json!({
-            "fit": p.fit.key(),
-            "fit_text": self.fit_text(),
-            "headroom_bytes": p.headroom_bytes,
-            "ram_budget_bytes": p.recommended_ram_budget,
-            "ram_budget": fits.then(|| budget_flag(p.recommended_ram_budget)),
-            "planned_ram_budget_bytes": p.ram_budget,
-            "io": self.io,
-            "miss_rate": p.miss_rate,
-            "ram_gbps": self.ram_gbps,
-            "drive_gbps": self.disk_gbps(),
-            "disk_bound_tok_per_s": p.disk_tok_per_s,
-            "compute_bound_tok_per_s": p.compute_tok_per_s,
-            "expected_tok_per_s": p.expected_tok_per_s,
-            "bound": fits.then(|| p.bound.key()),
-            "estimate": "uniform routing, reads and compute not overlapped",
-        })
     }
 }
 
@@ -326,7 +231,7 @@ fn model_text(m: &ModelReport) -> String {
     let s = &m.sizes;
     let how = if s.exact {
         match m.kind {
-            model::Kind::Store => "exact, from the store manifest",
+            Kind::Store => "exact, from the store manifest",
             _ => "exact, from the safetensors headers",
         }
     } else {
@@ -381,11 +286,11 @@ fn recommendation_text(m: &ModelReport, r: &Recommendation) -> String {
     ));
     s.push_str(&speed_text(r));
     let flags = match (m.kind, p.fit) {
-        (model::Kind::Checkpoint, Fit::InRam) => String::new(),
+        (Kind::Checkpoint, Fit::InRam) => String::new(),
         _ => format!(" --ram-budget {} --io {}", budget_flag(p.recommended_ram_budget), r.io),
     };
     let model = match m.kind {
-        model::Kind::Config => "CHECKPOINT".to_string(),
+        Kind::Config => "CHECKPOINT".to_string(),
         _ => m.folder.display().to_string(),
     };
     s.push_str(&format!("  command       larder run --model {model}{flags} --prompt \"...\"\n"));

@@ -6,9 +6,7 @@
 
 pub mod bench;
 pub mod bench_cache;
-pub mod bench_charts;
 pub mod bench_lazy;
-pub mod bench_manifest;
 pub mod bench_pull;
 pub mod bench_run;
 pub mod bench_serve;
@@ -17,8 +15,6 @@ pub mod demo;
 pub mod doctor;
 pub mod forward;
 pub mod lazy;
-pub mod loopback_files;
-pub mod memory_check;
 pub mod mirror;
 pub mod pack;
 pub mod plan;
@@ -34,12 +30,12 @@ pub mod warm;
 use std::path::Path;
 
 use anyhow::Context;
-use larder_engine::memory_watch::WatchConfig;
-use larder_engine::{Engine, ExpertMode, LoadOptions, OutputFile, OutputKind, PrefillChunk, ReportKind, RunInputs};
+use larder_engine::open::{LazyOpen, Note, OpenOptions, OpenProgress, RamBudget};
+use larder_engine::{Engine, LoadOptions, OutputFile, OutputKind, PrefillChunk, ReportKind, RunInputs};
 use larder_model::MlaCache;
 use larder_store::io::MAX_IO_DEPTH;
 use larder_store::store::MAX_PREFETCH_THREADS;
-use larder_store::{format_size, parse_size, IoKind, IoOptions, Manifest, StoreOptions};
+use larder_store::{format_size, parse_size, IoKind};
 
 /// Most threads a thread-count flag accepts (`bench kernels --threads`).
 pub const MAX_THREADS: usize = 1024;
@@ -184,13 +180,6 @@ pub struct ExpertArgs {
     pub warm: bool,
 }
 
-/// `--ram-budget`: a size, or sized from the memory available.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RamBudget {
-    Auto,
-    Bytes(u64),
-}
-
 fn parse_ram_budget(s: &str) -> Result<RamBudget, String> {
     if s.trim() == "auto" {
         return Ok(RamBudget::Auto);
@@ -203,21 +192,27 @@ fn parse_io(s: &str) -> Result<IoKind, String> {
 }
 
 impl ExpertArgs {
-    /// The store options these flags ask for when experts stream from `model`.
-    fn store_options(&self, model: &Path) -> StoreOptions {
-        StoreOptions {
-            io: IoOptions {
-                kind: self.io.unwrap_or_else(IoKind::best),
-                direct: !self.no_direct,
-                depth: self.io_depth,
-            },
-            ram_budget: match self.ram_budget {
-                Some(RamBudget::Bytes(b)) => b,
-                _ => self.auto_budget(model).map_or_else(default_budget, |(budget, _)| budget),
-            },
-            verify: self.verify == "on",
-            prefetch_threads: self.prefetch,
+    /// The engine's options for these flags (larder_engine::open).
+    pub fn open_options(&self) -> OpenOptions {
+        let mut o = OpenOptions::new()
+            .verify(self.verify == "on")
+            .prefetch(self.prefetch)
+            .prefill(self.prefill())
+            .mla_cache(match self.mla_cache.as_str() {
+                "expanded" => MlaCache::Expanded,
+                _ => MlaCache::Compact,
+            })
+            .warm(self.warm);
+        o.ram_budget = self.ram_budget;
+        (o.io, o.direct, o.io_depth) = (self.io, !self.no_direct, self.io_depth);
+        if let Some(dir) = &self.cache_dir {
+            let mut lazy = LazyOpen::new(dir);
+            lazy.disk_quota = self.disk_quota;
+            lazy.source_check = self.source_check;
+            lazy.source_timeout = std::time::Duration::from_secs(self.source_timeout);
+            o = o.lazy(lazy);
         }
+        o
     }
 
     /// How prompts are split into forward passes.
@@ -231,54 +226,14 @@ impl ExpertArgs {
 
     /// The load options these flags ask for, for the model at `model`.
     pub fn load_options(&self, model: &Path) -> LoadOptions {
-        let packed = Manifest::is_store(model);
-        let mla_cache = match self.mla_cache.as_str() {
-            "expanded" => MlaCache::Expanded,
-            _ => MlaCache::Compact,
-        };
-        if self.cache_dir.is_none() && !packed && self.ram_budget.is_none() && self.io.is_none() {
-            return LoadOptions {
-                mla_cache,
-                ..LoadOptions::default()
-            };
-        }
-        LoadOptions {
-            experts: ExpertMode::Stream(self.store_options(model)),
-            mla_cache,
-        }
+        self.open_options().load_options(model)
     }
 }
 
-impl ExpertArgs {
-    /// Whether the cache is sized from memory (and follows pressure).
-    pub fn budget_is_auto(&self) -> bool {
-        !matches!(self.ram_budget, Some(RamBudget::Bytes(_)))
-    }
-
-    /// `--ram-budget auto` for `model`: the budget and how the watcher keeps
-    /// it (`None` where the model's sizes or the memory available cannot be read).
-    fn auto_budget(&self, model: &Path) -> Option<(u64, WatchConfig)> {
-        let sizes = doctor::model::inspect(model).ok()?.sizes;
-        let available = larder_engine::memory_watch::available()?;
-        let prefill = match self.prefill() {
-            PrefillChunk::Auto { memory } => memory,
-            PrefillChunk::Rows(_) => 0,
-        };
-        let floor = sizes.min_cache_bytes();
-        let budget = larder_engine::memory_watch::auto_budget(available, sizes.spine_bytes, prefill, sizes.bank_bytes, floor);
-        let config = WatchConfig {
-            ceiling: budget,
-            floor,
-            headroom: larder_engine::plan::headroom(available),
-            period: std::time::Duration::from_secs(1),
-        };
-        Some((budget, config))
-    }
-}
-
-/// Half of the memory available now (the cache size when `auto` cannot read the model's sizes).
-fn default_budget() -> u64 {
-    larder_engine::prefill::mem_available().map_or(4 << 30, |bytes| bytes / 2)
+/// The model at `path` (a checkpoint folder, a packed store or a
+/// config.json) sized as larder-engine sizes it, errors naming `--model`.
+pub fn inspect_model(path: &Path) -> anyhow::Result<larder_engine::sizing::ModelReport> {
+    larder_engine::sizing::inspect(path).with_context(|| format!("--model {}", path.display()))
 }
 
 /// Loads a checkpoint folder or packed store, with the folder named in any error.
@@ -286,37 +241,53 @@ pub fn load_engine(model: &Path, experts: &ExpertArgs) -> anyhow::Result<Engine>
     load_engine_with(model, experts, false)
 }
 
-/// [`load_engine`], its progress shown as JSON lines when `json` (the command's --json).
+/// [`load_engine`], its progress shown as JSON lines when `json` (the
+/// command's --json): larder_engine::open with these flags, its notes printed.
 pub fn load_engine_with(model: &Path, experts: &ExpertArgs, json: bool) -> anyhow::Result<Engine> {
-    let mut engine = match &experts.cache_dir {
-        Some(dir) => lazy::load(model, dir, experts, json)?,
-        None => {
-            let opts = experts.load_options(model);
-            check_budget(model, &opts)?;
-            memory_check::check(model, experts, &opts)?;
-            load_with_options(model, &opts, json)?
-        }
+    let opts = experts.open_options();
+    let started = std::time::Instant::now();
+    let load = std::sync::Arc::new(progress::Progress::new("load", 0, progress::Unit::Bytes, json));
+    let fetch = lazy::FetchProgress::new(json);
+    let shown = load.clone();
+    let hook = std::sync::Arc::new(move |done, total| {
+        shown.set_total(total);
+        shown.set(done);
+    });
+    let progress = OpenProgress {
+        load: Some(hook),
+        fetch: experts.cache_dir.as_ref().map(|_| fetch.events()),
+        notes: Some(Box::new(|note: &Note| match note {
+            Note::Warning(w) => eprintln!("warning: {w}"),
+            Note::Info(i) => tracing::info!("{i}"),
+            _ => {}
+        })),
     };
-    engine.set_prefill(experts.prefill());
-    if experts.warm {
-        if let Err(e) = larder_store::heat::read_saved(model) {
-            tracing::warn!("--warm: {e}; nothing to warm by");
-        }
-        let (n, bytes) = engine.warm().with_context(|| format!("--warm {}", model.display()))?;
-        tracing::info!("warmed {n} experts ({})", format_size(bytes));
-    }
-    if experts.budget_is_auto() && experts.cache_dir.is_none() {
-        if let Some((_, config)) = experts.auto_budget(model) {
-            engine.watch_memory(config);
-        }
+    let opened = larder_engine::open::open(model, &opts, progress);
+    load.finish();
+    let what = if experts.cache_dir.is_some() {
+        "cannot load lazily"
+    } else {
+        "cannot load the model"
+    };
+    let engine = about(opened, what, model)?.engine;
+    match (&experts.cache_dir, engine.store()) {
+        (Some(dir), _) => lazy::loaded(&engine, model, dir, experts, started),
+        (None, Some(store)) => tracing::info!(
+            "loaded {} in {:.2}s; experts streamed via {} (direct={}) through a {} cache",
+            model.display(),
+            started.elapsed().as_secs_f64(),
+            store.backend().name(),
+            store.backend().is_direct(),
+            format_size(store.cache().budget())
+        ),
+        (None, None) => tracing::info!("loaded {} in {:.2}s", model.display(), started.elapsed().as_secs_f64()),
     }
     Ok(engine)
 }
 
 /// Loads `model` with `opts` (budget already checked), showing progress and
-/// naming the model once in any error.
+/// naming the model once in any error (benchmarks that set their own options).
 pub fn load_with_options(model: &Path, opts: &LoadOptions, json: bool) -> anyhow::Result<Engine> {
-    let started = std::time::Instant::now();
     let progress = std::sync::Arc::new(progress::Progress::new("load", 0, progress::Unit::Bytes, json));
     let shown = progress.clone();
     let hook = std::sync::Arc::new(move |done, total| {
@@ -325,19 +296,7 @@ pub fn load_with_options(model: &Path, opts: &LoadOptions, json: bool) -> anyhow
     });
     let loaded = Engine::load_with_progress(model, opts, hook);
     progress.finish();
-    let engine = about(loaded, "cannot load the model", model)?;
-    match &opts.experts {
-        ExpertMode::Stream(o) => tracing::info!(
-            "loaded {} in {:.2}s; experts streamed via {} (direct={}) through a {} cache",
-            model.display(),
-            started.elapsed().as_secs_f64(),
-            o.io.kind.name(),
-            o.io.direct,
-            format_size(o.ram_budget)
-        ),
-        ExpertMode::InRam => tracing::info!("loaded {} in {:.2}s", model.display(), started.elapsed().as_secs_f64()),
-    }
-    Ok(engine)
+    about(loaded, "cannot load the model", model)
 }
 
 /// `r` with `what` as context, naming `path` unless the error already names
@@ -382,14 +341,7 @@ pub fn error_text(e: &anyhow::Error) -> String {
 /// Refuses a streaming RAM budget that cannot hold one expert record of
 /// `model` (0, no cache, is accepted), before anything heavy is loaded.
 pub fn check_budget(model: &Path, opts: &LoadOptions) -> anyhow::Result<()> {
-    let ExpertMode::Stream(o) = &opts.experts else {
-        return Ok(());
-    };
-    // An index that cannot be read fails the load itself, with its own error.
-    let Ok(index) = bench_store::index_of(model) else {
-        return Ok(());
-    };
-    o.check_budget(&index).with_context(|| format!("model {}", model.display()))
+    larder_engine::open::check_budget(model, opts).with_context(|| format!("model {}", model.display()))
 }
 
 /// A progress bar on stderr when it is a terminal (hidden otherwise).

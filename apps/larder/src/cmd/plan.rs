@@ -1,25 +1,18 @@
 //! `larder plan`: what a model will do on a machine, before buying drives.
-//! From the model's shapes (a config.json alone is enough), a route trace or
-//! a routing preset replayed through the cache simulator at the planned
-//! budget, and drive, RAM and kernel speeds (measured here or given), it
+//! The flags become a `larder_engine::planner::PlanInput` (machine figures
+//! measured here or given, a trace or a routing preset); the planner
 //! forecasts decode tok/s, time to first token per prompt length, the hit
-//! rate, bytes read per token and the binding resource
-//! (`larder_engine::forecast`; docs/plan.md).
+//! rate, bytes read per token and the binding resource; this prints it.
 
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use larder_engine::forecast::{self, forecast, uniform_union_share, ForecastInput, LayerReads};
-use larder_engine::plan::{headroom, ModelSizes};
-use larder_router::{Phase, RoutingModel, Trace, TraceHeader, TRACE_VERSION};
-use larder_store::cache::prefetch_sim::{simulate_prefetch, DecodeStep, LayerAccess, PrefetchLayer, PrefetchResult, PrefetchRule};
+use larder_engine::plan::ModelSizes;
+use larder_engine::planner::{plan_model, MachinePlan, PlanInput, PlanOutput, Routing};
+use larder_router::Trace;
 use larder_store::cache::PolicyKind;
 use larder_store::{format_size, parse_size};
 use serde_json::json;
-
-/// Router lookahead recall assumed for routing presets: published figures for
-/// real MoE models put next-layer lookahead at about 70%.
-pub const PRESET_RECALL: f64 = 0.7;
 
 /// Arguments of `larder plan`.
 #[derive(clap::Args)]
@@ -92,11 +85,8 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> anyhow::Result<()> {
-    let report = super::doctor::model::inspect(&a.model)?;
-    let sizes = report.sizes.clone();
-    if sizes.moe_layers == 0 || sizes.expert_bytes == 0 {
-        bail!("--model {}: has no routed experts to plan streaming for", a.model.display());
-    }
+    let report = super::inspect_model(&a.model)?;
+    let spec = larder_model::arch::read_spec(&report.folder).with_context(|| format!("--model {}", a.model.display()))?;
     let ram = match &a.ram {
         Some(s) => parse_size(s).map_err(|e| anyhow::anyhow!("--ram {s:?}: {e}"))?,
         None => larder_engine::prefill::mem_available().context("--ram: cannot read MemAvailable here; give --ram")?,
@@ -110,60 +100,6 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     let cores = a
         .cores
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let longest = a.prompt_lens.iter().copied().max().unwrap_or(0) as u64;
-    let kv = longest.saturating_mul(report.kv_bytes_per_token as u64);
-    let usable = ram.saturating_sub(headroom(ram)).saturating_sub(kv);
-    let least = sizes.spine_bytes.saturating_add(sizes.min_cache_bytes());
-    if least > usable {
-        bail!(
-            "--ram {}: too small: the spine ({}), one layer step's experts ({}), the KV cache of a {longest}-token \
-             prompt ({}) and headroom ({}) need {}; give more --ram or shorter --prompt-lens",
-            format_size(ram),
-            format_size(sizes.spine_bytes),
-            format_size(sizes.min_cache_bytes()),
-            format_size(kv),
-            format_size(headroom(ram)),
-            format_size(least + kv + headroom(ram))
-        );
-    }
-    let budget = match &a.ram_budget {
-        Some(s) => {
-            let b = parse_size(s).map_err(|e| anyhow::anyhow!("--ram-budget {s:?}: {e}"))?;
-            if b > usable - sizes.spine_bytes {
-                bail!(
-                    "--ram-budget {s}: more than the {} left of --ram {} after the spine, KV cache and headroom",
-                    format_size(usable - sizes.spine_bytes),
-                    format_size(ram)
-                );
-            }
-            b
-        }
-        None => (usable - sizes.spine_bytes).min(sizes.bank_bytes),
-    };
-    let trace = match &a.trace {
-        Some(path) => Trace::read(path)?,
-        None => {
-            let model = RoutingModel::preset(&a.routing, sizes.experts_per_layer).map_err(|e| anyhow::anyhow!("--routing: {e}"))?;
-            model
-                .trace(header(&sizes), a.tokens, 1)
-                .map_err(|e| anyhow::anyhow!("--routing {} (--tokens {}): {e}", a.routing, a.tokens))?
-        }
-    };
-    check_shape(&trace, &sizes, &a)?;
-    let recall = match a.recall {
-        Some(r) if !(0.0..=1.0).contains(&r) => bail!("--recall {r}: a share from 0 to 1"),
-        r => r.unwrap_or(PRESET_RECALL),
-    };
-    let trace = larder_router::with_predictions(trace, recall, 1);
-    let recall = trace
-        .route_stats(Some(Phase::Decode))
-        .lookahead_recall
-        .first()
-        .map_or(recall, |r| r.1);
-    let cpu_overhead = match a.cpu_overhead {
-        Some(x) if !(x.is_finite() && x >= 0.0) => bail!("--cpu-overhead {x}: a share of 0 or more"),
-        x => x.unwrap_or(larder_engine::forecast::CPU_OVERHEAD),
-    };
     let digest_gbps = match a.digest_gbps {
         Some(g) => positive("--digest-gbps", g)?,
         None => larder_store::digest::check_gbps(64 << 20),
@@ -172,45 +108,39 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         Some(g) => positive("--ram-gbps", g)?,
         None => larder_tensor::bench::ram_read_gbps(256 << 20),
     };
-    let spec = larder_model::arch::read_spec(&report.folder).with_context(|| format!("--model {}", a.model.display()))?;
-    let expert_format = expert_format(&sizes, &spec)?;
-    // The embedding table (bf16 in every format larder reads) is read one row per token.
-    let embedding_bytes = if spec.tie_word_embeddings {
-        0
-    } else {
-        (spec.vocab_size * spec.hidden_size * 2) as u64
-    };
-    let (spine_kernel, expert_kernel, prefill_kernel) = kernel_speeds(&a, ram_gbps, expert_format)?;
-    let prompts = a.prompt_lens.iter().map(|&n| (n, prompt_union_share(&trace, &sizes, n))).collect();
-    let mut input = ForecastInput {
-        sizes: sizes.clone(),
-        embedding_bytes,
-        ram_budget: budget,
-        hit_rate: 0.0,
-        reads: Vec::new(),
-        drives_gbps: drives.clone(),
-        ram_gbps: ram_gbps * cores as f64,
-        spine_kernel_gbps: spine_kernel * cores as f64,
-        expert_kernel_gbps: expert_kernel * cores as f64,
-        prefill_kernel_gbps: prefill_kernel * cores as f64,
-        cpu_overhead,
-        digest_gbps: Some(digest_gbps),
-        cores,
-        prefetch_threads: a.prefetch_threads,
-        demand_share: if a.io == "pread" {
-            forecast::PREAD_DEMAND_SHARE
-        } else {
-            forecast::URING_DEMAND_SHARE
+    let mut machine = MachinePlan::new(ram, drives.clone(), cores, ram_gbps, digest_gbps);
+    let expert_format = larder_engine::planner::expert_format(&spec);
+    (machine.spine_kernel_gbps, machine.expert_kernel_gbps, machine.prefill_kernel_gbps) = kernel_speeds(&a, ram_gbps, expert_format)?;
+    let routing = match &a.trace {
+        Some(path) => Routing::Trace(Trace::read(path).with_context(|| format!("--trace {}", path.display()))?),
+        None => Routing::Preset {
+            name: a.routing.clone(),
+            tokens: a.tokens,
         },
-        prompts,
     };
-    let limit = forecast::background_reads_per_layer(&input);
-    let reads = decode_reads(&trace, budget, !a.no_prefetch, limit);
-    input.hit_rate = reads.hit_rate();
-    input.reads = per_token_reads(&reads);
-    let f = forecast(&input);
-    let per_token = |bytes: fn(&PrefetchLayer) -> u64| reads.layers.iter().map(bytes).sum::<u64>() as f64 / reads.tokens.max(1) as f64;
+    let mut input = PlanInput::new(report, spec, machine, routing);
+    input.recall = a.recall;
+    input.prefetch = !a.no_prefetch;
+    input.uring = a.io != "pread";
+    input.prefetch_threads = a.prefetch_threads;
+    input.cpu_overhead = match a.cpu_overhead {
+        Some(x) if !(x.is_finite() && x >= 0.0) => bail!("--cpu-overhead {x}: a share of 0 or more"),
+        x => x.unwrap_or(larder_engine::forecast::CPU_OVERHEAD),
+    };
+    input.ram_budget = a
+        .ram_budget
+        .as_deref()
+        .map(|s| parse_size(s).map_err(|e| anyhow::anyhow!("--ram-budget {s:?}: {e}")))
+        .transpose()?;
+    input.prompt_lens = a.prompt_lens.clone();
+    let p = plan_model(&input).with_context(|| format!("--model {}", a.model.display()))?;
+    let (f, sizes) = (&p.forecast, &input.model.sizes);
     let ttft: serde_json::Map<String, serde_json::Value> = f.ttft_s.iter().map(|(n, s)| (n.to_string(), json!(s))).collect();
+    let routing = if a.trace.is_some() {
+        "trace".to_string()
+    } else {
+        a.routing.clone()
+    };
     let doc = json!({
         "model": a.model,
         "decode_tok_per_s": f.decode_tok_per_s,
@@ -218,29 +148,37 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         "hit_rate": f.hit_rate,
         "bytes_per_token": f.bytes_per_token,
         "binding": f.binding,
-        "ram_budget": budget,
+        "ram_budget": p.ram_budget,
         "bank_bytes": sizes.bank_bytes,
         "spine_bytes": sizes.spine_bytes,
         "policy": PolicyKind::default().name(),
-        "routing": if a.trace.is_some() { "trace".to_string() } else { a.routing.clone() },
-        "recall": recall,
+        "routing": routing,
+        "recall": p.recall,
         "prefetch": !a.no_prefetch,
         "io": a.io,
-        "demand_bytes_per_token": per_token(|l| l.demand_bytes),
-        "prefetch_bytes_per_token": per_token(|l| l.prefetch_bytes),
-        "prefetch_used_per_token": per_token(|l| l.prefetch_used),
-        "bytes_per_token_simulated": reads.bytes_per_token(),
-        "cpu_overhead": cpu_overhead,
+        "demand_bytes_per_token": p.demand_bytes_per_token,
+        "prefetch_bytes_per_token": p.prefetch_bytes_per_token,
+        "prefetch_used_per_token": p.prefetch_used_per_token,
+        "bytes_per_token_simulated": p.bytes_per_token_simulated,
+        "cpu_overhead": input.cpu_overhead,
         "seconds_per_token": {"disk": f.disk_s_per_token, "ram": f.ram_s_per_token, "compute": f.compute_s_per_token,
                               "digest": f.digest_s_per_token, "wait": f.wait_s_per_token},
         "machine": {"ram": ram, "drives_gbps": drives, "cores": cores, "ram_gbps_per_core": ram_gbps,
-                    "spine_kernel_gbps_per_core": spine_kernel, "expert_kernel_gbps_per_core": expert_kernel,
-                    "expert_format": expert_format, "prefill_kernel_gbps_per_core": prefill_kernel,
+                    "spine_kernel_gbps_per_core": input.machine.spine_kernel_gbps,
+                    "expert_kernel_gbps_per_core": input.machine.expert_kernel_gbps,
+                    "expert_format": p.expert_format, "prefill_kernel_gbps_per_core": input.machine.prefill_kernel_gbps,
                     "digest_gbps_per_core": digest_gbps},
     });
     if a.json {
         return super::print_json(&doc);
     }
+    print_plan(&a, sizes, &p, &routing);
+    Ok(())
+}
+
+/// The readable plan.
+fn print_plan(a: &Args, sizes: &ModelSizes, p: &PlanOutput, routing: &str) {
+    let f = &p.forecast;
     println!(
         "{}: spine {}, bank {} ({} MoE layers x {} experts, top-{}, {} each)",
         a.model.display(),
@@ -252,12 +190,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         format_size(sizes.expert_bytes)
     );
     println!(
-        "cache {} ({:.0}% of the bank), policy {}: hit rate {:.1}% ({}); reads {} per token",
-        format_size(budget),
-        100.0 * budget as f64 / sizes.bank_bytes as f64,
+        "cache {} ({:.0}% of the bank), policy {}: hit rate {:.1}% ({routing}); reads {} per token",
+        format_size(p.ram_budget),
+        100.0 * p.ram_budget as f64 / sizes.bank_bytes as f64,
         PolicyKind::default().name(),
         100.0 * f.hit_rate,
-        doc["routing"].as_str().unwrap_or(""),
         format_size(f.bytes_per_token as u64)
     );
     println!(
@@ -271,12 +208,11 @@ pub fn run(a: Args) -> anyhow::Result<()> {
         f.digest_s_per_token,
         f.wait_s_per_token,
         if a.no_prefetch { "off" } else { "on" },
-        100.0 * recall
+        100.0 * p.recall
     );
     for (n, s) in &f.ttft_s {
         println!("time to first token, {n}-token prompt: {s:.1} s");
     }
-    Ok(())
 }
 
 /// `1.8` or `7x4` (four drives of 7 GB/s).
@@ -299,125 +235,6 @@ fn positive(flag: &str, v: f64) -> anyhow::Result<f64> {
     } else {
         bail!("{flag} {v}: must be a number above 0")
     }
-}
-
-fn header(sizes: &ModelSizes) -> TraceHeader {
-    TraceHeader {
-        larder_trace: TRACE_VERSION,
-        model: "preset".into(),
-        experts: sizes.experts_per_layer,
-        top_k: sizes.top_k,
-        moe_layers: (0..sizes.moe_layers).collect(),
-        expert_bytes: vec![sizes.expert_bytes; sizes.moe_layers],
-        lookahead: 0,
-    }
-}
-
-fn check_shape(trace: &Trace, sizes: &ModelSizes, a: &Args) -> anyhow::Result<()> {
-    let h = &trace.header;
-    if h.experts != sizes.experts_per_layer || h.top_k != sizes.top_k || h.moe_layers.len() != sizes.moe_layers {
-        bail!(
-            "--trace {}: recorded on {} MoE layers x {} experts, top-{}; --model {} has {} x {}, top-{}",
-            a.trace.as_deref().unwrap_or(std::path::Path::new("")).display(),
-            h.moe_layers.len(),
-            h.experts,
-            h.top_k,
-            a.model.display(),
-            sizes.moe_layers,
-            sizes.experts_per_layer,
-            sizes.top_k
-        );
-    }
-    if !trace.tokens.iter().any(|t| t.phase == Phase::Decode) {
-        bail!("the trace has no decode tokens to forecast decoding from");
-    }
-    Ok(())
-}
-
-/// The default policy over the trace's decode passes, the prompt's passes
-/// warming the cache first: what each MoE layer reads on demand and, with
-/// `prefetch`, in the background on the recorded depth-1 predictions
-/// (`larder_store::cache::prefetch_sim`), at most `per_layer` of them per
-/// layer and token.
-fn decode_reads(trace: &Trace, budget: u64, prefetch: bool, per_layer: usize) -> PrefetchResult {
-    let steps = super::bench_cache::steps(trace);
-    let passes = trace.passes();
-    let prompt = passes.iter().take_while(|p| p.phase == Phase::Prompt).count();
-    let h = &trace.header;
-    let decode: Vec<DecodeStep> = passes[prompt..]
-        .iter()
-        .map(|p| DecodeStep {
-            tokens: p.tokens,
-            layers: (0..h.moe_layers.len())
-                .map(|i| LayerAccess {
-                    layer: h.moe_layers[i],
-                    bytes: h.expert_bytes[i],
-                    demand: p.layers[i].clone(),
-                    predicted: if prefetch { p.predicted[i].clone() } else { Vec::new() },
-                })
-                .collect(),
-        })
-        .collect();
-    let mut policy = PolicyKind::default().build(budget, h.moe_layers.len(), &std::collections::HashMap::new());
-    let rule = PrefetchRule {
-        per_layer: Some(per_layer),
-        ..PrefetchRule::default()
-    };
-    simulate_prefetch(&steps[..prompt], &decode, budget, policy.as_mut(), rule)
-}
-
-/// Per MoE layer, the bytes a decode token reads on demand and in the background.
-fn per_token_reads(r: &PrefetchResult) -> Vec<LayerReads> {
-    let tokens = r.tokens.max(1) as f64;
-    r.layers
-        .iter()
-        .map(|l| LayerReads {
-            demand_bytes: l.demand_bytes as f64 / tokens,
-            prefetch_bytes: l.prefetch_bytes as f64 / tokens,
-            prefetch_used: l.prefetch_used as f64 / l.prefetch_reads.max(1) as f64,
-        })
-        .collect()
-}
-
-/// The share of each layer's experts the first `n` tokens route to: from the
-/// trace while it lasts, else (a longer prompt) as uniform routing would.
-/// Sized by the routes, not by the header's expert count.
-fn prompt_union_share(trace: &Trace, sizes: &ModelSizes, n: usize) -> f64 {
-    if trace.tokens.len() < n {
-        return uniform_union_share(sizes.experts_per_layer, sizes.top_k, n);
-    }
-    let layers = trace.header.moe_layers.len();
-    let touched: std::collections::HashSet<(usize, usize)> = trace.tokens[..n]
-        .iter()
-        .flat_map(|t| {
-            t.routes
-                .iter()
-                .enumerate()
-                .flat_map(|(l, experts)| experts.iter().map(move |&e| (l, e)))
-        })
-        .collect();
-    touched.len() as f64 / (layers as f64 * trace.header.experts as f64)
-}
-
-/// The routed experts' storage format (`bench kernels`' dtype names), from
-/// bytes per weight: bf16 2, fp8 about 1, int4 0.5625 (bf16 scale per 32),
-/// mxfp4 0.53125 (one e8m0 byte per 32).
-fn expert_format(sizes: &ModelSizes, spec: &larder_model::ModelSpec) -> anyhow::Result<&'static str> {
-    let (hidden, inter) = spec
-        .layers
-        .iter()
-        .find_map(|l| match &l.ffn {
-            larder_model::config::FfnSpec::Moe(m) => Some((m.latent.unwrap_or(spec.hidden_size), m.expert_intermediate)),
-            larder_model::config::FfnSpec::Dense { .. } => None,
-        })
-        .context("the model has no routed experts")?;
-    let per_weight = sizes.expert_bytes as f64 / (3 * hidden * inter).max(1) as f64;
-    Ok(match per_weight {
-        x if x > 1.5 => "bf16",
-        x if x > 0.8 => "fp8",
-        x if x > 0.547 => "int4",
-        _ => "mxfp4",
-    })
 }
 
 /// One-core kernel weight GB/s: the spine's (bf16) and the experts' at one

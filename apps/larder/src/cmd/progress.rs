@@ -4,7 +4,8 @@
 //! one JSON document). [`Progress`] is `Send + Sync`: I/O and rayon threads
 //! update it through atomics; a mutex only guards the rate limiter.
 //! `LARDER_PROGRESS_SECS` changes the ~2 s between lines (0: every update;
-//! tests use it to check totals).
+//! tests use it to check totals). [`Shown`] shows the library benches' and
+//! tools' progress and notes this way.
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -256,6 +257,53 @@ fn bar(task: &str, total: u64, unit: Unit) -> ProgressBar {
     }
     b.enable_steady_tick(Duration::from_millis(200));
     b
+}
+
+/// Progress and notes of the library benches and tools (`larder_bench::Observer`):
+/// a [`Progress`] per task, lines on stderr as they are given, the human
+/// report's lines only without `--json`.
+#[derive(Debug, Clone, Copy)]
+pub struct Shown {
+    /// The command's --json.
+    pub json: bool,
+}
+
+impl larder_bench::Task for Progress {
+    fn set(&self, done: u64) {
+        Progress::set(self, done);
+    }
+    fn inc(&self, n: u64) {
+        Progress::inc(self, n);
+    }
+    fn set_total(&self, total: u64) {
+        Progress::set_total(self, total);
+    }
+    fn set_message(&self, message: &str) {
+        Progress::set_message(self, message);
+    }
+    fn finish(&self) {
+        Progress::finish(self);
+    }
+}
+
+impl larder_bench::Observer for Shown {
+    fn task(&self, name: &str, total: u64, unit: larder_bench::Unit) -> Box<dyn larder_bench::Task> {
+        let unit = match unit {
+            larder_bench::Unit::Bytes => Unit::Bytes,
+            larder_bench::Unit::Count => Unit::Count,
+        };
+        Box::new(Progress::new(name, total, unit, self.json))
+    }
+
+    fn note(&self, line: &str) {
+        eprintln!("{line}");
+    }
+
+    fn detail(&self, line: &str) {
+        if !self.json {
+            eprintln!("{line}");
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,20 +1,17 @@
-//! Route traces: turning what a run recorded ([`larder_model::RouteTrace`])
-//! into a trace file (`--trace FILE` on `run`, `serve` and `bench decode`,
-//! checked before any work by [`check_output`]), and
-//! `larder trace stats FILE`: popularity, reuse distances, lookahead recall,
-//! and the hit rates LRU and Belady's optimum reach at a range of cache
-//! budgets (the format: `larder_router::trace`).
+//! Route traces: `--trace FILE` outputs (checked before any work by
+//! [`check_output`]; a recorded run becomes a trace file with [`to_file`],
+//! `larder_bench::trace`), and `larder trace synth|stats` (the work is
+//! `larder_tools::trace`): here their flags and tables.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
-use larder_engine::{OutputFile, OutputKind, RouteLog, RowTag, RunInputs};
-use larder_model::{ModelSpec, RouteTrace};
-use larder_router::{Phase, RouteStats, Trace, TraceHeader, TRACE_VERSION};
-use serde_json::json;
+use larder_engine::{OutputFile, OutputKind, RunInputs};
+use larder_router::RouteStats;
+use larder_tools::trace::{MoeShape, TraceStats, TraceSynthOptions};
 
-/// MoE layers ahead whose routers a recorded trace asks on each layer's input.
-pub const LOOKAHEAD: usize = 3;
+/// MoE layers ahead whose routers a recorded trace asks on each layer's input,
+/// and the trace file of one recorded turn.
+pub use larder_bench::trace::{to_file, LOOKAHEAD};
 
 /// `larder trace ...`.
 #[derive(clap::Subcommand)]
@@ -71,41 +68,21 @@ pub fn run(cmd: TraceCmd) -> anyhow::Result<()> {
 fn synth(a: SynthArgs) -> anyhow::Result<()> {
     let inputs = RunInputs::new().model("--model", &a.model);
     let mut out = OutputFile::check("--out", &a.out, OutputKind::RouteTrace, a.output.overwrite, &inputs)?;
-    let sizes = super::doctor::model::inspect(&a.model)?.sizes;
-    if sizes.moe_layers == 0 || sizes.expert_bytes == 0 {
-        bail!("--model {}: has no routed experts", a.model.display());
-    }
-    let model = larder_router::RoutingModel::preset(&a.routing, sizes.experts_per_layer).map_err(|e| anyhow::anyhow!("--routing: {e}"))?;
-    let header = TraceHeader {
-        larder_trace: TRACE_VERSION,
-        model: format!("{} (preset {})", a.model.display(), a.routing),
-        experts: sizes.experts_per_layer,
-        top_k: sizes.top_k,
-        moe_layers: (0..sizes.moe_layers).collect(),
-        expert_bytes: vec![sizes.expert_bytes; sizes.moe_layers],
-        lookahead: 0,
+    let sizes = super::inspect_model(&a.model)?.sizes;
+    let opts = TraceSynthOptions {
+        model: a.model,
+        shape: MoeShape {
+            experts_per_layer: sizes.experts_per_layer,
+            top_k: sizes.top_k,
+            moe_layers: sizes.moe_layers,
+            expert_bytes: sizes.expert_bytes,
+        },
+        routing: a.routing,
+        tokens: a.tokens,
+        seed: a.seed,
     };
-    let trace = model
-        .trace(header, a.tokens, a.seed)
-        .map_err(|e| anyhow::anyhow!("--model {} (--tokens {}): {e}", a.model.display(), a.tokens))?;
+    let trace = larder_tools::trace::synth(&opts)?;
     Ok(out.write_with(|w| trace.write_lines(w))?)
-}
-
-/// The trace file of one recorded turn: rows `0..prompt_len` are the prompt.
-pub fn to_file(rt: &RouteTrace, spec: &ModelSpec, model: &Path, prompt_len: usize, expert_bytes: u64) -> anyhow::Result<Trace> {
-    let Some(mut log) = RouteLog::new(spec, &model.display().to_string(), expert_bytes, rt.lookahead) else {
-        bail!("--trace: {} has no MoE layers, so there are no routes to record", model.display());
-    };
-    log.append(rt, |row| RowTag {
-        seq: 0,
-        pos: row,
-        phase: if row < prompt_len { Phase::Prompt } else { Phase::Decode },
-    });
-    let trace = log.into_trace();
-    trace
-        .check()
-        .map_err(|e| anyhow::anyhow!("internal: the recorded trace is inconsistent: {e}"))?;
-    Ok(trace)
 }
 
 /// Checks a `--trace FILE` output before any work (`larder_engine::output`:
@@ -117,29 +94,25 @@ pub fn check_output(path: &Path, overwrite: bool, inputs: &RunInputs) -> anyhow:
 
 /// Mean bytes of one routed expert of the model at `path` (what one miss reads).
 pub fn expert_bytes(path: &Path) -> anyhow::Result<u64> {
-    Ok(super::doctor::model::inspect(path)?.sizes.expert_bytes)
+    Ok(super::inspect_model(path)?.sizes.expert_bytes)
 }
 
 fn stats(a: StatsArgs) -> anyhow::Result<()> {
-    let trace = Trace::read(&a.trace)?;
-    let all = trace.route_stats(None);
-    let decode = trace.route_stats(Some(Phase::Decode));
-    let curves = super::bench_cache::hit_curves(&trace, &super::bench_cache::DEFAULT_SHARES, &["lru", super::bench_cache::BELADY])
-        .with_context(|| format!("{}: replaying it", a.trace.display()))?;
+    let stats = larder_tools::trace::stats(&a.trace)?;
     if a.json {
-        return super::print_json(&json!({
-            "trace": a.trace,
-            "header": trace.header,
-            "passes": trace.passes().len(),
-            "all": all,
-            "decode": decode,
-            "hit_curves": curves,
-        }));
+        return super::print_json(&stats.to_json());
     }
+    print_trace_stats(&stats);
+    Ok(())
+}
+
+/// The header line, both phases' statistics and the hit-rate table.
+fn print_trace_stats(stats: &TraceStats) {
+    let (trace, all, decode) = (&stats.trace, &stats.all, &stats.decode);
     let h = &trace.header;
     println!(
         "{}: {} tokens ({} decode) in {} passes; {} MoE layers x {} experts, top-{}; lookahead {}",
-        a.trace.display(),
+        stats.path.display(),
         all.tokens,
         decode.tokens,
         trace.passes().len(),
@@ -148,7 +121,7 @@ fn stats(a: StatsArgs) -> anyhow::Result<()> {
         h.top_k,
         h.lookahead
     );
-    for (name, s) in [("all tokens", &all), ("decode", &decode)] {
+    for (name, s) in [("all tokens", all), ("decode", decode)] {
         print_stats(name, s);
     }
     println!(
@@ -156,7 +129,7 @@ fn stats(a: StatsArgs) -> anyhow::Result<()> {
         larder_engine::format_size(trace.bank_bytes())
     );
     println!("  {:>7} {:>8} {:>8}", "budget", "lru", "belady");
-    for c in &curves {
+    for c in &stats.curves {
         println!(
             "  {:>6.0}% {:>7.1}% {:>7.1}%",
             100.0 * c.share,
@@ -164,7 +137,6 @@ fn stats(a: StatsArgs) -> anyhow::Result<()> {
             100.0 * c.hit("belady")
         );
     }
-    Ok(())
 }
 
 fn print_stats(name: &str, s: &RouteStats) {

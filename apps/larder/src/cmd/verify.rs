@@ -37,7 +37,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if larder_engine::lazy::is_lazy_cache(&args.store) {
         return run_lazy(&args);
     }
-    if let Some(what) = larder_engine::engine::unfinished_store(&args.store) {
+    if let Some(what) = larder_engine::store_folder::unfinished_store(&args.store) {
         bail!("{}: {what}", args.store.display());
     }
     let manifest = super::about(larder_store::Manifest::read(&args.store), "cannot read the store", &args.store)?;

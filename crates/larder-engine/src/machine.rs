@@ -1,7 +1,7 @@
-//! `larder doctor`'s machine facts: CPU model, cores and threads, the ISA
-//! features larder's kernels care about and the kernel path its runtime
-//! dispatch chose, RAM total and available (a cgroup limit counts when
-//! lower), and a one-thread streaming RAM read.
+//! This machine's facts, as `larder doctor` and the planner read them: CPU
+//! model, cores and threads, the ISA features larder's kernels care about
+//! and the kernel path its runtime dispatch chose, RAM total and available
+//! (a cgroup limit counts when lower), and a one-thread streaming RAM read.
 
 use larder_tensor::kernels::{active_path, KernelPath};
 use serde_json::{json, Value};
@@ -11,6 +11,7 @@ const RAM_PROBE_BYTES: usize = 128 << 20;
 
 /// What this machine is.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Machine {
     pub arch: &'static str,
     pub cpu_model: String,
@@ -40,7 +41,7 @@ impl Machine {
         let ram_total = meminfo_bytes(&meminfo, "MemTotal:").unwrap_or(0);
         let mem_available = meminfo_bytes(&meminfo, "MemAvailable:").unwrap_or(ram_total);
         // The tightest cgroup v1 or v2 limit over this process's cgroup and its ancestors.
-        let cgroup = larder_engine::memory_limit::cgroup_limit();
+        let cgroup = crate::memory_limit::cgroup_limit();
         let ram_available = match &cgroup {
             Some(limit) => mem_available.min(limit.room()),
             None => mem_available,

@@ -1,18 +1,22 @@
-//! `larder doctor --model`: a model's shape and byte sizes, exact from a
-//! checkpoint's safetensors headers or a store's manifest, estimated from
-//! config.json's shapes and dtype when that is all there is.
+//! A model's shape and byte sizes, as every command that sizes a model
+//! (`doctor`, `plan`, `--ram-budget auto`, the memory check, `trace`) reads
+//! them: exact from a checkpoint's safetensors headers or a store's
+//! manifest, estimated from config.json's shapes and dtype when that is all
+//! there is ([`inspect`]).
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
-use larder_engine::plan::{estimate_sizes, ModelSizes, Storage};
 use larder_model::checkpoint::Checkpoint;
-use larder_model::MlaCache;
+use larder_model::{MlaCache, ModelSpec};
 use larder_store::Manifest;
 use serde_json::{json, Value};
 
-/// What `--model` named.
+use crate::error::EngineError;
+use crate::plan::{estimate_sizes, ModelSizes, Storage};
+
+/// What a model path named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Kind {
     Checkpoint,
     Store,
@@ -32,6 +36,7 @@ impl Kind {
 
 /// A model's shape and sizes.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct ModelReport {
     pub path: PathBuf,
     pub kind: Kind,
@@ -45,31 +50,30 @@ pub struct ModelReport {
     pub folder: PathBuf,
 }
 
-/// Reads the model at `path` (a checkpoint folder, a packed store or a config.json).
-pub fn inspect(path: &Path) -> anyhow::Result<ModelReport> {
+/// Reads the model at `path` (a checkpoint folder, a packed store or a
+/// config.json); errors name the path and say what a model is.
+pub fn inspect(path: &Path) -> Result<ModelReport, EngineError> {
     let not_model = "a checkpoint folder, a packed store, or a config.json file";
-    let meta = std::fs::metadata(path).with_context(|| format!("--model {}: cannot read it ({not_model})", path.display()))?;
+    let bad = |message: String| EngineError::File {
+        path: path.to_path_buf(),
+        message,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| bad(format!("cannot read it ({e}); name {not_model}")))?;
     let (dir, only_config) = if meta.is_file() {
         if path.file_name().is_none_or(|n| n != "config.json") {
-            bail!(
-                "--model {}: not a model; name {not_model} (a config file must be named config.json)",
-                path.display()
-            );
+            return Err(bad(format!(
+                "not a model; name {not_model} (a config file must be named config.json)"
+            )));
         }
-        (
-            path.parent()
-                .filter(|p| !p.as_os_str().is_empty())
-                .unwrap_or(Path::new("."))
-                .to_path_buf(),
-            true,
-        )
+        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+        (dir.to_path_buf(), true)
     } else {
         if !path.join("config.json").is_file() {
-            bail!("--model {}: not a model: it has no config.json; name {not_model}", path.display());
+            return Err(bad(format!("not a model: it has no config.json; name {not_model}")));
         }
         (path.to_path_buf(), !has_weights(path))
     };
-    let spec = larder_model::arch::read_spec(&dir).with_context(|| format!("--model {}", path.display()))?;
+    let spec = larder_model::arch::read_spec(&dir)?;
     let (kind, sizes) = if only_config {
         (Kind::Config, estimate_sizes(&spec, storage(&dir, &spec)?))
     } else if Manifest::is_store(&dir) {
@@ -88,6 +92,17 @@ pub fn inspect(path: &Path) -> anyhow::Result<ModelReport> {
     })
 }
 
+/// Where the routed experts of the model at `dir` are: a packed store's
+/// index (checked as a load checks it), or a checkpoint's own tensors.
+pub fn expert_index(dir: &Path) -> Result<larder_store::ExpertIndex, EngineError> {
+    if Manifest::is_store(dir) {
+        return Ok(crate::integrity::packed_index(dir)?.1);
+    }
+    let spec = larder_model::arch::read_spec(dir)?;
+    let ckpt = Checkpoint::open(dir)?;
+    crate::experts::direct_index(&spec, &ckpt)
+}
+
 /// Whether `dir` holds weights: a store manifest or safetensors files.
 fn has_weights(dir: &Path) -> bool {
     if Manifest::is_store(dir) {
@@ -98,9 +113,9 @@ fn has_weights(dir: &Path) -> bool {
 
 /// Exact sizes from a checkpoint's safetensors headers: the spine is every
 /// tensor that is not a routed expert (what `larder pack` puts in a store's spine).
-fn checkpoint_sizes(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Result<ModelSizes> {
-    let ckpt = Checkpoint::open(dir).with_context(|| format!("--model {}", dir.display()))?;
-    let index = larder_engine::experts::direct_index(spec, &ckpt).with_context(|| format!("--model {}", dir.display()))?;
+fn checkpoint_sizes(dir: &Path, spec: &ModelSpec) -> Result<ModelSizes, EngineError> {
+    let ckpt = Checkpoint::open(dir)?;
+    let index = crate::experts::direct_index(spec, &ckpt)?;
     let mut total = 0u64;
     for name in ckpt.names() {
         total = total.saturating_add(ckpt.tensor_info(name)?.len);
@@ -110,9 +125,8 @@ fn checkpoint_sizes(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Resul
 }
 
 /// Exact sizes from a packed store's manifest (checked as a load checks it).
-fn store_sizes(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Result<ModelSizes> {
-    let (manifest, index) =
-        larder_engine::experts::packed_index(dir).with_context(|| format!("--model {}: cannot read the store", dir.display()))?;
+fn store_sizes(dir: &Path, spec: &ModelSpec) -> Result<ModelSizes, EngineError> {
+    let (manifest, index) = crate::integrity::packed_index(dir)?;
     let spine = manifest.spine.iter().flat_map(|f| &f.tensors).map(|t| t.len).sum();
     Ok(ModelSizes::exact(spec, spine, index.total_bytes()))
 }
@@ -120,7 +134,7 @@ fn store_sizes(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Result<Mod
 /// The storage dtype config.json declares (`torch_dtype` or `dtype`; fp8
 /// from the spec; gpt-oss MXFP4 experts from `quantization_config.quant_method`;
 /// compressed-tensors 4-bit experts are read from the spec by the estimate).
-fn storage(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Result<Storage> {
+fn storage(dir: &Path, spec: &ModelSpec) -> Result<Storage, EngineError> {
     let cfg = larder_model::config::ConfigJson::read(dir)?;
     let dtype = match cfg.opt_str("torch_dtype")? {
         Some(d) => Some(d),
@@ -130,7 +144,10 @@ fn storage(dir: &Path, spec: &larder_model::ModelSpec) -> anyhow::Result<Storage
         .raw("quantization_config")
         .and_then(|q| q.get("quant_method"))
         .is_some_and(|m| m == "mxfp4");
-    let storage = Storage::from_config(dtype, spec.fp8_block).with_context(|| format!("{}", cfg.path.display()))?;
+    let storage = Storage::from_config(dtype, spec.fp8_block).map_err(|e| EngineError::File {
+        path: cfg.path.clone(),
+        message: e.to_string(),
+    })?;
     Ok(storage.with_mxfp4_experts(mxfp4))
 }
 

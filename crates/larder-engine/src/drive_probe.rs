@@ -1,9 +1,9 @@
-//! `larder doctor`'s drive probe: what a folder's file system is, how much
-//! room it has, whether O_DIRECT and io_uring work there, and how fast it
-//! reads expert-sized records through the backend larder streams with.
+//! A drive folder's probe (`larder doctor`): what its file system is, how
+//! much room it has, whether O_DIRECT and io_uring work there, and how fast
+//! it reads expert-sized records through the backend larder streams with.
 //!
 //! The probe writes a temporary file (`.larder-doctor-probe-PID`) of
-//! `--probe-mib` MiB, fsyncs it, reads it back in records of up to 16 MiB
+//! the size asked for, fsyncs it, reads it back in records of up to 16 MiB
 //! and removes it: on success, on error (a drop guard), and, when a run was
 //! killed (Ctrl-C), at the next doctor run in that folder (a probe file
 //! whose process no longer exists is removed).
@@ -12,12 +12,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use anyhow::{bail, Context};
 use larder_store::bench::drop_page_cache;
 use larder_store::io::{open_backend, IoKind, IoOptions};
-use larder_store::{AlignedBuf, Extent, IoBackend};
+use larder_store::{AlignedBuf, Extent, IoBackend, StoreError};
 
-use crate::cmd::progress::{Progress, Unit};
+use crate::error::{store_err, EngineError};
 
 /// Largest read of the probe: an expert record of a big model is 10-45 MiB.
 const RECORD_BYTES: u64 = 16 << 20;
@@ -28,6 +27,7 @@ const PROBE_PREFIX: &str = ".larder-doctor-probe-";
 
 /// What the probe found out about one folder.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct DriveReport {
     pub path: PathBuf,
     /// `ext4`, `xfs`, `tmpfs`, ... (from /proc/self/mountinfo, else statfs).
@@ -56,38 +56,36 @@ impl Drop for ProbeFile {
     }
 }
 
-/// Probes `dir` with a file of `probe_mib` MiB (see the module doc).
-pub fn probe(dir: &Path, probe_mib: usize, json: bool) -> anyhow::Result<DriveReport> {
-    let meta =
-        std::fs::metadata(dir).with_context(|| format!("drive folder {}: cannot read it; name an existing folder", dir.display()))?;
+/// Probes `dir` with a file of `probe_mib` MiB (see the module doc);
+/// `progress(bytes)` as the probe file is written and read back (twice its
+/// size in all).
+pub fn probe(dir: &Path, probe_mib: usize, progress: &dyn Fn(u64)) -> Result<DriveReport, EngineError> {
+    let folder = |message: String| EngineError::File {
+        path: dir.to_path_buf(),
+        message: format!("drive folder: {message}"),
+    };
+    let meta = std::fs::metadata(dir).map_err(|e| folder(format!("cannot read it ({e}); name an existing folder")))?;
     if !meta.is_dir() {
-        bail!(
-            "drive folder {}: not a folder; name the folder the model lives (or will live) in",
-            dir.display()
-        );
+        return Err(folder("not a folder; name the folder the model lives (or will live) in".into()));
     }
     remove_stale_probes(dir);
-    let space = larder_store::drive::fs_space(dir).with_context(|| format!("drive folder {}", dir.display()))?;
+    let space = larder_store::drive::fs_space(dir).map_err(store_err)?;
     let probe_bytes = probe_mib as u64 * (1 << 20);
     let record = RECORD_BYTES.min(probe_bytes);
     let file = ProbeFile(dir.join(format!("{PROBE_PREFIX}{}", std::process::id())));
-    let progress = Progress::new("doctor: drive probe", 2 * probe_bytes, Unit::Bytes, json);
-    progress.set_message(&dir.display().to_string());
-    write_probe(&file.0, probe_bytes, record, &progress).with_context(|| {
-        format!(
-            "drive folder {}: cannot write a {probe_mib} MiB probe file there ({} free); \
-             pick a folder you can write, or a smaller --probe-mib",
-            dir.display(),
+    write_probe(&file.0, probe_bytes, record, progress).map_err(|e| {
+        folder(format!(
+            "cannot write a {probe_mib} MiB probe file there ({} free: {e}); pick a folder you can write, or a \
+             smaller --probe-mib",
             larder_store::format_size(space.free)
-        )
+        ))
     })?;
     let paths = [file.0.clone()];
     let o_direct = reads_one_block(&paths, IoKind::Pread, true);
     let io_uring = IoKind::best() == IoKind::Uring && reads_one_block(&paths, IoKind::Uring, o_direct);
     let kind = if io_uring { IoKind::Uring } else { IoKind::Pread };
-    let read_gbps = measure(&paths, kind, o_direct, probe_bytes, record, &progress)
-        .with_context(|| format!("drive folder {}: reading the probe file back", dir.display()))?;
-    progress.finish();
+    let read_gbps =
+        measure(&paths, kind, o_direct, probe_bytes, record, progress).map_err(|e| folder(format!("reading the probe file back: {e}")))?;
     let filesystem = fs_name(dir, space.magic);
     Ok(DriveReport {
         path: dir.to_path_buf(),
@@ -105,7 +103,7 @@ pub fn probe(dir: &Path, probe_mib: usize, json: bool) -> anyhow::Result<DriveRe
 }
 
 /// Writes `bytes` of pseudo-random data (nothing below can shortcut it) and fsyncs.
-fn write_probe(path: &Path, bytes: u64, record: u64, progress: &Progress) -> std::io::Result<()> {
+fn write_probe(path: &Path, bytes: u64, record: u64, progress: &dyn Fn(u64)) -> std::io::Result<()> {
     let mut f = std::fs::OpenOptions::new().write(true).create_new(true).open(path)?;
     let mut chunk = AlignedBuf::new(record as usize);
     let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ u64::from(std::process::id());
@@ -119,7 +117,7 @@ fn write_probe(path: &Path, bytes: u64, record: u64, progress: &Progress) -> std
     while left > 0 {
         let n = left.min(record);
         f.write_all(&chunk.as_mut_slice()[..n as usize])?;
-        progress.inc(n);
+        progress(n);
         left -= n;
     }
     f.sync_all()
@@ -143,7 +141,7 @@ fn reads_one_block(paths: &[PathBuf], kind: IoKind, direct: bool) -> bool {
 }
 
 /// Reads the probe file back in `record`-sized reads, `DEPTH` at a time; GB/s.
-fn measure(paths: &[PathBuf], kind: IoKind, direct: bool, bytes: u64, record: u64, progress: &Progress) -> anyhow::Result<f64> {
+fn measure(paths: &[PathBuf], kind: IoKind, direct: bool, bytes: u64, record: u64, progress: &dyn Fn(u64)) -> Result<f64, StoreError> {
     let backend = open_backend(
         paths,
         IoOptions {
@@ -164,14 +162,14 @@ fn measure(paths: &[PathBuf], kind: IoKind, direct: bool, bytes: u64, record: u6
     }
     let secs = t.elapsed().as_secs_f64();
     if let Some(e) = failure {
-        return Err(e.into());
+        return Err(e);
     }
     Ok(bytes as f64 / secs.max(1e-9) / 1e9)
 }
 
-fn read_batch(backend: &dyn IoBackend, batch: &[&[Extent]], progress: &Progress, failure: &mut Option<larder_store::StoreError>) {
+fn read_batch(backend: &dyn IoBackend, batch: &[&[Extent]], progress: &dyn Fn(u64), failure: &mut Option<StoreError>) {
     backend.read(batch, &mut |_, r| match r {
-        Ok(views) => progress.inc(views.iter().map(|v| v.len() as u64).sum()),
+        Ok(views) => progress(views.iter().map(|v| v.len() as u64).sum()),
         Err(e) => {
             failure.get_or_insert(e);
         }

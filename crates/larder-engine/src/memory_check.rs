@@ -1,7 +1,8 @@
 //! The check every model load makes against this process's cgroup memory
-//! limit (v1 or v2, `larder_engine::memory_limit`) before it reads any
-//! weight: a run the kernel would kill says so first, on stderr, naming the
-//! limit, the file it came from, what the model needs and what to do.
+//! limit (v1 or v2, [`crate::memory_limit`]) before it reads any weight: a
+//! run the kernel would kill says so first (a warning for the caller to
+//! print, or an error), naming the limit, the file it came from, what the
+//! model needs and what to do.
 //!
 //! When what the run cannot do without (the spine and one layer step's
 //! routed experts) is over the limit itself and the cache is sized
@@ -12,11 +13,12 @@
 
 use std::path::Path;
 
-use larder_engine::memory_limit::{cgroup_limit, check_fit, CgroupLimit, LimitFit, MemoryNeeds};
-use larder_engine::{ExpertMode, LoadOptions, PrefillChunk};
 use larder_store::format_size;
 
-use super::ExpertArgs;
+use crate::engine::{ExpertMode, LoadOptions};
+use crate::error::EngineError;
+use crate::memory_limit::{cgroup_limit, check_fit, CgroupLimit, LimitFit, MemoryNeeds};
+use crate::prefill::PrefillChunk;
 
 /// How routed experts are held, for what a message advises.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -37,19 +39,20 @@ enum Verdict {
     Refuse(String),
 }
 
-/// Checks the run `opts` loads `model` with against this process's cgroup
-/// memory limit: prints a warning on stderr, or fails, before loading (see
-/// the module doc). Nothing is checked without a limit, or where the
-/// model's sizes cannot be read (the load then says why).
-pub fn check(model: &Path, experts: &ExpertArgs, opts: &LoadOptions) -> anyhow::Result<()> {
+/// Checks the run that loads `model` with `load` (its cache sized
+/// automatically when `auto_budget`, prompts split by `prefill`) against
+/// this process's cgroup memory limit before loading (see the module doc):
+/// a warning to show, or an error. Nothing is checked without a limit, or
+/// where the model's sizes cannot be read (the load then says why).
+pub fn check(model: &Path, auto_budget: bool, prefill: PrefillChunk, load: &LoadOptions) -> Result<Option<String>, EngineError> {
     let Some(limit) = cgroup_limit() else {
-        return Ok(());
+        return Ok(None);
     };
-    let Ok(report) = super::doctor::model::inspect(model) else {
-        return Ok(());
+    let Ok(report) = crate::sizing::inspect(model) else {
+        return Ok(None);
     };
     let sizes = &report.sizes;
-    let (holding, needs) = match &opts.experts {
+    let (holding, needs) = match &load.experts {
         ExpertMode::InRam => (
             ExpertHolding::InRam,
             MemoryNeeds {
@@ -60,7 +63,7 @@ pub fn check(model: &Path, experts: &ExpertArgs, opts: &LoadOptions) -> anyhow::
             },
         ),
         ExpertMode::Stream(o) => (
-            if experts.budget_is_auto() {
+            if auto_budget {
                 ExpertHolding::AutoCache
             } else {
                 ExpertHolding::SizedCache
@@ -74,16 +77,16 @@ pub fn check(model: &Path, experts: &ExpertArgs, opts: &LoadOptions) -> anyhow::
         ),
     };
     let needs = MemoryNeeds {
-        prefill: prefill_bytes(&report.folder, experts.prefill()),
+        prefill: prefill_bytes(&report.folder, prefill),
         ..needs
     };
     match verdict(&model.display().to_string(), &needs, &limit, holding) {
-        Verdict::Fits => Ok(()),
-        Verdict::Warn(message) => {
-            eprintln!("warning: {message}");
-            Ok(())
-        }
-        Verdict::Refuse(message) => anyhow::bail!(message),
+        Verdict::Fits => Ok(None),
+        Verdict::Warn(message) => Ok(Some(message)),
+        Verdict::Refuse(message) => Err(EngineError::File {
+            path: model.to_path_buf(),
+            message,
+        }),
     }
 }
 
@@ -150,7 +153,7 @@ fn verdict(model: &str, needs: &MemoryNeeds, limit: &CgroupLimit, holding: Exper
 
 #[cfg(test)]
 mod tests {
-    use larder_engine::memory_limit::CgroupVersion;
+    use crate::memory_limit::CgroupVersion;
 
     use super::*;
 
