@@ -32,12 +32,14 @@ fn run(engine: &Engine, dir: Option<&PathBuf>, prompt: &[u32], max_new: usize) -
         stop_at_eos: false,
         ..GenerateOptions::default()
     };
-    sched.submit(Job {
+    let job = Job {
         prompt: prompt.to_vec(),
         options,
-        stop: Vec::new(),
-        cancel: None,
-        sink: Box::new(move |e: RequestEvent<'_>| {
+        ..Job::default()
+    };
+    sched.submit(
+        job,
+        Box::new(move |e: RequestEvent<'_>| {
             if let RequestEvent::Finished(o) = e {
                 if let Ok(mut s) = slot.lock() {
                     *s = Some(o.clone());
@@ -45,7 +47,7 @@ fn run(engine: &Engine, dir: Option<&PathBuf>, prompt: &[u32], max_new: usize) -
             }
             true
         }),
-    })?;
+    )?;
     while !sched.is_idle() {
         if let Some(f) = sched.step().failed.pop() {
             return Err(f.error.into());

@@ -1,30 +1,31 @@
 //! [`Engine`]: a loaded checkpoint (model, tokenizer, chat template,
-//! generation config) and the generation loop: prefill in chunks, then one
-//! forward per token, sampling, EOS and length stops, streaming callbacks
-//! and stats.
+//! generation config), what to generate ([`GenerateOptions`]) and what a
+//! generation gives ([`Generation`]). Generating goes through the
+//! [`Scheduler`](crate::Scheduler), the one generation path: on the
+//! caller's thread ([`Engine::run`], [`Engine::generate`], `generate`
+//! module) or on the engine thread of an [`EngineHandle`](crate::EngineHandle).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
 
 use larder_model::arch::read_spec;
 use larder_model::checkpoint::Checkpoint;
-use larder_model::{load_model, DecoderModel, ExpertProvider, RouteTrace, SequenceState};
+use larder_model::{load_model, DecoderModel, ExpertProvider};
 use larder_store::{ExpertStore, Manifest, StoreOptions};
 use larder_tensor::Mat;
 use serde::Serialize;
 
 use crate::chat::{ChatMessage, ChatTemplate};
+use crate::error::store_err;
 use crate::error::EngineError;
-use crate::experts::{direct_index, packed_index, store_err, StoreExperts};
+use crate::experts::{direct_index, StoreExperts};
 use crate::generation::GenerationConfig;
-use crate::prefill::{passes, PrefillChunk};
-use crate::return_points::ReturnPoints;
-use crate::sampling::{Sampler, SamplingParams};
-use crate::stats::{ExpertStats, Stats};
-use larder_spec::Drafter;
+use crate::integrity::packed_index;
+use crate::prefill::PrefillChunk;
+use crate::sampling::SamplingParams;
+use crate::stats::Stats;
 
-mod speculative;
+mod generate;
 use crate::tokenizer::TextTokenizer;
 
 /// Rows per pass of the fixed chunking larder used before read-once
@@ -159,7 +160,7 @@ impl Engine {
                 message: "a lazy cache: run it with `--model SOURCE --cache-dir DIR` (the source it was made from)".into(),
             });
         }
-        if let Some(message) = unfinished_store(dir) {
+        if let Some(message) = crate::store_folder::unfinished_store(dir) {
             return Err(EngineError::File {
                 path: dir.to_path_buf(),
                 message,
@@ -346,197 +347,6 @@ impl Engine {
         let mut state = self.model.new_state();
         Ok(self.model.forward(ids, &mut state, None)?)
     }
-
-    /// Generates after `prompt`. `on_token` sees each new id as it is chosen
-    /// and returns `false` to stop.
-    pub fn generate(
-        &self,
-        prompt: &[u32],
-        opts: &GenerateOptions,
-        on_token: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Generation, EngineError> {
-        self.generate_traced(prompt, opts, on_token, None)
-    }
-
-    /// [`generate`](Self::generate), recording the routes of every position
-    /// (prompt and decode) into `trace`.
-    pub fn generate_traced(
-        &self,
-        prompt: &[u32],
-        opts: &GenerateOptions,
-        on_token: &mut dyn FnMut(u32) -> bool,
-        trace: Option<&mut RouteTrace>,
-    ) -> Result<Generation, EngineError> {
-        let mut state = self.model.new_state();
-        self.generate_in(prompt, &mut state, None, 0, opts, on_token, trace, None)
-    }
-
-    /// [`generate`](Self::generate) with speculative decoding: `drafter`
-    /// guesses up to `opts.draft_max` tokens at a time and the model verifies
-    /// them in one batched pass. Greedy output is identical to `generate`'s;
-    /// sampled output has the same distribution (reproducible per seed).
-    pub fn generate_with_drafter(
-        &self,
-        prompt: &[u32],
-        opts: &GenerateOptions,
-        drafter: &mut dyn Drafter,
-        on_token: &mut dyn FnMut(u32) -> bool,
-    ) -> Result<Generation, EngineError> {
-        let mut state = self.model.new_state();
-        self.generate_in(prompt, &mut state, None, 0, opts, on_token, None, Some(drafter))
-    }
-
-    /// The one generation loop behind every entry point: continues from
-    /// `state`, whose first `cached` positions are the prompt's first tokens
-    /// (prefix reuse, as [`Conversation::run`](crate::Conversation::run)
-    /// does: only the rest is prefilled, and batch invariance makes the
-    /// result identical to a fresh prefill); records routes into `trace`;
-    /// drafts with `drafter` when given. A state that cannot roll back (a
-    /// recurrent layer) goes back to the nearest of `points`' snapshots, and
-    /// new ones are kept at the prompt minus its last token and at the end
-    /// (see [`crate::return_points`]); without `points` it reuses its
-    /// positions only when it holds no more than the shared prefix.
-    /// Afterwards `state` holds every token fed to the model: the prompt and
-    /// all new ids but the last (`Stats::cached_tokens` says how many prompt
-    /// tokens were reused).
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn generate_in(
-        &self,
-        prompt: &[u32],
-        state: &mut SequenceState,
-        mut points: Option<&mut ReturnPoints>,
-        cached: usize,
-        opts: &GenerateOptions,
-        on_token: &mut dyn FnMut(u32) -> bool,
-        mut trace: Option<&mut RouteTrace>,
-        drafter: Option<&mut dyn Drafter>,
-    ) -> Result<Generation, EngineError> {
-        let started = Instant::now();
-        let store_before = self.store.as_ref().map(|s| s.stats());
-        let mut sampler = Sampler::new(opts.sampling)?;
-        self.model.check_ids(prompt, 0)?;
-        // At least the last prompt token runs, for its logits.
-        let wanted = cached.min(prompt.len() - 1);
-        let reuse = match points.as_deref_mut() {
-            Some(p) => p.keep_prefix(state, wanted)?,
-            None => ReturnPoints::new().keep_prefix(state, wanted)?,
-        };
-        let mut stats = Stats {
-            prompt_tokens: prompt.len(),
-            cached_tokens: reuse,
-            ..Stats::default()
-        };
-        let logits = self.prefill(&prompt[reuse..], state, trace.as_deref_mut(), points.as_deref_mut())?;
-        stats.prefill_s = started.elapsed().as_secs_f64();
-
-        let (ids, finish_reason) = match drafter {
-            Some(drafter) => {
-                let run = speculative::Run {
-                    engine: self,
-                    prompt,
-                    opts,
-                    started,
-                };
-                run.decode(drafter, &mut sampler, state, logits, &mut stats, on_token, trace)?
-            }
-            None => self.decode_plain(&mut sampler, state, logits, opts, started, &mut stats, on_token, trace)?,
-        };
-        // The end of the turn: a later request may return here.
-        let snapshot_bytes = points.map_or(0, |p| {
-            p.record(state);
-            p.bytes()
-        });
-        stats.record_state(state, snapshot_bytes);
-        if let (Some(store), Some(before)) = (&self.store, store_before) {
-            stats.experts = Some(ExpertStats::from_store(store.backend().name(), &store.stats().since(&before)));
-        }
-        Ok(Generation { ids, finish_reason, stats })
-    }
-
-    /// Plain decoding: one forward per token after the prompt's logits.
-    #[allow(clippy::too_many_arguments)]
-    fn decode_plain(
-        &self,
-        sampler: &mut Sampler,
-        state: &mut SequenceState,
-        mut logits: Vec<f32>,
-        opts: &GenerateOptions,
-        started: Instant,
-        stats: &mut Stats,
-        on_token: &mut dyn FnMut(u32) -> bool,
-        mut trace: Option<&mut RouteTrace>,
-    ) -> Result<(Vec<u32>, FinishReason), EngineError> {
-        let max_ctx = self.model.spec().max_position_embeddings;
-        let mut ids = Vec::new();
-        let mut finish = FinishReason::Length;
-        let mut decode_steps = 0;
-        while ids.len() < opts.max_new {
-            let next = sampler.sample(&logits);
-            ids.push(next);
-            if ids.len() == 1 {
-                stats.time_to_first_token_s = started.elapsed().as_secs_f64();
-            }
-            if !on_token(next) {
-                finish = FinishReason::Cancelled;
-                break;
-            }
-            if opts.stop_at_eos && self.generation.eos_token_ids.contains(&next) {
-                finish = FinishReason::Stop;
-                break;
-            }
-            if ids.len() == opts.max_new || state.len() + 1 > max_ctx {
-                break;
-            }
-            let step = Instant::now();
-            logits = self.model.forward_last(&[next], state, trace.as_deref_mut())?;
-            stats.decode_s += step.elapsed().as_secs_f64();
-            decode_steps += 1;
-        }
-        stats.new_tokens = ids.len();
-        stats.finish(decode_steps);
-        Ok((ids, finish))
-    }
-
-    /// Runs the rest of the prompt in as few passes as its activations allow
-    /// ([`crate::prefill`]), returning the last position's logits. With
-    /// `points` and a state that cannot roll back, the pass holding the
-    /// prompt's last token also snapshots the positions before it (the
-    /// return point of a later turn sharing the prompt), so the last token
-    /// needs no pass of its own and its experts are read once.
-    fn prefill(
-        &self,
-        rest: &[u32],
-        state: &mut SequenceState,
-        mut trace: Option<&mut RouteTrace>,
-        mut points: Option<&mut ReturnPoints>,
-    ) -> Result<Vec<f32>, EngineError> {
-        let point = match &points {
-            Some(_) if !state.can_rollback() => rest.len().checked_sub(1),
-            _ => None,
-        };
-        let mut last = Vec::new();
-        let mut fed = 0;
-        for chunk in chunks(rest, self.prefill_rows()) {
-            if let Some(p) = point.filter(|p| (fed..fed + chunk.len()).contains(p)) {
-                state.mark_after(p - fed);
-            }
-            last = self.model.forward_last(chunk, state, trace.as_deref_mut())?;
-            if let (Some(snap), Some(points)) = (state.take_marked(), points.as_deref_mut()) {
-                points.keep(snap);
-            }
-            fed += chunk.len();
-        }
-        Ok(last)
-    }
-}
-
-/// `ids` cut into [`passes`] of at most `max_rows`.
-fn chunks(ids: &[u32], max_rows: usize) -> impl Iterator<Item = &[u32]> {
-    let mut start = 0;
-    passes(ids.len(), max_rows).into_iter().map(move |n| {
-        start += n;
-        &ids[start - n..start]
-    })
 }
 
 /// Progress of a load: `(bytes read so far, total bytes to read)`.
@@ -582,31 +392,4 @@ fn check_dir(dir: &Path) -> Result<(), EngineError> {
             message: "model folder not found (give a Hugging Face checkpoint folder or a store made by `larder pack`)".into(),
         })
     }
-}
-
-/// What an unfinished store folder (a plan but no manifest.json yet) is
-/// and how to finish it: a `pack`, a `pull` (its journal or staging
-/// folder), or the first open of a lazy cache; `None` for any other folder.
-pub fn unfinished_store(dir: &Path) -> Option<String> {
-    if !larder_store::pack::is_unfinished(dir) {
-        return None;
-    }
-    #[cfg(feature = "remote")]
-    {
-        if crate::lazy::is_lazy_cache(dir) {
-            return Some(
-                "a lazy cache whose first open did not finish (no lazy.json yet): run it with `--model SOURCE \
-                 --cache-dir DIR` again to resume it"
-                    .into(),
-            );
-        }
-        if dir.join(larder_store::pull::PULL_STATE).exists() || dir.join(crate::pull::STAGING).is_dir() {
-            return Some(
-                "an unfinished `larder pull` (no manifest.json yet): run the same `larder pull SOURCE --out DIR` again \
-                 to resume it; only what is missing is fetched"
-                    .into(),
-            );
-        }
-    }
-    Some("an unfinished `larder pack` (no manifest.json yet); re-run the same pack command to finish it".into())
 }

@@ -13,7 +13,8 @@
 //!   after its prompt minus the last token (a follow-up turn or a
 //!   regeneration that shares the prompt returns there, and feeds the last
 //!   prompt token again for its logits), and at the end of a turn (the
-//!   conversation's whole state). Prefill-chunk ends are not snapshotted:
+//!   conversation's whole state: the scheduler's prefix cache keeps that
+//!   state itself, so it takes only the first kind). Prefill-chunk ends are not snapshotted:
 //!   a snapshot is the recurrent state's full size (MiBs per KDA layer at
 //!   K3 shapes), so one per chunk would cost more memory than it saves.
 //!   At most [`MAX_RETURN_POINTS`] are kept per sequence, the oldest dropped.

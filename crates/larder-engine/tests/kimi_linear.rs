@@ -8,7 +8,7 @@
 //!   experts);
 //! - speculative decoding (n-gram, self-draft, a draft model) gives greedy
 //!   ids identical to plain decoding, and seeded sampling is reproducible;
-//! - prefix reuse in a conversation restores a snapshot (a follow-up turn,
+//! - prefix reuse (the scheduler's prefix cache) restores a snapshot (a follow-up turn,
 //!   and one that diverges inside the previous answer) and reports the
 //!   reused tokens, with ids identical to a fresh prefill;
 //! - the scheduler: concurrent requests (greedy and seeded, one cancelled)
@@ -18,8 +18,7 @@
 //!   when it fits the budget.
 
 use larder_engine::{
-    Conversation, DrafterChoice, Drafting, Engine, GenerateOptions, Outcome, Request, RequestEvent, SamplingParams, Scheduler,
-    SchedulerConfig,
+    DrafterChoice, Drafting, Engine, GenerateOptions, Job, Outcome, RequestEvent, SamplingParams, Scheduler, SchedulerConfig,
 };
 
 mod common;
@@ -69,16 +68,15 @@ fn streamed_k3_extensions_are_bit_identical_to_in_ram() {
     check_direct_and_packed("kimi_linear_attn_res", PROMPT, 2);
 }
 
-/// Runs one request in `conv`.
-fn run(engine: &Engine, conv: &mut Conversation, prompt: &[u32], o: &GenerateOptions, drafting: &Drafting) -> Outcome {
-    let request = Request {
-        prompt,
-        options: o,
-        stop: &[],
-        drafting,
-        cancel: None,
+/// Runs one request alone (through `Engine::run`), drafting as `drafting` says.
+fn run(engine: &Engine, prompt: &[u32], o: &GenerateOptions, drafting: &Drafting) -> Outcome {
+    let job = Job {
+        prompt: prompt.to_vec(),
+        options: o.clone(),
+        drafter: drafting.drafter().unwrap(),
+        ..Job::default()
     };
-    conv.run(engine, &request, &mut |_: RequestEvent<'_>| true).unwrap()
+    engine.run(job, &mut |_: RequestEvent<'_>| true).unwrap()
 }
 
 #[test]
@@ -94,7 +92,7 @@ fn speculative_greedy_equals_plain_greedy() {
             DrafterChoice::DraftModel { dir: model.clone() },
         ] {
             let drafting = engine.drafting(&choice).unwrap();
-            let got = run(&engine, &mut Conversation::new(&engine), PROMPT, &o, &drafting);
+            let got = run(&engine, PROMPT, &o, &drafting);
             assert_eq!(got.ids, plain.ids, "{name} {choice:?}");
             let s = got.stats.speculative.as_ref().expect("speculative stats");
             assert!(s.target_steps > 0, "{name} {choice:?}: {s:?}");
@@ -102,9 +100,9 @@ fn speculative_greedy_equals_plain_greedy() {
                 assert!(s.accepted > 0, "{name} {choice:?}: the same model's drafts are kept: {s:?}");
             }
             // Seeded sampling through a drafter keeps working (the same
-            // distribution; the ids depend on how many drafts the adaptive
-            // length, which is timed, asks for, so they are not compared).
-            let sampled = run(&engine, &mut Conversation::new(&engine), PROMPT, &seeded(16, 5), &drafting);
+            // distribution; the ids depend on whether the adaptive length,
+            // which is timed, switches drafting off, so they are not compared).
+            let sampled = run(&engine, PROMPT, &seeded(16, 5), &drafting);
             assert_eq!(sampled.ids.len(), 16, "{name} {choice:?}: seeded sampling");
             assert!(sampled.ids.iter().all(|&t| t < 512), "{name} {choice:?}: ids in the vocabulary");
             assert!(sampled.stats.speculative.is_some(), "{name} {choice:?}");
@@ -116,42 +114,34 @@ fn speculative_greedy_equals_plain_greedy() {
 fn a_follow_up_turn_restores_a_snapshot_and_equals_a_fresh_prefill() {
     for name in FIXTURES {
         let engine = Engine::load(&fixture(name)).unwrap();
-        for o in [greedy(10), seeded(10, 3)] {
-            let mut conv = Conversation::new(&engine);
-            let first = run(&engine, &mut conv, PROMPT, &o, &Drafting::off());
-            assert_eq!(first.ids.len(), 10, "{name}");
+        for (temperature, seed) in [(0.0, 0), (0.9, 3)] {
+            let mut sched = Scheduler::new(&engine, SchedulerConfig::default()).unwrap();
+            let first = spec(PROMPT.to_vec(), 10, temperature, seed, 0);
+            let out = run_one(&mut sched, &first, None);
+            assert_eq!(out.ids.len(), 10, "{name}");
             let (p, end) = (PROMPT.len(), PROMPT.len() + 9);
-            assert_eq!(
-                conv.return_points(),
-                vec![p - 1, end],
-                "{name}: snapshots at prompt-1 and the turn's end"
-            );
-            let s = &first.stats;
+            let s = &out.stats;
             assert!(s.state_fixed_bytes > 0 && s.state_bytes_per_position > 0, "{name}: {s:?}");
             assert_eq!(s.state_bytes, s.state_fixed_bytes + end * s.state_bytes_per_position, "{name}");
-            assert!(
-                s.snapshot_bytes > 0 && conv.state_bytes() == s.state_bytes + s.snapshot_bytes,
-                "{name}"
-            );
+            assert!(s.snapshot_bytes > 0, "{name}: the snapshot at prompt - 1 is kept");
 
             // The next turn extends the whole conversation.
-            let next: Vec<u32> = PROMPT.iter().chain(&first.ids).chain(&[7, 99, 123]).copied().collect();
-            let fresh = engine.generate(&next, &o, &mut |_| true).unwrap();
-            let second = run(&engine, &mut conv, &next, &o, &Drafting::off());
+            let mut next = first.clone();
+            next.prompt = PROMPT.iter().chain(&out.ids).chain(&[7, 99, 123]).copied().collect();
+            let second = run_one(&mut sched, &next, None);
             assert_eq!(second.cached_tokens, end, "{name}: the whole conversation is reused");
-            assert_eq!(second.ids, fresh.ids, "{name}: follow-up turn");
+            assert_eq!(second.ids, solo(&engine, &next).ids, "{name}: follow-up turn");
 
             // A turn diverging inside the first answer returns to the snapshot at prompt - 1.
-            let edit: Vec<u32> = PROMPT.iter().chain(&first.ids[..4]).chain(&[42, 43]).copied().collect();
-            let fresh = engine.generate(&edit, &o, &mut |_| true).unwrap();
-            let third = run(&engine, &mut conv, &edit, &o, &Drafting::off());
+            let mut edit = first.clone();
+            edit.prompt = PROMPT.iter().chain(&out.ids[..4]).chain(&[42, 43]).copied().collect();
+            let third = run_one(&mut sched, &edit, None);
             assert_eq!(
                 third.cached_tokens,
                 p - 1,
                 "{name}: restored the snapshot before the last prompt token"
             );
-            assert_eq!(third.ids, fresh.ids, "{name}: diverging turn");
-            assert!(conv.return_points().iter().all(|&n| n < conv.tokens().len() + 1), "{name}");
+            assert_eq!(third.ids, solo(&engine, &edit).ids, "{name}: diverging turn");
         }
     }
 }

@@ -8,8 +8,7 @@
 //! offline source fails only requests that need a missing expert.
 
 mod common;
-#[path = "../../larder-store/tests/common/mod.rs"]
-mod hub;
+use larder_testkit::hub;
 mod lazy_support;
 
 use std::os::unix::fs::MetadataExt;

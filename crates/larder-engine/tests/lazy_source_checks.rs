@@ -8,8 +8,7 @@
 //! retry time and cached requests are served, even batched with a failing one.
 
 mod common;
-#[path = "../../larder-store/tests/common/mod.rs"]
-mod hub;
+use larder_testkit::hub;
 mod lazy_support;
 
 use std::path::Path;
@@ -18,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use common::{fixture, scratch_dir, stream_outcome};
 use hub::{Fault, HubServer, Op};
 use larder_engine::lazy::verify_lazy;
-use larder_engine::{Engine, GenerateOptions, Job, RequestEvent, SamplingParams, Scheduler, SchedulerConfig};
+use larder_engine::{Engine, GenerateOptions, Job, RequestEvent, RequestSink, SamplingParams, Scheduler, SchedulerConfig};
 use larder_store::lazy::{SourceCheck, LAZY_STATE, RECORDS_LOG};
 use lazy_support::{assert_same, first_layer_file, lazy_load, load, used, PROMPT};
 
@@ -320,8 +319,10 @@ fn while_the_source_is_down_fetches_fail_fast_and_cached_requests_are_served() {
     let mut sched = Scheduler::new(&engine, SchedulerConfig::default()).unwrap();
     let got: Arc<Mutex<Vec<u32>>> = Arc::default();
     let sink_got = got.clone();
-    let cached = sched.submit(job(&short, move |id| sink_got.lock().unwrap().push(id))).unwrap();
-    let failing = sched.submit(job(&PROMPT, |_| {})).unwrap();
+    let (job_cached, sink_cached) = job(&short, move |id| sink_got.lock().unwrap().push(id));
+    let cached = sched.submit(job_cached, sink_cached).unwrap();
+    let (job_failing, sink_failing) = job(&PROMPT, |_| {});
+    let failing = sched.submit(job_failing, sink_failing).unwrap();
     let report = sched.step();
     assert_eq!(report.finished, vec![cached], "{report:?}");
     assert_eq!(report.failed.len(), 1);
@@ -338,9 +339,9 @@ fn argmax(v: &[f32]) -> usize {
         .0
 }
 
-/// A greedy one-token request whose sink hands each new id to `on_token`.
-fn job(prompt: &[u32], mut on_token: impl FnMut(u32) + Send + 'static) -> Job {
-    Job {
+/// A greedy one-token request, and a sink that hands each new id to `on_token`.
+fn job(prompt: &[u32], mut on_token: impl FnMut(u32) + Send + 'static) -> (Job, Box<dyn RequestSink + Send>) {
+    let job = Job {
         prompt: prompt.to_vec(),
         options: GenerateOptions {
             max_new: 1,
@@ -348,15 +349,15 @@ fn job(prompt: &[u32], mut on_token: impl FnMut(u32) + Send + 'static) -> Job {
             stop_at_eos: false,
             draft_max: 0,
         },
-        stop: Vec::new(),
-        cancel: None,
-        sink: Box::new(move |e: RequestEvent<'_>| {
-            if let RequestEvent::Token { id, .. } = e {
-                on_token(id);
-            }
-            true
-        }),
-    }
+        ..Job::default()
+    };
+    let sink = Box::new(move |e: RequestEvent<'_>| {
+        if let RequestEvent::Token { id, .. } = e {
+            on_token(id);
+        }
+        true
+    });
+    (job, sink)
 }
 
 /// Bytes the files under `dir` take on the drive.

@@ -7,8 +7,7 @@
 //! never a store that looks valid.
 
 mod common;
-#[path = "../../larder-store/tests/common/mod.rs"]
-mod hub;
+use larder_testkit::hub;
 
 use std::path::Path;
 use std::time::Duration;
@@ -21,6 +20,21 @@ use larder_store::pack::DriveSpec;
 use larder_store::pull::{pull, PullOptions, PullReport, PULL_STATE};
 use larder_store::remote::{open_source, CheckpointSource, FileSource, HubEnv, RemoteOptions, RetryPolicy};
 use larder_store::{Manifest, StoreError};
+
+/// Client options: 4 attempts with millisecond backoff, a read timeout of `read_timeout_ms`.
+fn client_options(read_timeout_ms: u64) -> RemoteOptions {
+    RemoteOptions {
+        retry: RetryPolicy {
+            attempts: 4,
+            base_delay: Duration::from_millis(1),
+            max_delay: Duration::from_millis(5),
+        },
+        connect_timeout: Duration::from_secs(2),
+        read_timeout: Duration::from_millis(read_timeout_ms),
+        parallel: 4,
+        deadline: None,
+    }
+}
 
 /// The hub repo `REPO` at `server`, read with `attempts` tries per request.
 fn open_hub(server: &HubServer, attempts: u32, token: Option<&str>) -> Box<dyn FileSource> {
@@ -255,11 +269,11 @@ fn faults_are_clear_errors_and_never_a_store_that_looks_valid() {
         token: None,
     };
     let nope = CheckpointSource::parse("larder-test/no-such-repo", &env).unwrap();
-    let remote = open_source(&nope, &env, &hub::client_options(500)).unwrap();
+    let remote = open_source(&nope, &env, &client_options(500)).unwrap();
     let err = describe_remote(remote.as_ref(), &dir.join("nope")).err().unwrap();
     assert!(err.to_string().contains("404") || err.to_string().contains("not found"), "{err}");
     let rev = CheckpointSource::parse(&format!("{REPO}@no-such-revision"), &env).unwrap();
-    let remote = open_source(&rev, &env, &hub::client_options(500)).unwrap();
+    let remote = open_source(&rev, &env, &client_options(500)).unwrap();
     let err = describe_remote(remote.as_ref(), &dir.join("rev")).err().unwrap();
     assert!(err.to_string().contains("404") && err.to_string().contains("revision"), "{err}");
     *server.state.token.lock().unwrap() = Some("secret".into());

@@ -108,13 +108,13 @@ fn a_prompt_reads_each_routed_expert_once() {
     }
 }
 
-/// Kimi Linear in a conversation keeps a return point before the prompt's
-/// last token (its KDA state cannot roll back); it is taken inside the
-/// prefill pass, so the last token needs no pass of its own and the
-/// prompt's experts are still read once.
+/// Kimi Linear keeps a return point before the prompt's last token (its
+/// KDA state cannot roll back, and a later request sharing the prompt
+/// returns there); it is taken inside the prefill pass, so the last token
+/// needs no pass of its own and the prompt's experts are still read once.
 #[test]
-fn a_conversation_keeps_its_return_point_without_a_second_read() {
-    use larder_engine::{Conversation, Drafting, Request, RequestEvent};
+fn a_return_point_is_kept_without_a_second_read() {
+    use larder_engine::{Job, RequestEvent};
     let model = fixture("kimi_linear_tiny");
     let prompt: Vec<u32> = (0..40u32).map(|i| (i * 31 + 5) % 100).collect();
     let budget = 3 * expert_bytes(&model);
@@ -122,29 +122,24 @@ fn a_conversation_keeps_its_return_point_without_a_second_read() {
 
     let engine = Engine::load_with(&model, &streamed(budget)).unwrap();
     let store = engine.store().unwrap().clone();
-    let opts = GenerateOptions {
-        max_new: 4,
-        stop_at_eos: false,
-        ..GenerateOptions::default()
-    };
-    let drafting = Drafting::default();
-    let request = Request {
-        prompt: &prompt,
-        options: &opts,
-        stop: &[],
-        drafting: &drafting,
-        cancel: None,
+    let job = Job {
+        prompt: prompt.clone(),
+        options: GenerateOptions {
+            max_new: 4,
+            stop_at_eos: false,
+            ..GenerateOptions::default()
+        },
+        ..Job::default()
     };
     let mut at_first = None;
-    let mut conv = Conversation::new(&engine);
-    let out = conv
-        .run(&engine, &request, &mut |e: RequestEvent<'_>| {
-            if let RequestEvent::Token { .. } = e {
-                at_first.get_or_insert_with(|| store.stats());
-            }
-            true
-        })
-        .unwrap();
+    let mut sink = |e: RequestEvent<'_>| {
+        if let RequestEvent::Token { .. } = e {
+            at_first.get_or_insert_with(|| store.stats());
+        }
+        true
+    };
+    let out = engine.run(job, &mut sink).unwrap();
     assert_eq!(out.ids, ids);
+    assert!(out.stats.snapshot_bytes > 0, "the return point was kept: {:?}", out.stats);
     assert_eq!(at_first.unwrap().bytes_read, distinct, "read amplification must be exactly 1");
 }

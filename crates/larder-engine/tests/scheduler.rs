@@ -3,7 +3,7 @@
 //! (greedy and seeded), arriving at different steps, some cancelled midway
 //! (by their sink or by their cancel flag, running or queued), with a small
 //! prefill chunk and batch sizes 1, 3 and 8, give each the ids, text and
-//! finish reason `Conversation::run` gives it alone. On qwen3_moe_tiny,
+//! finish reason `Engine::run` gives it alone. On qwen3_moe_tiny,
 //! deepseek_v3_tiny (MLA), a packed store streamed through a RAM cache that
 //! holds no expert, and qwen3_moe_tok (real text, stop strings). Also: the KV
 //! budget refuses what cannot fit before generating (`EngineError::KvBudget`
@@ -80,7 +80,7 @@ fn kv_budget_refuses_before_generating_and_queues_the_rest() {
     let results: Results = Arc::new(Mutex::new(vec![None]));
     let mut big = specs[0].clone();
     big.max_new = largest + 11 - big.prompt.len();
-    let e = sched.submit(job(&big, 0, &results, Arc::new(AtomicBool::new(false)))).unwrap_err();
+    let e = submit(&mut sched, &big, 0, &results, Arc::new(AtomicBool::new(false))).unwrap_err();
     let EngineError::KvBudget {
         needed,
         budget,
@@ -100,7 +100,7 @@ fn kv_budget_refuses_before_generating_and_queues_the_rest() {
     assert!(sched.is_idle() && results.lock().unwrap()[0].is_none(), "nothing ran");
     // Context overflow is refused the same way.
     big.max_new = 10_000;
-    assert!(sched.submit(job(&big, 0, &results, Arc::new(AtomicBool::new(false)))).is_err());
+    assert!(submit(&mut sched, &big, 0, &results, Arc::new(AtomicBool::new(false))).is_err());
 }
 
 #[test]
@@ -116,7 +116,7 @@ fn max_batch_queues_in_order_and_queued_requests_can_be_cancelled() {
     let flags: Vec<Arc<AtomicBool>> = specs.iter().map(|_| Arc::new(AtomicBool::new(false))).collect();
     let mut sched = Scheduler::new(&engine, config).unwrap();
     for (i, s) in specs.iter().enumerate() {
-        sched.submit(job(s, i, &results, flags[i].clone())).unwrap();
+        submit(&mut sched, s, i, &results, flags[i].clone()).unwrap();
     }
     assert_eq!((sched.running(), sched.queued()), (0, specs.len()));
     flags[5].store(true, Ordering::Relaxed);
@@ -148,7 +148,7 @@ fn a_request_extending_a_finished_one_reuses_its_state_exactly() {
     let results: Results = Arc::new(Mutex::new(vec![None, None]));
     let mut sched = Scheduler::new(&engine, config).unwrap();
     for (i, s) in [&first, &second].into_iter().enumerate() {
-        sched.submit(job(s, i, &results, Arc::new(AtomicBool::new(false)))).unwrap();
+        submit(&mut sched, s, i, &results, Arc::new(AtomicBool::new(false))).unwrap();
         while !sched.is_idle() {
             sched.step();
         }

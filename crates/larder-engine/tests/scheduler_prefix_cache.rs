@@ -102,7 +102,7 @@ fn the_kv_budget_evicts_cached_conversations_before_preempting() {
 
     let results: Results = Arc::new(Mutex::new(vec![None, None]));
     for (i, s) in [&c, &d].into_iter().enumerate() {
-        sched.submit(job(s, i, &results, Arc::new(AtomicBool::new(false)))).unwrap();
+        submit(&mut sched, s, i, &results, Arc::new(AtomicBool::new(false))).unwrap();
     }
     while !sched.is_idle() {
         let report = sched.step();

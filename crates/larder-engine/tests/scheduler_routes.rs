@@ -54,11 +54,9 @@ fn batched_routes_equal_each_request_alone() {
             let job = Job {
                 prompt: p.clone(),
                 options: options(*max_new),
-                stop: Vec::new(),
-                cancel: None,
-                sink: Box::new(|_: RequestEvent<'_>| true),
+                ..Job::default()
             };
-            ids.push(sched.submit(job).unwrap() as usize);
+            ids.push(sched.submit(job, Box::new(|_: RequestEvent<'_>| true)).unwrap() as usize);
         }
         while !sched.is_idle() {
             let report = sched.step();

@@ -2,11 +2,13 @@
 //! greedy ids identical for every drafter on the architecture fixtures,
 //! through every acceptance edge case (all kept, none kept, EOS inside a
 //! draft, max-new inside a draft); sampled output has the target's
-//! distribution.
+//! distribution. Drafting requests run through the scheduler like any
+//! other (`Engine::run` with a `Job`'s drafter); batched together they give
+//! what they give alone (`scheduler_drafting.rs`).
 
 use std::sync::Arc;
 
-use larder_engine::{Engine, GenerateOptions, SamplingParams};
+use larder_engine::{Engine, GenerateOptions, Job, Outcome, RequestEvent, SamplingParams};
 use larder_model::load_model;
 use larder_spec::{Drafter, ModelDrafter, NgramDrafter, SpecError};
 
@@ -47,6 +49,22 @@ impl Drafter for Scripted {
 
 const PROMPT: &[u32] = &[262, 406, 39, 423, 313, 87, 465];
 
+/// `PROMPT` generated with `drafter` (through `Engine::run`); `on_token`
+/// sees each new id and returns `false` to cancel.
+fn drafted(engine: &Engine, o: &GenerateOptions, drafter: Box<dyn Drafter>, on_token: &mut dyn FnMut(u32) -> bool) -> Outcome {
+    let job = Job {
+        prompt: PROMPT.to_vec(),
+        options: o.clone(),
+        drafter: Some(drafter),
+        ..Job::default()
+    };
+    let mut sink = |e: RequestEvent<'_>| match e {
+        RequestEvent::Token { id, .. } => on_token(id),
+        _ => true,
+    };
+    engine.run(job, &mut sink).unwrap()
+}
+
 #[test]
 fn greedy_output_is_identical_for_every_drafter() {
     let draft = Arc::new(load_model(&fixture("mixtral_tiny"), None).unwrap());
@@ -65,18 +83,19 @@ fn greedy_output_is_identical_for_every_drafter() {
         let engine = Engine::load(&fixture(name)).unwrap();
         let o = opts(40);
         let plain = engine.generate(PROMPT, &o, &mut |_| true).unwrap();
-        let mut drafters: Vec<Box<dyn Drafter>> = vec![
+        let drafters: Vec<Box<dyn Drafter>> = vec![
             Box::new(NgramDrafter::default()),
             Box::new(ModelDrafter::new(draft.clone(), 512).unwrap()),
             Box::new(ModelDrafter::self_draft(engine.shared_model())),
         ];
-        for d in drafters.iter_mut() {
-            let got = engine.generate_with_drafter(PROMPT, &o, d.as_mut(), &mut |_| true).unwrap();
-            assert_eq!(got.ids, plain.ids, "{name} with {}", d.name());
-            assert_eq!(got.finish_reason, plain.finish_reason, "{name} with {}", d.name());
+        for d in drafters {
+            let drafter = d.name();
+            let got = drafted(&engine, &o, d, &mut |_| true);
+            assert_eq!(got.ids, plain.ids, "{name} with {drafter}");
+            assert_eq!(got.finish_reason, plain.finish_reason, "{name} with {drafter}");
             let s = got.stats.speculative.unwrap();
-            assert_eq!(s.drafter, d.name());
-            if d.name() == "self" {
+            assert_eq!(s.drafter, drafter);
+            if drafter == "self" {
                 // Every expert is in RAM: the self-draft is the model itself.
                 assert!(s.acceptance_rate > 0.9, "{name}: {s:?}");
             }
@@ -91,8 +110,8 @@ fn self_draft_over_a_small_expert_cache_keeps_the_output_exact() {
         let plain = in_ram.generate(PROMPT, &opts(24), &mut |_| true).unwrap();
         for budget in [0u64, 40_000, 200_000] {
             let streamed = Engine::load_with(&fixture(name), &pread_streaming(2, budget, true)).unwrap();
-            let mut d = ModelDrafter::self_draft(streamed.shared_model());
-            let got = streamed.generate_with_drafter(PROMPT, &opts(24), &mut d, &mut |_| true).unwrap();
+            let d = Box::new(ModelDrafter::self_draft(streamed.shared_model()));
+            let got = drafted(&streamed, &opts(24), d, &mut |_| true);
             assert_eq!(got.ids, plain.ids, "{name} budget {budget}");
         }
     }
@@ -115,12 +134,12 @@ fn acceptance_edge_cases_keep_the_output_exact() {
                 ("every third wrong", |i| i % 3 == 2),
             ];
             for (label, wrong) in cases {
-                let mut d = Scripted {
+                let d = Box::new(Scripted {
                     script: script.clone(),
                     prompt_len: PROMPT.len(),
                     wrong,
-                };
-                let got = engine.generate_with_drafter(PROMPT, &o, &mut d, &mut |_| true).unwrap();
+                });
+                let got = drafted(&engine, &o, d, &mut |_| true);
                 assert_eq!(got.ids, plain.ids, "{name} max_new {max_new}: {label}");
                 assert_eq!(got.finish_reason, plain.finish_reason, "{name} max_new {max_new}: {label}");
                 let s = got.stats.speculative.unwrap();
@@ -140,18 +159,16 @@ fn acceptance_edge_cases_keep_the_output_exact() {
 fn cancellation_inside_a_draft_stops_at_once() {
     let engine = Engine::load(&fixture("qwen3_moe_tiny")).unwrap();
     let plain = engine.generate(PROMPT, &opts(20), &mut |_| true).unwrap();
-    let mut d = Scripted {
+    let d = Box::new(Scripted {
         script: plain.ids.clone(),
         prompt_len: PROMPT.len(),
         wrong: |_| false,
-    };
+    });
     let mut n = 0;
-    let got = engine
-        .generate_with_drafter(PROMPT, &opts(20), &mut d, &mut |_| {
-            n += 1;
-            n < 4
-        })
-        .unwrap();
+    let got = drafted(&engine, &opts(20), d, &mut |_| {
+        n += 1;
+        n < 4
+    });
     assert_eq!(got.ids, plain.ids[..4].to_vec());
     assert_eq!(got.finish_reason, larder_engine::FinishReason::Cancelled);
 }
@@ -177,12 +194,12 @@ fn speculative_sampling_preserves_the_distribution() {
             ..GenerateOptions::default()
         };
         if spec {
-            let mut d = Scripted {
+            let d = Box::new(Scripted {
                 script: greedy.clone(),
                 prompt_len: PROMPT.len(),
                 wrong: |_| false,
-            };
-            engine.generate_with_drafter(PROMPT, &o, &mut d, &mut |_| true).unwrap().ids
+            });
+            drafted(&engine, &o, d, &mut |_| true).ids
         } else {
             engine.generate(PROMPT, &o, &mut |_| true).unwrap().ids
         }

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{parse_request, ApiError, Endpoint, GenerationRequest};
-use crate::worker::{Event, Worker};
+use crate::worker::{Event, EventSource, Worker};
 use crate::ServerConfig;
 
 /// A response body: a whole buffer, or server-sent events as they come.
@@ -294,7 +294,7 @@ fn body_error(e: &ApiError) -> Response<ReplyBody> {
 }
 
 /// The next engine event, or `Err` once the shutdown grace period is over.
-async fn next_event(rx: &mut mpsc::UnboundedReceiver<Event>, abort: &mut watch::Receiver<bool>) -> Result<Option<Event>, ()> {
+async fn next_event(rx: &mut impl EventSource, abort: &mut watch::Receiver<bool>) -> Result<Option<Event>, ()> {
     tokio::select! {
         ev = rx.recv() => Ok(ev),
         Ok(_) = abort.wait_for(|a| *a) => Err(()),
@@ -341,11 +341,11 @@ async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: 
         Ok(p) => p,
         Err(e) => return error_reply(&e),
     };
-    let (tx, mut rx) = mpsc::unbounded_channel();
-    if let Err(e) = worker.submit(slot, prepared, tx) {
-        return error_reply(&e);
-    }
-    // The engine thread admits the job (the KV budget may still refuse it).
+    // The engine checks the job first (the KV budget may refuse it).
+    let mut rx = match worker.submit(slot, prepared) {
+        Ok(rx) => rx,
+        Err(e) => return error_reply(&e),
+    };
     let prompt_tokens = match next_event(&mut rx, &mut abort).await {
         Ok(Some(Event::Started { prompt_tokens })) => prompt_tokens,
         Ok(Some(Event::Failed(e))) => return error_reply(&e),
@@ -420,7 +420,7 @@ pub(crate) async fn stream_events(
     id: String,
     model: String,
     prompt_tokens: usize,
-    mut rx: mpsc::UnboundedReceiver<Event>,
+    mut rx: impl EventSource,
     out: mpsc::UnboundedSender<Bytes>,
     mut abort: watch::Receiver<bool>,
 ) {
@@ -503,11 +503,12 @@ fn metrics(worker: Option<&Worker>) -> Response<ReplyBody> {
         let text = "# TYPE larder_model_loaded gauge\nlarder_model_loaded 0\n";
         return plain_text(text.to_string());
     };
+    let engine = worker.engine_metrics();
     let mut text = format!(
         "# TYPE larder_model_loaded gauge\nlarder_model_loaded 1\n{}",
-        worker_metrics(worker)
+        worker_metrics(worker, &engine)
     );
-    if let Some(d) = worker.metrics.disk.lock().ok().and_then(|d| d.clone()) {
+    if let Some(d) = &engine.disk_tier {
         text.push_str(&format!(
             "# TYPE larder_state_disk_hits_total counter\nlarder_state_disk_hits_total {}\n\
              # TYPE larder_state_disk_misses_total counter\nlarder_state_disk_misses_total {}\n\
@@ -521,7 +522,7 @@ fn metrics(worker: Option<&Worker>) -> Response<ReplyBody> {
             d.hits, d.misses, d.bytes_written, d.bytes_read, d.load_s, d.save_failures, d.bad_files, d.files, d.bytes_on_disk
         ));
     }
-    if let Some(s) = worker.store_stats() {
+    if let Some(s) = &engine.store {
         text.push_str(&format!(
             "# TYPE larder_expert_cache_hits_total counter\nlarder_expert_cache_hits_total {}\n\
              # TYPE larder_expert_cache_misses_total counter\nlarder_expert_cache_misses_total {}\n\
@@ -540,7 +541,7 @@ fn plain_text(text: String) -> Response<ReplyBody> {
         .unwrap_or_else(|_| error_reply(&ApiError::plain(500, "server_error", None, "metrics")))
 }
 
-fn worker_metrics(worker: &Worker) -> String {
+fn worker_metrics(worker: &Worker, engine: &larder_engine::Metrics) -> String {
     let m = &worker.metrics;
     format!(
         "# TYPE larder_requests_total counter\nlarder_requests_total {}\n\
@@ -558,17 +559,17 @@ fn worker_metrics(worker: &Worker) -> String {
          # TYPE larder_preemptions_total counter\nlarder_preemptions_total {}\n",
         m.requests.load(Ordering::Relaxed),
         m.rejected_full.load(Ordering::Relaxed),
-        m.prompt_tokens.load(Ordering::Relaxed),
-        m.completion_tokens.load(Ordering::Relaxed),
+        engine.prompt_tokens,
+        engine.completion_tokens,
         worker.queue_depth(),
-        f64::from_bits(m.last_decode_tok_per_s.load(Ordering::Relaxed)),
-        m.running.load(Ordering::Relaxed),
-        m.waiting.load(Ordering::Relaxed),
-        m.last_batch.load(Ordering::Relaxed),
-        m.kv_bytes.load(Ordering::Relaxed),
-        m.kv_kept_bytes.load(Ordering::Relaxed),
-        m.kept_conversations.load(Ordering::Relaxed),
-        m.preemptions.load(Ordering::Relaxed),
+        engine.last_decode_tok_per_s,
+        engine.running,
+        engine.waiting,
+        engine.last_batch,
+        engine.kv_bytes_in_use,
+        engine.kv_bytes_kept,
+        engine.kept_conversations,
+        engine.preemptions,
     )
 }
 

@@ -6,11 +6,12 @@
 //! - [`prepare`] renders, tokenizes and checks prompts off the engine
 //!   thread (a bounded pool, small prompts in a lane of their own), so a
 //!   large prompt never stalls the requests already running;
-//! - [`worker`] runs generation on one dedicated engine thread with a FIFO
-//!   queue of bounded depth (429 beyond it), up to `max_batch` requests
-//!   decoding together, cancelling when clients leave;
-//! - [`trace`] writes the routes of every forward pass to a trace file
-//!   (`--trace`);
+//! - [`worker`] maps prepared requests to jobs of larder-engine's
+//!   [`EngineHandle`](larder_engine::EngineHandle) (the engine thread: up
+//!   to `max_batch` requests decoding together, drafting or not, the KV
+//!   budget, prefix reuse, the route trace) and their events back, behind a
+//!   queue of bounded depth (429 beyond it); a client that leaves cancels
+//!   its job;
 //! - [`http`] is the hyper 1 service: routing, API key, body limits and
 //!   timeouts, JSON and server-sent-event responses; [`cors`] its opt-in
 //!   CORS headers.
@@ -26,7 +27,6 @@ pub mod cors;
 pub mod fuzzing;
 pub mod http;
 pub mod prepare;
-pub mod trace;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use larder_engine::{Drafting, Engine};
+use larder_engine::{Drafting, Engine, HandleConfig, SchedulerConfig, TraceConfig};
 use tokio::sync::watch;
 
 /// Server settings.
@@ -71,7 +71,7 @@ pub struct ServerConfig {
     /// conversations kept on disk across restarts (`None`: RAM only).
     pub state_dir: Option<larder_engine::DiskTierConfig>,
     /// Record every forward pass's routes into a trace file (`--trace`; `None`: no recording).
-    pub trace: Option<trace::TraceConfig>,
+    pub trace: Option<TraceConfig>,
 }
 
 impl Default for ServerConfig {
@@ -151,6 +151,22 @@ pub fn exposure_warning(addr: SocketAddr, has_api_key: bool) -> Option<String> {
 /// How long streams ended at the close of the grace period get to flush.
 const FLUSH: Duration = Duration::from_secs(3);
 
+/// A loaded engine and the drafter every request decodes speculatively with
+/// (resolved by [`Engine::drafting`]; an [`Engine`] alone drafts nothing).
+pub struct Loaded {
+    pub engine: Engine,
+    pub drafting: Drafting,
+}
+
+impl From<Engine> for Loaded {
+    fn from(engine: Engine) -> Self {
+        Loaded {
+            engine,
+            drafting: Drafting::off(),
+        }
+    }
+}
+
 /// A running server (for embedding and tests): its address, and a way to stop it.
 pub struct RunningServer {
     pub addr: SocketAddr,
@@ -162,29 +178,32 @@ pub struct RunningServer {
 }
 
 impl RunningServer {
-    /// Hands the loaded engine to the server: `/health` turns 200 and the
-    /// API answers. A second engine is ignored.
-    pub fn attach(&self, engine: Engine) {
-        self.attach_with(engine, Drafting::off());
-    }
-
-    /// [`attach`](Self::attach), every request drafting with `drafting`
-    /// (speculative decoding; resolved by [`Engine::drafting`]).
-    pub fn attach_with(&self, engine: Engine, drafting: Drafting) {
+    /// Hands the loaded engine (and the drafter every request drafts with:
+    /// [`Loaded`]) to the server: `/health` turns 200 and the API answers.
+    /// A second engine is ignored; an engine thread that cannot start is
+    /// logged and the server keeps answering 503.
+    pub fn attach(&self, loaded: impl Into<Loaded>) {
+        let Loaded { engine, drafting } = loaded.into();
         let c = &self.state.config;
-        let batching = larder_engine::SchedulerConfig {
-            max_batch: c.max_batch,
-            kv_budget: c.kv_budget,
-            ..larder_engine::SchedulerConfig::default()
-        };
-        let _ = self.state.worker.set(worker::Worker::start_batched_with(
-            engine,
-            c.queue_depth,
+        let config = worker::WorkerConfig {
+            depth: c.queue_depth,
             drafting,
-            batching,
-            c.state_dir.clone(),
-            c.trace.clone(),
-        ));
+            handle: HandleConfig {
+                scheduler: SchedulerConfig {
+                    max_batch: c.max_batch.max(1),
+                    kv_budget: c.kv_budget,
+                    ..SchedulerConfig::default()
+                },
+                disk_tier: c.state_dir.clone(),
+                trace: c.trace.clone(),
+            },
+        };
+        match worker::Worker::start(engine, config) {
+            Ok(w) => {
+                let _ = self.state.worker.set(w);
+            }
+            Err(e) => tracing::error!("{e}"),
+        }
     }
 
     /// Whether an engine is attached.
@@ -202,6 +221,11 @@ impl RunningServer {
         let _ = self.stop.send(Some(grace));
         if let Some(t) = self.thread.take() {
             let _ = t.join();
+        }
+        // The connections are gone with the runtime: let the engine thread
+        // end its jobs (cancelled, their clients gone) and write the trace.
+        if let Some(worker) = Arc::get_mut(&mut self.state).and_then(|s| s.worker.take()) {
+            worker.stop();
         }
     }
 }
@@ -313,7 +337,7 @@ where
                     if let Some(e) = engine.chat_template_error() {
                         eprintln!("[larder] warning: {e}; chat requests (/v1/chat/completions) fail with a 500 until it is fixed; completions work");
                     }
-                    server.attach_with(engine, drafting);
+                    server.attach(Loaded { engine, drafting });
                     eprintln!("{ready}");
                 }
                 Ok(Err(e)) => return Err(ServeError::Load(e)),

@@ -2,12 +2,14 @@
 //! seeded sampling, different lengths and stop strings) each get exactly the
 //! text their request gets alone from the engine; a request whose worst case
 //! exceeds `--kv-budget` gets a 400 before generation; afterwards no sequence
-//! runs or waits and no KV bytes are in use.
+//! runs or waits and no KV bytes are in use. With a drafter (`--draft`)
+//! concurrent greedy requests batch too, each with the text it gets alone
+//! without one.
 
 use std::time::{Duration, Instant};
 
-use larder_engine::{ChatMessage, Engine, GenerateOptions, SamplingParams};
-use larder_serve::{start, ServerConfig};
+use larder_engine::{ChatMessage, DrafterChoice, Engine, GenerateOptions, SamplingParams};
+use larder_serve::{bind, start, Loaded, ServerConfig};
 use serde_json::{json, Value};
 
 mod common;
@@ -100,6 +102,37 @@ fn concurrent_streams_each_equal_their_solo_run() {
     }
     assert_eq!(metric(a, "larder_queued_sequences"), 0);
     assert_eq!(metric(a, "larder_kv_bytes_in_use"), 0, "sequence state left when idle");
+}
+
+#[test]
+fn concurrent_drafting_streams_batch_and_keep_their_greedy_text() {
+    let model = fixture("qwen3_moe_tok");
+    let engine = Engine::load(&model).unwrap();
+    let greedy: Vec<Case> = cases()
+        .into_iter()
+        .map(|c| Case {
+            sampled: None,
+            max_tokens: c.max_tokens + 8,
+            ..c
+        })
+        .collect();
+    let expected: Vec<String> = greedy.iter().map(|c| alone(&engine, c)).collect();
+    for choice in [DrafterChoice::Ngram, DrafterChoice::SelfDraft] {
+        let engine = Engine::load(&model).unwrap();
+        let drafting = engine.drafting(&choice).unwrap();
+        let srv = bind(ServerConfig {
+            port: 0,
+            served_name: "tiny".into(),
+            max_batch: 3,
+            ..ServerConfig::default()
+        })
+        .unwrap();
+        srv.attach(Loaded { engine, drafting });
+        let a = srv.addr;
+        let bodies = greedy.iter().map(body).collect();
+        assert_concurrent_streams(a, "/v1/chat/completions", bodies, &expected, &format!("{choice:?}"));
+        assert_idle_with_no_state(a);
+    }
 }
 
 #[test]

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use larder_engine::Engine;
 use larder_model::mlp::{load_mlp, Mlp};
-use larder_model::{ExpertProvider, ModelError, RandomSource};
+use larder_model::{ExpertProvider, ModelError, RandomSource, WeightView};
 use larder_serve::{bind, start, RunningServer, ServerConfig};
 use serde_json::{json, Value};
 
@@ -364,7 +364,8 @@ impl ExpertProvider for FailingLater {
         }
         for (i, &e) in ids.iter().enumerate() {
             // qwen3_moe_tiny: hidden 64, moe_intermediate 32.
-            let mlp = load_mlp(&self.weights, &format!("l{layer}.e{e}"), ["gate", "up", "down"], 64, 32)?;
+            let at = WeightView::new(&self.weights).pp(format!("l{layer}.e{e}"));
+            let mlp = load_mlp(&at, ["gate", "up", "down"], 64, 32)?;
             run(i, &mlp)?;
         }
         Ok(())

@@ -1,11 +1,16 @@
 //! `larder run`: generate from ids, a text prompt or a chat, streaming text
-//! to stdout (or one JSON document with --json).
+//! to stdout (or one JSON document with --json). The request is one job of
+//! an engine handle (`larder_engine::EngineHandle`), the path `larder serve`
+//! runs its requests through.
 
 use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::bail;
-use larder_engine::{ChatMessage, Conversation, DrafterChoice, GenerateOptions, Outcome, Request, RequestEvent, SamplingParams};
+use larder_engine::{
+    ChatMessage, DrafterChoice, Engine, EngineHandle, Event, Events, GenerateOptions, HandleConfig, Job, Outcome, SamplingParams,
+    SchedulerConfig,
+};
 use serde_json::json;
 
 /// Arguments of `larder run`.
@@ -82,44 +87,11 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
-    let mut trace_out = match &args.trace {
-        Some(path) => {
-            let mut inputs = super::model_inputs(&args.model, &args.experts);
-            if let Some(draft) = &args.draft_model {
-                inputs = inputs.model("--draft-model", draft);
-            }
-            Some(super::trace::check_output(path, args.output.overwrite, &inputs)?)
-        }
-        None => None,
-    };
+    let mut trace_out = check_trace(&args)?;
     let engine = super::load_engine_with(&args.model, &args.experts, args.json)?;
-    let prompt_ids = match (&args.ids, &args.prompt) {
-        (Some(ids), _) => ids.clone(),
-        (None, Some(text)) if args.chat => {
-            let mut messages = Vec::new();
-            if let Some(system) = &args.system {
-                messages.push(ChatMessage::new("system", system));
-            }
-            messages.push(ChatMessage::new("user", text));
-            engine.encode_chat(&messages)?
-        }
-        (None, Some(text)) => engine.encode_prompt(text)?,
-        (None, None) => bail!("give a prompt with --ids or --prompt"),
-    };
-    let opts = GenerateOptions {
-        max_new: args.max_new,
-        sampling: SamplingParams {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            top_k: args.top_k,
-            seed: args.seed,
-        },
-        stop_at_eos: !args.ignore_eos,
-        draft_max: args.draft_max,
-    };
-    let drafting = engine.drafting(&DrafterChoice::parse(&args.draft, args.draft_model.as_deref())?)?;
-    let tok = engine.tokenizer().ok();
-    if tok.is_none() {
+    let prompt_ids = prompt_ids(&args, &engine)?;
+    let ids_only = engine.tokenizer().is_err();
+    if ids_only {
         if !args.stop.is_empty() {
             bail!(
                 "--stop needs text, but {} has no tokenizer (tokenizer.json or tiktoken.model); leave out --stop",
@@ -131,43 +103,23 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.model.display()
         );
     }
-
-    let mut stdout = std::io::stdout().lock();
-    let mut write_error = None;
-    let mut sink = |event: RequestEvent<'_>| {
-        let piece = match event {
-            _ if args.json => return true,
-            RequestEvent::Token { id, .. } if tok.is_none() => format!("{id} "),
-            RequestEvent::Token { text, .. } | RequestEvent::Text(text) => text.to_string(),
-            RequestEvent::Finished(_) => return true,
-        };
-        if piece.is_empty() {
-            return true;
-        }
-        if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
-            // A closed pipe (e.g. `| head`) stops generation instead of panicking.
-            write_error = Some(e);
-            return false;
-        }
-        true
+    let job = job(&args, &engine, prompt_ids.clone())?;
+    // One job on the engine handle, the path `larder serve` runs requests through.
+    let one_job = HandleConfig {
+        scheduler: SchedulerConfig {
+            max_batch: 1,
+            prefix_cache: 0,
+            ..SchedulerConfig::default()
+        },
+        ..HandleConfig::default()
     };
-    let request = Request {
-        prompt: &prompt_ids,
-        options: &opts,
-        stop: &args.stop,
-        drafting: &drafting,
-        cancel: None,
-    };
-    let mut route_trace = args
-        .trace
-        .as_ref()
-        .map(|_| larder_model::RouteTrace::with_lookahead(super::trace::LOOKAHEAD));
-    let generation = Conversation::new(&engine).run_traced(&engine, &request, &mut sink, route_trace.as_mut());
-    for w in engine.take_warnings() {
-        tracing::warn!("{w}");
-    }
-    let generation = generation?;
-    if let (Some(out), Some(rt)) = (&mut trace_out, &route_trace) {
+    let handle = EngineHandle::start(engine, one_job)?;
+    let engine = handle.engine().clone();
+    let streamed = stream(handle.submit(job)?, ids_only, args.json);
+    // Every job has ended (a broken pipe cancelled it): the engine thread stops.
+    handle.stop()?;
+    let (generation, write_error) = streamed?;
+    if let (Some(out), Some(rt)) = (&mut trace_out, &generation.routes) {
         let bytes = super::trace::expert_bytes(&args.model)?;
         let file = super::trace::to_file(rt, engine.model().spec(), &args.model, prompt_ids.len(), bytes)?;
         out.write_with(|w| file.write_lines(w))?;
@@ -178,7 +130,66 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    let text = match tok {
+    report(&args, &engine, &generation)
+}
+
+/// `--trace FILE`, checked before the model loads.
+fn check_trace(args: &Args) -> anyhow::Result<Option<larder_engine::OutputFile>> {
+    let Some(path) = &args.trace else { return Ok(None) };
+    let mut inputs = super::model_inputs(&args.model, &args.experts);
+    if let Some(draft) = &args.draft_model {
+        inputs = inputs.model("--draft-model", draft);
+    }
+    Ok(Some(super::trace::check_output(path, args.output.overwrite, &inputs)?))
+}
+
+/// The prompt's ids: `--ids`, or `--prompt` tokenized (as a chat with `--chat`).
+fn prompt_ids(args: &Args, engine: &Engine) -> anyhow::Result<Vec<u32>> {
+    Ok(match (&args.ids, &args.prompt) {
+        (Some(ids), _) => ids.clone(),
+        (None, Some(text)) if args.chat => {
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(ChatMessage::new("system", system));
+            }
+            messages.push(ChatMessage::new("user", text));
+            engine.encode_chat(&messages)?
+        }
+        (None, Some(text)) => engine.encode_prompt(text)?,
+        (None, None) => bail!("give a prompt with --ids or --prompt"),
+    })
+}
+
+/// The job the flags ask for: sampling, stop strings, the drafter, route
+/// recording. Generation stops where the context is full: `--max-new` is
+/// capped to the room the prompt leaves.
+fn job(args: &Args, engine: &Engine, prompt: Vec<u32>) -> anyhow::Result<Job> {
+    let room = engine.check_prompt(&prompt, None)?;
+    let options = GenerateOptions {
+        max_new: args.max_new.min(room),
+        sampling: SamplingParams {
+            temperature: args.temperature,
+            top_p: args.top_p,
+            top_k: args.top_k,
+            seed: args.seed,
+        },
+        stop_at_eos: !args.ignore_eos,
+        draft_max: args.draft_max,
+    };
+    let drafting = engine.drafting(&DrafterChoice::parse(&args.draft, args.draft_model.as_deref())?)?;
+    Ok(Job {
+        prompt,
+        options,
+        stop: args.stop.clone(),
+        drafter: drafting.drafter()?,
+        record_routes: args.trace.as_ref().map(|_| super::trace::LOOKAHEAD),
+    })
+}
+
+/// What ends the run: the JSON document (`--json`), or a newline after the
+/// streamed text and the summary (and `--stats`) on stderr.
+fn report(args: &Args, engine: &Engine, generation: &Outcome) -> anyhow::Result<()> {
+    let text = match engine.tokenizer().ok() {
         // Without stop strings, the whole decode (identical to the streamed pieces).
         Some(t) if args.stop.is_empty() => t.decode(&generation.ids, true)?,
         Some(_) => generation.text.clone(),
@@ -186,7 +197,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     };
     let s = &generation.stats;
     if args.json {
-        drop(stdout);
         let mut doc = json!({
             "ids": generation.ids,
             "text": text,
@@ -198,9 +208,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         }
         return super::print_json(&doc);
     }
-    writeln!(stdout)?;
-    eprintln!("{}", summary(s, &generation));
-    if let (true, Some(x)) = (args.stats, &s.experts) {
+    writeln!(std::io::stdout().lock())?;
+    eprintln!("{}", summary(s, generation));
+    if args.stats {
+        print_stats(s);
+    }
+    Ok(())
+}
+
+/// `--stats`: expert I/O per layer (when streaming) and the run's timings.
+fn print_stats(s: &larder_engine::Stats) {
+    if let Some(x) = &s.experts {
         eprintln!(
             "[larder] experts: {} hits, {} misses, {} prefetch reads ({} used) | verify {:.3}s",
             x.cache_hits, x.cache_misses, x.prefetch_reads, x.prefetch_hits, x.verify_s
@@ -218,13 +236,42 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             );
         }
     }
-    if args.stats {
-        eprintln!(
-            "[larder] prefill {:.3}s | decode {:.3}s | time to first token {:.3}s",
-            s.prefill_s, s.decode_s, s.time_to_first_token_s
-        );
+    eprintln!(
+        "[larder] prefill {:.3}s | decode {:.3}s | time to first token {:.3}s",
+        s.prefill_s, s.decode_s, s.time_to_first_token_s
+    );
+}
+
+/// Prints the job's text as it streams (token ids when the model has no
+/// tokenizer; nothing with `--json`) and returns its outcome, with the error
+/// that stopped writing to stdout (a closed pipe, say: generation is then
+/// cancelled) if one did.
+fn stream(mut events: Events, ids_only: bool, json: bool) -> anyhow::Result<(Outcome, Option<std::io::Error>)> {
+    let mut stdout = std::io::stdout().lock();
+    let mut write_error = None;
+    let mut outcome = None;
+    while let Some(event) = events.blocking_recv() {
+        let piece = match event {
+            Event::Done(o) => {
+                outcome = Some(*o);
+                continue;
+            }
+            Event::Failed(e) => return Err(e.into()),
+            _ if json || write_error.is_some() => continue,
+            Event::Token { id, .. } if ids_only => format!("{id} "),
+            Event::Token { text, .. } | Event::Text(text) => text,
+        };
+        if piece.is_empty() {
+            continue;
+        }
+        if let Err(e) = stdout.write_all(piece.as_bytes()).and_then(|_| stdout.flush()) {
+            // A closed pipe (e.g. `| head`) stops generation instead of panicking.
+            write_error = Some(e);
+            events.cancel();
+        }
     }
-    Ok(())
+    let outcome = outcome.ok_or_else(|| anyhow::anyhow!("internal: the engine thread stopped without ending the request"))?;
+    Ok((outcome, write_error))
 }
 
 /// The one-line summary of a run on stderr: tokens, speeds, and (when

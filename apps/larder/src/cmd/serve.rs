@@ -27,7 +27,7 @@ Generation runs on one engine thread: up to --max-batch requests decode together
 would be alone; more wait FIFO up to --queue-depth, then get 429. A request whose prompt plus max_tokens could \
 not fit in --kv-budget gets a 400 before generation. Prompts are rendered and tokenized off the engine thread \
 (large ones at a lower CPU priority), so a large prompt never stalls running streams. With --draft, every request \
-decodes speculatively and alone (the model still decides every token).\n\n\
+decodes speculatively, batched with the others like any request (the model still decides every token).\n\n\
 SIGINT/SIGTERM: stop accepting, let running requests finish within --shutdown-grace, end streams still running \
 with an error event and [DONE], exit 0.\n\n\
 Examples:\n  larder serve --model ./fixtures/qwen3_moe_tok\n  \
@@ -58,7 +58,7 @@ pub struct Args {
     /// Requests queued or running before the server answers 429 (1..=4096).
     #[arg(long, default_value_t = 16, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=4096))]
     queue_depth: u16,
-    /// Requests decoding together in one batched step (1..=256); more wait in the queue. Ignored with --draft.
+    /// Requests decoding together in one batched step (1..=256), drafting or not; more wait in the queue.
     #[arg(long, default_value_t = 8, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=256))]
     max_batch: u16,
     /// Memory all requests' sequence state (KV cache) may take together, e.g. 2GiB (default: half of what
@@ -188,7 +188,7 @@ fn default_state_quota(free: u64) -> u64 {
 
 /// `--trace`, checked before anything loads: an output path it may write
 /// (`larder_engine::output`), and a model with routed experts.
-fn trace(args: &Args) -> anyhow::Result<Option<larder_serve::trace::TraceConfig>> {
+fn trace(args: &Args) -> anyhow::Result<Option<larder_engine::TraceConfig>> {
     let Some(path) = args.trace.clone() else { return Ok(None) };
     let mut inputs = super::model_inputs(&args.model, &args.experts);
     if let Some(draft) = &args.draft_model {
@@ -198,7 +198,7 @@ fn trace(args: &Args) -> anyhow::Result<Option<larder_serve::trace::TraceConfig>
         inputs = inputs.folder("--state-dir", dir);
     }
     let output = super::trace::check_output(&path, args.output.overwrite, &inputs)?;
-    let sizes = super::doctor::model::inspect(&args.model)
+    let sizes = super::inspect_model(&args.model)
         .with_context(|| format!("--trace {}: reading the model's MoE shape", path.display()))?
         .sizes;
     if sizes.moe_layers == 0 {
@@ -208,7 +208,7 @@ fn trace(args: &Args) -> anyhow::Result<Option<larder_serve::trace::TraceConfig>
             args.model.display()
         );
     }
-    Ok(Some(larder_serve::trace::TraceConfig {
+    Ok(Some(larder_engine::TraceConfig {
         output,
         model: args.model.display().to_string(),
         expert_bytes: sizes.expert_bytes,

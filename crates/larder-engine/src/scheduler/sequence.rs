@@ -1,26 +1,29 @@
 //! One sequence the scheduler owns ([`Seq`]): its request, model state,
-//! sampler, stop filter, snapshots to return to and progress, how it is
-//! preempted (state dropped, to be fed again), how it samples a token and
+//! sampler, stop filter, snapshots to return to, drafter (when it decodes
+//! speculatively) and progress; how it is preempted (state dropped, to be
+//! fed again), how a chosen token is emitted, how it samples a token and
 //! how it ends.
 
-use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use larder_model::SequenceState;
+use larder_model::{RouteTrace, SequenceState, Wanted};
+use larder_store::StoreStats;
 
-use crate::return_points::ReturnPoints;
-
-use super::Job;
-use crate::conversation::{Outcome, RequestEvent, StopFilter};
+use super::speculation::Speculation;
 use crate::engine::{Engine, FinishReason};
+use crate::prefill::passes;
+use crate::request::{Job, Outcome, RequestEvent, RequestSink, StopFilter};
+use crate::return_points::ReturnPoints;
 use crate::sampling::Sampler;
-use crate::stats::Stats;
+use crate::stats::{ExpertStats, Stats};
 use crate::tokenizer::StreamDecoder;
 
 /// One admitted or queued sequence.
-pub(super) struct Seq {
+pub(super) struct Seq<'e> {
     pub id: u64,
-    pub job: Job,
+    pub prompt: Vec<u32>,
+    pub stop_at_eos: bool,
+    pub sink: Box<dyn RequestSink + 'e>,
     pub max_new: usize,
     pub state: SequenceState,
     /// Snapshots of `state` to return to (only when it cannot roll back).
@@ -28,8 +31,12 @@ pub(super) struct Seq {
     pub sampler: Sampler,
     pub stops: StopFilter,
     pub decoder: StreamDecoder,
+    /// Speculative decoding, when the request has a drafter.
+    pub spec: Option<Speculation>,
+    /// The routes it records ([`Job::record_routes`]).
+    pub routes: Option<RouteTrace>,
     /// Tokens to run through the model before the next sample: the prompt,
-    /// or after a preemption the prompt and every generated id.
+    /// or after a preemption the prompt and the generated ids.
     pub feed: Vec<u32>,
     /// Tokens of `feed` already in `state`.
     pub fed: usize,
@@ -39,6 +46,8 @@ pub(super) struct Seq {
     pub text: String,
     pub started: Instant,
     pub stats: Stats,
+    /// The expert store's counters when it was admitted (streamed experts).
+    pub store_before: Option<StoreStats>,
     pub decode_steps: usize,
     /// Its place in the order of admissions (a readmission takes a new one).
     pub admitted: u64,
@@ -46,12 +55,55 @@ pub(super) struct Seq {
     pub preemptions: usize,
 }
 
-impl Seq {
-    /// Rows it adds to the state in the next forward pass.
+impl<'e> Seq<'e> {
+    /// A queued sequence for `job` (checked), allowed `max_new` tokens.
+    pub fn new(id: u64, job: Job, sink: Box<dyn RequestSink + 'e>, max_new: usize, sampler: Sampler, stops: StopFilter) -> Self {
+        let Job {
+            prompt,
+            options,
+            drafter,
+            record_routes,
+            ..
+        } = job;
+        Seq {
+            id,
+            feed: prompt.clone(),
+            stats: Stats {
+                prompt_tokens: prompt.len(),
+                ..Stats::default()
+            },
+            prompt,
+            stop_at_eos: options.stop_at_eos,
+            sink,
+            max_new,
+            // Made at admission: a queued request holds no state (a
+            // recurrent layer's would take its fixed size at once).
+            state: SequenceState::default(),
+            points: ReturnPoints::new(),
+            sampler,
+            stops,
+            decoder: StreamDecoder::new(),
+            spec: drafter.map(|d| Speculation::new(d, options.draft_max)),
+            routes: record_routes.map(RouteTrace::with_lookahead),
+            fed: 0,
+            next: None,
+            ids: Vec::new(),
+            text: String::new(),
+            started: Instant::now(),
+            store_before: None,
+            decode_steps: 0,
+            admitted: 0,
+            preemptions: 0,
+        }
+    }
+
+    /// Rows it adds to the state in the next forward pass: its pending token
+    /// and this step's drafts when decoding, else the next prefill pass of
+    /// its feed (the remaining feed cut into equal passes of at most `chunk`).
     pub fn rows(&self, chunk: usize) -> usize {
         match self.next {
-            Some(_) => 1,
-            None => chunk.min(self.feed.len() - self.fed),
+            Some(_) => 1 + self.spec.as_ref().map_or(0, |s| s.drafts().len()),
+            None => passes(self.feed.len() - self.fed, chunk).first().copied().unwrap_or(0),
         }
     }
 
@@ -60,7 +112,7 @@ impl Seq {
     /// request sharing the prompt returns to (crate::return_points).
     /// `None` for a state that rolls back, or a one-token prompt.
     pub fn return_point(&self) -> Option<usize> {
-        let point = self.job.prompt.len() - 1;
+        let point = self.prompt.len() - 1;
         (!self.state.can_rollback() && point > 0).then_some(point)
     }
 
@@ -74,14 +126,17 @@ impl Seq {
         (here && !self.points.lengths().contains(&p)).then(|| p - self.fed)
     }
 
-    /// The ids of its next forward pass, and whether its last row's logits
-    /// are wanted (the feed is then all fed).
-    pub fn input(&self, chunk: usize) -> (Vec<u32>, bool) {
+    /// The ids of its next forward pass and the logits it wants back: every
+    /// row's for a verification pass, else the last row's.
+    pub fn input(&self, chunk: usize) -> (Vec<u32>, Wanted) {
         match self.next {
-            Some(t) => (vec![t], true),
+            Some(t) => match self.spec.as_ref().map(Speculation::drafts).filter(|d| !d.is_empty()) {
+                Some(drafts) => (std::iter::once(t).chain(drafts.iter().copied()).collect(), Wanted::All),
+                None => (vec![t], Wanted::Last),
+            },
             None => {
                 let end = self.fed + self.rows(chunk);
-                (self.feed[self.fed..end].to_vec(), end == self.feed.len())
+                (self.feed[self.fed..end].to_vec(), Wanted::Last)
             }
         }
     }
@@ -91,18 +146,39 @@ impl Seq {
         self.preemptions > 0
     }
 
-    /// Drops its state (`fresh`, an empty one, takes its place) so that it
-    /// feeds the prompt and every generated id again when readmitted; its
-    /// sampler, stop filter and stream decoder stay as they are, so the
-    /// logits of the re-fed last id are those its next decode step would
-    /// have computed, and it samples on as if never stopped.
+    /// Drops its state (`fresh`, an empty one, takes its place) so that,
+    /// readmitted, it feeds its prompt and generated ids again; its sampler,
+    /// stop filter, stream decoder and drafter stay as they are. A plain
+    /// sequence feeds every generated id and samples from the last row's
+    /// logits (what its next decode step would have computed); a drafting
+    /// one feeds all but its pending token, which it then verifies with
+    /// drafts as it would have: either way it goes on as if never stopped.
     pub fn preempt(&mut self, fresh: SequenceState) {
         self.state = fresh;
         self.points.clear();
-        self.feed = self.job.prompt.iter().chain(&self.ids).copied().collect();
+        let resent = match (&self.spec, self.ids.len()) {
+            (Some(_), n) if n > 0 => n - 1,
+            (_, n) => n,
+        };
+        self.feed = self.prompt.iter().chain(&self.ids[..resent]).copied().collect();
+        if let Some(spec) = &mut self.spec {
+            spec.discard();
+        }
         self.fed = 0;
         self.next = None;
         self.preemptions += 1;
+    }
+
+    /// After a pass that fed the last of its feed: a drafting sequence fed
+    /// again after a preemption takes its pending token back (`true`);
+    /// anything else (a decode pass, a plain sequence, a prompt's last pass)
+    /// samples from the pass's logits (`false`).
+    pub fn resume_pending(&mut self) -> bool {
+        if self.next.is_some() || self.spec.is_none() || self.ids.is_empty() {
+            return false;
+        }
+        self.next = self.ids.last().copied();
+        true
     }
 
     /// Records a forward pass of `secs` that fed `rows` rows.
@@ -125,38 +201,55 @@ impl Seq {
         }
     }
 
-    /// Whether its cancel flag is set.
+    /// Whether it was cancelled from elsewhere (its sink says so).
     pub fn cancelled(&self) -> bool {
-        self.job.cancel.as_ref().is_some_and(|c| c.load(Ordering::Relaxed))
+        self.sink.cancelled()
+    }
+
+    /// Records chosen token `t`: the text it releases goes to the sink; says
+    /// why it ends there (a stop string, cancelled, EOS, `max_new`), if it does.
+    pub fn emit(&mut self, engine: &Engine, t: u32) -> Option<FinishReason> {
+        self.ids.push(t);
+        if self.ids.len() == 1 {
+            self.stats.time_to_first_token_s = self.started.elapsed().as_secs_f64();
+        }
+        let piece = match engine.tokenizer() {
+            Ok(tok) => self.decoder.push(tok, t).ok().flatten().unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let (shown, hit) = self.stops.push(&piece);
+        self.text.push_str(&shown);
+        let go = self.sink.event(RequestEvent::Token { id: t, text: &shown });
+        if hit {
+            return Some(FinishReason::Stop);
+        }
+        if !go || self.cancelled() {
+            return Some(FinishReason::Cancelled);
+        }
+        if self.stop_at_eos && engine.generation_config().eos_token_ids.contains(&t) {
+            return Some(FinishReason::Stop);
+        }
+        (self.ids.len() >= self.max_new).then_some(FinishReason::Length)
+    }
+
+    /// Whether the context has no room for its pending token.
+    pub fn context_full(&self, engine: &Engine) -> bool {
+        self.state.len() + 1 > engine.model().spec().max_position_embeddings
     }
 }
 
 /// Samples `s`'s next token from `logits` as the single-sequence loop does;
 /// returns why it ends, or `None` to go on with the token as its next input.
-pub(super) fn sample_one(engine: &Engine, s: &mut Seq, logits: &[f32]) -> Option<FinishReason> {
+pub(super) fn sample_one(engine: &Engine, s: &mut Seq<'_>, logits: &[f32]) -> Option<FinishReason> {
     let next = s.sampler.sample(logits);
-    s.ids.push(next);
-    if s.ids.len() == 1 {
-        s.stats.time_to_first_token_s = s.started.elapsed().as_secs_f64();
+    // A decode pass without drafts (not the prompt's last pass).
+    if let (Some(spec), Some(_)) = (&mut s.spec, s.next) {
+        spec.plain_step();
     }
-    let piece = match engine.tokenizer() {
-        Ok(t) => s.decoder.push(t, next).ok().flatten().unwrap_or_default(),
-        Err(_) => String::new(),
-    };
-    let (shown, hit) = s.stops.push(&piece);
-    s.text.push_str(&shown);
-    let go = s.job.sink.event(RequestEvent::Token { id: next, text: &shown });
-    if hit {
-        return Some(FinishReason::Stop);
+    if let Some(reason) = s.emit(engine, next) {
+        return Some(reason);
     }
-    if !go || s.cancelled() {
-        return Some(FinishReason::Cancelled);
-    }
-    if s.job.options.stop_at_eos && engine.generation_config().eos_token_ids.contains(&next) {
-        return Some(FinishReason::Stop);
-    }
-    let max_ctx = engine.model().spec().max_position_embeddings;
-    if s.ids.len() == s.max_new || s.state.len() + 1 > max_ctx {
+    if s.context_full(engine) {
         return Some(FinishReason::Length);
     }
     s.next = Some(next);
@@ -166,25 +259,36 @@ pub(super) fn sample_one(engine: &Engine, s: &mut Seq, logits: &[f32]) -> Option
 /// Ends `s`: releases held text, sends `Finished`; returns the tokens its
 /// state holds (one per position), the state and its snapshots, for the
 /// prefix cache.
-pub(super) fn finish(mut s: Seq, reason: FinishReason) -> (Vec<u32>, SequenceState, ReturnPoints) {
+pub(super) fn finish(engine: &Engine, mut s: Seq<'_>, reason: FinishReason) -> (Vec<u32>, SequenceState, ReturnPoints) {
     let tail = s.stops.finish();
     if !tail.is_empty() {
         s.text.push_str(&tail);
-        s.job.sink.event(RequestEvent::Text(&tail));
+        s.sink.event(RequestEvent::Text(&tail));
     }
     s.stats.new_tokens = s.ids.len();
-    s.stats.finish(s.decode_steps);
+    match s.spec.take() {
+        // Tokens after the first per second of target forwards (several per verification pass).
+        Some(spec) => {
+            s.stats.finish(s.ids.len().saturating_sub(1));
+            s.stats.speculative = Some(spec.into_stats());
+        }
+        None => s.stats.finish(s.decode_steps),
+    }
     s.stats.record_state(&s.state, s.points.bytes());
+    if let (Some(store), Some(before)) = (engine.store(), &s.store_before) {
+        s.stats.experts = Some(ExpertStats::from_store(store.backend().name(), &store.stats().since(before)));
+    }
     let outcome = Outcome {
         finish_reason: reason,
         stop_string: s.stops.matched().map(str::to_string),
-        prompt_tokens: s.job.prompt.len(),
+        prompt_tokens: s.prompt.len(),
         cached_tokens: s.stats.cached_tokens,
         ids: std::mem::take(&mut s.ids),
         text: std::mem::take(&mut s.text),
         stats: s.stats.clone(),
+        routes: s.routes.take(),
     };
-    s.job.sink.event(RequestEvent::Finished(&outcome));
-    let tokens = s.job.prompt.iter().chain(&outcome.ids).copied().take(s.state.len()).collect();
+    s.sink.event(RequestEvent::Finished(&outcome));
+    let tokens = s.prompt.iter().chain(&outcome.ids).copied().take(s.state.len()).collect();
     (tokens, s.state, s.points)
 }

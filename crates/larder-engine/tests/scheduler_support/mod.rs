@@ -1,7 +1,8 @@
 //! What the scheduler tests share: request scenarios ([`Spec`]), a request
-//! run alone through `Conversation::run` ([`solo`]), a scenario run through a
-//! [`Scheduler`] step by step with its invariants checked after every step
-//! ([`batched`]), and the comparison of the two ([`check_model`]).
+//! run alone through `Engine::run` ([`solo`]: a scheduler of its own, one
+//! sequence, no prefix cache), a scenario run through a [`Scheduler`] step
+//! by step with its invariants checked after every step ([`batched`]), and
+//! the comparison of the two ([`check_model`]).
 
 #![allow(dead_code)]
 
@@ -11,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use larder_engine::{
-    Conversation, Drafting, Engine, ExpertMode, FinishReason, GenerateOptions, Job, LoadOptions, Outcome, Request, RequestEvent,
+    Drafting, Engine, EngineError, ExpertMode, FinishReason, GenerateOptions, Job, LoadOptions, Outcome, RequestEvent, RequestSink,
     SamplingParams, Scheduler, SchedulerConfig,
 };
 use larder_store::pack::pack;
@@ -62,6 +63,8 @@ pub struct Spec {
     /// Its cancel flag is set right after a step that preempted it (it is
     /// then queued with no state).
     pub cancel_when_preempted: bool,
+    /// Its drafter (speculative decoding; `None`: plain decoding).
+    pub drafting: Option<Drafting>,
 }
 
 impl Spec {
@@ -102,6 +105,7 @@ pub fn spec(prompt: Vec<u32>, max_new: usize, temperature: f32, seed: u64, arriv
         sink_cancel_after: None,
         flag_at: None,
         cancel_when_preempted: false,
+        drafting: None,
     }
 }
 
@@ -119,58 +123,80 @@ pub fn specs() -> Vec<Spec> {
     v
 }
 
-/// A request alone through `Conversation::run` (sink cancels as the spec says).
-pub fn solo(engine: &Engine, s: &Spec) -> Outcome {
-    let o = options(s);
-    let request = Request {
-        prompt: &s.prompt,
-        options: &o,
-        stop: &s.stop,
-        drafting: &Drafting::off(),
-        cancel: None,
-    };
-    let mut n = 0;
-    let mut conv = Conversation::new(engine);
-    conv.run(engine, &request, &mut |e: RequestEvent<'_>| {
-        if let RequestEvent::Token { .. } = e {
-            n += 1;
-        }
-        s.sink_cancel_after.is_none_or(|c| n < c)
-    })
-    .unwrap()
-}
-
-pub type Results = Arc<Mutex<Vec<Option<(Outcome, String)>>>>;
-
-/// `s` as a scheduler job whose outcome and streamed text land in `results[slot]`;
-/// its sink checks it saw one `Token` event per new id.
-pub fn job(s: &Spec, slot: usize, results: &Results, cancel: Arc<AtomicBool>) -> Job {
-    let results = results.clone();
-    let cancel_after = s.sink_cancel_after;
-    let mut n = 0;
-    let mut streamed = String::new();
+/// `s` as a job (its drafter made fresh).
+pub fn job_of(s: &Spec) -> Job {
     Job {
         prompt: s.prompt.clone(),
         options: options(s),
         stop: s.stop.clone(),
-        cancel: Some(cancel),
-        sink: Box::new(move |e: RequestEvent<'_>| match e {
+        drafter: s.drafting.as_ref().and_then(|d| d.drafter().unwrap()),
+        ..Job::default()
+    }
+}
+
+/// A request alone through `Engine::run` (its sink cancels as the spec says).
+pub fn solo(engine: &Engine, s: &Spec) -> Outcome {
+    let mut n = 0;
+    let mut sink = |e: RequestEvent<'_>| {
+        if let RequestEvent::Token { .. } = e {
+            n += 1;
+        }
+        s.sink_cancel_after.is_none_or(|c| n < c)
+    };
+    engine.run(job_of(s), &mut sink).unwrap()
+}
+
+pub type Results = Arc<Mutex<Vec<Option<(Outcome, String)>>>>;
+
+/// The sink of a scenario's request: collects its streamed text and
+/// outcome into `results[slot]`, checks it saw one `Token` event per new
+/// id, cancels after `cancel_after` tokens or when `flag` is set.
+struct SpecSink {
+    slot: usize,
+    results: Results,
+    cancel_after: Option<usize>,
+    flag: Arc<AtomicBool>,
+    tokens: usize,
+    streamed: String,
+}
+
+impl RequestSink for SpecSink {
+    fn event(&mut self, e: RequestEvent<'_>) -> bool {
+        match e {
             RequestEvent::Token { text, .. } => {
-                n += 1;
-                streamed.push_str(text);
-                cancel_after.is_none_or(|c| n < c)
+                self.tokens += 1;
+                self.streamed.push_str(text);
+                self.cancel_after.is_none_or(|c| self.tokens < c)
             }
             RequestEvent::Text(t) => {
-                streamed.push_str(t);
+                self.streamed.push_str(t);
                 true
             }
             RequestEvent::Finished(o) => {
-                assert_eq!(n, o.ids.len(), "request {slot}: one token event per new id");
-                results.lock().unwrap()[slot] = Some((o.clone(), std::mem::take(&mut streamed)));
+                assert_eq!(self.tokens, o.ids.len(), "request {}: one token event per new id", self.slot);
+                self.results.lock().unwrap()[self.slot] = Some((o.clone(), std::mem::take(&mut self.streamed)));
                 true
             }
-        }),
+        }
     }
+
+    fn cancelled(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+    }
+}
+
+/// Submits `s` to `sched`, its outcome and streamed text landing in
+/// `results[slot]`, cancelled when `cancel` is set.
+pub fn submit(sched: &mut Scheduler<'_>, s: &Spec, slot: usize, results: &Results, cancel: Arc<AtomicBool>) -> Result<u64, EngineError> {
+    let sink = SpecSink {
+        slot,
+        results: results.clone(),
+        cancel_after: s.sink_cancel_after,
+        flag: cancel,
+        tokens: 0,
+        streamed: String::new(),
+    };
+    sched.submit(job_of(s), Box::new(sink))
 }
 
 /// What a scenario run through a scheduler gave.
@@ -194,7 +220,7 @@ pub fn batched(engine: &Engine, specs: &[Spec], config: SchedulerConfig) -> Batc
     while step < 1000 {
         for (i, s) in specs.iter().enumerate() {
             if s.arrive == step {
-                slots.insert(sched.submit(job(s, i, &results, flags[i].clone())).unwrap(), i);
+                slots.insert(submit(&mut sched, s, i, &results, flags[i].clone()).unwrap(), i);
             }
             if s.flag_at == Some(step) {
                 flags[i].store(true, Ordering::Relaxed);
@@ -278,7 +304,7 @@ pub fn check_model(engine: &Engine, label: &str, specs: &[Spec]) {
 /// every step and that no state is left when idle; returns its outcome.
 pub fn run_one(sched: &mut Scheduler<'_>, s: &Spec, budget: Option<usize>) -> Outcome {
     let results: Results = Arc::new(Mutex::new(vec![None]));
-    sched.submit(job(s, 0, &results, Arc::new(AtomicBool::new(false)))).unwrap();
+    submit(sched, s, 0, &results, Arc::new(AtomicBool::new(false))).unwrap();
     while !sched.is_idle() {
         let report = sched.step();
         assert!(report.failed.is_empty(), "{:?}", report.failed);

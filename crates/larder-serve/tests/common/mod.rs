@@ -9,7 +9,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use larder_engine::{Conversation, Drafting, Engine, GenerateOptions, Request, RequestEvent};
+use larder_engine::{Engine, GenerateOptions, Job, RequestEvent};
 use serde_json::Value;
 
 pub fn fixture(name: &str) -> PathBuf {
@@ -156,18 +156,16 @@ pub fn long_model(tag: &str) -> PathBuf {
     dir
 }
 
-/// The text `engine` generates for `prompt` alone (one `Conversation`, no
+/// The text `engine` generates for `prompt` alone (`Engine::run`, no
 /// drafting): what the same request must stream when batched with others.
 pub fn solo_text(engine: &Engine, prompt: &[u32], options: &GenerateOptions, stop: &[String]) -> String {
-    let request = Request {
-        prompt,
-        options,
-        stop,
-        drafting: &Drafting::off(),
-        cancel: None,
+    let job = Job {
+        prompt: prompt.to_vec(),
+        options: options.clone(),
+        stop: stop.to_vec(),
+        ..Job::default()
     };
-    let mut conv = Conversation::new(engine);
-    conv.run(engine, &request, &mut |_: RequestEvent<'_>| true).unwrap().text
+    engine.run(job, &mut |_: RequestEvent<'_>| true).unwrap().text
 }
 
 /// Posts every body to `path` at once (one thread each) and checks each

@@ -1,23 +1,26 @@
-//! `larder serve --trace FILE`: the routes of every forward pass the engine
-//! thread runs, kept in a [`RouteLog`] (each row tagged with its request and
-//! position) and written to FILE as a route trace (JSON Lines, atomically:
-//! a `.partial` file renamed when complete; FILE was checked before the
-//! server started, `larder_engine::output`) whenever the engine goes idle,
-//! at most every [`WRITE_EVERY`] while it stays busy, and once more when the
-//! engine thread ends. So after the last request finishes, FILE holds every
-//! pass so far, and a reader never sees a half-written file.
+//! The handle's route-trace file (`larder serve --trace FILE`): the routes
+//! of every forward pass the engine thread runs, kept in a [`RouteLog`]
+//! (each row tagged with its request's scheduler id, position and phase)
+//! and written to FILE as a route trace (JSON Lines, atomically: a
+//! `.partial` file renamed when complete; FILE was checked before the
+//! engine started, [`crate::output`]) whenever the engine goes idle, at most
+//! every [`WRITE_EVERY`] while it stays busy, and once more when the engine
+//! thread ends. So after the last request finishes, FILE holds every pass so
+//! far, and a reader never sees a half-written file.
 //!
 //! Batched requests share passes: a pass's `pass` number is the same for all
-//! its rows, and `seq` is the request's scheduler id. With a drafter each
-//! request runs alone; its rows are numbered from the first position it
-//! computed (after any reused prefix), drafted rows included.
+//! its rows. A drafting request's verification passes are recorded with
+//! their drafted rows (at the positions they were tried at).
 //!
 //! The log grows with every token served (a few hundred bytes per token);
 //! it is for measurement sessions, not for a server left running for weeks.
 
 use std::time::{Duration, Instant};
 
-use larder_engine::{Engine, OutputFile, RouteLog};
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::output::OutputFile;
+use crate::route_log::RouteLog;
 
 /// How often a busy engine rewrites the trace file at most.
 pub const WRITE_EVERY: Duration = Duration::from_secs(10);
@@ -25,7 +28,7 @@ pub const WRITE_EVERY: Duration = Duration::from_secs(10);
 /// Where and how to record routes (`--trace`).
 #[derive(Debug, Clone)]
 pub struct TraceConfig {
-    /// The trace file, checked before the server starts (it may replace only
+    /// The trace file, checked before the engine starts (it may replace only
     /// a trace, and one already there only with `--overwrite`).
     pub output: OutputFile,
     /// Where the model was loaded from (the trace header's `model`).
@@ -37,7 +40,7 @@ pub struct TraceConfig {
 }
 
 /// The trace file and when it was last written.
-pub(crate) struct TraceFile {
+pub(super) struct TraceFile {
     config: TraceConfig,
     written_tokens: usize,
     written_at: Instant,
@@ -64,19 +67,24 @@ impl TraceFile {
     }
 
     /// Writes `log` when it has grown since the last write and the engine is
-    /// `idle` or [`WRITE_EVERY`] has passed.
+    /// `idle` or [`WRITE_EVERY`] has passed; a failure is logged (serving
+    /// goes on).
     pub fn maybe_write(&mut self, log: &RouteLog, idle: bool) {
         if log.tokens() != self.written_tokens && (idle || self.written_at.elapsed() >= WRITE_EVERY) {
-            self.write(log);
+            if let Err(e) = self.write(log) {
+                tracing::error!("{e}");
+            }
         }
     }
 
-    /// Writes `log` now; a failure is logged (serving goes on).
-    pub fn write(&mut self, log: &RouteLog) {
-        match log.write(&mut self.config.output) {
-            Ok(()) => self.written_tokens = log.tokens(),
-            Err(e) => tracing::error!("{e}"),
-        }
+    /// Writes `log` now.
+    pub fn write(&mut self, log: &RouteLog) -> Result<(), EngineError> {
         self.written_at = Instant::now();
+        log.write(&mut self.config.output).map_err(|e| EngineError::Invalid {
+            field: "trace",
+            message: e.to_string(),
+        })?;
+        self.written_tokens = log.tokens();
+        Ok(())
     }
 }

@@ -1,46 +1,44 @@
-//! Conversations and the request loop both `larder run` and `larder serve`
-//! go through.
+//! What a request is and what it reports, for every way of running one
+//! (the [`Scheduler`](crate::Scheduler), [`Engine::run`] on the caller's
+//! thread, the [`EngineHandle`](crate::EngineHandle) on the engine thread).
 //!
-//! A [`Conversation`] is one sequence: the tokens fed to the model so far and
-//! the model's state for them. A request continues from the longest common
-//! token prefix with what the conversation already holds (prefix reuse: only
-//! the rest of the prompt is prefilled; batch invariance makes the output
-//! bit-identical to a fresh run) and reports how many prompt tokens it reused.
-//! A state that cannot roll back (a recurrent layer, Kimi Linear) returns to
-//! the nearest snapshot it kept at or before that prefix: at the end of each
-//! turn and before each prompt's last token ([`crate::return_points`]).
-//!
-//! [`Conversation::run`] takes a [`Request`] (prompt ids, [`GenerateOptions`],
-//! stop strings, a [`Drafting`], a cancel flag) and streams [`RequestEvent`]s
-//! to a [`RequestSink`]: each token with the text now safe to show (stop
-//! strings removed, text held back while it may still start one), the text
-//! released at the end, then the [`Outcome`] (finish reason, usage, stats).
-//! The sink cancels by returning `false`. [`Engine::check_prompt`] is the
-//! context-length check a request passes before it starts.
+//! A [`Job`] says what to generate: prompt ids, [`GenerateOptions`], stop
+//! strings, an optional drafter (speculative decoding) and whether to record
+//! its routes. While it runs it streams [`RequestEvent`]s to a
+//! [`RequestSink`]: each token with the text now safe to show (stop strings
+//! removed, text held back while it may still start one), the text released
+//! at the end, then the [`Outcome`] (finish reason, usage, stats). The sink
+//! cancels by returning `false`, or from anywhere through
+//! [`RequestSink::cancelled`]. [`Engine::check_prompt`] is the
+//! context-length check a request passes before it starts; [`StopFilter`]
+//! cuts stop strings out of streamed text.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use larder_model::RouteTrace;
+use larder_spec::Drafter;
 
-use larder_model::{RouteTrace, SequenceState};
-
-use crate::drafting::Drafting;
 use crate::engine::{Engine, FinishReason, GenerateOptions};
 use crate::error::EngineError;
-use crate::return_points::ReturnPoints;
 use crate::stats::Stats;
-use crate::tokenizer::StreamDecoder;
 
-/// One request to run in a conversation.
-#[derive(Clone, Copy)]
-pub struct Request<'a> {
-    pub prompt: &'a [u32],
-    pub options: &'a GenerateOptions,
+/// One request: what to generate (owned and `Send`: it may be handed to the
+/// engine thread).
+#[derive(Default)]
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
     /// Generation stops where any of these appears in the text; the stop
     /// string and what follows are not shown.
-    pub stop: &'a [String],
-    /// Speculative decoding (off by default).
-    pub drafting: &'a Drafting,
-    /// Set from anywhere to stop at the next token.
-    pub cancel: Option<&'a AtomicBool>,
+    pub stop: Vec<String>,
+    /// Speculative decoding: a fresh drafter for this request (`None`: plain
+    /// decoding). [`Drafting::drafter`](crate::Drafting::drafter) makes one
+    /// from a user's choice. The model verifies every drafted token, so only
+    /// speed changes (greedy ids are identical; sampling keeps its
+    /// distribution, reproducible per seed).
+    pub drafter: Option<Box<dyn Drafter>>,
+    /// Record the routes of every position this request computes (prompt
+    /// rest, decode, drafted rows), with router lookahead to this many MoE
+    /// layers, into [`Outcome::routes`] (`None`: no recording).
+    pub record_routes: Option<usize>,
 }
 
 /// What a running request reports.
@@ -58,6 +56,12 @@ pub enum RequestEvent<'a> {
 /// Receives a request's events; returns `false` to cancel it.
 pub trait RequestSink {
     fn event(&mut self, event: RequestEvent<'_>) -> bool;
+
+    /// Whether the request was cancelled from elsewhere (a client that left,
+    /// a flag): asked before every step, queued or running. Never, by default.
+    fn cancelled(&self) -> bool {
+        false
+    }
 }
 
 impl<F: FnMut(RequestEvent<'_>) -> bool> RequestSink for F {
@@ -78,130 +82,13 @@ pub struct Outcome {
     /// The stop string that ended generation, if one did.
     pub stop_string: Option<String>,
     pub prompt_tokens: usize,
-    /// Prompt tokens whose state was reused from the conversation.
+    /// Prompt tokens whose state was reused from a kept conversation.
     pub cached_tokens: usize,
     pub stats: Stats,
-}
-
-/// A sequence: the tokens fed to the model and the model's state for them.
-pub struct Conversation {
-    tokens: Vec<u32>,
-    state: SequenceState,
-    /// Snapshots to return to when the state cannot roll back (recurrent layers).
-    points: ReturnPoints,
-}
-
-impl Conversation {
-    /// An empty conversation for `engine`'s model.
-    pub fn new(engine: &Engine) -> Self {
-        Conversation {
-            tokens: Vec::new(),
-            state: engine.model().new_state(),
-            points: ReturnPoints::new(),
-        }
-    }
-
-    /// The tokens whose state the conversation holds.
-    pub fn tokens(&self) -> &[u32] {
-        &self.tokens
-    }
-
-    /// Bytes of model state the conversation holds (its snapshots included).
-    pub fn state_bytes(&self) -> usize {
-        self.state.bytes() + self.points.bytes()
-    }
-
-    /// Lengths (positions) of the snapshots kept to return to, ascending:
-    /// none for a model whose state rolls back (see [`crate::return_points`]).
-    pub fn return_points(&self) -> Vec<usize> {
-        self.points.lengths()
-    }
-
-    /// How many leading tokens of `prompt` the conversation already holds.
-    pub fn common_prefix(&self, prompt: &[u32]) -> usize {
-        self.tokens.iter().zip(prompt).take_while(|(a, b)| a == b).count()
-    }
-
-    /// Runs `request`, continuing from the longest common prefix, streaming
-    /// events to `sink`. Afterwards the conversation holds the prompt and
-    /// the new tokens fed to the model (on an error it is emptied).
-    pub fn run(&mut self, engine: &Engine, request: &Request, sink: &mut dyn RequestSink) -> Result<Outcome, EngineError> {
-        self.run_traced(engine, request, sink, None)
-    }
-
-    /// [`run`](Self::run), recording the routes of every position this turn
-    /// computes (prompt rest and decode, with lookahead as `trace` asks) into
-    /// `trace`.
-    pub fn run_traced(
-        &mut self,
-        engine: &Engine,
-        request: &Request,
-        sink: &mut dyn RequestSink,
-        trace: Option<&mut RouteTrace>,
-    ) -> Result<Outcome, EngineError> {
-        let result = self.run_inner(engine, request, sink, trace);
-        if result.is_err() {
-            *self = Conversation::new(engine);
-        }
-        result
-    }
-
-    fn run_inner(
-        &mut self,
-        engine: &Engine,
-        request: &Request,
-        sink: &mut dyn RequestSink,
-        trace: Option<&mut RouteTrace>,
-    ) -> Result<Outcome, EngineError> {
-        let mut stops = StopFilter::new(request.stop)?;
-        let mut drafter = request.drafting.drafter()?;
-        let cached = self.common_prefix(request.prompt);
-        let tok = engine.tokenizer().ok();
-        let mut decoder = StreamDecoder::new();
-        let mut text = String::new();
-        let mut stop_hit = false;
-        let mut on_token = |id: u32| {
-            let piece = match tok {
-                Some(t) => decoder.push(t, id).ok().flatten().unwrap_or_default(),
-                None => String::new(),
-            };
-            let (shown, hit) = stops.push(&piece);
-            text.push_str(&shown);
-            let go = sink.event(RequestEvent::Token { id, text: &shown });
-            if hit {
-                stop_hit = true;
-                return false;
-            }
-            go && !request.cancel.is_some_and(|c| c.load(Ordering::Relaxed))
-        };
-        let g = engine.generate_in(
-            request.prompt,
-            &mut self.state,
-            Some(&mut self.points),
-            cached,
-            request.options,
-            &mut on_token,
-            trace,
-            drafter.as_mut().map(|d| &mut **d as &mut dyn larder_spec::Drafter),
-        )?;
-        self.tokens = request.prompt.iter().chain(&g.ids).copied().take(self.state.len()).collect();
-        let tail = stops.finish();
-        if !tail.is_empty() {
-            text.push_str(&tail);
-            sink.event(RequestEvent::Text(&tail));
-        }
-        let outcome = Outcome {
-            finish_reason: if stop_hit { FinishReason::Stop } else { g.finish_reason },
-            stop_string: stops.matched.take(),
-            prompt_tokens: request.prompt.len(),
-            cached_tokens: g.stats.cached_tokens,
-            ids: g.ids,
-            text,
-            stats: g.stats,
-        };
-        sink.event(RequestEvent::Finished(&outcome));
-        Ok(outcome)
-    }
+    /// The routes it recorded ([`Job::record_routes`]), rows in the order
+    /// they were computed (prompt rest, then each decode or verification
+    /// pass, drafted rows included).
+    pub routes: Option<RouteTrace>,
 }
 
 impl Engine {

@@ -1,15 +1,17 @@
-//! The request loop `larder run` and `larder serve` share: ids through a
-//! conversation equal `Engine::generate`'s (greedy also with drafters), a
-//! request sharing a prefix with the previous one reuses its state and gives
-//! bit-identical output to a fresh run, stop strings spanning several tokens
-//! cut the text and the ids where they complete, cancellation stops at once,
-//! and the context check refuses what cannot fit.
+//! A request through the one generation path (`Engine::run`, and a
+//! scheduler's prefix cache for follow-up turns): ids equal
+//! `Engine::generate`'s (greedy also with drafters), a request sharing a
+//! prefix with a finished one reuses its state and gives bit-identical
+//! output to a fresh run, stop strings spanning several tokens cut the text
+//! and the ids where they complete, cancellation stops at once, and the
+//! context check refuses what cannot fit.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 use larder_engine::{
-    Conversation, DrafterChoice, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Outcome, Request, RequestEvent,
-    SamplingParams, StreamDecoder,
+    DrafterChoice, Drafting, Engine, EngineError, FinishReason, GenerateOptions, Job, Outcome, RequestEvent, RequestSink, SamplingParams,
+    Scheduler, SchedulerConfig, StreamDecoder,
 };
 
 mod common;
@@ -29,39 +31,52 @@ fn opts(max_new: usize, temperature: f32) -> GenerateOptions {
     }
 }
 
-/// Runs one request, collecting every streamed piece of text.
-fn run(
-    engine: &Engine,
-    conv: &mut Conversation,
-    prompt: &[u32],
-    o: &GenerateOptions,
-    stop: &[String],
-    drafting: &Drafting,
-) -> (Outcome, String) {
+fn job(prompt: &[u32], o: &GenerateOptions, stop: &[String], drafting: &Drafting) -> Job {
+    Job {
+        prompt: prompt.to_vec(),
+        options: o.clone(),
+        stop: stop.to_vec(),
+        drafter: drafting.drafter().unwrap(),
+        ..Job::default()
+    }
+}
+
+/// Runs one request alone, collecting every streamed piece of text.
+fn run(engine: &Engine, prompt: &[u32], o: &GenerateOptions, stop: &[String], drafting: &Drafting) -> (Outcome, String) {
     let mut streamed = String::new();
     let mut finished = 0;
-    let request = Request {
-        prompt,
-        options: o,
-        stop,
-        drafting,
-        cancel: None,
+    let mut sink = |e: RequestEvent<'_>| {
+        match e {
+            RequestEvent::Token { text, .. } | RequestEvent::Text(text) => streamed.push_str(text),
+            RequestEvent::Finished(_) => finished += 1,
+        }
+        true
     };
-    let out = conv
-        .run(engine, &request, &mut |e: RequestEvent<'_>| {
-            match e {
-                RequestEvent::Token { text, .. } | RequestEvent::Text(text) => streamed.push_str(text),
-                RequestEvent::Finished(_) => finished += 1,
-            }
-            true
-        })
-        .unwrap();
+    let out = engine.run(job(prompt, o, stop, drafting), &mut sink).unwrap();
     assert_eq!(finished, 1, "one Finished event, last");
     (out, streamed)
 }
 
+/// Runs one request through `sched` (whose prefix cache keeps finished ones).
+fn turn(sched: &mut Scheduler<'_>, prompt: &[u32], o: &GenerateOptions) -> Outcome {
+    let out = Arc::new(std::sync::Mutex::new(None));
+    let got = out.clone();
+    let sink = move |e: RequestEvent<'_>| {
+        if let RequestEvent::Finished(o) = e {
+            *got.lock().unwrap() = Some(o.clone());
+        }
+        true
+    };
+    sched.submit(job(prompt, o, &[], &Drafting::off()), Box::new(sink)).unwrap();
+    while !sched.is_idle() {
+        assert!(sched.step().failed.is_empty());
+    }
+    let done = out.lock().unwrap().take().expect("finished");
+    done
+}
+
 #[test]
-fn conversation_ids_equal_generate_with_and_without_drafters() {
+fn requests_equal_generate_with_and_without_drafters() {
     for name in ["qwen3_moe_tiny", "deepseek_v3_tiny"] {
         let engine = Engine::load(&fixture(name)).unwrap();
         for temperature in [0.0, 0.8] {
@@ -75,8 +90,7 @@ fn conversation_ids_equal_generate_with_and_without_drafters() {
             };
             for choice in choices {
                 let drafting = engine.drafting(&choice).unwrap();
-                let mut conv = Conversation::new(&engine);
-                let (out, _) = run(&engine, &mut conv, PROMPT, &o, &[], &drafting);
+                let (out, _) = run(&engine, PROMPT, &o, &[], &drafting);
                 assert_eq!(out.ids, plain.ids, "{name} t={temperature} {choice:?}");
                 assert_eq!(out.finish_reason, plain.finish_reason);
                 assert_eq!((out.prompt_tokens, out.cached_tokens), (PROMPT.len(), 0));
@@ -94,7 +108,7 @@ fn a_draft_model_is_resolved_once_and_keeps_greedy_output() {
     let choice = DrafterChoice::parse("off", Some(&fixture("mixtral_tiny"))).unwrap();
     let drafting = engine.drafting(&choice).unwrap();
     for _ in 0..2 {
-        let (out, _) = run(&engine, &mut Conversation::new(&engine), PROMPT, &o, &[], &drafting);
+        let (out, _) = run(&engine, PROMPT, &o, &[], &drafting);
         assert_eq!(out.ids, plain.ids);
     }
     let e = DrafterChoice::parse("model", None).unwrap_err().to_string();
@@ -112,26 +126,24 @@ fn a_shared_prefix_is_reused_and_output_is_bit_identical() {
         let engine = Engine::load(&fixture(name)).unwrap();
         for temperature in [0.0, 0.9] {
             let o = opts(10, temperature);
-            let mut conv = Conversation::new(&engine);
-            let (first, _) = run(&engine, &mut conv, PROMPT, &o, &[], &Drafting::off());
+            let mut sched = Scheduler::new(&engine, SchedulerConfig::default()).unwrap();
+            let first = turn(&mut sched, PROMPT, &o);
             assert_eq!(first.ids.len(), 10, "{name}");
-            // The conversation holds the prompt and every new token fed back (all but the last).
-            assert_eq!(conv.tokens().len(), PROMPT.len() + 9);
             // The next turn: the prompt, 4 of the answer's tokens, then new ones.
             let mut next: Vec<u32> = PROMPT.to_vec();
             next.extend(&first.ids[..4]);
             next.extend([17, 42, 99]);
-            let (again, _) = run(&engine, &mut conv, &next, &o, &[], &Drafting::off());
+            let again = turn(&mut sched, &next, &o);
             assert_eq!(again.cached_tokens, PROMPT.len() + 4, "{name}");
             assert_eq!(again.stats.cached_tokens, again.cached_tokens);
             let fresh = engine.generate(&next, &o, &mut |_| true).unwrap();
             assert_eq!(again.ids, fresh.ids, "{name} t={temperature}");
             // The same prompt again: everything but the last prompt token is reused.
-            let (same, _) = run(&engine, &mut conv, &next, &o, &[], &Drafting::off());
+            let same = turn(&mut sched, &next, &o);
             assert_eq!(same.cached_tokens, next.len() - 1);
             assert_eq!(same.ids, fresh.ids);
             // An unrelated prompt reuses nothing.
-            let (other, _) = run(&engine, &mut conv, &[5, 6, 7], &o, &[], &Drafting::off());
+            let other = turn(&mut sched, &[5, 6, 7], &o);
             assert_eq!(other.cached_tokens, 0);
             assert_eq!(other.ids, engine.generate(&[5, 6, 7], &o, &mut |_| true).unwrap().ids);
         }
@@ -174,7 +186,7 @@ fn stop_strings_spanning_tokens_cut_text_and_ids() {
         })
         .unwrap();
     let stops = vec!["never appears \u{1}".to_string(), stop.clone()];
-    let (out, streamed) = run(&engine, &mut Conversation::new(&engine), &prompt, &o, &stops, &Drafting::off());
+    let (out, streamed) = run(&engine, &prompt, &o, &stops, &Drafting::off());
     assert_eq!(out.text, full[..at], "stop {stop:?}");
     assert_eq!(streamed, out.text);
     assert_eq!(out.ids, plain.ids[..=upto]);
@@ -182,64 +194,63 @@ fn stop_strings_spanning_tokens_cut_text_and_ids() {
     assert_eq!(out.stop_string.as_deref(), Some(stop.as_str()));
     // A stop string that never appears: all the text, held-back text released at the end.
     let tail = format!("{}\u{1}", &full[full.len() - full.chars().last().unwrap().len_utf8()..]);
-    let (out, streamed) = run(&engine, &mut Conversation::new(&engine), &prompt, &o, &[tail], &Drafting::off());
+    let (out, streamed) = run(&engine, &prompt, &o, &[tail], &Drafting::off());
     assert_eq!((out.text.as_str(), streamed.as_str()), (full.as_str(), full.as_str()));
     assert_eq!(
         (out.ids, out.finish_reason, out.stop_string),
         (plain.ids, FinishReason::Length, None)
     );
-    let bad = Request {
-        prompt: &prompt,
-        options: &o,
-        stop: &[String::new()],
-        drafting: &Drafting::off(),
-        cancel: None,
-    };
-    let e = Conversation::new(&engine).run(&engine, &bad, &mut |_: RequestEvent<'_>| true);
+    let bad = job(&prompt, &o, &[String::new()], &Drafting::off());
+    let e = engine.run(bad, &mut |_: RequestEvent<'_>| true);
     assert!(matches!(e, Err(EngineError::Invalid { field: "stop", .. })), "{e:?}");
 }
 
+/// A sink that cancels its request from elsewhere: the flag it reads is set
+/// after its third token.
+struct CancelAfterThree {
+    seen: usize,
+    flag: AtomicBool,
+}
+
+impl RequestSink for CancelAfterThree {
+    fn event(&mut self, e: RequestEvent<'_>) -> bool {
+        if let RequestEvent::Token { .. } = e {
+            self.seen += 1;
+            if self.seen == 3 {
+                self.flag.store(true, Ordering::Relaxed);
+            }
+        }
+        true
+    }
+
+    fn cancelled(&self) -> bool {
+        self.flag.load(Ordering::Relaxed)
+    }
+}
+
 #[test]
-fn cancellation_stops_at_once_and_leaves_a_reusable_conversation() {
+fn cancellation_stops_at_once() {
     let engine = Engine::load(&fixture("qwen3_moe_tiny")).unwrap();
     let o = opts(30, 0.0);
     let plain = engine.generate(PROMPT, &o, &mut |_| true).unwrap();
-    let cancel = AtomicBool::new(false);
-    let mut conv = Conversation::new(&engine);
-    let drafting = Drafting::off();
-    let request = Request {
-        prompt: PROMPT,
-        options: &o,
-        stop: &[],
-        drafting: &drafting,
-        cancel: Some(&cancel),
+    let mut sink = CancelAfterThree {
+        seen: 0,
+        flag: AtomicBool::new(false),
     };
-    let mut seen = 0;
-    let out = conv
-        .run(&engine, &request, &mut |e: RequestEvent<'_>| {
-            if let RequestEvent::Token { .. } = e {
-                seen += 1;
-                if seen == 3 {
-                    cancel.store(true, Ordering::Relaxed);
-                }
-            }
-            true
-        })
-        .unwrap();
+    let out = engine.run(job(PROMPT, &o, &[], &Drafting::off()), &mut sink).unwrap();
     assert_eq!((out.ids.as_slice(), out.finish_reason), (&plain.ids[..3], FinishReason::Cancelled));
-    // The sink saying false cancels too.
-    let mut n = 0;
-    let quiet = Request { cancel: None, ..request };
-    let out = conv
-        .run(&engine, &quiet, &mut |e: RequestEvent<'_>| {
+    // The sink saying false cancels too, drafting or not.
+    for choice in [DrafterChoice::Off, DrafterChoice::Ngram] {
+        let drafting = engine.drafting(&choice).unwrap();
+        let mut n = 0;
+        let mut quiet = |e: RequestEvent<'_>| {
             n += usize::from(matches!(e, RequestEvent::Token { .. }));
             n < 5
-        })
-        .unwrap();
-    assert_eq!(out.ids, plain.ids[..5]);
-    assert_eq!(out.cached_tokens, PROMPT.len() - 1);
-    let (full, _) = run(&engine, &mut conv, PROMPT, &o, &[], &Drafting::off());
-    assert_eq!(full.ids, plain.ids);
+        };
+        let out = engine.run(job(PROMPT, &o, &[], &drafting), &mut quiet).unwrap();
+        assert_eq!(out.ids, plain.ids[..5], "{choice:?}");
+        assert_eq!(out.finish_reason, FinishReason::Cancelled);
+    }
 }
 
 #[test]
@@ -260,4 +271,8 @@ fn the_context_check_names_the_field() {
         engine.check_prompt(&[1, vocab], None),
         Err(EngineError::Invalid { field: "prompt", .. })
     ));
+    // A job asking past the context is refused before it runs.
+    let too_long = job(PROMPT, &opts(context, 0.0), &[], &Drafting::off());
+    let e = engine.run(too_long, &mut |_: RequestEvent<'_>| true);
+    assert!(matches!(e, Err(EngineError::Invalid { field: "max_tokens", .. })), "{e:?}");
 }
