@@ -1,7 +1,8 @@
 //! Fuzzes `config.json` through everything that sizes or loads a model from
 //! it: `larder_model::arch::read_spec` (every architecture); for a spec, the
 //! sizes `doctor` and `plan` estimate from a config.json alone
-//! (`larder_engine::plan::estimate_sizes`, the KV-cache bytes per token);
+//! (`larder_engine::estimate_sizes`: a recorded load; the
+//! KV-cache bytes per token);
 //! then, with the weights of the fixture checkpoint of its architecture
 //! beside the fuzzed config.json, the recorded load `doctor`, `plan`, `pack`
 //! and streaming make to find the routed experts
@@ -13,7 +14,7 @@
 
 use std::path::Path;
 
-use larder_engine::plan::{estimate_sizes, Storage};
+use larder_engine::{config_float_dtype, estimate_sizes};
 use larder_model::checkpoint::Checkpoint;
 use larder_model::{routed_expert_parts, DecoderModel, MlaCache, ModelSpec};
 use libfuzzer_sys::fuzz_target;
@@ -36,10 +37,8 @@ fn fixture_of(model_type: &str) -> Option<&'static str> {
 /// What `doctor` and `plan` compute from a config.json alone.
 fn estimate(spec: &ModelSpec) {
     for dtype in [Some("bfloat16"), Some("float32"), None] {
-        if let Ok(storage) = Storage::from_config(dtype, spec.fp8_block) {
-            for mxfp4 in [false, true] {
-                let _ = estimate_sizes(spec, storage.with_mxfp4_experts(mxfp4));
-            }
+        if let Ok(dtype) = config_float_dtype(dtype) {
+            let _ = estimate_sizes(spec, dtype);
         }
     }
     let _ = spec.kv_bytes_per_token(MlaCache::Compact);

@@ -1,8 +1,9 @@
 //! A model's shape and byte sizes, as every command that sizes a model
 //! (`doctor`, `plan`, `--ram-budget auto`, the memory check, `trace`) reads
 //! them: exact from a checkpoint's safetensors headers or a store's
-//! manifest, estimated from config.json's shapes and dtype when that is all
-//! there is ([`inspect`]).
+//! manifest; when config.json is all there is, estimated from the tensors
+//! the architecture's loader reads, at config.json's dtype
+//! ([`crate::tensor_sizes`]) ([`inspect`]).
 
 use std::path::{Path, PathBuf};
 
@@ -12,7 +13,8 @@ use larder_store::Manifest;
 use serde_json::{json, Value};
 
 use crate::error::EngineError;
-use crate::plan::{estimate_sizes, ModelSizes, Storage};
+use crate::plan::ModelSizes;
+use crate::tensor_sizes::{config_float_dtype, estimate_sizes};
 
 /// What a model path named.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,7 +77,7 @@ pub fn inspect(path: &Path) -> Result<ModelReport, EngineError> {
     };
     let spec = larder_model::arch::read_spec(&dir)?;
     let (kind, sizes) = if only_config {
-        (Kind::Config, estimate_sizes(&spec, storage(&dir, &spec)?))
+        (Kind::Config, estimate_sizes(&spec, float_dtype(&dir)?)?)
     } else if Manifest::is_store(&dir) {
         (Kind::Store, store_sizes(&dir, &spec)?)
     } else {
@@ -131,24 +133,19 @@ fn store_sizes(dir: &Path, spec: &ModelSpec) -> Result<ModelSizes, EngineError> 
     Ok(ModelSizes::exact(spec, spine, index.total_bytes()))
 }
 
-/// The storage dtype config.json declares (`torch_dtype` or `dtype`; fp8
-/// from the spec; gpt-oss MXFP4 experts from `quantization_config.quant_method`;
-/// compressed-tensors 4-bit experts are read from the spec by the estimate).
-fn storage(dir: &Path, spec: &ModelSpec) -> Result<Storage, EngineError> {
+/// The safetensors dtype of the float tensors config.json declares
+/// (`torch_dtype` or `dtype`); fp8 and 4-bit weights (compressed-tensors,
+/// gpt-oss MXFP4) are the spec's, which the recorded load follows.
+fn float_dtype(dir: &Path) -> Result<&'static str, EngineError> {
     let cfg = larder_model::config::ConfigJson::read(dir)?;
     let dtype = match cfg.opt_str("torch_dtype")? {
         Some(d) => Some(d),
         None => cfg.opt_str("dtype")?,
     };
-    let mxfp4 = cfg
-        .raw("quantization_config")
-        .and_then(|q| q.get("quant_method"))
-        .is_some_and(|m| m == "mxfp4");
-    let storage = Storage::from_config(dtype, spec.fp8_block).map_err(|e| EngineError::File {
+    config_float_dtype(dtype).map_err(|e| EngineError::File {
         path: cfg.path.clone(),
         message: e.to_string(),
-    })?;
-    Ok(storage.with_mxfp4_experts(mxfp4))
+    })
 }
 
 impl ModelReport {

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 
 use larder_model::arch::read_spec;
 use larder_model::checkpoint::Checkpoint;
-use larder_model::source::{RecordedRole, RecordedTensor};
 use larder_model::{DecoderModel, Recorder};
+use larder_model::{RecordedRole, RecordedTensor};
 
 /// Every model fixture (a folder with config.json and reference.json).
 fn model_fixtures() -> Vec<PathBuf> {

@@ -33,8 +33,7 @@ use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use larder_tensor::weight::SharedBytes;
-use larder_tensor::{WeightDType, WeightMatrix};
+use larder_tensor::{SharedBytes, WeightDType, WeightMatrix};
 
 use super::{ExpertTag, RawTensor, Weight, WeightRequest, WeightSource};
 use crate::assemble::{self, PartKind, PartLayout, ShippedAs, FLOAT_DTYPES};
@@ -78,7 +77,7 @@ pub struct RecordedTensor {
 }
 
 /// Whether a tensor ships (see [`Recorder::new`]).
-pub type Presence = dyn Fn(&str) -> bool + Send + Sync;
+pub(crate) type Presence = dyn Fn(&str) -> bool + Send + Sync;
 
 /// The quantization settings a [`WeightSource::configure`] call gives.
 #[derive(Default)]
@@ -130,6 +129,17 @@ impl Recorder {
     pub fn with_names(names: impl IntoIterator<Item = String>) -> Self {
         let names: HashSet<String> = names.into_iter().collect();
         Self::new(move |n| names.contains(n))
+    }
+
+    /// A recorder for a model known from config.json alone, whose optional
+    /// tensors ship as a checkpoint made from that config ships them: the
+    /// routers' selection bias (`e_score_correction_bias`) and gpt-oss's
+    /// fused experts (in the format the config says) do; a separate
+    /// `lm_head` of a tied model and the weights of output gates the config
+    /// switches off do not. What `synth` writes and what `doctor` and
+    /// `plan` estimate from a config.json.
+    pub fn for_config() -> Self {
+        Self::new(|n| n.ends_with(".e_score_correction_bias") || n.contains(".experts."))
     }
 
     /// A recorder for checkpoint `ckpt`: exactly its tensors ship, and each
@@ -195,6 +205,11 @@ impl Recorder {
         lock(&self.tensors).clone()
     }
 
+    /// Every tensor asked for, in the order asked, without copying them.
+    pub fn into_tensors(self) -> Vec<RecordedTensor> {
+        self.tensors.into_inner().unwrap_or_else(PoisonError::into_inner)
+    }
+
     fn record(&self, name: &str, role: RecordedRole, dtypes: &[&'static str], shapes: Vec<Vec<usize>>) {
         lock(&self.tensors).push(RecordedTensor {
             name: name.to_string(),
@@ -242,7 +257,12 @@ impl Recorder {
             };
             self.record(&part, role, dtypes, vec![shape]);
         }
-        let bytes = self.zeros(byte_len(name, &[rows, cols], WeightDType::BF16.size())?)?;
+        let bytes = self
+            .zeros(byte_len(name, &[rows, cols], WeightDType::BF16.size())?)
+            .map_err(|e| match e {
+                ModelError::Source(m) => ModelError::Source(format!("weight `{name}` [{rows}, {cols}]: {m}")),
+                other => other,
+            })?;
         Ok(Weight::Matrix(WeightMatrix::new(name, WeightDType::BF16, rows, cols, bytes)?))
     }
 

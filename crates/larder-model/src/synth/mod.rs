@@ -4,17 +4,17 @@
 //! Architectures: `qwen3_moe`, `deepseek_v3`, `kimi_linear` (KDA and MLA
 //! layers in the K3 ratio 3:1, DeepSeek-style MoE) and `gpt_oss` (fused
 //! experts with biases, attention sinks, alternating sliding windows); this
-//! module owns the shapes and presets, [`config`] the config.json of each,
-//! [`plan`] the tensor list (learned from the loaders through the weight
+//! module owns the shapes and presets, `config` the config.json of each,
+//! `plan` the tensor list (learned from the loaders through the weight
 //! [`Recorder`](crate::Recorder); synth declares only how values are drawn),
-//! [`gpt_oss`] gpt-oss's presets and config, and [`write`](mod@write) the files.
+//! `gpt_oss` gpt-oss's presets and config, and `write` the files.
 //!
 //! Routed experts ship in bf16 or, as the largest checkpoints ship them, in
 //! 4 bits ([`ExpertsFormat`]): compressed-tensors `pack-quantized` INT4 or
 //! `mxfp4-pack-quantized` on the DeepSeek-V3 / Kimi layouts, gpt-oss's own
 //! MXFP4 (`_blocks` / `_scales`) on gpt-oss. Codes are uniform random; scales
 //! give the dequantized weights the std the bf16 experts have (see
-//! [`plan`]).
+//! `plan`).
 //!
 //! Scales are chosen so routing behaves like a trained model's would in the
 //! case being tested, rather than collapsing (random matrices at one small
@@ -57,6 +57,7 @@ pub const ARCHITECTURES: [&str; 4] = ["qwen3_moe", "deepseek_v3", "kimi_linear",
 /// How routed experts are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ExpertsFormat {
     /// bf16 weights (gpt-oss: the unquantized fused layout).
     Bf16,
@@ -92,7 +93,7 @@ impl ExpertsFormat {
 
     /// Bytes of one `[rows, cols]` expert matrix (4-bit: codes, scales and,
     /// for INT4, the i32 `[2]` `weight_shape`).
-    pub fn matrix_bytes(self, rows: usize, cols: usize) -> usize {
+    pub(crate) fn matrix_bytes(self, rows: usize, cols: usize) -> usize {
         let groups = rows * cols.div_ceil(32);
         match self {
             ExpertsFormat::Bf16 => rows * cols * 2,
@@ -106,6 +107,7 @@ impl ExpertsFormat {
 /// doc and docs/synth.md for what each models and how it was calibrated).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Routing {
     /// Independent, uniform routing per token (GLM- and Qwen3-Next-class
     /// models route near-uniformly); every knob 0, so the next layer's
@@ -189,13 +191,14 @@ impl RoutingKnobs {
     }
 
     /// Every knob 0: the original uniform draw, byte for byte.
-    pub fn is_uniform(&self) -> bool {
+    pub(crate) fn is_uniform(&self) -> bool {
         self.skew == 0.0 && self.locality == 0.0 && self.drift == 0.0
     }
 }
 
 /// The shape of a synthetic checkpoint.
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct SynthSpec {
     pub arch: String,
     pub preset: String,
@@ -264,7 +267,7 @@ pub struct KdaShape {
 
 impl KdaShape {
     /// Whether 0-based layer `l` is KDA (else MLA).
-    pub fn is_kda(&self, l: usize) -> bool {
+    pub(crate) fn is_kda(&self, l: usize) -> bool {
         !(l + 1).is_multiple_of(self.mla_every)
     }
 }

@@ -76,7 +76,7 @@ pub(super) enum Dtype {
 }
 
 impl Dtype {
-    pub fn size(self) -> usize {
+    pub(super) fn size(self) -> usize {
         match self {
             Dtype::U8 => 1,
             Dtype::Bf16 => 2,
@@ -84,7 +84,7 @@ impl Dtype {
         }
     }
 
-    pub fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Dtype::Bf16 => "BF16",
             Dtype::F32 => "F32",
@@ -101,7 +101,7 @@ impl Dtype {
 }
 
 impl TensorPlan {
-    pub fn bytes(&self) -> u64 {
+    pub(super) fn bytes(&self) -> u64 {
         (self.shape.iter().product::<usize>() * self.dtype.size()) as u64
     }
 }
@@ -134,16 +134,10 @@ fn record(spec: &SynthSpec, out: &Path) -> Result<Vec<RecordedTensor>, ModelErro
         value: spec.config(),
     };
     let model = spec_from_config(&cfg)?;
-    let recorder = Recorder::new(ships_optional);
+    // The optional tensors a checkpoint made from this config ships.
+    let recorder = Recorder::for_config();
     DecoderModel::load(model, &recorder, None)?;
     Ok(recorder.tensors())
-}
-
-/// The optional tensors a synthetic checkpoint ships: the routers'
-/// correction bias and gpt-oss's fused experts (in the format the config
-/// says); no tied or output-gate weights.
-fn ships_optional(name: &str) -> bool {
-    name.ends_with(".e_score_correction_bias") || name.contains(".mlp.experts.")
 }
 
 /// `N` of a `model.layers.N.` name.
