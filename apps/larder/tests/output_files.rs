@@ -2,7 +2,7 @@
 //! replace an input of the run (a file of the model, also through a hard
 //! link or a symlink), a FIFO or device node, or an existing file of another
 //! kind, and replace one of their own kind only with `--overwrite`
-//! (`larder_engine::output`). Every model here is a copy of a fixture in a
+//! (`larder_engine::OutputFile`). Every model here is a copy of a fixture in a
 //! temporary folder: a regression overwrites the copy, never the fixture.
 //! Nothing points at /dev/null itself (as root, a regression would replace
 //! it): device nodes are made in the temporary folder.

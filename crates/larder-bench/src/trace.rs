@@ -1,5 +1,5 @@
 //! Route traces recorded by a run ([`larder_model::RouteTrace`]) as trace
-//! files (the format: `larder_router::trace`), for `--trace FILE` on `run`,
+//! files (the format: `larder_router::Trace`), for `--trace FILE` on `run`,
 //! `serve` and `bench decode`, and for synth's routing statistics.
 
 use std::path::Path;

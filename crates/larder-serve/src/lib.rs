@@ -14,7 +14,9 @@
 //!   its job;
 //! - [`http`] is the hyper 1 service: routing, API key, body limits and
 //!   timeouts, JSON and server-sent-event responses; [`cors`] its opt-in
-//!   CORS headers.
+//!   CORS headers;
+//! - [`defaults`]: the size values `larder serve`'s flags accept, the
+//!   default KV budget and served model id.
 //!
 //! This file owns the server's life: it binds (and `/health` answers
 //! "loading") before the engine is attached, and it shuts down gracefully:
@@ -23,6 +25,7 @@
 
 pub mod api;
 pub mod cors;
+pub mod defaults;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

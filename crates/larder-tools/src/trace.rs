@@ -1,5 +1,5 @@
 //! Route-trace tooling: `larder trace synth` (a decode trace drawn from a
-//! routing preset for a model's MoE shape, `larder_router::synthetic`) and
+//! routing preset for a model's MoE shape, `larder_router::RoutingModel`) and
 //! `larder trace stats` (popularity, reuse distances, lookahead recall, and
 //! the hit rates LRU and Belady's optimum reach at a range of cache budgets).
 

@@ -5,7 +5,7 @@
 //! roofs (`larder_bench::kernels`).
 
 use clap::Subcommand;
-use larder_bench::kernels::{KernelOptions, KernelReport, KERNELS_REPORT};
+use larder_bench::kernels::{KernelOptions, KERNELS_REPORT};
 use larder_engine::RunInputs;
 
 use super::progress::Shown;
@@ -99,41 +99,6 @@ fn kernels(args: KernelArgs) -> anyhow::Result<()> {
     if args.json {
         return super::print_json(&doc);
     }
-    print_kernels(&report);
+    print!("{}", larder_tools::text::kernels_table(&report));
     Ok(())
-}
-
-/// The table of `bench kernels`.
-fn print_kernels(report: &KernelReport) {
-    println!(
-        "RAM read bandwidth (1 thread): {:.2} GB/s   kernel path: {}   threads: {}",
-        report.ram_gbps,
-        report.path.name(),
-        report.threads
-    );
-    println!("compute roofs (1 thread, everything in L1): {}", report.roofs_summary());
-    println!(
-        "{:<6} {:>5} {:>11} {:>5} {:>9} {:>7} {:>9} {:>9}",
-        "dtype", "rows", "k x n", "cache", "GB/s", "of RAM", "candle", "vs 1-row"
-    );
-    let mut one_row = std::collections::HashMap::new();
-    for r in &report.results {
-        let key = (r.dtype.clone(), r.k, r.cold);
-        if r.rows == 1 {
-            one_row.insert(key.clone(), r.seconds);
-        }
-        let rel = one_row.get(&key).map_or(String::new(), |s| format!("{:.2}x", r.seconds / s));
-        let candle = r.candle_gbps.map_or("-".into(), |g| format!("{g:.2}"));
-        println!(
-            "{:<6} {:>5} {:>11} {:>5} {:>9.2} {:>6.0}% {:>9} {:>9}",
-            r.dtype,
-            r.rows,
-            format!("{}x{}", r.k, r.n),
-            if r.cold { "cold" } else { "hot" },
-            r.gbps,
-            r.ratio_to_ram * 100.0,
-            candle,
-            rel
-        );
-    }
 }

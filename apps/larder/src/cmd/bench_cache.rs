@@ -1,10 +1,10 @@
 //! `larder bench cache`: replays a route trace against every eviction policy
 //! of the expert cache and against Belady's optimum at a range of RAM budgets
-//! (`larder_bench::cache`); here its flags and its table.
+//! (`larder_bench::cache`; its table's text: `larder_tools::text`); here its flags.
 
 use std::path::PathBuf;
 
-use larder_bench::cache::{CacheOptions, CacheReport, BELADY, BELADY_SHARES, ONLINE_BOUND};
+use larder_bench::cache::CacheOptions;
 
 /// Arguments of `larder bench cache`.
 #[derive(clap::Args)]
@@ -33,49 +33,6 @@ pub fn run(a: CacheArgs) -> anyhow::Result<()> {
     if a.json {
         return super::print_json(&report.to_json());
     }
-    print_table(&report);
+    print!("{}", larder_tools::text::cache_table(&report));
     Ok(())
-}
-
-/// Hit rate and bytes per token of every policy at every budget, and how close the default comes to the bounds.
-fn print_table(report: &CacheReport) {
-    let (curves, names, default) = (&report.curves, &report.policies, report.default_policy);
-    println!(
-        "{}: {} tokens, bank {}; hit rate (bytes read per token), default policy {default}",
-        report.trace.display(),
-        report.tokens,
-        larder_engine::format_size(report.bank_bytes)
-    );
-    print!("{:>10} {:>6}", "budget", "share");
-    for n in names.iter() {
-        print!(" {n:>20}");
-    }
-    println!();
-    for c in curves {
-        print!("{:>10} {:>5.0}%", larder_engine::format_size(c.budget_bytes), 100.0 * c.share);
-        for n in names.iter() {
-            let Some(r) = c.policies.get(*n) else { continue };
-            let cell = format!(
-                "{:.1}% ({})",
-                100.0 * r.hit_rate,
-                larder_engine::format_size(r.bytes_read_per_token as u64)
-            );
-            print!(" {cell:>20}");
-        }
-        println!();
-    }
-    for (bound, what) in [
-        (BELADY, "Belady's hit rate"),
-        (BELADY_SHARES, "Belady's in fixed per-layer shares"),
-        (ONLINE_BOUND, "the online bound's"),
-    ] {
-        let worst = curves
-            .iter()
-            .filter(|c| c.hit(bound) > 0.0)
-            .map(|c| c.hit(default) / c.hit(bound))
-            .fold(f64::INFINITY, f64::min);
-        if worst.is_finite() {
-            println!("{default} reaches at least {:.0}% of {what} at every budget here", 100.0 * worst);
-        }
-    }
 }

@@ -1,11 +1,10 @@
 //! `larder bench serve`: the real server, in-process on a loopback port,
 //! driven over HTTP by concurrent streaming clients (`larder_bench::serve`:
-//! what is measured and how); here its flags and its table.
+//! what is measured and how; its table's text: `larder_tools::text`); here its flags.
 
 use std::path::PathBuf;
 
 use larder_bench::serve::ServeOptions;
-use serde_json::Value;
 
 use super::progress::Shown;
 
@@ -50,37 +49,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     if args.json {
         println!("{doc}");
     } else {
-        print_table(&doc);
+        print!("{}", larder_tools::text::serve_table(&doc));
     }
     Ok(())
-}
-
-fn print_table(doc: &Value) {
-    println!(
-        "clients  aggregate tok/s (min-max)  per-client tok/s (median)  TTFT ms (median / max)  expert bytes/token  \
-         uniform reads/route"
-    );
-    for r in doc["runs"].as_array().into_iter().flatten() {
-        let bytes = r["expert_bytes_per_token"]
-            .as_f64()
-            .map_or("- (in RAM)".to_string(), |b| super::progress::human(b as u64));
-        let union = r["uniform_reads_per_route"].as_f64().map_or("-".to_string(), |u| format!("{u:.2}"));
-        let agg = |k: &str| r[k].as_f64().unwrap_or(0.0);
-        println!(
-            "{:>7}  {:>8.1} ({:.1}-{:.1})  {:>25.1}  {:>11.0} / {:<8.0}  {bytes:>18}  {union}",
-            r["clients"],
-            agg("aggregate_tok_s"),
-            agg("aggregate_tok_s_min"),
-            agg("aggregate_tok_s_max"),
-            r["per_client_tok_s_median"].as_f64().unwrap_or(0.0),
-            r["ttft_ms_median"].as_f64().unwrap_or(0.0),
-            r["ttft_ms_max"].as_f64().unwrap_or(0.0),
-        );
-    }
-    let s = &doc["second_client"];
-    println!(
-        "second client's TTFT: {:.0} ms alone, {:.0} ms while a first client generates",
-        s["ttft_alone_ms"].as_f64().unwrap_or(0.0),
-        s["ttft_beside_ms"].as_f64().unwrap_or(0.0)
-    );
 }

@@ -149,35 +149,6 @@ pub fn decode(args: DecodeArgs) -> anyhow::Result<()> {
     if args.json {
         return super::print_json(&doc);
     }
-    print_decode(&doc);
+    eprint!("{}", larder_tools::text::decode_lines(&doc));
     Ok(())
-}
-
-/// The two summary lines of `bench decode`.
-fn print_decode(doc: &serde_json::Value) {
-    let f = |k: &str| doc[k].as_f64().unwrap_or(0.0);
-    let u = |k: &str| doc[k].as_u64().unwrap_or(0);
-    eprintln!(
-        "[larder] prefill: {} tokens, {} rows per pass, read amplification {:.2} ({} read / {} routed), io wait {:.0}%",
-        u("prompt_tokens"),
-        u("prefill_rows_per_pass"),
-        f("prefill_read_amplification"),
-        larder_store::format_size(u("prefill_expert_bytes_read")),
-        larder_store::format_size(u("prefill_routed_expert_bytes")),
-        100.0 * f("prefill_io_wait_share"),
-    );
-    eprintln!(
-        "[larder] drive limit {:.2} GB/s ({}) | prefill {:.2} tok/s | first token {:.2}s | decode {:.3} tok/s | {} per token | hit {:.1}% | io wait {:.0}% | {:.0}% of the I/O bound ({:.3} tok/s) | overlap {:.3}",
-        doc["limit"]["gbps"].as_f64().unwrap_or(0.0),
-        doc["limit"]["backend"].as_str().unwrap_or(""),
-        f("prefill_tok_per_s"),
-        f("time_to_first_token_s"),
-        f("decode_tok_per_s"),
-        larder_store::format_size(f("miss_bytes_per_token") as u64),
-        100.0 * f("hit_rate"),
-        100.0 * f("io_wait_share"),
-        100.0 * f("ratio_to_io_bound"),
-        doc["io_bound_tok_per_s"].as_f64().unwrap_or(f64::INFINITY),
-        f("routing_overlap")
-    );
 }

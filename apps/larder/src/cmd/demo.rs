@@ -94,14 +94,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
 }
 
-/// A shell word: `'...'` unless plainly safe.
-fn shell_quote(s: &str) -> String {
-    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+".contains(c)) {
-        return s.to_string();
-    }
-    format!("'{}'", s.replace('\'', "'\\''"))
-}
-
 fn run_store(args: &Args, store: &Path, (bank, layers): (u64, usize), timings: &Timings) -> anyhow::Result<()> {
     let budget = larder_tools::demo::ram_budget(args.ram_budget, bank)?;
     let share = if args.ram_budget.is_none() {
@@ -119,12 +111,7 @@ fn run_store(args: &Args, store: &Path, (bank, layers): (u64, usize), timings: &
         store.display(),
         format_size(budget)
     );
-    // A whole number of MiB reads better in the command printed at the end (parse_size takes both).
-    let budget_arg = if budget > 0 && budget.is_multiple_of(1 << 20) {
-        format!("{}MiB", budget >> 20)
-    } else {
-        budget.to_string()
-    };
+    let budget_arg = larder_tools::demo::budget_arg(budget);
     if args.json {
         let run = run_json(store, &args.prompt, args.max_new, &budget_arg)?;
         return super::print_json(&json!({
@@ -143,10 +130,10 @@ fn run_store(args: &Args, store: &Path, (bank, layers): (u64, usize), timings: &
     run_larder_run(&model, args, Some(&budget_arg))?;
     eprintln!(
         "[larder] run it again directly: larder run --model {} --chat --ram-budget {} --max-new {} --prompt {}",
-        shell_quote(&model),
+        larder_tools::demo::shell_quote(&model),
         budget_arg,
         args.max_new,
-        shell_quote(&args.prompt)
+        larder_tools::demo::shell_quote(&args.prompt)
     );
     Ok(())
 }
@@ -207,27 +194,5 @@ fn run_json(model: &Path, prompt: &str, max_new: usize, budget: &str) -> anyhow:
     };
     let experts = ExpertCli::try_parse_from(argv).map_err(|e| anyhow::anyhow!("internal: bad expert flags: {e}"))?;
     let engine = super::load_engine(model, &experts.experts)?;
-    let ids = engine.encode_chat(&[larder_engine::ChatMessage::new("user", prompt)])?;
-    let opts = larder_engine::GenerateOptions {
-        max_new,
-        sampling: larder_engine::SamplingParams {
-            temperature: 0.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: 0,
-        },
-        stop_at_eos: true,
-        draft_max: 8,
-    };
-    let generation = engine.generate(&ids, &opts, &mut |_| true)?;
-    let text = match engine.tokenizer() {
-        Ok(t) => t.decode(&generation.ids, true)?,
-        Err(_) => String::new(),
-    };
-    Ok(json!({
-        "ids": generation.ids,
-        "text": text,
-        "finish_reason": generation.finish_reason,
-        "stats": generation.stats,
-    }))
+    Ok(larder_tools::demo::generate_json(&engine, prompt, max_new)?)
 }

@@ -6,13 +6,12 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
-use larder_store::mirror::{mirror, MirrorPlan, MirrorReport};
 use larder_store::pack::DriveSpec;
 use larder_store::{format_size, Manifest};
+use larder_tools::mirror::Mirrored;
 use serde_json::json;
 
-use super::progress::{Progress, Unit};
+use super::progress::Shown;
 
 /// Arguments of `larder mirror`.
 #[derive(clap::Args)]
@@ -75,89 +74,24 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// What `mirror` reports: [`MirrorReport`] and the drive used.
-#[derive(serde::Serialize)]
-pub struct Mirrored {
-    #[serde(flatten)]
-    pub report: MirrorReport,
-    pub drive: PathBuf,
-    pub gbps: f64,
-    /// `reads` or `demands`: what the records were ranked by.
-    pub chosen_by: &'static str,
-}
-
-/// Mirrors `store`'s hottest `size` bytes of records (see [`Args`]).
+/// Mirrors `store`'s hottest `size` bytes of records (see [`Args`] and
+/// `larder_tools::mirror`), progress shown as `json` (the command's --json) says.
 pub fn mirror_store(
     store: &Path,
     size: u64,
     drive: Option<&DriveSpec>,
     heat: Option<&Path>,
     by: &str,
-    quiet: bool,
+    json: bool,
 ) -> anyhow::Result<Mirrored> {
     let manifest = super::about(Manifest::read(store), "cannot read the store", store)?;
-    let profile = match heat {
-        Some(f) => larder_store::heat::load_file(f).map_err(|e| anyhow::anyhow!("--heat {e}"))?,
-        None => larder_store::heat::read_saved(store)
-            .map_err(|e| anyhow::anyhow!("{e}"))?
-            .unwrap_or_default(),
-    };
-    let (heat, chosen_by) = match by {
-        "demands" => (profile.demands, "demands"),
-        "reads" => (profile.reads, "reads"),
-        _ if profile.reads.is_empty() => (profile.demands, "demands"),
-        _ => (profile.reads, "reads"),
-    };
-    if heat.is_empty() && size > 0 {
-        bail!(
-            "{}: no heat to choose the hottest experts by ({} is written when a streamed run ends); run the model \
-             once first or give --heat FILE",
-            store.display(),
-            larder_store::heat::HEAT_FILE
-        );
-    }
-    let (dir, gbps) = mirror_drive(&manifest, store, drive)?;
-    let progress = Progress::new("mirror", size, Unit::Bytes, quiet);
-    progress.set_message(&format!("copying hot experts onto {}", dir.display()));
-    let plan = MirrorPlan {
-        drive: dir.clone(),
-        gbps,
-        bytes: size,
-    };
-    let report = mirror(store, &heat, &plan, &mut |b| progress.inc(b))
-        .with_context(|| format!("mirroring {} onto {} failed", store.display(), dir.display()))?;
-    progress.finish();
-    Ok(Mirrored {
-        report,
-        drive: dir,
-        gbps,
-        chosen_by,
-    })
-}
-
-/// The drive to mirror onto and its bandwidth: the one given (its GB/s
-/// given, the store's figure for one of its drives, or measured), else the
-/// store's fastest.
-fn mirror_drive(m: &Manifest, store: &Path, given: Option<&DriveSpec>) -> anyhow::Result<(PathBuf, f64)> {
-    let fastest = (0..m.drives.len()).max_by(|&a, &b| m.drives[a].gbps.total_cmp(&m.drives[b].gbps).then(b.cmp(&a)));
-    let Some(spec) = given else {
-        let d = fastest.context("the store lists no drives")?;
-        return Ok((m.drive_dir(store, d), m.drives[d].gbps));
-    };
-    if !spec.dir.is_dir() {
-        bail!("--drive {}: not a directory", spec.dir.display());
-    }
-    if let Some(g) = spec.gbps {
-        return Ok((spec.dir.clone(), g));
-    }
-    if let Some(d) = m.drive_of(store, &spec.dir) {
-        return Ok((spec.dir.clone(), m.drives[d].gbps));
-    }
-    let g = larder_store::drive::measure_read_gbps(&spec.dir).with_context(|| {
-        format!(
-            "--drive {}: measuring its read bandwidth failed (give it as DIR:GBps)",
-            spec.dir.display()
-        )
-    })?;
-    Ok((spec.dir.clone(), g))
+    Ok(larder_tools::mirror::mirror_store(
+        store,
+        &manifest,
+        size,
+        drive,
+        heat,
+        by,
+        &Shown { json },
+    )?)
 }

@@ -2,7 +2,7 @@
 //! share (where routed experts come from, `--overwrite` of output files) and
 //! the ranges every count, size and thread flag is checked against when
 //! parsed ([`range`]). Every output file a flag names (`--trace FILE`,
-//! `--out FILE`) is checked by `larder_engine::output` before any work.
+//! `--out FILE`) is checked by `larder_engine::OutputFile` before any work.
 
 pub mod bench;
 pub mod bench_cache;
@@ -18,7 +18,6 @@ pub mod lazy;
 pub mod mirror;
 pub mod pack;
 pub mod plan;
-pub mod progress;
 pub mod pull;
 pub mod run;
 pub mod serve;
@@ -27,6 +26,8 @@ pub mod trace;
 pub mod verify;
 pub mod warm;
 
+pub use larder_tools::progress;
+
 use std::path::Path;
 
 use anyhow::Context;
@@ -34,7 +35,7 @@ use larder_engine::open::{LazyOpen, Note, OpenOptions, OpenProgress, RamBudget};
 use larder_engine::{Engine, LoadOptions, OutputFile, OutputKind, PrefillChunk, ReportKind, RunInputs};
 use larder_model::MlaCache;
 use larder_store::io::MAX_IO_DEPTH;
-use larder_store::store::MAX_PREFETCH_THREADS;
+use larder_store::MAX_PREFETCH_THREADS;
 use larder_store::{format_size, parse_size, IoKind};
 
 /// Most threads a thread-count flag accepts (`bench kernels --threads`).
@@ -247,14 +248,9 @@ pub fn load_engine_with(model: &Path, experts: &ExpertArgs, json: bool) -> anyho
     let opts = experts.open_options();
     let started = std::time::Instant::now();
     let load = std::sync::Arc::new(progress::Progress::new("load", 0, progress::Unit::Bytes, json));
-    let fetch = lazy::FetchProgress::new(json);
-    let shown = load.clone();
-    let hook = std::sync::Arc::new(move |done, total| {
-        shown.set_total(total);
-        shown.set(done);
-    });
+    let fetch = progress::FetchProgress::new(json);
     let progress = OpenProgress {
-        load: Some(hook),
+        load: Some(load.hook()),
         fetch: experts.cache_dir.as_ref().map(|_| fetch.events()),
         notes: Some(Box::new(|note: &Note| match note {
             Note::Warning(w) => eprintln!("warning: {w}"),
@@ -289,12 +285,7 @@ pub fn load_engine_with(model: &Path, experts: &ExpertArgs, json: bool) -> anyho
 /// naming the model once in any error (benchmarks that set their own options).
 pub fn load_with_options(model: &Path, opts: &LoadOptions, json: bool) -> anyhow::Result<Engine> {
     let progress = std::sync::Arc::new(progress::Progress::new("load", 0, progress::Unit::Bytes, json));
-    let shown = progress.clone();
-    let hook = std::sync::Arc::new(move |done, total| {
-        shown.set_total(total);
-        shown.set(done);
-    });
-    let loaded = Engine::load_with_progress(model, opts, hook);
+    let loaded = Engine::load_with_progress(model, opts, progress.hook());
     progress.finish();
     about(loaded, "cannot load the model", model)
 }
@@ -342,15 +333,6 @@ pub fn error_text(e: &anyhow::Error) -> String {
 /// `model` (0, no cache, is accepted), before anything heavy is loaded.
 pub fn check_budget(model: &Path, opts: &LoadOptions) -> anyhow::Result<()> {
     larder_engine::open::check_budget(model, opts).with_context(|| format!("model {}", model.display()))
-}
-
-/// A progress bar on stderr when it is a terminal (hidden otherwise).
-pub fn progress_bar(len: u64, template: &str) -> indicatif::ProgressBar {
-    let bar = indicatif::ProgressBar::with_draw_target(Some(len), indicatif::ProgressDrawTarget::stderr());
-    if let Ok(style) = indicatif::ProgressStyle::with_template(template) {
-        bar.set_style(style.progress_chars("=> "));
-    }
-    bar
 }
 
 /// Checks a benchmark's `--out FILE`, when given, before any work: where a

@@ -61,18 +61,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     )?;
     if args.mirror_hot.is_some_and(|s| s > 0) {
         // The heat --mirror-hot chooses by must be there before the work starts.
-        let heat = match &args.heat {
-            Some(f) => larder_store::heat::load_file(f).map_err(|e| anyhow::anyhow!("--heat {e}"))?,
-            None => larder_store::heat::read_saved(&args.out)
-                .map_err(|e| anyhow::anyhow!("--mirror-hot: {e}"))?
-                .unwrap_or_default(),
-        };
-        if heat.demands.is_empty() && heat.reads.is_empty() {
-            anyhow::bail!(
-                "--mirror-hot: no heat to choose the hottest experts by: give --heat FILE (a store's heat.json), \
-                 or pack first and run `larder mirror STORE --size SIZE` after the model has run"
-            );
-        }
+        larder_tools::mirror::check_pack_heat(&args.out, args.heat.as_deref())?;
     }
     let progress = Progress::new("pack", 0, Unit::Bytes, args.json);
     let layers = src.layers.len();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use larder_store::pack::DriveSpec;
-use larder_store::pull::{pull, PullEvent, PullOptions};
+use larder_store::pull::{pull, PullOptions};
 use larder_store::remote::{open_source, CheckpointSource, HubEnv, RemoteOptions};
 use serde_json::json;
 
@@ -86,30 +86,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         &args.out,
         &args.drives,
         opts,
-        &|ev| match ev {
-            PullEvent::MeasuringDrive { dir } => progress.set_message(&format!("measuring {}", dir.display())),
-            PullEvent::DriveMeasured { dir, gbps } => progress.note(&format!("{}: {gbps:.2} GB/s read", dir.display())),
-            PullEvent::Started {
-                total_bytes,
-                done_bytes,
-                files,
-            } => {
-                progress.set_total(total_bytes);
-                progress.set(done_bytes);
-                progress.set_message(&format!("{files} files"));
-            }
-            PullEvent::FileStarted { file, from, .. } if from > 0 => {
-                progress.note(&format!("{file}: resuming at byte {from}"));
-                progress.set_message(&file);
-            }
-            PullEvent::FileStarted { file, .. } => progress.set_message(&file),
-            PullEvent::Advanced { bytes } => progress.inc(bytes),
-            PullEvent::FileDone { file, verified: false } => {
-                progress.note(&format!("{file}: the source publishes no sha256 for it; not checked"))
-            }
-            PullEvent::FileDone { .. } => {}
-            PullEvent::Sealing => progress.set_message("digesting and checking the store"),
-        },
+        &larder_tools::progress::pull_events(&progress),
     )
     .with_context(|| format!("pull into {} failed", args.out.display()))?;
     progress.finish();

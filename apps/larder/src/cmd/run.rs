@@ -209,37 +209,11 @@ fn report(args: &Args, engine: &Engine, generation: &Outcome) -> anyhow::Result<
         return super::print_json(&doc);
     }
     writeln!(std::io::stdout().lock())?;
-    eprintln!("{}", summary(s, generation));
+    eprintln!("{}", larder_tools::text::run_summary(s, generation));
     if args.stats {
-        print_stats(s);
+        eprint!("{}", larder_tools::text::run_stats_text(s));
     }
     Ok(())
-}
-
-/// `--stats`: expert I/O per layer (when streaming) and the run's timings.
-fn print_stats(s: &larder_engine::Stats) {
-    if let Some(x) = &s.experts {
-        eprintln!(
-            "[larder] experts: {} hits, {} misses, {} prefetch reads ({} used) | verify {:.3}s",
-            x.cache_hits, x.cache_misses, x.prefetch_reads, x.prefetch_hits, x.verify_s
-        );
-        for l in &x.layers {
-            eprintln!(
-                "[larder]   layer {:>3}: {:>6} hits {:>6} misses ({:.1}% hit) | prefetch {} reads, precision {:.0}%, recall {:.0}%",
-                l.layer,
-                l.hits,
-                l.misses,
-                100.0 * l.hit_rate,
-                l.prefetch_reads,
-                100.0 * l.prefetch_precision,
-                100.0 * l.prefetch_recall
-            );
-        }
-    }
-    eprintln!(
-        "[larder] prefill {:.3}s | decode {:.3}s | time to first token {:.3}s",
-        s.prefill_s, s.decode_s, s.time_to_first_token_s
-    );
 }
 
 /// Prints the job's text as it streams (token ids when the model has no
@@ -272,49 +246,4 @@ fn stream(mut events: Events, ids_only: bool, json: bool) -> anyhow::Result<(Out
     }
     let outcome = outcome.ok_or_else(|| anyhow::anyhow!("internal: the engine thread stopped without ending the request"))?;
     Ok((outcome, write_error))
-}
-
-/// The one-line summary of a run on stderr: tokens, speeds, and (when
-/// experts stream) what streaming cost; the drafter's share when drafting.
-fn summary(s: &larder_engine::Stats, outcome: &Outcome) -> String {
-    let mut line = format!(
-        "[larder] {} prompt + {} new tokens | prefill {:.1} tok/s | decode {:.2} tok/s (first token {:.3} s)",
-        s.prompt_tokens, s.new_tokens, s.prefill_tok_per_s, s.decode_tok_per_s, s.time_to_first_token_s
-    );
-    match &s.experts {
-        Some(x) => {
-            let busy = s.prefill_s + s.decode_s;
-            let wait = if busy > 0.0 { 100.0 * x.io_wait_s / busy } else { 0.0 };
-            // Bytes count demand and prefetch reads alike, so the read count does too; the
-            // rate is averaged over the whole run (reads overlap compute), not a drive limit.
-            let gbps = if busy > 0.0 { x.expert_bytes_read as f64 / busy / 1e9 } else { 0.0 };
-            line.push_str(&format!(
-                " | experts streamed via {}: {} read in {} reads ({} prefetched), {:.1}% hit, disk {gbps:.2} GB/s \
-                 over the run, io wait {wait:.0}%",
-                x.io_backend,
-                larder_engine::format_size(x.expert_bytes_read),
-                x.expert_reads + x.prefetch_reads,
-                x.prefetch_reads,
-                100.0 * x.hit_rate,
-            ));
-        }
-        None => line.push_str(" | experts in RAM"),
-    }
-    if let Some(sp) = &s.speculative {
-        line.push_str(&format!(
-            " | drafter {}: {:.0}% of {} accepted{}",
-            sp.drafter,
-            100.0 * sp.acceptance_rate,
-            sp.drafted,
-            if sp.disabled { ", switched off (not paying)" } else { "" }
-        ));
-    }
-    let why = match (outcome.finish_reason, &outcome.stop_string) {
-        (_, Some(stop)) => format!("the stop string {stop:?}"),
-        (larder_engine::FinishReason::Stop, None) => "EOS".into(),
-        (larder_engine::FinishReason::Length, None) => "the length limit".into(),
-        (larder_engine::FinishReason::Cancelled, None) => "cancelled".into(),
-    };
-    line.push_str(&format!(" | stopped at {why}"));
-    line
 }

@@ -9,10 +9,6 @@ use anyhow::{bail, Context};
 use larder_engine::DrafterChoice;
 use larder_serve::{run, ServerConfig};
 
-/// `--max-request-bytes` range: 1 KiB ..= 1 GiB.
-const BODY_MIN: u64 = 1 << 10;
-const BODY_MAX: u64 = 1 << 30;
-
 /// Arguments of `larder serve`.
 #[derive(clap::Args)]
 #[command(
@@ -67,10 +63,10 @@ pub struct Args {
     /// --model DIR` and each response's stats (`state_bytes_per_position`); MLA layers (DeepSeek-V3, Kimi)
     /// cache the compressed latent, kv_lora_rank + rope floats per layer (DeepSeek-V3: 137 KiB per token
     /// instead of 9.5 MiB expanded).
-    #[arg(long, value_name = "SIZE", value_parser = kv_size)]
+    #[arg(long, value_name = "SIZE", value_parser = larder_serve::defaults::kv_size)]
     kv_budget: Option<u64>,
     /// Largest request body accepted, 1KiB..=1GiB (e.g. 1MiB); larger bodies get 413.
-    #[arg(long, default_value = "1MiB", value_name = "SIZE", value_parser = body_size)]
+    #[arg(long, default_value = "1MiB", value_name = "SIZE", value_parser = larder_serve::defaults::body_size)]
     max_request_bytes: u64,
     /// Seconds running requests get to finish after SIGINT/SIGTERM (0..=3600).
     #[arg(long, default_value_t = 30, value_name = "SECONDS", value_parser = clap::value_parser!(u64).range(0..=3600))]
@@ -107,41 +103,12 @@ pub struct Args {
     output: super::OverwriteArg,
 }
 
-/// A `--max-request-bytes` value: a size in BODY_MIN..=BODY_MAX.
-fn body_size(s: &str) -> Result<u64, String> {
-    let n = larder_store::parse_size(s)?;
-    if !(BODY_MIN..=BODY_MAX).contains(&n) {
-        return Err(format!("{n} bytes is not in 1KiB..=1GiB"));
-    }
-    Ok(n)
-}
-
-/// A `--kv-budget` value: a size of at least 1 MiB.
-fn kv_size(s: &str) -> Result<u64, String> {
-    let n = larder_store::parse_size(s)?;
-    if n < 1 << 20 {
-        return Err(format!("{n} bytes is under the least budget of 1MiB"));
-    }
-    Ok(n)
-}
-
-/// The default `--kv-budget`: half of what `available` (MemAvailable at start) leaves after the expert cache's
-/// budget (`cache`: 0 when experts are in RAM), at least 64 MiB. The other half is left for the spine, experts
-/// held in RAM and everything else on the machine.
-fn default_kv_budget(available: u64, cache: u64) -> u64 {
-    (available.saturating_sub(cache) / 2).max(64 << 20)
-}
-
 /// `--kv-budget`, or its default for this model and these expert flags.
 fn kv_budget(args: &Args) -> Option<u64> {
     if args.kv_budget.is_some() {
         return args.kv_budget;
     }
-    let cache = match args.experts.load_options(&args.model).experts {
-        larder_engine::ExpertMode::Stream(o) => o.ram_budget,
-        _ => 0,
-    };
-    let budget = default_kv_budget(larder_engine::prefill::mem_available()?, cache);
+    let budget = larder_serve::defaults::kv_budget_for(&args.experts.load_options(&args.model))?;
     eprintln!(
         "[larder] KV budget {} (default: half of MemAvailable after the expert cache; --kv-budget sets it)",
         larder_engine::format_size(budget)
@@ -157,8 +124,7 @@ fn state_dir(args: &Args) -> anyhow::Result<Option<larder_engine::DiskTierConfig
     let quota = match args.state_quota {
         Some(q) => q,
         None => {
-            let free = larder_store::drive::fs_space(&dir).map(|s| s.free).unwrap_or(0);
-            let quota = default_state_quota(free);
+            let (quota, free) = larder_engine::default_state_quota(&dir);
             eprintln!(
                 "[larder] state dir {}: quota {} (default: 10% of the {} free there; --state-quota sets it)",
                 dir.display(),
@@ -181,13 +147,8 @@ fn check_api_key(key: Option<&str>) -> anyhow::Result<()> {
     config.check_api_key().context("--api-key (or LARDER_API_KEY)")
 }
 
-/// The default `--state-quota`: a tenth of the free space, at least 64 MiB.
-fn default_state_quota(free: u64) -> u64 {
-    (free / 10).max(64 << 20)
-}
-
 /// `--trace`, checked before anything loads: an output path it may write
-/// (`larder_engine::output`), and a model with routed experts.
+/// (`larder_engine::OutputFile`), and a model with routed experts.
 fn trace(args: &Args) -> anyhow::Result<Option<larder_engine::TraceConfig>> {
     let Some(path) = args.trace.clone() else { return Ok(None) };
     let mut inputs = super::model_inputs(&args.model, &args.experts);
@@ -221,14 +182,11 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
     let kv = kv_budget(&args);
     let state_dir = state_dir(&args)?;
     let trace = trace(&args)?;
-    let name = args.served_name.clone().unwrap_or_else(|| {
-        // A lazy SOURCE (`org/name`, a URL) is named by its last part.
-        std::fs::canonicalize(&args.model)
-            .ok()
-            .or_else(|| args.experts.cache_dir.as_ref().map(|_| args.model.clone()))
-            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
-            .unwrap_or_else(|| "larder".into())
-    });
+    let lazy = args.experts.cache_dir.is_some();
+    let name = args
+        .served_name
+        .clone()
+        .unwrap_or_else(|| larder_serve::defaults::served_name(&args.model, lazy));
     let config = ServerConfig {
         host: args.host,
         port: args.port,
@@ -253,22 +211,4 @@ pub fn run_cmd(args: Args) -> anyhow::Result<()> {
         Ok((engine, drafting))
     })?;
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::{default_kv_budget, default_state_quota};
-
-    #[test]
-    fn state_quota_default_is_a_tenth_of_free_space() {
-        assert_eq!(default_state_quota(100 << 30), 10 << 30);
-        assert_eq!(default_state_quota(0), 64 << 20);
-    }
-
-    #[test]
-    fn kv_default_is_half_of_what_the_cache_leaves() {
-        assert_eq!(default_kv_budget(8 << 30, 2 << 30), 3 << 30);
-        assert_eq!(default_kv_budget(8 << 30, 0), 4 << 30);
-        assert_eq!(default_kv_budget(1 << 30, 4 << 30), 64 << 20);
-    }
 }

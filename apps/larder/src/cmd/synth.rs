@@ -2,13 +2,14 @@
 //! weights, any size) and measure how its routing behaves; or, with
 //! `--from-dense`, upcycle a real dense checkpoint into an MoE whose experts
 //! are copies of its MLP (real text from a streamed MoE). The work is
-//! `larder_tools::synth`; here the flags, the progress bar and the report.
+//! `larder_tools::synth` (the report's text: `larder_tools::text`); here the flags
+//! and the progress bar.
 
 use std::path::PathBuf;
 
 use larder_model::synth::ROUTINGS;
 use larder_tools::synth::upcycle::UpcycleOptions;
-use larder_tools::synth::{SynthOptions, SynthReport};
+use larder_tools::synth::SynthOptions;
 
 /// Arguments of `larder synth`.
 #[derive(clap::Args)]
@@ -181,52 +182,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         return super::print_json(&report.to_json());
     }
-    print_report(&report, &args.routing);
+    eprint!("{}", larder_tools::text::synth_text(&report, &args.routing));
     Ok(())
-}
-
-/// What was written, and the routing measured, on stderr.
-fn print_report(report: &SynthReport, routing: &str) {
-    let spec = &report.spec;
-    eprintln!(
-        "[larder] wrote {} ({} layers x {} experts, {} of experts) in {:.1}s",
-        report.out.display(),
-        spec.layers,
-        spec.experts,
-        larder_store::format_size(spec.total_expert_bytes()),
-        report.seconds
-    );
-    let Some(m) = &report.measured else {
-        return;
-    };
-    let k = spec.knobs();
-    let s = &m.stats;
-    eprintln!(
-        "[larder] routing {routing} (skew {}, locality {}, drift {}) over {} tokens:",
-        k.skew, k.locality, k.drift, report.measure_tokens
-    );
-    eprintln!(
-        "[larder]   consecutive-token expert overlap {:.3} (uniform routing expects {:.3})",
-        m.overlap,
-        report.expected_overlap()
-    );
-    eprintln!(
-        "[larder]   routes in the hottest 10% / 30% of experts: {:.1}% / {:.1}%",
-        100.0 * s.hot_10,
-        100.0 * s.hot_30
-    );
-    eprintln!(
-        "[larder]   routes reusing an expert within 1 / 2 tokens: {:.1}% / {:.1}%",
-        100.0 * s.reuse_within_1,
-        100.0 * s.reuse_within_2
-    );
-    let recall: Vec<String> = s
-        .lookahead_recall
-        .iter()
-        .map(|(d, r)| format!("depth {d} {:.1}%", 100.0 * r))
-        .collect();
-    eprintln!("[larder]   router lookahead recall: {}", recall.join(", "));
-    eprintln!("[larder]   LRU hit rate with 40% of the bank cached: {:.1}%", 100.0 * s.lru_hit_40);
 }
 
 /// A progress bar over `total` bytes on stderr (hidden with `--json`; indicatif hides it when stderr is not a terminal).
@@ -234,7 +191,7 @@ fn bar(total: u64, json: bool) -> indicatif::ProgressBar {
     if json {
         return indicatif::ProgressBar::hidden();
     }
-    super::progress_bar(total, "writing [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
+    super::progress::progress_bar(total, "writing [{bar:40}] {bytes}/{total_bytes} {binary_bytes_per_sec} eta {eta}")
 }
 
 /// `--from-dense`: upcycle a dense checkpoint into an MoE of copied experts.

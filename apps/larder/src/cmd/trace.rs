@@ -1,13 +1,12 @@
 //! Route traces: `--trace FILE` outputs (checked before any work by
 //! [`check_output`]; a recorded run becomes a trace file with [`to_file`],
 //! `larder_bench::trace`), and `larder trace synth|stats` (the work is
-//! `larder_tools::trace`): here their flags and tables.
+//! `larder_tools::trace`, the tables' text `larder_tools::text`): here their flags.
 
 use std::path::{Path, PathBuf};
 
 use larder_engine::{OutputFile, OutputKind, RunInputs};
-use larder_router::RouteStats;
-use larder_tools::trace::{MoeShape, TraceStats, TraceSynthOptions};
+use larder_tools::trace::{MoeShape, TraceSynthOptions};
 
 /// MoE layers ahead whose routers a recorded trace asks on each layer's input,
 /// and the trace file of one recorded turn.
@@ -85,7 +84,7 @@ fn synth(a: SynthArgs) -> anyhow::Result<()> {
     Ok(out.write_with(|w| trace.write_lines(w))?)
 }
 
-/// Checks a `--trace FILE` output before any work (`larder_engine::output`:
+/// Checks a `--trace FILE` output before any work (`larder_engine::OutputFile`:
 /// not one of `inputs`, a regular file, an existing trace only with
 /// `overwrite`).
 pub fn check_output(path: &Path, overwrite: bool, inputs: &RunInputs) -> anyhow::Result<OutputFile> {
@@ -102,71 +101,6 @@ fn stats(a: StatsArgs) -> anyhow::Result<()> {
     if a.json {
         return super::print_json(&stats.to_json());
     }
-    print_trace_stats(&stats);
+    print!("{}", larder_tools::text::trace_stats_text(&stats));
     Ok(())
-}
-
-/// The header line, both phases' statistics and the hit-rate table.
-fn print_trace_stats(stats: &TraceStats) {
-    let (trace, all, decode) = (&stats.trace, &stats.all, &stats.decode);
-    let h = &trace.header;
-    println!(
-        "{}: {} tokens ({} decode) in {} passes; {} MoE layers x {} experts, top-{}; lookahead {}",
-        stats.path.display(),
-        all.tokens,
-        decode.tokens,
-        trace.passes().len(),
-        h.moe_layers.len(),
-        h.experts,
-        h.top_k,
-        h.lookahead
-    );
-    for (name, s) in [("all tokens", all), ("decode", decode)] {
-        print_stats(name, s);
-    }
-    println!(
-        "\ncache hit rate by budget (share of the bank, {}):",
-        larder_engine::format_size(trace.bank_bytes())
-    );
-    println!("  {:>7} {:>8} {:>8}", "budget", "lru", "belady");
-    for c in &stats.curves {
-        println!(
-            "  {:>6.0}% {:>7.1}% {:>7.1}%",
-            100.0 * c.share,
-            100.0 * c.hit("lru"),
-            100.0 * c.hit("belady")
-        );
-    }
-}
-
-fn print_stats(name: &str, s: &RouteStats) {
-    println!("\n{name}: {} tokens, {} routes", s.tokens, s.routes);
-    let pop: Vec<String> = s
-        .popularity
-        .iter()
-        .map(|(x, y)| format!("hottest {:.0}%: {:.1}%", 100.0 * x, 100.0 * y))
-        .collect();
-    println!("  popularity (share of routes): {}", pop.join(", "));
-    let reuse: Vec<String> = s
-        .reuse_distance
-        .iter()
-        .map(|(b, y)| match b {
-            Some(b) => format!("<={b}: {:.1}%", 100.0 * y),
-            None => format!("longer: {:.1}%", 100.0 * y),
-        })
-        .collect();
-    println!(
-        "  reuse distance (tokens): {}, first use: {:.1}%",
-        reuse.join(", "),
-        100.0 * s.first_use
-    );
-    println!("  consecutive-token overlap: {:.3}", s.consecutive_overlap);
-    let recall: Vec<String> = s
-        .lookahead_recall
-        .iter()
-        .map(|(d, r)| format!("depth {d}: {:.1}%", 100.0 * r))
-        .collect();
-    if !recall.is_empty() {
-        println!("  router lookahead recall: {}", recall.join(", "));
-    }
 }

@@ -37,22 +37,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if larder_engine::lazy::is_lazy_cache(&args.store) {
         return run_lazy(&args);
     }
-    if let Some(what) = larder_engine::store_folder::unfinished_store(&args.store) {
+    if let Some(what) = larder_engine::unfinished_store(&args.store) {
         bail!("{}: {what}", args.store.display());
     }
     let manifest = super::about(larder_store::Manifest::read(&args.store), "cannot read the store", &args.store)?;
-    let spine: u64 = manifest.spine.iter().map(|s| s.size).sum();
-    let total: u64 = spine
-        + manifest
-            .layers
-            .iter()
-            .map(|l| l.experts.len() as u64 * l.parts.iter().map(|p| p.len).sum::<u64>())
-            .sum::<u64>()
-        + larder_store::mirror::listed(&args.store)
-            .into_iter()
-            .filter_map(|(layer, _)| manifest.layers.iter().find(|l| l.layer == layer))
-            .map(|l| l.parts.iter().map(|p| p.len).sum::<u64>())
-            .sum::<u64>();
+    let total = larder_engine::integrity::verify_bytes(&args.store, &manifest);
     let progress = Progress::new("verify", total, Unit::Bytes, args.json);
     progress.set_message("spine and expert records");
     let report = larder_engine::integrity::verify(&args.store, &mut |b| progress.inc(b))?;
@@ -64,52 +53,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         doc["gbps"] = json!(gbps);
         super::print_json(&doc)?;
     } else {
-        eprintln!(
-            "[larder] {} files, {} spine tensors ({}), {} records ({}) and {} mirrored copies checked in {:.1}s ({gbps:.2} GB/s)",
-            report.files,
-            report.spine_tensors,
-            larder_store::format_size(report.spine_bytes),
-            report.records,
-            larder_store::format_size(report.bytes),
-            report.mirrored_records,
-            report.seconds,
-        );
-        for b in &report.bad {
-            eprintln!("[larder] BAD {b}");
-        }
-        if report.bad.is_empty() {
-            let files: Vec<String> = report.source.iter().map(|f| format!("{} ({} bytes)", f.name, f.size)).collect();
-            eprintln!(
-                "[larder] OK: store {} loads and is exactly the {} checkpoint it was packed from: {}",
-                report.store_id,
-                report.model_type,
-                files.join(", ")
-            );
-        }
+        eprint!("{}", larder_tools::text::verify_text(&report, gbps));
     }
-    if !report.bad.is_empty() {
-        if report.bad.iter().all(|b| b.contains("it cannot run")) {
-            bail!(
-                "{} problems found in {}: the checkpoint it was packed from contradicts its own config there; \
-                 pack a correct checkpoint",
-                report.bad.len(),
-                args.store.display()
-            );
-        }
-        let copies = report.bad.iter().filter(|b| b.contains("(a mirrored copy")).count();
-        let fix = match (copies, report.bad.len() - copies) {
-            (0, _) => format!(
-                "`larder pack --model CHECKPOINT --out {} --repair` rewrites them",
-                args.store.display()
-            ),
-            (_, 0) => format!("`larder mirror {} --size SIZE` writes the copies anew", args.store.display()),
-            _ => format!(
-                "`larder pack --model CHECKPOINT --out {0} --repair` rewrites the records and files, then \
-                 `larder mirror {0} --size SIZE` the copies",
-                args.store.display()
-            ),
-        };
-        bail!("{} problems found in {}; {fix}", report.bad.len(), args.store.display());
+    if let Some(problem) = larder_tools::text::verify_problem(&report, &args.store) {
+        bail!(problem);
     }
     Ok(())
 }
@@ -127,35 +74,7 @@ fn run_lazy(args: &Args) -> anyhow::Result<()> {
         doc["lazy"] = json!(true);
         super::print_json(&doc)?;
     } else {
-        eprintln!(
-            "[larder] lazy cache of {} ({} source check): spine {} tensors ({}), {} of {} expert records on the drive ({}), \
-             {} with a source digest",
-            report.source,
-            report.source_check,
-            report.spine_tensors,
-            larder_store::format_size(report.spine_bytes),
-            report.present,
-            report.records,
-            larder_store::format_size(report.present_bytes),
-            report.known,
-        );
-        if report.missing > 0 {
-            let layers: Vec<String> = report.missing_by_layer.iter().map(|(l, n)| format!("{l}: {n}")).collect();
-            eprintln!(
-                "[larder] not fetched yet: {} records (by layer {})",
-                report.missing,
-                layers.join(", ")
-            );
-        }
-        for f in &report.unverified_files {
-            eprintln!("[larder] not checked against the source's sha256: {f}");
-        }
-        for b in &report.bad {
-            eprintln!("[larder] BAD {b}");
-        }
-        if report.bad.is_empty() {
-            eprintln!("[larder] OK: everything the cache holds is what it claims");
-        }
+        eprint!("{}", larder_tools::text::lazy_verify_text(&report));
     }
     if !report.bad.is_empty() {
         bail!(

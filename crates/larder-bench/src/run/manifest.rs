@@ -173,7 +173,7 @@ impl Manifest {
             return Err("no [[arm]]: give at least one arm".into());
         }
         let mem_total = mem_total();
-        let mem_available = larder_engine::prefill::mem_available();
+        let mem_available = larder_engine::mem_available();
         for (i, a) in self.arms.iter().enumerate() {
             let key = format!("arm[{i}]");
             if a.name.is_empty() || !a.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {

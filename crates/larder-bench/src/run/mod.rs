@@ -119,7 +119,7 @@ fn prepare(m: &Manifest, exe: &Path, manifest_name: &str, observer: &dyn Observe
     let bank = larder_engine::sizing::expert_index(&model)
         .map_err(|e| BenchError::from(e).during(format!("manifest {manifest_name}: cannot read the experts of {}", model.display())))?
         .total_bytes();
-    let available = larder_engine::prefill::mem_available();
+    let available = larder_engine::mem_available();
     let mut budgets = Vec::new();
     for a in &m.arms {
         let b = Budget::parse(&a.ram_budget).map_err(BenchError::Invalid)?.bytes(bank);
@@ -248,7 +248,7 @@ fn results(opts: &RunOptions, m: &Manifest, p: &Prepared, record: &Record, [ram_
 
 /// Writes `path`, a file in the output folder this command owns, through a
 /// new temporary file and a rename; anything there but a regular file is
-/// refused (`larder_engine::output`).
+/// refused (`larder_engine::OutputFile`).
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let mut out = larder_engine::OutputFile::in_owned_folder("--out", path)?;
     Ok(out.write_with(|w| w.write_all(bytes))?)

@@ -19,7 +19,7 @@ pub fn machine() -> Value {
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
         "cpu_model": cpu,
         "ram_bytes": mem_total(),
-        "ram_available_bytes": larder_engine::prefill::mem_available(),
+        "ram_available_bytes": larder_engine::mem_available(),
         "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").ok().map(|s| s.trim().to_string()),
         "kernel_path": larder_tensor::kernels::active_path().name(),
     })

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use larder_bench::{Observer, Unit};
 use larder_engine::pack::pack_source;
-use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleSpec};
+use larder_model::{upcycle, UpcycleLayout, UpcycleSpec};
 use larder_store::format_size;
 use larder_store::pack::{pack_with, PackEvent, PackOptions};
 

@@ -7,6 +7,9 @@
 //! `larder run --model STORE --chat --ram-budget B` runs it, with a RAM
 //! budget below the expert bank so experts stream from disk. Offline (or with
 //! an unusable cache) the target is the fixture instead, with the reason.
+//! With `--json` the demo generates through the engine here
+//! ([`generate_json`]); [`shell_quote`] and [`budget_arg`] write the command
+//! it prints to run the store again.
 
 pub mod build;
 pub mod fixture;
@@ -209,4 +212,50 @@ pub fn ram_budget(requested: Option<u64>, bank: u64) -> Result<u64> {
         ))),
         Some(b) => Ok(b),
     }
+}
+
+/// A shell word: `'...'` unless plainly safe.
+pub fn shell_quote(s: &str) -> String {
+    if !s.is_empty() && s.chars().all(|c| c.is_ascii_alphanumeric() || "-_./=:,+".contains(c)) {
+        return s.to_string();
+    }
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// `--ram-budget`'s value for `budget` bytes in the command the demo prints:
+/// a whole number of MiB reads better (parse_size takes both).
+pub fn budget_arg(budget: u64) -> String {
+    if budget > 0 && budget.is_multiple_of(1 << 20) {
+        format!("{}MiB", budget >> 20)
+    } else {
+        budget.to_string()
+    }
+}
+
+/// `larder run --json`'s document for `prompt` as a chat's user message on
+/// `engine`: greedy, at most `max_new` tokens, stopping at EOS.
+pub fn generate_json(engine: &larder_engine::Engine, prompt: &str, max_new: usize) -> Result<serde_json::Value> {
+    let ids = engine.encode_chat(&[larder_engine::ChatMessage::new("user", prompt)])?;
+    let opts = larder_engine::GenerateOptions {
+        max_new,
+        sampling: larder_engine::SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: 0,
+            seed: 0,
+        },
+        stop_at_eos: true,
+        draft_max: 8,
+    };
+    let generation = engine.generate(&ids, &opts, &mut |_| true)?;
+    let text = match engine.tokenizer() {
+        Ok(t) => t.decode(&generation.ids, true)?,
+        Err(_) => String::new(),
+    };
+    Ok(serde_json::json!({
+        "ids": generation.ids,
+        "text": text,
+        "finish_reason": generation.finish_reason,
+        "stats": generation.stats,
+    }))
 }

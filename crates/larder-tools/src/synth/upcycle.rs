@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleReport, UpcycleSpec};
+use larder_model::{upcycle, UpcycleLayout, UpcycleReport, UpcycleSpec};
 use serde_json::{json, Value};
 
 use crate::{Result, ToolsError};

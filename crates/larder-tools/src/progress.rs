@@ -5,14 +5,19 @@
 //! update it through atomics; a mutex only guards the rate limiter.
 //! `LARDER_PROGRESS_SECS` changes the ~2 s between lines (0: every update;
 //! tests use it to check totals). [`Shown`] shows the library benches' and
-//! tools' progress and notes this way.
+//! tools' progress and notes this way; [`FetchProgress`] a lazy cache's fetch,
+//! [`pull_events`] a pull's.
+//! This is the one module of larder-tools that draws on a terminal: the CLI's
+//! view of progress, which the other tools only report through an `Observer`.
 
 use std::io::{IsTerminal, Write};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use larder_store::lazy::LazyEvent;
+use larder_store::pull::PullEvent;
 
 /// Least time between two plain or JSON lines (unless `LARDER_PROGRESS_SECS` says otherwise).
 const LINE_EVERY: Duration = Duration::from_secs(2);
@@ -219,6 +224,17 @@ impl Progress {
     }
 }
 
+impl Progress {
+    /// A `(done, total)` callback (a model load's) that moves this progress.
+    pub fn hook(self: &Arc<Self>) -> Arc<dyn Fn(u64, u64) + Send + Sync> {
+        let shown = self.clone();
+        Arc::new(move |done, total| {
+            shown.set_total(total);
+            shown.set(done);
+        })
+    }
+}
+
 impl Drop for Progress {
     /// A bar left behind by an error path is cleared, never left half drawn.
     fn drop(&mut self) {
@@ -257,6 +273,86 @@ fn bar(task: &str, total: u64, unit: Unit) -> ProgressBar {
     }
     b.enable_steady_tick(Duration::from_millis(200));
     b
+}
+
+/// A progress bar on stderr when it is a terminal (hidden otherwise).
+pub fn progress_bar(len: u64, template: &str) -> ProgressBar {
+    let bar = ProgressBar::with_draw_target(Some(len), ProgressDrawTarget::stderr());
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar
+}
+
+/// The progress bar of a lazy cache's fetch (the spine's ranges, or every
+/// source file streamed once and checked).
+pub struct FetchProgress(Arc<Progress>);
+
+impl FetchProgress {
+    pub fn new(json: bool) -> FetchProgress {
+        FetchProgress(Arc::new(Progress::new("spine", 0, Unit::Bytes, json)))
+    }
+
+    /// The callback `larder_engine::open` reports the fetch to.
+    pub fn events(&self) -> Box<dyn Fn(LazyEvent) + Sync> {
+        let fetch = self.0.clone();
+        Box::new(move |e: LazyEvent| match e {
+            LazyEvent::Started {
+                total_bytes,
+                done_bytes,
+                whole_files,
+            } => {
+                if whole_files {
+                    fetch.set_message("checking every source file against its sha256 (once per cache)");
+                }
+                fetch.set_total(total_bytes);
+                fetch.set(done_bytes);
+            }
+            LazyEvent::Advanced { bytes } => fetch.inc(bytes),
+            LazyEvent::FileChecked { file, verified } => {
+                if !verified {
+                    tracing::warn!("{file}: the source publishes no sha256; its bytes are trusted as they streamed");
+                }
+            }
+            LazyEvent::Done => fetch.finish(),
+        })
+    }
+}
+
+impl Drop for FetchProgress {
+    fn drop(&mut self) {
+        self.0.finish();
+    }
+}
+
+/// `larder pull`'s events shown on `progress`: drives measured, files
+/// started (resumed ones noted), bytes, files the source publishes no sha256
+/// for, sealing.
+pub fn pull_events(progress: &Progress) -> impl Fn(PullEvent) + Sync + '_ {
+    move |ev| match ev {
+        PullEvent::MeasuringDrive { dir } => progress.set_message(&format!("measuring {}", dir.display())),
+        PullEvent::DriveMeasured { dir, gbps } => progress.note(&format!("{}: {gbps:.2} GB/s read", dir.display())),
+        PullEvent::Started {
+            total_bytes,
+            done_bytes,
+            files,
+        } => {
+            progress.set_total(total_bytes);
+            progress.set(done_bytes);
+            progress.set_message(&format!("{files} files"));
+        }
+        PullEvent::FileStarted { file, from, .. } if from > 0 => {
+            progress.note(&format!("{file}: resuming at byte {from}"));
+            progress.set_message(&file);
+        }
+        PullEvent::FileStarted { file, .. } => progress.set_message(&file),
+        PullEvent::Advanced { bytes } => progress.inc(bytes),
+        PullEvent::FileDone { file, verified: false } => {
+            progress.note(&format!("{file}: the source publishes no sha256 for it; not checked"))
+        }
+        PullEvent::FileDone { .. } => {}
+        PullEvent::Sealing => progress.set_message("digesting and checking the store"),
+    }
 }
 
 /// Progress and notes of the library benches and tools (`larder_bench::Observer`):
