@@ -6,8 +6,8 @@
 
 use std::path::Path;
 
-use larder_store::buf::{align_up, POOL_BUFFERS, POOL_BYTES};
 use larder_store::io::IoKind;
+use larder_store::{align_up, POOL_BUFFERS, POOL_BYTES};
 
 mod common;
 

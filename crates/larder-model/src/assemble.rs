@@ -18,7 +18,7 @@
 //!   `X.weight_scale` U8 `[rows, cols / 32]` (e8m0), optional `X.weight_shape`.
 //!
 //! gpt-oss experts are slices `[e]` of per-layer fused tensors
-//! ([`gpt_oss_fused_parts`], built by [`gpt_oss_expert`]):
+//! (`gpt_oss_fused_parts`, built by [`gpt_oss_expert`]):
 //! - MXFP4 (transformers 5.24.0 `integrations/mxfp4.py`):
 //!   `mlp.experts.gate_up_proj_blocks` U8 `[E, 2I, H/32, 16]` +
 //!   `_scales` U8 `[E, 2I, H/32]`, `down_proj_blocks` `[E, H, I/32, 16]` +
@@ -30,13 +30,11 @@
 //! - both: `gate_up_proj_bias` `[E, 2I]`, `down_proj_bias` `[E, H]`
 //!   (BF16/F16/F32, widened to f32 exactly).
 
-use larder_tensor::expert::{GluActivation, SwigluExpert};
-use larder_tensor::weight::SharedBytes;
-use larder_tensor::{WeightDType, WeightError, WeightFormat, WeightMatrix};
+use larder_tensor::{GluActivation, SharedBytes, SwigluExpert, WeightDType, WeightError, WeightFormat, WeightMatrix};
 
 use crate::quant::PackedFormat;
 
-/// Where a shipped part sits in the list [`shipped_names`] returns.
+/// Where a shipped part sits in the list `shipped_names` returns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PartKind {
     /// Values or codes.
@@ -79,7 +77,7 @@ pub struct PartMeta<'a> {
 /// The names a weight `X.weight` may ship under, by kind: for a packed
 /// weight `X.weight_packed`, `X.weight_scale`, `X.weight_shape`; otherwise
 /// `X.weight` and (fp8) `X.weight_scale_inv`.
-pub fn shipped_names(weight: &str, packed: bool) -> Vec<(PartKind, String)> {
+pub(crate) fn shipped_names(weight: &str, packed: bool) -> Vec<(PartKind, String)> {
     let module = weight.strip_suffix(".weight").unwrap_or(weight);
     if packed {
         vec![
@@ -97,7 +95,7 @@ pub fn shipped_names(weight: &str, packed: bool) -> Vec<(PartKind, String)> {
 
 /// How a weight ships, before its parts are checked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ShippedAs {
+pub(crate) enum ShippedAs {
     /// One float tensor (F32, F16 or BF16: the checkpoint's choice).
     Dense,
     /// fp8 e4m3 codes with f32 block scales (`weight_block_size`).
@@ -108,7 +106,7 @@ pub enum ShippedAs {
 
 /// One tensor a weight ships in, as its format requires it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct PartLayout {
+pub(crate) struct PartLayout {
     pub kind: PartKind,
     /// The checkpoint name (see [`shipped_names`]).
     pub name: String,
@@ -121,13 +119,13 @@ pub struct PartLayout {
 }
 
 /// The safetensors dtypes a float tensor may ship in.
-pub const FLOAT_DTYPES: &[&str] = &["BF16", "F16", "F32"];
+pub(crate) const FLOAT_DTYPES: &[&str] = &["BF16", "F16", "F32"];
 
 /// The tensors a `[rows, cols]` weight `weight` (`X.weight`) ships in as
 /// `how`, each with the dtypes and shape it must have, codes first. Only
 /// required parts are listed (MXFP4's optional `weight_shape` is not).
 /// `Err` when `cols` does not fit the packed format.
-pub fn part_layout(weight: &str, rows: usize, cols: usize, how: ShippedAs) -> Result<Vec<PartLayout>, String> {
+pub(crate) fn part_layout(weight: &str, rows: usize, cols: usize, how: ShippedAs) -> Result<Vec<PartLayout>, String> {
     let names = shipped_names(weight, matches!(how, ShippedAs::Packed(_)));
     let part = |i: usize, suffix, dtypes, shape: Vec<usize>| {
         let (kind, name): &(PartKind, String) = &names[i];
@@ -168,7 +166,7 @@ pub fn part_layout(weight: &str, rows: usize, cols: usize, how: ShippedAs) -> Re
 }
 
 /// The format the shipped parts of a `[rows, cols]` weight make, after
-/// checking every part's dtype and shape against [`part_layout`]; `Err`
+/// checking every part's dtype and shape against `part_layout`; `Err`
 /// names what disagrees. `packed` is the checkpoint's compressed-tensors
 /// format (when the weight ships packed), `fp8_block` its fp8 block size.
 pub fn shipped_format(
@@ -325,7 +323,7 @@ const BYTES: &[&str] = &["U8"];
 /// (`model.layers.{L}.mlp`), `experts` experts of `hidden` -> `inter`, in
 /// record order: MXFP4 (`mxfp4`) gate_up blocks, scales, bias, down blocks,
 /// scales, bias; unquantized gate_up, bias, down, bias.
-pub fn gpt_oss_fused_parts(block: &str, experts: usize, hidden: usize, inter: usize, mxfp4: bool) -> Vec<FusedPart> {
+pub(crate) fn gpt_oss_fused_parts(block: &str, experts: usize, hidden: usize, inter: usize, mxfp4: bool) -> Vec<FusedPart> {
     let part = |role, n: &str, shape: Vec<usize>, dtypes| FusedPart {
         role,
         name: format!("{block}.experts.{n}"),
@@ -367,7 +365,7 @@ pub fn check_fused_part(part: &FusedPart, dtype: &str, shape: &[usize], sliced: 
 }
 
 /// A gpt-oss expert from its slices `[e]` (dtype, bytes), in the order of
-/// [`gpt_oss_fused_parts`]: MXFP4 codes and scales viewed as they lie (no
+/// `gpt_oss_fused_parts`: MXFP4 codes and scales viewed as they lie (no
 /// copy), unquantized weights transposed to `[out, in]`, biases widened.
 pub fn gpt_oss_expert(
     name: &str,

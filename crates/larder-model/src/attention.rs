@@ -28,7 +28,7 @@ use crate::state::{LayerState, RecurrentLayer};
 /// One sequence's rows in a batch a mixer runs ([`Mixer::forward_rows`]):
 /// rows `rows` of the batch matrix, at positions `start..`, over its layer
 /// `state`.
-pub struct MixerRows<'a> {
+pub(crate) struct MixerRows<'a> {
     pub rows: Range<usize>,
     pub start: usize,
     pub state: &'a mut LayerState,
@@ -41,7 +41,7 @@ fn state_mismatch() -> ModelError {
 /// The token mixer of one layer.
 // One per layer, so the size difference between variants does not matter.
 #[allow(clippy::large_enum_variant)]
-pub enum Mixer {
+pub(crate) enum Mixer {
     Gqa(GqaAttention),
     Mla(MlaAttention),
     Kda(KdaMixer),
@@ -49,7 +49,7 @@ pub enum Mixer {
 
 impl Mixer {
     /// The mixer `layer` says, from its tensors under `attn` (`model.layers.{l}.self_attn`).
-    pub fn load(spec: &ModelSpec, layer: &LayerSpec, attn: &WeightView<'_>) -> Result<Mixer, ModelError> {
+    pub(crate) fn load(spec: &ModelSpec, layer: &LayerSpec, attn: &WeightView<'_>) -> Result<Mixer, ModelError> {
         match &layer.mixer {
             MixerSpec::Gqa => GqaAttention::load(spec, attn, layer.sliding_window).map(Mixer::Gqa),
             MixerSpec::Mla(m) => MlaAttention::load(spec, m, attn).map(Mixer::Mla),
@@ -61,7 +61,7 @@ impl Mixer {
     /// `state` (which must hold exactly `start` positions): attention appends
     /// their keys and values, KDA updates its recurrent state (uncommitted
     /// until the pass succeeds). An error when `state` is of another mixer.
-    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, state: &mut LayerState) -> Result<Mat, ModelError> {
+    pub(crate) fn forward(&self, x: &Mat, start: usize, rope: &Rope, state: &mut LayerState) -> Result<Mat, ModelError> {
         match (self, state) {
             (Mixer::Gqa(a), LayerState::Kv(cache)) => Ok(a.forward(x, start, rope, cache)),
             (Mixer::Mla(a), LayerState::Kv(cache)) => Ok(a.forward(x, start, rope, cache)),
@@ -75,7 +75,7 @@ impl Mixer {
     /// product (batch-invariant kernels: a row's result never depends on the
     /// others) and attends per row; MLA and KDA run each sequence's rows on
     /// their own. An error names the part at fault (its index in `parts`).
-    pub fn forward_rows(&self, x: &Mat, parts: &mut [MixerRows<'_>], rope: &Rope) -> Result<Mat, (usize, ModelError)> {
+    pub(crate) fn forward_rows(&self, x: &Mat, parts: &mut [MixerRows<'_>], rope: &Rope) -> Result<Mat, (usize, ModelError)> {
         if let Mixer::Gqa(a) = self {
             let mut caches = Vec::with_capacity(parts.len());
             for (i, p) in parts.iter_mut().enumerate() {
@@ -97,7 +97,7 @@ impl Mixer {
     }
 
     /// Whether `state` is this mixer's kind of state, with its widths.
-    pub fn fits(&self, state: &LayerState) -> bool {
+    pub(crate) fn fits(&self, state: &LayerState) -> bool {
         match (self, state) {
             (Mixer::Gqa(a), LayerState::Kv(kv)) => {
                 let d = a.num_kv_heads * a.head_dim;
@@ -113,7 +113,7 @@ impl Mixer {
     }
 
     /// An empty state for this mixer.
-    pub fn new_state(&self) -> LayerState {
+    pub(crate) fn new_state(&self) -> LayerState {
         match self {
             Mixer::Gqa(a) => {
                 let d = a.num_kv_heads * a.head_dim;
@@ -129,7 +129,7 @@ impl Mixer {
 }
 
 /// Grouped-query attention.
-pub struct GqaAttention {
+pub(crate) struct GqaAttention {
     pub q_proj: Linear,
     pub k_proj: Linear,
     pub v_proj: Linear,
@@ -149,7 +149,7 @@ pub struct GqaAttention {
 impl GqaAttention {
     /// The q/k/v/o projections under `attn` (biases as `spec` says), the
     /// per-head q/k norms (Qwen3) and sinks (gpt-oss) when it has them.
-    pub fn load(spec: &ModelSpec, attn: &WeightView<'_>, sliding_window: Option<usize>) -> Result<Self, ModelError> {
+    pub(crate) fn load(spec: &ModelSpec, attn: &WeightView<'_>, sliding_window: Option<usize>) -> Result<Self, ModelError> {
         let (h, hd) = (spec.hidden_size, spec.head_dim);
         let (nq, nkv) = (spec.num_heads * hd, spec.num_kv_heads * hd);
         let qk_norm = match spec.qk_norm {
@@ -175,7 +175,7 @@ impl GqaAttention {
     }
 
     /// See [`Mixer::forward`].
-    pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
+    pub(crate) fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
         self.forward_rows(x, &mut [(0..x.rows(), start, cache)], rope)
     }
 
@@ -184,7 +184,7 @@ impl GqaAttention {
     /// run once over every row (one matrix product: each weight read once
     /// for all sequences, each row's result as alone), then each row attends
     /// over its own sequence's cache.
-    pub fn forward_rows(&self, x: &Mat, parts: &mut [(Range<usize>, usize, &mut KvLayer)], rope: &Rope) -> Mat {
+    pub(crate) fn forward_rows(&self, x: &Mat, parts: &mut [(Range<usize>, usize, &mut KvLayer)], rope: &Rope) -> Mat {
         let hd = self.head_dim;
         let mut q = self.q_proj.forward(x);
         let mut k = self.k_proj.forward(x);
@@ -251,7 +251,7 @@ impl GqaAttention {
 /// sink's own probability dropped (transformers 5.24.0 gpt_oss
 /// `eager_attention_forward`: the sink concatenated to the scores, the row's
 /// max subtracted, softmax, the sink column removed).
-pub fn softmax_with_sink(scores: &mut [f32], sink: f32) {
+pub(crate) fn softmax_with_sink(scores: &mut [f32], sink: f32) {
     let max = scores.iter().copied().fold(sink, f32::max);
     let mut sum = 0.0f32;
     for v in scores.iter_mut() {

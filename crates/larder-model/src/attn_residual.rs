@@ -29,11 +29,11 @@ use crate::error::ModelError;
 use crate::source::WeightView;
 
 /// `Inkling2UnweightedRMSNorm`'s eps (its default; not `rms_norm_eps`).
-pub const UNWEIGHTED_NORM_EPS: f32 = 1e-6;
+pub(crate) const UNWEIGHTED_NORM_EPS: f32 = 1e-6;
 
 /// One learned query attending over the depth axis (`*_input.query`).
 #[derive(Debug, Clone)]
-pub struct DepthAttention {
+pub(crate) struct DepthAttention {
     query: Vec<f32>,
     /// `hidden^-0.5`, rounded to f32 as torch applies it.
     scale: f32,
@@ -42,18 +42,18 @@ pub struct DepthAttention {
 impl DepthAttention {
     /// Loads the `[hidden]` `query` under `module` (`*_input`; any shipped
     /// float dtype, widened to f32); a missing tensor is an error naming it.
-    pub fn load(module: &WeightView<'_>, hidden: usize) -> Result<Self, ModelError> {
+    pub(crate) fn load(module: &WeightView<'_>, hidden: usize) -> Result<Self, ModelError> {
         Ok(Self::new(module.vector("query", hidden)?))
     }
 
-    pub fn new(query: Vec<f32>) -> Self {
+    pub(crate) fn new(query: Vec<f32>) -> Self {
         let scale = (query.len() as f64).powf(-0.5) as f32;
         DepthAttention { query, scale }
     }
 
     /// Per row: attention of the query over `[blocks[0], .., blocks[n-1],
     /// partial]` (all `[rows, hidden]`).
-    pub fn forward(&self, blocks: &[Mat], partial: &Mat) -> Mat {
+    pub(crate) fn forward(&self, blocks: &[Mat], partial: &Mat) -> Mat {
         let h = partial.cols();
         let depth = blocks.len() + 1;
         let mut out = Mat::zeros(partial.rows(), h);
@@ -89,7 +89,7 @@ fn unweighted_rms_norm(x: &[f32], out: &mut [f32]) {
 
 /// One decoder layer's attention-residual inputs.
 #[derive(Debug, Clone)]
-pub struct LayerAttnRes {
+pub(crate) struct LayerAttnRes {
     /// `model.layers.{l}.attention_input` (absent for layer 0: its mixer
     /// reads the embeddings).
     pub attention_input: Option<DepthAttention>,
@@ -102,7 +102,7 @@ pub struct LayerAttnRes {
 impl LayerAttnRes {
     /// Layer `layer`'s queries under `weights` (`model.layers.{layer}`), with
     /// `block` layers per block.
-    pub fn load(weights: &WeightView<'_>, layer: usize, block: usize, hidden: usize) -> Result<Self, ModelError> {
+    pub(crate) fn load(weights: &WeightView<'_>, layer: usize, block: usize, hidden: usize) -> Result<Self, ModelError> {
         let attention_input = match layer {
             0 => None,
             _ => Some(DepthAttention::load(&weights.pp("attention_input"), hidden)?),
@@ -116,7 +116,7 @@ impl LayerAttnRes {
 
     /// The mixer's input (before `input_layernorm`): `None` means the
     /// stream `x` itself (layer 0).
-    pub fn mixer_input(&self, blocks: &[Mat], x: &Mat) -> Option<Mat> {
+    pub(crate) fn mixer_input(&self, blocks: &[Mat], x: &Mat) -> Option<Mat> {
         self.attention_input.as_ref().map(|a| a.forward(blocks, x))
     }
 
@@ -127,7 +127,7 @@ impl LayerAttnRes {
     /// same layer input twice, inside the layer (for `mlp_input`) and in the
     /// model loop after the layer (for the next layers): one append here is
     /// both.
-    pub fn after_mixer(&self, blocks: &mut Vec<Mat>, x: &mut Mat, mixed: Mat) -> Mat {
+    pub(crate) fn after_mixer(&self, blocks: &mut Vec<Mat>, x: &mut Mat, mixed: Mat) -> Mat {
         if self.block_boundary {
             blocks.push(std::mem::replace(x, mixed));
         } else {

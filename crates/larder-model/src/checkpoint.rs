@@ -24,8 +24,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use larder_tensor::weight::SharedBytes;
-use larder_tensor::{WeightDType, WeightMatrix};
+use larder_tensor::{SharedBytes, WeightDType, WeightMatrix};
 use safetensors::tensor::Dtype;
 
 use crate::assemble::{self, PartKind, PartMeta};
@@ -84,7 +83,7 @@ pub type TensorCheck = dyn Fn(&str, &TensorInfo, &[u8]) -> Result<(), String> + 
 
 /// Told the size of every tensor as it is handed out (read, or zeros when
 /// unread): a load's progress, or (over an unread checkpoint) its total.
-pub type ReadProgress = dyn Fn(u64) + Send + Sync;
+pub(crate) type ReadProgress = dyn Fn(u64) + Send + Sync;
 
 /// A safetensors file known by its header (see [`Checkpoint::from_headers`]).
 #[derive(Debug, Clone)]
@@ -151,7 +150,7 @@ impl Checkpoint {
 
     /// The config.json beside the checkpoint's files (where errors about a
     /// tensor that a config field sets point).
-    pub fn config_json_path(&self) -> PathBuf {
+    pub(crate) fn config_json_path(&self) -> PathBuf {
         self.file_paths()
             .first()
             .and_then(|p| p.parent().map(|dir| dir.join("config.json")))
@@ -385,13 +384,13 @@ impl Checkpoint {
     /// A tensor's stored bytes as shared memory (read and checked once; zeros
     /// over anonymous memory when unread): slice it for every expert of a
     /// fused per-layer tensor without copying.
-    pub fn shared_tensor(&self, name: &str) -> Result<SharedBytes, ModelError> {
+    pub(crate) fn shared_tensor(&self, name: &str) -> Result<SharedBytes, ModelError> {
         self.weight_bytes(name, self.entry(name)?)
     }
 
     /// The bytes of slice `index` along the first axis of tensor `name`
     /// (see [`slice_info`](Self::slice_info)). Reads the whole tensor: for
-    /// many slices, take [`shared_tensor`](Self::shared_tensor) once.
+    /// many slices, take `shared_tensor` once.
     pub fn slice_bytes(&self, name: &str, index: usize) -> Result<SharedBytes, ModelError> {
         let slice = self.slice_info(name, index)?;
         let start = self.entry(name)?.start as u64;
@@ -474,7 +473,7 @@ impl Checkpoint {
     }
 
     /// Sets the fp8 block size and the compressed-tensors scheme of `spec`.
-    pub fn configure(&self, spec: &ModelSpec) {
+    pub(crate) fn configure(&self, spec: &ModelSpec) {
         self.set_fp8_block(spec.fp8_block);
         if let Some(c) = &spec.compressed {
             let _ = self.compressed.set(c.clone());
@@ -490,7 +489,7 @@ impl Checkpoint {
 
     /// A 2-D parameter that is not a linear layer's weight (embedding, MoE
     /// router): never targeted by a compressed-tensors scheme.
-    pub fn param_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
+    pub(crate) fn param_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
         self.load_weight(name, rows, cols, false)
     }
 
@@ -641,7 +640,7 @@ impl Checkpoint {
 
     /// A tensor of exactly `shape`, widened to f32 in row-major order (small
     /// parameters: convolution taps, gate parameters).
-    pub fn tensor_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
+    pub(crate) fn tensor_f32(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>, ModelError> {
         let (e, dtype) = self.check(name, shape)?;
         let mut out = vec![0.0f32; shape.iter().product()];
         dtype.decode_into(&self.checked_bytes(name, e)?, &mut out);

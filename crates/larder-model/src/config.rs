@@ -3,10 +3,10 @@
 //! may hold ([`MAX_CONFIG_INT`] and the limits after it); and the one
 //! config-key policy every architecture follows ([`ConfigKeys`],
 //! [`ConfigJson::check_keys`]): each key is read by the architecture,
-//! bookkeeping ([`BOOKKEEPING_KEYS`]), or refused naming it.
+//! bookkeeping (`BOOKKEEPING_KEYS`), or refused naming it.
 //!
 //! What an architecture reads a config into, [`ModelSpec`] and the specs it
-//! holds, is [`crate::spec`]'s; re-exported here for the paths other crates
+//! holds, is `crate::spec`'s; re-exported here for the paths other crates
 //! use (`larder_model::config::ModelSpec`).
 
 use std::path::{Path, PathBuf};
@@ -44,7 +44,7 @@ pub const MAX_TENSOR_ELEMENTS: u64 = 1 << 48;
 /// any released model (256). Per-head buffers (the RoPE frequencies, a
 /// query's scratch rows) are sized by it without a tensor to check it
 /// against (Kimi Linear's unused RoPE table).
-pub const MAX_HEAD_DIM: usize = 1 << 16;
+pub(crate) const MAX_HEAD_DIM: usize = 1 << 16;
 
 /// Keys any config.json may carry, with any value, because nothing larder or
 /// transformers computes for these architectures reads them: Hugging Face
@@ -52,7 +52,7 @@ pub const MAX_HEAD_DIM: usize = 1 << 16;
 /// outputs and task heads, training-only settings, and larder's own
 /// provenance records (`larder_synth`, `larder_upcycle`). Every other key
 /// must be one an architecture reads ([`ConfigKeys`]).
-pub const BOOKKEEPING_KEYS: &[&str] = &[
+pub(crate) const BOOKKEEPING_KEYS: &[&str] = &[
     // Hugging Face bookkeeping
     "architectures",
     "auto_map",
@@ -131,7 +131,7 @@ pub const BOOKKEEPING_KEYS: &[&str] = &[
     "larder_upcycle",
 ];
 
-/// The config.json keys one architecture accepts besides [`BOOKKEEPING_KEYS`]
+/// The config.json keys one architecture accepts besides `BOOKKEEPING_KEYS`
 /// (checked by [`ConfigJson::check_keys`] before its reader runs).
 #[derive(Debug, Clone, Copy)]
 #[non_exhaustive]
@@ -212,7 +212,7 @@ impl ConfigJson {
 
     /// The refusal of `field`, a key architecture `arch` does not read
     /// (nested keys spelled `parent.key`).
-    pub fn unknown_key(&self, field: &str, arch: &str, docs: &str) -> ModelError {
+    pub(crate) fn unknown_key(&self, field: &str, arch: &str, docs: &str) -> ModelError {
         self.err(
             field,
             format!(
@@ -236,7 +236,7 @@ impl ConfigJson {
     }
 
     /// An optional non-negative integer.
-    pub fn opt_usize(&self, field: &str) -> Result<Option<usize>, ModelError> {
+    pub(crate) fn opt_usize(&self, field: &str) -> Result<Option<usize>, ModelError> {
         match self.get(field) {
             None => Ok(None),
             Some(v) => self.bounded(field, v).map(Some),
@@ -262,7 +262,7 @@ impl ConfigJson {
     }
 
     /// An optional number.
-    pub fn opt_f64(&self, field: &str) -> Result<Option<f64>, ModelError> {
+    pub(crate) fn opt_f64(&self, field: &str) -> Result<Option<f64>, ModelError> {
         match self.get(field) {
             None => Ok(None),
             Some(v) => v
@@ -273,7 +273,7 @@ impl ConfigJson {
     }
 
     /// An optional boolean.
-    pub fn opt_bool(&self, field: &str) -> Result<Option<bool>, ModelError> {
+    pub(crate) fn opt_bool(&self, field: &str) -> Result<Option<bool>, ModelError> {
         match self.get(field) {
             None => Ok(None),
             Some(v) => v
@@ -295,7 +295,7 @@ impl ConfigJson {
     }
 
     /// An optional list of non-negative integers.
-    pub fn opt_usize_list(&self, field: &str) -> Result<Vec<usize>, ModelError> {
+    pub(crate) fn opt_usize_list(&self, field: &str) -> Result<Vec<usize>, ModelError> {
         match self.get(field) {
             None => Ok(Vec::new()),
             Some(Value::Array(items)) => items.iter().map(|v| self.bounded(field, v)).collect(),
@@ -309,7 +309,7 @@ impl ConfigJson {
     }
 
     /// `hidden_act` must be SiLU for the SwiGLU blocks larder implements.
-    pub fn require_silu(&self) -> Result<(), ModelError> {
+    pub(crate) fn require_silu(&self) -> Result<(), ModelError> {
         let act = self.opt_str("hidden_act")?.unwrap_or("silu");
         if act != "silu" && act != "swish" {
             return Err(self.err("hidden_act", format!("{act:?} is not supported (only silu)")));
@@ -319,7 +319,7 @@ impl ConfigJson {
 
     /// The attention geometry shared by every architecture:
     /// `(hidden, heads, kv_heads, head_dim)`, validated.
-    pub fn attention_dims(&self) -> Result<(usize, usize, usize, usize), ModelError> {
+    pub(crate) fn attention_dims(&self) -> Result<(usize, usize, usize, usize), ModelError> {
         let hidden = self.usize("hidden_size")?;
         let heads = self.usize("num_attention_heads")?;
         let kv_heads = self.opt_usize("num_key_value_heads")?.unwrap_or(heads);
@@ -349,7 +349,7 @@ impl ConfigJson {
 
     /// MLA's `num_key_value_heads`: absent or equal to `heads`
     /// (`num_attention_heads`), since every head has its own key and value.
-    pub fn equal_heads(&self, heads: usize) -> Result<(), ModelError> {
+    pub(crate) fn equal_heads(&self, heads: usize) -> Result<(), ModelError> {
         let kv_heads = self.opt_usize("num_key_value_heads")?.unwrap_or(heads);
         if kv_heads != heads {
             return Err(self.err(
@@ -380,7 +380,7 @@ impl ConfigJson {
 }
 
 /// The MoE top-k settings every softmax-routed architecture shares, validated.
-pub fn check_top_k(cfg: &ConfigJson, num_experts: usize, top_k: usize) -> Result<(), ModelError> {
+pub(crate) fn check_top_k(cfg: &ConfigJson, num_experts: usize, top_k: usize) -> Result<(), ModelError> {
     if top_k == 0 || top_k > num_experts {
         return Err(cfg.err(
             "num_experts_per_tok",

@@ -194,7 +194,7 @@ impl DecoderModel {
     }
 
     /// Last-row logits of a cheap approximate pass in which every MoE layer
-    /// uses only experts already in RAM (see [`MoeBlock::forward_with`](crate::moe::MoeBlock::forward_with)):
+    /// uses only experts already in RAM (see `MoeBlock::forward_with`):
     /// what a cache-resident self-draft guesses with. Never the model's answer.
     pub fn forward_last_resident(&self, ids: &[u32], state: &mut SequenceState) -> Result<Vec<f32>, ModelError> {
         self.forward_one(ids, state, Wanted::Last, None, true).map(Mat::into_vec)

@@ -15,7 +15,7 @@
 
 use std::sync::Arc;
 
-use larder_tensor::expert::GluActivation;
+use larder_tensor::GluActivation;
 
 use crate::assemble::{check_fused_part, gpt_oss_expert, gpt_oss_fused_parts, gpt_oss_placeholder_expert, FusedPart};
 use crate::checkpoint::Checkpoint;
@@ -35,14 +35,14 @@ pub struct FusedLayer {
     pub intermediate: usize,
     /// Whether the experts ship MXFP4 (blocks + scales) or unquantized.
     pub mxfp4: bool,
-    /// In record order (see [`gpt_oss_fused_parts`]).
+    /// In record order (see `gpt_oss_fused_parts`).
     pub parts: Vec<FusedPart>,
     pub activation: GluActivation,
 }
 
 impl FusedLayer {
     /// Expert `expert`'s module name (`{block}.experts.{expert}`), naming it in errors.
-    pub fn expert_module(&self, expert: usize) -> String {
+    pub(crate) fn expert_module(&self, expert: usize) -> String {
         TensorPath::root().pp(&self.block).pp("experts").pp(expert).to_string()
     }
 }
@@ -136,7 +136,7 @@ fn check_present(
 /// Every expert of gpt-oss MoE layer `layer`, in RAM: each fused tensor is
 /// taken once (whole, as shipped) and each expert views its slice (MXFP4
 /// without a copy).
-pub fn load_gpt_oss_layer(spec: &ModelSpec, layer: usize, weights: &dyn WeightSource) -> Result<Vec<Arc<Mlp>>, ModelError> {
+pub(crate) fn load_gpt_oss_layer(spec: &ModelSpec, layer: usize, weights: &dyn WeightSource) -> Result<Vec<Arc<Mlp>>, ModelError> {
     let (fused, says) =
         fused_layer(spec, layer)?.ok_or_else(|| ModelError::Experts(format!("layer {layer}: not a gpt-oss expert layer")))?;
     for part in &fused.parts {

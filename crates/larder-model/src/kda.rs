@@ -53,7 +53,7 @@ use crate::state::{RecurrentLayer, RecurrentValues};
 const L2_EPS: f32 = 1e-6;
 
 /// One KDA layer's weights.
-pub struct KdaMixer {
+pub(crate) struct KdaMixer {
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
@@ -108,7 +108,7 @@ struct RecurrenceInputs {
 impl KdaMixer {
     /// Loads the KDA tensors under `attn` (`model.layers.N.self_attn`),
     /// checking every shape against `spec` and `hidden`.
-    pub fn load(attn: &WeightView<'_>, spec: &KdaSpec, hidden: usize, rms_norm_eps: f32) -> Result<Self, ModelError> {
+    pub(crate) fn load(attn: &WeightView<'_>, spec: &KdaSpec, hidden: usize, rms_norm_eps: f32) -> Result<Self, ModelError> {
         let (h, d, k) = (spec.num_heads, spec.head_dim, spec.conv_kernel);
         let hd = h
             .checked_mul(d)
@@ -149,14 +149,14 @@ impl KdaMixer {
     }
 
     /// `(heads, head_dim, kernel)`.
-    pub fn dims(&self) -> (usize, usize, usize) {
+    pub(crate) fn dims(&self) -> (usize, usize, usize) {
         (self.heads, self.head_dim, self.kernel)
     }
 
     /// Mixes rows `x` (the next positions of one sequence) through the
     /// recurrent `state`, whose update stays uncommitted until the pass
     /// succeeds (see [`RecurrentLayer::update`]).
-    pub fn forward(&self, x: &Mat, state: &mut RecurrentLayer) -> Mat {
+    pub(crate) fn forward(&self, x: &Mat, state: &mut RecurrentLayer) -> Mat {
         let rows = x.rows();
         let hd = self.heads * self.head_dim;
         let p = [self.q_proj.forward(x), self.k_proj.forward(x), self.v_proj.forward(x)];

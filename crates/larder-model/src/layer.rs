@@ -17,13 +17,13 @@ use crate::spec::{FfnSpec, LayerSpec, ModelSpec, DENSE_MLP_PROJ};
 /// The feed-forward half of a layer.
 // One per layer, so the size difference between variants does not matter.
 #[allow(clippy::large_enum_variant)]
-pub enum Ffn {
+pub(crate) enum Ffn {
     Dense(Mlp),
     Moe(MoeBlock),
 }
 
 /// One decoder layer.
-pub struct DecoderLayer {
+pub(crate) struct DecoderLayer {
     pub input_norm: Vec<f32>,
     pub mixer: Mixer,
     pub post_attention_norm: Vec<f32>,
@@ -36,7 +36,7 @@ impl DecoderLayer {
     /// Layer `l` of `spec` (`layer_spec`), from the tensors under
     /// `model.layers.{l}`; with `in_ram`, also its routed experts (empty for
     /// a dense layer, or without `in_ram`: a provider streams them).
-    pub fn load(
+    pub(crate) fn load(
         spec: &ModelSpec,
         l: usize,
         layer_spec: &LayerSpec,

@@ -14,7 +14,7 @@
 //!   bailing_hybrid's MLA), each head's output is multiplied by
 //!   `sigmoid(g_proj x)[head]` before `o_proj`;
 //! - the latent RMSNorms (`q_a_layernorm`, `kv_a_layernorm`) use their own
-//!   epsilon, [`LATENT_NORM_EPS`] = 1e-6 whatever `rms_norm_eps` is: both
+//!   epsilon, [`LATENT_NORM_EPS`](crate::LATENT_NORM_EPS) = 1e-6 whatever `rms_norm_eps` is: both
 //!   transformers' `DeepseekV3Attention` and `KimiLinear`'s MLA build them
 //!   with the RMSNorm's default eps.
 //!
@@ -47,8 +47,6 @@ use crate::kv_cache::KvLayer;
 use crate::rope::Rope;
 use crate::source::WeightView;
 use crate::spec::{MlaCache, MlaSpec, ModelSpec};
-
-pub use crate::spec::LATENT_NORM_EPS;
 
 /// How queries are projected.
 pub enum QueryProj {
@@ -220,7 +218,7 @@ impl MlaAttention {
         (ckv, latent)
     }
 
-    /// See [`crate::attention::Mixer::forward`].
+    /// See `crate::attention::Mixer::forward`.
     pub fn forward(&self, x: &Mat, start: usize, rope: &Rope, cache: &mut KvLayer) -> Mat {
         debug_assert_eq!(cache.len(), start);
         let out = match self.cache {

@@ -1,9 +1,9 @@
 //! The SwiGLU feed-forward block, `down(silu(gate(x)) * up(x))`: dense
 //! layers, routed experts and shared experts are all this block, which is
-//! larder-tensor's [`SwigluExpert`](larder_tensor::expert::SwigluExpert) (the same code the expert store's
+//! larder-tensor's [`SwigluExpert`](larder_tensor::SwigluExpert) (the same code the expert store's
 //! contiguous records run through).
 
-pub use larder_tensor::expert::SwigluExpert as Mlp;
+pub use larder_tensor::SwigluExpert as Mlp;
 
 use crate::error::ModelError;
 use crate::source::WeightView;

@@ -21,14 +21,14 @@ use crate::source::WeightView;
 use crate::spec::{ModelSpec, MoeSpec, Scoring, SharedExpertSpec, DENSE_MLP_PROJ};
 
 /// An always-applied shared expert.
-pub struct SharedExpert {
+pub(crate) struct SharedExpert {
     pub mlp: Mlp,
     /// `sigmoid(gate(x))` scales the shared output (Qwen2-MoE).
     pub gate: Option<Linear>,
 }
 
 /// The projections around latent-space experts (spine tensors, in RAM).
-pub struct LatentProj {
+pub(crate) struct LatentProj {
     /// `fc1_latent_proj`, `[latent, hidden]`: the experts' input.
     pub down: Linear,
     /// `fc2_latent_proj`, `[hidden, latent]`: back from the experts' weighted sum.
@@ -38,7 +38,7 @@ pub struct LatentProj {
 impl LatentProj {
     /// `fc1_latent_proj.weight` and `fc2_latent_proj.weight` under `block`
     /// (no biases: Kimi's MLPs have none); a missing tensor is an error naming it.
-    pub fn load(block: &WeightView<'_>, hidden: usize, latent: usize) -> Result<LatentProj, ModelError> {
+    pub(crate) fn load(block: &WeightView<'_>, hidden: usize, latent: usize) -> Result<LatentProj, ModelError> {
         Ok(LatentProj {
             down: block.linear("fc1_latent_proj", latent, hidden)?,
             up: block.linear("fc2_latent_proj", hidden, latent)?,
@@ -49,7 +49,7 @@ impl LatentProj {
 impl SharedExpert {
     /// The shared expert under `block` (the module `spec.moe_names` says),
     /// with its sigmoid gate when `shared` has one.
-    pub fn load(spec: &ModelSpec, shared: &SharedExpertSpec, block: &WeightView<'_>) -> Result<SharedExpert, ModelError> {
+    pub(crate) fn load(spec: &ModelSpec, shared: &SharedExpertSpec, block: &WeightView<'_>) -> Result<SharedExpert, ModelError> {
         let (h, names) = (spec.hidden_size, &spec.moe_names);
         Ok(SharedExpert {
             mlp: load_mlp(&block.pp(names.shared_expert), DENSE_MLP_PROJ, h, shared.intermediate)?,
@@ -62,7 +62,7 @@ impl SharedExpert {
 }
 
 /// A routed MoE block.
-pub struct MoeBlock {
+pub(crate) struct MoeBlock {
     pub layer: usize,
     pub router: Linear,
     pub routing: Router,
@@ -77,7 +77,7 @@ impl MoeBlock {
     /// routing function, latent projections; with `in_ram`, also every
     /// routed expert (for [`InMemoryExperts`](crate::InMemoryExperts)),
     /// returned beside the block (empty otherwise: a provider streams them).
-    pub fn load(
+    pub(crate) fn load(
         spec: &ModelSpec,
         m: &MoeSpec,
         layer: usize,
@@ -106,21 +106,17 @@ impl MoeBlock {
     }
 
     /// Routes every row of `x`.
-    pub fn route(&self, x: &Mat) -> Vec<Route> {
+    pub(crate) fn route(&self, x: &Mat) -> Vec<Route> {
         let logits = self.router.forward(x);
         (0..x.rows()).map(|r| self.routing.route(logits.row(r))).collect()
     }
 
-    /// Computes the block for rows `x`, returning the routes it took.
-    pub fn forward(&self, x: &Mat, experts: &dyn ExpertProvider) -> Result<(Mat, Vec<Route>), ModelError> {
-        self.forward_with(x, experts, false)
-    }
-
-    /// [`forward`](Self::forward); with `resident_only`, each row keeps only
+    /// Computes the block for rows `x`, returning the routes it took; with
+    /// `resident_only`, each row keeps only
     /// the chosen experts the provider holds in RAM, their weights rescaled
     /// to the original total (the cheap, approximate pass a self-draft uses;
     /// never used for tokens the model emits).
-    pub fn forward_with(&self, x: &Mat, experts: &dyn ExpertProvider, resident_only: bool) -> Result<(Mat, Vec<Route>), ModelError> {
+    pub(crate) fn forward_with(&self, x: &Mat, experts: &dyn ExpertProvider, resident_only: bool) -> Result<(Mat, Vec<Route>), ModelError> {
         let mut routes = self.route(x);
         if resident_only {
             for r in routes.iter_mut() {

@@ -143,7 +143,7 @@ const FP8_KEYS: &[&str] = &[
 /// their `weight_scale_inv` (so `modules_to_not_convert` is whatever ships
 /// unquantized); activations stay f32, so only `activation_scheme: dynamic`
 /// (no activation scales shipped) is read; any other key is refused.
-pub fn fp8_block(cfg: &ConfigJson) -> Result<Option<(usize, usize)>, ModelError> {
+pub(crate) fn fp8_block(cfg: &ConfigJson) -> Result<Option<(usize, usize)>, ModelError> {
     let Some(q) = cfg.raw("quantization_config") else { return Ok(None) };
     let field = "quantization_config";
     let method = q.get("quant_method").and_then(|m| m.as_str()).unwrap_or("");
@@ -186,7 +186,7 @@ pub fn fp8_block(cfg: &ConfigJson) -> Result<Option<(usize, usize)>, ModelError>
 
 /// Reads `quantization_config` when its `quant_method` is
 /// `compressed-tensors`; `None` without one or for another method.
-pub fn compressed_tensors(cfg: &ConfigJson) -> Result<Option<CompressedTensors>, ModelError> {
+pub(crate) fn compressed_tensors(cfg: &ConfigJson) -> Result<Option<CompressedTensors>, ModelError> {
     let Some(q) = cfg.raw("quantization_config") else { return Ok(None) };
     if q.get("quant_method").and_then(Value::as_str) != Some("compressed-tensors") {
         return Ok(None);
@@ -430,7 +430,7 @@ impl Mxfp4Experts {
 /// Reads gpt-oss's `quantization_config`: `None` without one; `quant_method`
 /// must be `mxfp4` and the only other key `modules_to_not_convert` (a list
 /// of strings); anything else is refused naming the field.
-pub fn gpt_oss_mxfp4(cfg: &ConfigJson) -> Result<Option<Mxfp4Experts>, ModelError> {
+pub(crate) fn gpt_oss_mxfp4(cfg: &ConfigJson) -> Result<Option<Mxfp4Experts>, ModelError> {
     let Some(q) = cfg.raw("quantization_config") else { return Ok(None) };
     let f = "quantization_config";
     let obj = q.as_object().ok_or_else(|| cfg.err(f, "not an object"))?;

@@ -9,6 +9,7 @@ use crate::error::ModelError;
 
 /// RoPE frequency scaling.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum RopeScaling {
     None,
     Linear {
@@ -50,11 +51,11 @@ impl Default for RopeSpec {
 }
 
 /// Keys of `rope_scaling` / `rope_parameters` every rope type reads.
-pub const ROPE_COMMON_KEYS: &[&str] = &["rope_type", "type", "rope_theta"];
+pub(crate) const ROPE_COMMON_KEYS: &[&str] = &["rope_type", "type", "rope_theta"];
 
 /// The rope types larder implements, with the keys each reads beyond
 /// [`ROPE_COMMON_KEYS`]; any other key of its object is refused naming it.
-pub const ROPE_TYPES: &[(&str, &[&str])] = &[
+pub(crate) const ROPE_TYPES: &[(&str, &[&str])] = &[
     ("default", &[]),
     ("linear", &["factor"]),
     (
@@ -79,7 +80,7 @@ pub const ROPE_TYPES: &[(&str, &[&str])] = &[
 impl RopeSpec {
     /// Reads `rope_theta` and `rope_scaling` (or transformers 5's
     /// `rope_parameters`, which holds both); either object's rope type must
-    /// be one of [`ROPE_TYPES`] and its keys those the type reads.
+    /// be one of `ROPE_TYPES` and its keys those the type reads.
     pub fn from_config(cfg: &ConfigJson, default_theta: f64) -> Result<Self, ModelError> {
         for field in ["rope_scaling", "rope_parameters"] {
             if let Some(obj) = cfg.raw(field).and_then(Value::as_object) {
@@ -275,7 +276,7 @@ impl Rope {
     }
 
     /// `(cos, sin)` of each frequency at `pos`, already scaled.
-    pub fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
+    pub(crate) fn cos_sin(&self, pos: usize) -> (Vec<f32>, Vec<f32>) {
         let p = pos as f32;
         let (mut cos, mut sin) = (Vec::with_capacity(self.inv_freq.len()), Vec::with_capacity(self.inv_freq.len()));
         for &f in &self.inv_freq {
@@ -302,7 +303,7 @@ impl Rope {
     /// by frequency `i`. Like transformers' `apply_rotary_pos_emb_interleave`,
     /// the result is written de-interleaved: rotated first members, then
     /// rotated second members (queries and keys get the same permutation).
-    pub fn apply_interleaved(head: &mut [f32], cos: &[f32], sin: &[f32], scratch: &mut Vec<f32>) {
+    pub(crate) fn apply_interleaved(head: &mut [f32], cos: &[f32], sin: &[f32], scratch: &mut Vec<f32>) {
         let half = head.len() / 2;
         scratch.clear();
         scratch.extend_from_slice(head);

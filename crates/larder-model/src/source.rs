@@ -14,14 +14,13 @@
 //! prefix-scoped [`WeightView`] (`view.pp("self_attn").linear("q_proj", ..)`)
 //! and never format a full tensor name.
 
-pub mod random;
-pub mod recorder;
-pub mod view;
+pub(crate) mod random;
+pub(crate) mod recorder;
+pub(crate) mod view;
 
 use std::path::PathBuf;
 
-use larder_tensor::weight::SharedBytes;
-use larder_tensor::WeightMatrix;
+use larder_tensor::{SharedBytes, WeightMatrix};
 
 use crate::checkpoint::Checkpoint;
 use crate::error::ModelError;
@@ -90,7 +89,7 @@ pub struct ExpertTag {
 
 /// Runs `load` with the requests it makes tagged `tag` (routed-expert
 /// tensors), untagging afterwards whatever `load` returns.
-pub fn with_expert_tag<T>(weights: &dyn WeightSource, tag: ExpertTag, load: impl FnOnce() -> T) -> T {
+pub(crate) fn with_expert_tag<T>(weights: &dyn WeightSource, tag: ExpertTag, load: impl FnOnce() -> T) -> T {
     weights.tag_expert(Some(tag));
     let out = load();
     weights.tag_expert(None);
@@ -141,7 +140,7 @@ pub trait WeightSource {
     /// Told that the requests that follow read routed expert `tag` (until
     /// told `None`): the [`Recorder`] tags what it records, so pack and
     /// direct streaming learn which tensors are routed experts from the
-    /// loaders. Use [`with_expert_tag`]. Default: ignored.
+    /// loaders. Use `with_expert_tag`. Default: ignored.
     fn tag_expert(&self, _tag: Option<ExpertTag>) {}
 
     /// The config.json that errors about a config field point at.

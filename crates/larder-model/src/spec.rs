@@ -335,7 +335,7 @@ pub enum ExpertKind {
     /// (input-major, output columns interleaved gate/up), `gate_up_proj_bias`
     /// `[E, 2I]`, `down_proj` `[E, I, H]`, `down_proj_bias` `[E, H]`; expert
     /// `e` is slice `[e]` of each; the clamped activation
-    /// ([`GluActivation::GptOss`](larder_tensor::expert::GluActivation)).
+    /// ([`GluActivation::GptOss`](larder_tensor::GluActivation)).
     GptOss { alpha: f32, limit: f32 },
 }
 
@@ -414,4 +414,4 @@ impl Default for MoeNames {
 
 /// The tensor names of a dense SwiGLU MLP's projections (`mlp.gate_proj`, ...):
 /// every architecture's dense layers and shared experts.
-pub const DENSE_MLP_PROJ: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];
+pub(crate) const DENSE_MLP_PROJ: [&str; 3] = ["gate_proj", "up_proj", "down_proj"];

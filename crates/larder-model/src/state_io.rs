@@ -29,14 +29,15 @@ use crate::kv_cache::KvLayer;
 use crate::state::{LayerState, RecurrentLayer, RecurrentValues, SequenceState, StateSnapshot};
 
 /// The format's first bytes.
-pub const STATE_MAGIC: &[u8; 8] = b"LARDSTAT";
+pub(crate) const STATE_MAGIC: &[u8; 8] = b"LARDSTAT";
 /// The version this build writes and reads.
-pub const STATE_FORMAT_VERSION: u32 = 1;
+pub(crate) const STATE_FORMAT_VERSION: u32 = 1;
 /// Bytes of the trailing digest.
 const TRAILER: u64 = 16;
 
 /// Why a state file cannot be written or used.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StateIoError {
     #[error("{0}")]
     Io(#[from] std::io::Error),

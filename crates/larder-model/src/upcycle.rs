@@ -39,6 +39,7 @@ use crate::spec::ModelSpec;
 /// The MoE architecture an upcycled checkpoint takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum UpcycleLayout {
     /// `mixtral` (`block_sparse_moe`, experts `w1`/`w3`/`w2`), from llama or mistral.
     Mixtral,
@@ -119,7 +120,7 @@ const AUX_FILES: &[&str] = &[
 ];
 
 /// The most routed experts per layer.
-pub const MAX_EXPERTS: usize = 1 << 16;
+pub(crate) const MAX_EXPERTS: usize = 1 << 16;
 
 /// Where an output tensor's bytes come from.
 #[derive(Debug, Clone)]

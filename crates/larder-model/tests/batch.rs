@@ -9,14 +9,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use larder_model::checkpoint::Checkpoint;
-use larder_model::mlp::Mlp;
+use larder_model::Mlp;
 use larder_model::{
     expert_layers, expert_tensors, load_model, BatchSeq, DecoderModel, ExpertProvider, InMemoryExperts, ModelError, RouteTrace,
     SequenceState, Wanted,
 };
-use larder_tensor::dtype::WeightDType;
-use larder_tensor::weight::WeightMatrix;
-use larder_tensor::Mat;
+use larder_tensor::{Mat, WeightDType, WeightMatrix};
 
 const FIXTURES: &[&str] = &["qwen3_moe_tiny", "mixtral_tiny", "qwen2_moe_tiny", "deepseek_v3_tiny", "llama_tiny"];
 

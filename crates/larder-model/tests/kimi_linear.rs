@@ -18,7 +18,7 @@ use kimi_common::{
     fixture_dir, load, load_error, prompt_of,
 };
 use larder_model::checkpoint::Checkpoint;
-use larder_model::mlp::Mlp;
+use larder_model::Mlp;
 use larder_model::{expert_layers, expert_tensors, load_model, ExpertProvider, InMemoryExperts, ModelError};
 use serde_json::Value;
 

@@ -342,7 +342,7 @@ fn f32s(v: &Value) -> Vec<f32> {
     v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap() as f32).collect()
 }
 
-/// The lower-bounded KDA forget gate (`larder_model::kda::forget_log_decay`)
+/// The lower-bounded KDA forget gate (`larder_model::forget_log_decay`)
 /// against transformers 5.24.0 glm5_next's `Glm5NextTextForgetGate` on the
 /// same projections (fixtures/kimi_linear_k3_gate, scripts/fixtures_k3_ext.py).
 /// Not yet reachable from a config (refused above): the gate function only.
@@ -359,7 +359,7 @@ fn lower_bound_gate_matches_glm5_next() {
         let rows = case["f"].as_array().unwrap().iter().zip(case["g"].as_array().unwrap());
         for (f, g) in rows {
             for (c, ((f, bias), want)) in f32s(f).into_iter().zip(&dt_bias).zip(f32s(g)).enumerate() {
-                let got = larder_model::kda::forget_log_decay(rates[c / head_dim], f + bias, Some(bound));
+                let got = larder_model::forget_log_decay(rates[c / head_dim], f + bias, Some(bound));
                 assert!(got > bound && got < 0.0 || got == bound || got == 0.0, "{got} outside [{bound}, 0]");
                 max_diff = max_diff.max((got - want).abs());
             }

@@ -7,9 +7,9 @@
 use std::sync::OnceLock;
 use std::time::Instant;
 
-use larder_model::mla::{MlaAttention, QueryProj};
-use larder_model::rope::{Rope, RopeScaling, RopeSpec};
 use larder_model::{KvLayer, MlaCache};
+use larder_model::{MlaAttention, QueryProj};
+use larder_model::{Rope, RopeScaling, RopeSpec};
 use larder_tensor::{Linear, Mat, WeightDType, WeightMatrix};
 
 const HEADS: usize = 128;

@@ -4,7 +4,7 @@
 //! factor x original (the Qwen3 long-context recipe), and linear scaling.
 
 use larder_model::config::ConfigJson;
-use larder_model::rope::{Rope, RopeSpec};
+use larder_model::{Rope, RopeSpec};
 use serde_json::{json, Value};
 
 #[test]

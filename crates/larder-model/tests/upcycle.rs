@@ -7,8 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
-use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleReport, UpcycleSpec};
 use larder_model::{load_model, RouteTrace};
+use larder_model::{upcycle, UpcycleLayout, UpcycleReport, UpcycleSpec};
 use serde_json::Value;
 
 fn llama_tiny() -> PathBuf {

@@ -6,22 +6,25 @@
 //! The MoE step sums expert outputs in exactly this order, so results do not
 //! depend on when or where expert bytes arrive.
 //!
-//! It also owns route traces ([`trace`]: the file format, [`trace_stats`]:
-//! what they say) and statistical routing ([`synthetic`]) for planning.
+//! It also owns route traces ([`Trace`]: the file format, [`RouteStats`]:
+//! what they say) and statistical routing ([`RoutingModel`]) for planning.
 
-pub mod sigmoid;
-pub mod softmax;
-pub mod synthetic;
-pub mod topk_softmax;
-pub mod trace;
-pub mod trace_stats;
+mod sigmoid;
+mod softmax;
+mod synthetic;
+mod topk_softmax;
+mod trace;
+mod trace_stats;
 
+// Routing functions.
 pub use sigmoid::SigmoidGroupTopK;
-pub use softmax::{softmax_topk, SoftmaxTopK};
-pub use synthetic::{with_predictions, RoutingModel};
-pub use topk_softmax::{topk_softmax, TopKSoftmax};
-pub use trace::{Phase, Trace, TraceError, TraceHeader, TraceToken, TRACE_VERSION};
+pub use softmax::SoftmaxTopK;
+pub use topk_softmax::TopKSoftmax;
+// Route traces: the file format and what they say.
+pub use trace::{Phase, Trace, TraceError, TraceHeader, TraceToken, MAX_EXPERTS, MAX_EXPERT_BYTES, TRACE_VERSION};
 pub use trace_stats::{PassRoutes, RouteStats};
+// Statistical routing for planning.
+pub use synthetic::{with_predictions, RoutingModel};
 
 /// The routing function of a MoE block.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,6 +57,7 @@ pub struct Route {
 
 /// Errors from routing configuration.
 #[derive(Debug, thiserror::Error, PartialEq)]
+#[non_exhaustive]
 pub enum RouterError {
     #[error("top-k of {k} experts out of {n}: k must be between 1 and the number of experts")]
     TopK { k: usize, n: usize },
@@ -63,7 +67,7 @@ pub enum RouterError {
 
 /// Indices of the `k` largest `scores`, by descending score, ties to the lower
 /// index. NaN scores sort last.
-pub fn top_k_indices(scores: &[f32], k: usize) -> Vec<usize> {
+pub(crate) fn top_k_indices(scores: &[f32], k: usize) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..scores.len()).collect();
     idx.sort_by(|&a, &b| {
         let (sa, sb) = (scores[a], scores[b]);

@@ -13,6 +13,7 @@ use crate::{top_k_indices, Route, RouterError};
 
 /// Group-limited sigmoid top-k router.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct SigmoidGroupTopK {
     pub num_experts: usize,
     pub top_k: usize,

@@ -5,6 +5,7 @@ use crate::{top_k_indices, Route, RouterError};
 
 /// Softmax top-k router settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct SoftmaxTopK {
     pub num_experts: usize,
     pub top_k: usize,
@@ -31,7 +32,7 @@ impl SoftmaxTopK {
 }
 
 /// Softmax over `logits`, then the `k` most probable experts in canonical order.
-pub fn softmax_topk(logits: &[f32], k: usize, renormalize: bool) -> Route {
+pub(crate) fn softmax_topk(logits: &[f32], k: usize, renormalize: bool) -> Route {
     let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max);
     let mut probs: Vec<f32> = logits.iter().map(|&l| (l - max).exp()).collect();
     let sum: f32 = probs.iter().sum();

@@ -22,23 +22,24 @@
 use crate::trace::{Phase, Trace, TraceHeader, TraceToken};
 
 /// Share of routes the hottest 30% of experts take under `skewed` (K3's heat).
-pub const SKEWED_HOT30: f64 = 0.856;
+pub(crate) const SKEWED_HOT30: f64 = 0.856;
 /// `local`'s chance that a route repeats one of the previous token's experts
 /// (an LRU cache of 40% of 128 experts, top-8, then hits about 94.7%).
-pub const LOCAL_LOCALITY: f64 = 0.9;
+pub(crate) const LOCAL_LOCALITY: f64 = 0.9;
 /// `mixed`'s locality.
-pub const MIXED_LOCALITY: f64 = 0.5;
+pub(crate) const MIXED_LOCALITY: f64 = 0.5;
 /// The preset names.
-pub const PRESETS: [&str; 4] = ["uniform", "local", "skewed", "mixed"];
+pub(crate) const PRESETS: [&str; 4] = ["uniform", "local", "skewed", "mixed"];
 /// The most entries a draw may hold of each of: the popularity ranks (MoE
 /// layers x experts) and the routes drawn (tokens x MoE layers x top_k):
 /// 2^28 (2 GiB of indices). A K3-class shape (61 MoE layers of 896
 /// experts, top-16) needs 54,656 ranks and, for 2,000 tokens, 1,952,000
 /// routes.
-pub const MAX_DRAWN: u64 = 1 << 28;
+pub(crate) const MAX_DRAWN: u64 = 1 << 28;
 
 /// How a synthetic stream of routes behaves.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct RoutingModel {
     /// Zipf exponent of popularity (0: uniform).
     pub skew: f64,
@@ -74,7 +75,7 @@ impl RoutingModel {
     }
 
     /// `tokens` decode tokens (one pass each) for `header`'s layers, seeded;
-    /// an error when the draw would exceed [`MAX_DRAWN`].
+    /// an error when the draw would exceed `MAX_DRAWN` (2^28) ranks or routes.
     pub fn trace(&self, header: TraceHeader, tokens: usize, seed: u64) -> Result<Trace, String> {
         check_drawable(&header, tokens)?;
         let layers = header.moe_layers.len();
@@ -174,7 +175,7 @@ pub fn with_predictions(mut trace: Trace, recall: f64, seed: u64) -> Trace {
 }
 
 /// The Zipf exponent whose hottest `fraction` of `experts` carries `share` of the weight.
-pub fn skew_for_hot_share(experts: usize, fraction: f64, share: f64) -> f64 {
+pub(crate) fn skew_for_hot_share(experts: usize, fraction: f64, share: f64) -> f64 {
     let hot = ((experts as f64 * fraction).round() as usize).clamp(1, experts.max(1));
     // Summed in rank order, as a list of the weights would be, without one.
     let share_at = |s: f64| {

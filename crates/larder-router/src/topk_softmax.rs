@@ -7,6 +7,7 @@ use crate::{top_k_indices, Route, RouterError};
 
 /// Top-k-then-softmax router settings.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub struct TopKSoftmax {
     pub num_experts: usize,
     pub top_k: usize,
@@ -29,7 +30,7 @@ impl TopKSoftmax {
 /// The `k` largest `logits` in canonical order (descending, ties to the
 /// lower id), weighted by the softmax over those `k` logits (max-subtracted,
 /// in f32, as `torch.softmax(top_values)`).
-pub fn topk_softmax(logits: &[f32], k: usize) -> Route {
+pub(crate) fn topk_softmax(logits: &[f32], k: usize) -> Route {
     let experts = top_k_indices(logits, k);
     let chosen: Vec<f32> = experts.iter().map(|&e| logits[e]).collect();
     let max = chosen.iter().copied().fold(f32::NEG_INFINITY, f32::max);
@@ -70,7 +71,7 @@ mod tests {
         // Softmax over all four, top-2, is not renormalised: here it would
         // give weights that do not sum to one.
         let logits = [0.0, 1.0, 2.0, 3.0];
-        let all = crate::softmax_topk(&logits, 2, false);
+        let all = crate::softmax::softmax_topk(&logits, 2, false);
         let sel = topk_softmax(&logits, 2);
         assert_eq!(all.experts, sel.experts);
         assert!(all.weights.iter().sum::<f32>() < 0.99);

@@ -12,7 +12,7 @@
 //!
 //! Writing is serializing ([`Trace::write_lines`]): which file may be
 //! written, and replacing it atomically, is the caller's (larder's commands
-//! go through `larder_engine::output`, which refuses an input of the run, a
+//! go through `larder_engine::OutputFile`, which refuses an input of the run, a
 //! non-regular file or a file that is not a trace). [`TraceHeader::parse_line`]
 //! is the cheap test of whether a file is a trace: its first line.
 
@@ -96,6 +96,7 @@ pub struct Trace {
 
 /// Why a trace cannot be read or written.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum TraceError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },

@@ -17,9 +17,9 @@ use serde::Serialize;
 use crate::trace::{Phase, Trace};
 
 /// Shares of the hottest experts whose route shares [`RouteStats::popularity`] reports.
-pub const HOT_SHARES: [f64; 4] = [0.1, 0.2, 0.3, 0.5];
+pub(crate) const HOT_SHARES: [f64; 4] = [0.1, 0.2, 0.3, 0.5];
 /// Upper bounds (in tokens) of the reuse-distance buckets; the last bucket is open.
-pub const REUSE_BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, 64];
+pub(crate) const REUSE_BUCKETS: [usize; 6] = [1, 2, 4, 8, 16, 64];
 
 /// One forward pass as a cache sees it: per MoE layer, the union of its
 /// rows' experts (ascending), and how many tokens it carried.
@@ -40,7 +40,7 @@ pub struct RouteStats {
     pub tokens: usize,
     pub routes: usize,
     /// `(x, y)`: the hottest share `x` of each layer's experts took share `y`
-    /// of that layer's routes (summed over layers), for `x` in [`HOT_SHARES`].
+    /// of that layer's routes (summed over layers), for `x` in `HOT_SHARES` (0.1, 0.2, 0.3, 0.5).
     pub popularity: Vec<(f64, f64)>,
     /// `(bucket upper bound, share)`: the share of routes whose expert the
     /// same sequence used at the same layer at most that many tokens before

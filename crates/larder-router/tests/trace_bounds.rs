@@ -7,8 +7,7 @@
 
 use std::path::PathBuf;
 
-use larder_router::trace::{MAX_EXPERTS, MAX_EXPERT_BYTES};
-use larder_router::{Phase, Trace, TraceHeader, TraceToken, TRACE_VERSION};
+use larder_router::{Phase, Trace, TraceHeader, TraceToken, MAX_EXPERTS, MAX_EXPERT_BYTES, TRACE_VERSION};
 
 /// A fresh file holding `lines` (a header, then tokens), one per line.
 fn trace_file(name: &str, lines: &[String]) -> PathBuf {

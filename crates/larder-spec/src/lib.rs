@@ -20,23 +20,27 @@
 //! target itself using only RAM-resident experts: [`ModelDrafter::self_draft`]).
 //!
 //! After speculative tokens were run, a state goes back to the kept prefix
-//! only through [`rewind`](rewind()) (snapshot before, rewind after): see [`rewind`'s
-//! module](mod@rewind) for how that works for KV and for recurrent layers.
+//! only through [`rewind`](rewind()) (snapshot before, rewind after): its
+//! documentation says how that works for KV and for recurrent layers.
 
-pub mod accept;
-pub mod adaptive;
-pub mod model;
-pub mod ngram;
-pub mod rewind;
+mod accept;
+mod adaptive;
+mod model;
+mod ngram;
+mod rewind;
 
-pub use accept::{accept_draft, Decision};
+// Acceptance rules and draft sizing.
+pub use accept::{accept_draft, Decision, Resample};
 pub use adaptive::AdaptiveK;
+// Drafters.
 pub use model::ModelDrafter;
 pub use ngram::NgramDrafter;
+// Taking a state back to the kept prefix.
 pub use rewind::{refeed, rewind};
 
 /// Errors from drafters.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum SpecError {
     #[error("draft model: {0}")]
     Model(#[from] larder_model::ModelError),

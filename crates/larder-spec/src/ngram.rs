@@ -6,6 +6,7 @@ use crate::{Drafter, SpecError};
 
 /// N-gram prompt-lookup drafter.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct NgramDrafter {
     /// Longest suffix tried first.
     pub max_n: usize,

@@ -1,28 +1,5 @@
 //! Taking a sequence's state back to the kept prefix after speculative
-//! tokens were run: the target's verification pass `[pending, d1..dk]`, or a
-//! draft model's own guesses. Nothing here assumes the state can truncate.
-//!
-//! The protocol, for every caller:
-//! 1. take a [`StateSnapshot`] **before** running the speculative tokens
-//!    (for KV layers it is just a length, so it costs nothing);
-//! 2. run them (one batched pass, or several);
-//! 3. decide how many to keep, then [`rewind`] to that length.
-//!
-//! [`rewind`] picks the way back from the state:
-//! - every layer keeps keys and values (GQA, MLA): roll back
-//!   ([`SequenceState::rollback`], a truncation, no model pass);
-//! - a recurrent layer (linear attention such as Kimi Linear's KDA) folds
-//!   every position into a fixed-size state and cannot drop positions
-//!   ([`SequenceState::can_rollback`] is false): [`refeed`] restores the
-//!   snapshot (which for such a layer holds a copy of its state) and runs
-//!   the kept tokens again in one pass. The verification pass computed those
-//!   same positions from the same state, so by batch invariance (design §3)
-//!   the re-run gives the same state bit for bit, provided the recurrent
-//!   mixer, like attention, computes each position the same whatever the
-//!   pass's length (the rule prefill chunks already need). It costs one more
-//!   forward over the kept rows per verification pass; a later refinement
-//!   may keep the per-position states of the verification pass and pick the
-//!   kept one instead, behind the same protocol.
+//! tokens were run (the protocol is on [`rewind`]).
 
 use larder_model::{ModelError, SequenceState, StateSnapshot};
 
@@ -32,6 +9,32 @@ use larder_model::{ModelError, SequenceState, StateSnapshot};
 /// runs tokens on the state (the same model and mode as the first time); it
 /// is called only when the state cannot roll back. An error (a
 /// [`ModelError::State`] naming the lengths) when the lengths disagree.
+///
+/// Speculative tokens are the target's verification pass
+/// `[pending, d1..dk]`, or a draft model's own guesses. Nothing here assumes
+/// the state can truncate.
+///
+/// The protocol, for every caller:
+/// 1. take a [`StateSnapshot`] **before** running the speculative tokens
+///    (for KV layers it is just a length, so it costs nothing);
+/// 2. run them (one batched pass, or several);
+/// 3. decide how many to keep, then [`rewind`] to that length.
+///
+/// [`rewind`] picks the way back from the state:
+/// - every layer keeps keys and values (GQA, MLA): roll back
+///   ([`SequenceState::rollback`], a truncation, no model pass);
+/// - a recurrent layer (linear attention such as Kimi Linear's KDA) folds
+///   every position into a fixed-size state and cannot drop positions
+///   ([`SequenceState::can_rollback`] is false): [`refeed`] restores the
+///   snapshot (which for such a layer holds a copy of its state) and runs
+///   the kept tokens again in one pass. The verification pass computed those
+///   same positions from the same state, so by batch invariance (design §3)
+///   the re-run gives the same state bit for bit, provided the recurrent
+///   mixer, like attention, computes each position the same whatever the
+///   pass's length (the rule prefill chunks already need). It costs one more
+///   forward over the kept rows per verification pass; a later refinement
+///   may keep the per-position states of the verification pass and pick the
+///   kept one instead, behind the same protocol.
 pub fn rewind(
     state: &mut SequenceState,
     snap: &StateSnapshot,

@@ -17,19 +17,19 @@
 
 use std::sync::Mutex;
 
-pub use larder_tensor::bytes::{ByteOwner, SharedBytes};
+pub use larder_tensor::{ByteOwner, SharedBytes};
 use memmap2::MmapMut;
 
 /// Alignment of every buffer and of every O_DIRECT offset and length.
-pub const ALIGN: usize = 4096;
+pub(crate) const ALIGN: usize = 4096;
 
-/// `n` rounded up to a multiple of [`ALIGN`].
+/// `n` rounded up to a multiple of `ALIGN`.
 pub fn align_up(n: u64) -> u64 {
     n.div_ceil(ALIGN as u64) * ALIGN as u64
 }
 
 /// `n` rounded down to a multiple of [`ALIGN`].
-pub fn align_down(n: u64) -> u64 {
+pub(crate) fn align_down(n: u64) -> u64 {
     n / ALIGN as u64 * ALIGN as u64
 }
 
@@ -51,11 +51,12 @@ static POOL: Mutex<Pool> = Mutex::new(Pool {
 });
 
 /// Bytes the pool of freed buffers holds now.
-pub fn pool_bytes() -> usize {
+#[cfg(test)]
+fn pool_bytes() -> usize {
     POOL.lock().unwrap_or_else(|e| e.into_inner()).bytes
 }
 
-/// Page-aligned memory (an anonymous mapping), its length a multiple of [`ALIGN`].
+/// Page-aligned memory (an anonymous mapping), its length a multiple of `ALIGN`.
 pub struct AlignedBuf {
     /// `None` only while being dropped into the pool.
     map: Option<MmapMut>,
@@ -65,7 +66,7 @@ impl AlignedBuf {
     /// A buffer to read into: a recycled one of the same size when the pool
     /// has one (its old contents are still there; readers only look at the
     /// ranges a read filled), else a fresh zeroed one.
-    pub fn for_read(len: usize) -> Self {
+    pub(crate) fn for_read(len: usize) -> Self {
         let size = (align_up(len as u64) as usize).max(ALIGN);
         {
             let mut pool = POOL.lock().unwrap_or_else(|e| e.into_inner());
@@ -78,7 +79,7 @@ impl AlignedBuf {
         Self::new(len)
     }
 
-    /// A zeroed buffer of at least `len` bytes (rounded up to [`ALIGN`]).
+    /// A zeroed buffer of at least `len` bytes (rounded up to `ALIGN`).
     /// Aborts like a failed allocation when the kernel refuses the mapping.
     pub fn new(len: usize) -> Self {
         let len = (align_up(len as u64) as usize).max(ALIGN);

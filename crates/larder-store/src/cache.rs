@@ -1,10 +1,10 @@
 //! The RAM expert cache: immutable entries shared with compute (a hit hands
 //! out an `Arc`, never a copy) under a byte budget that is never exceeded.
 //!
-//! What to evict is a [`EvictionPolicy`]; the default is [`FairAdaptive`]
+//! What to evict is a [`EvictionPolicy`]; the default is `FairAdaptive`
 //! (per-layer shares; within a layer LRU, LFU or a hybrid of both, by which
 //! hits most lately);
-//! [`FairLru`], the previous default, is LRU
+//! `FairLru`, the previous default, is LRU
 //! with per-layer fairness: when room is needed it evicts from layers holding
 //! more than their share of the budget (budget / layers) first, so one
 //! layer's traffic (say, a long prefill through early layers) cannot push
@@ -12,8 +12,8 @@
 //! for their users; the budget counts what the cache holds.
 //!
 //! Other policies, each in its own module and all named by [`PolicyKind`]:
-//! [`Lru`] (global LRU), [`Lfu`] (LFU, LRU tie-break), [`S3Fifo`] and
-//! [`HeatPinnedLru`] (hottest keys of a heat profile pinned, LRU for the
+//! `Lru` (global LRU), `Lfu` (LFU, LRU tie-break), `S3Fifo` and
+//! `HeatPinnedLru` (hottest keys of a heat profile pinned, LRU for the
 //! rest). [`sim`] replays an access trace against any of them, or against
 //! Belady's optimum, to compare hit rates at a budget.
 
@@ -30,12 +30,12 @@ pub mod prefetch_sim;
 mod s3fifo;
 pub mod sim;
 
-pub use fair_adaptive::FairAdaptive;
-pub use kind::{PolicyKind, UnknownPolicy, PIN_FRACTION};
-pub use lfu::Lfu;
-pub use lru::Lru;
-pub use pinned::HeatPinnedLru;
-pub use s3fifo::S3Fifo;
+pub(crate) use fair_adaptive::FairAdaptive;
+pub use kind::{PolicyKind, UnknownPolicy};
+pub(crate) use lfu::Lfu;
+pub(crate) use lru::Lru;
+pub(crate) use pinned::HeatPinnedLru;
+pub(crate) use s3fifo::S3Fifo;
 
 /// (layer, expert).
 pub type Key = (usize, usize);
@@ -60,11 +60,11 @@ pub trait EvictionPolicy: Send {
 }
 
 /// The key [`ExpertCache::set_budget`] asks victims for: no real entry.
-pub const NO_KEY: Key = (usize::MAX, usize::MAX);
+pub(crate) const NO_KEY: Key = (usize::MAX, usize::MAX);
 
 /// LRU per layer; victims come from the layer most over its share, else
 /// the globally least recently used entry.
-pub struct FairLru {
+pub(crate) struct FairLru {
     share: u64,
     layers: usize,
     tick: u64,
@@ -76,7 +76,7 @@ pub struct FairLru {
 
 impl FairLru {
     /// `budget` bytes shared by `layers` layers (0 layers: plain LRU).
-    pub fn new(budget: u64, layers: usize) -> FairLru {
+    pub(crate) fn new(budget: u64, layers: usize) -> FairLru {
         FairLru {
             share: if layers == 0 { u64::MAX } else { budget / layers as u64 },
             layers,
@@ -173,18 +173,18 @@ pub struct ExpertCache<V> {
 
 impl<V> ExpertCache<V> {
     /// A cache with the default policy ([`PolicyKind::default`], now
-    /// [`FairAdaptive`], over `layers` layers).
+    /// `FairAdaptive`, over `layers` layers).
     pub fn new(budget: u64, layers: usize) -> Self {
         Self::with_kind(budget, layers, PolicyKind::default(), &HashMap::new())
     }
 
     /// A cache with the policy `kind` names (`heat`: per-key use counts,
     /// read by [`PolicyKind::HeatPinnedLru`] only).
-    pub fn with_kind(budget: u64, layers: usize, kind: PolicyKind, heat: &HashMap<Key, u64>) -> Self {
+    pub(crate) fn with_kind(budget: u64, layers: usize, kind: PolicyKind, heat: &HashMap<Key, u64>) -> Self {
         Self::with_policy(budget, kind.build(budget, layers, heat))
     }
 
-    pub fn with_policy(budget: u64, policy: Box<dyn EvictionPolicy>) -> Self {
+    pub(crate) fn with_policy(budget: u64, policy: Box<dyn EvictionPolicy>) -> Self {
         ExpertCache {
             inner: Mutex::new(Inner {
                 budget,
@@ -250,7 +250,7 @@ impl<V> ExpertCache<V> {
 
     /// [`insert`](Self::insert) for an entry expected to be used soon (a
     /// prefetch of a predicted expert, warming): admitted whatever its history.
-    pub fn insert_expected(&self, key: Key, value: Arc<V>, bytes: u64) -> bool {
+    pub(crate) fn insert_expected(&self, key: Key, value: Arc<V>, bytes: u64) -> bool {
         self.insert_with(key, value, bytes, false)
     }
 

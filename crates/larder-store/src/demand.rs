@@ -39,7 +39,7 @@ pub(crate) struct Tally<E> {
 }
 
 impl<E: From<StoreError>> Tally<E> {
-    pub fn new() -> Tally<E> {
+    pub(crate) fn new() -> Tally<E> {
         Tally {
             in_ready: 0.0,
             verify_inline_s: 0.0,
@@ -51,7 +51,7 @@ impl<E: From<StoreError>> Tally<E> {
 
     /// Hands `record` (or its error) for `ids[i]` to `ready`, timing the call;
     /// nothing after the first failure.
-    pub fn hand(&mut self, ready: Ready<'_, E>, i: usize, outcome: Result<(Arc<ExpertRecord>, u64), StoreError>) {
+    pub(crate) fn hand(&mut self, ready: Ready<'_, E>, i: usize, outcome: Result<(Arc<ExpertRecord>, u64), StoreError>) {
         if self.failure.is_some() {
             return;
         }
@@ -68,7 +68,7 @@ impl<E: From<StoreError>> Tally<E> {
     }
 
     /// Hands every record of `cached` to `ready` (they cost no read).
-    pub fn hand_cached(&mut self, ready: Ready<'_, E>, cached: &mut Vec<(usize, Arc<ExpertRecord>)>) {
+    pub(crate) fn hand_cached(&mut self, ready: Ready<'_, E>, cached: &mut Vec<(usize, Arc<ExpertRecord>)>) {
         for (i, rec) in cached.drain(..) {
             if self.failure.is_some() {
                 return;

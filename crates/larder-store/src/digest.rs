@@ -24,7 +24,7 @@ impl Digest {
 
     /// Digest of the concatenation of `parts`, seeded with `seed` (0 is the
     /// unseeded digest of [`of_parts`](Self::of_parts)).
-    pub fn of_parts_seeded<'a>(seed: u64, parts: impl IntoIterator<Item = &'a [u8]>) -> Digest {
+    pub(crate) fn of_parts_seeded<'a>(seed: u64, parts: impl IntoIterator<Item = &'a [u8]>) -> Digest {
         let mut h = xxhash_rust::xxh3::Xxh3::with_seed(seed);
         for p in parts {
             h.update(p);
@@ -33,7 +33,7 @@ impl Digest {
     }
 
     /// The 64-bit seed that binds a digest to `what` (a description of the bytes' place).
-    pub fn seed_of(what: &[u8]) -> u64 {
+    pub(crate) fn seed_of(what: &[u8]) -> u64 {
         xxhash_rust::xxh3::xxh3_64(what)
     }
 

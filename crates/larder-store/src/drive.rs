@@ -11,7 +11,7 @@ use crate::location::Extent;
 use crate::StoreError;
 
 /// Bytes written and read back to measure a drive.
-pub const PROBE_BYTES: u64 = 256 << 20;
+pub(crate) const PROBE_BYTES: u64 = 256 << 20;
 /// Read size of the probe (expert-record-sized reads reach the limit).
 const PROBE_READ: u64 = 16 << 20;
 

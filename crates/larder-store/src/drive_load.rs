@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::location::{ExpertIndex, ExpertLocation};
 
 /// Bytes in flight and bytes read, per drive of an index.
-pub struct DriveLoad {
+pub(crate) struct DriveLoad {
     in_flight: Vec<AtomicU64>,
     read: Vec<AtomicU64>,
     gbps: Vec<f64>,
@@ -21,7 +21,7 @@ pub struct DriveLoad {
 }
 
 /// One read's share of its drive's load; given back when dropped.
-pub struct Ticket<'a> {
+pub(crate) struct Ticket<'a> {
     load: &'a DriveLoad,
     drive: usize,
     len: u64,
@@ -36,7 +36,7 @@ impl Drop for Ticket<'_> {
 impl DriveLoad {
     /// The drives of `index` (its `file_drive` and `drive_gbps`; an index
     /// without them is one drive). Unknown bandwidths count as equal.
-    pub fn new(index: &ExpertIndex) -> DriveLoad {
+    pub(crate) fn new(index: &ExpertIndex) -> DriveLoad {
         let drives = index
             .file_drive
             .iter()
@@ -70,7 +70,7 @@ impl DriveLoad {
 
     /// The copy of `loc` to read (0: the primary) and its ticket: the copy
     /// whose drive should finish it first (ties: the earlier copy).
-    pub fn choose(&self, loc: &ExpertLocation) -> (usize, Ticket<'_>) {
+    pub(crate) fn choose(&self, loc: &ExpertLocation) -> (usize, Ticket<'_>) {
         let len = loc.read_len();
         let finish = |c: usize| {
             let d = self.drive_of(loc, c);
@@ -91,7 +91,7 @@ impl DriveLoad {
     }
 
     /// The primary copy of `loc` and its ticket (its mirror copy failed).
-    pub fn primary(&self, loc: &ExpertLocation) -> (usize, Ticket<'_>) {
+    pub(crate) fn primary(&self, loc: &ExpertLocation) -> (usize, Ticket<'_>) {
         let len = loc.read_len();
         let drive = self.drive_of(loc, 0);
         self.in_flight[drive].fetch_add(len, Ordering::Relaxed);
@@ -100,7 +100,7 @@ impl DriveLoad {
     }
 
     /// Bytes read from each drive so far (as fetched, padding included).
-    pub fn bytes_read(&self) -> Vec<u64> {
+    pub(crate) fn bytes_read(&self) -> Vec<u64> {
         self.read.iter().map(|r| r.load(Ordering::Relaxed)).collect()
     }
 }

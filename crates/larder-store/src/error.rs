@@ -9,6 +9,7 @@
 use std::path::PathBuf;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum StoreError {
     #[error("{path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },

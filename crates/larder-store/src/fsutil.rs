@@ -9,7 +9,7 @@ use crate::StoreError;
 
 /// The temporary name a file is written under before it is renamed.
 /// (`<name>.partial`, the name larder-tensor's safetensors writer uses too).
-pub fn temp_path(path: &Path) -> PathBuf {
+pub(crate) fn temp_path(path: &Path) -> PathBuf {
     larder_tensor::safetensors_write::partial_path(path)
 }
 

@@ -23,7 +23,7 @@ use crate::cache::Key;
 /// The file name next to a store's manifest.
 pub const HEAT_FILE: &str = "heat.json";
 /// The format version.
-pub const HEAT_VERSION: u32 = 1;
+pub(crate) const HEAT_VERSION: u32 = 1;
 
 #[derive(Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -84,7 +84,7 @@ pub fn load(dir: &Path) -> Heat {
 }
 
 /// Everything saved in `dir` (empty when there is none or it cannot be read).
-pub fn load_profile(dir: &Path) -> HeatProfile {
+pub(crate) fn load_profile(dir: &Path) -> HeatProfile {
     std::fs::read_to_string(dir.join(HEAT_FILE))
         .ok()
         .and_then(|t| parse(&t).ok())

@@ -52,7 +52,7 @@ pub(crate) struct LayerOut {
 
 impl LayerOut {
     /// The file, reading records from `sources` (its layer's source files).
-    pub fn file<'a>(&'a self, src: &'a PackSource, sources: &'a dyn IoBackend) -> LayerFile<'a> {
+    pub(crate) fn file<'a>(&'a self, src: &'a PackSource, sources: &'a dyn IoBackend) -> LayerFile<'a> {
         LayerFile {
             sources,
             layer: &src.layers[self.layer],
@@ -120,7 +120,7 @@ impl LayerFile<'_> {
     /// Writes the file, or proves and mends one left by an earlier pack.
     /// Returns its entries and how many records were rewritten in place
     /// (`None` when the whole file was written anew).
-    pub fn pack(&self, progress: &mut dyn FnMut(PackEvent)) -> Result<(Vec<ExpertEntry>, Option<usize>), StoreError> {
+    pub(crate) fn pack(&self, progress: &mut dyn FnMut(PackEvent)) -> Result<(Vec<ExpertEntry>, Option<usize>), StoreError> {
         match self.read_sidecar() {
             Some(entries) if self.out.header.check(&self.out.path).is_ok() => {
                 let (entries, rewritten) = self.prove(entries, progress)?;
@@ -136,7 +136,7 @@ impl LayerFile<'_> {
     /// sidecar. A file an interrupted earlier seal already committed (its
     /// sidecar and header match) is kept as it is.
     #[cfg(feature = "remote")]
-    pub fn seal(&self) -> Result<Vec<ExpertEntry>, StoreError> {
+    pub(crate) fn seal(&self) -> Result<Vec<ExpertEntry>, StoreError> {
         let tmp = temp_path(&self.out.path);
         if !tmp.exists() {
             if let Some(entries) = self.read_sidecar().filter(|_| self.out.header.check(&self.out.path).is_ok()) {

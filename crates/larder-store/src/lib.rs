@@ -1,12 +1,12 @@
 //! larder-store: where routed experts live when they do not fit in RAM.
 //!
-//! - [`location`]: the [`ExpertIndex`] mapping (layer, expert) to file
+//! - [`ExpertIndex`]: the mapping (layer, expert) to file
 //!   extents, for a packed store ([`manifest`]) or straight from safetensors;
 //! - [`io`]: the [`IoBackend`] trait and its pread-pool, io_uring (+O_DIRECT)
 //!   and mmap implementations;
 //! - [`cache`]: the byte-budgeted RAM expert cache (fair LRU by default);
-//! - [`store`]: [`ExpertStore`], cache + backend + digests + [`StoreStats`];
-//! - [`pack`] / [`verify`]: writing and checking packed stores; [`drive`]:
+//! - [`ExpertStore`]: cache + backend + digests + [`StoreStats`];
+//! - [`pack`] / [`verify_store`]: writing and checking packed stores; [`drive`]:
 //!   bandwidth probes and placement over drives;
 //! - [`remote`]: checkpoint sources (hub repo, hub-layout URL, folder) read
 //!   by range or streamed with sha256 checks; [`pull`]: a store streamed
@@ -18,12 +18,12 @@
 //! written by larder-tensor's safetensors writer.
 
 pub mod bench;
-pub mod buf;
+mod buf;
 pub mod cache;
 mod demand;
-pub mod digest;
+mod digest;
 pub mod drive;
-pub mod drive_load;
+mod drive_load;
 mod error;
 pub mod fsutil;
 pub mod heat;
@@ -31,7 +31,7 @@ pub mod io;
 mod layer_file;
 #[cfg(feature = "remote")]
 pub mod lazy;
-pub mod location;
+mod location;
 mod locks;
 pub mod manifest;
 pub mod mirror;
@@ -42,23 +42,32 @@ mod prefetch;
 #[cfg(feature = "remote")]
 pub mod pull;
 mod queue;
-pub mod record;
+mod record;
 #[cfg(feature = "remote")]
 pub mod remote;
 mod shared;
-pub mod size;
-pub mod spine;
-pub mod stats;
-pub mod store;
-pub mod verify;
+mod size;
+mod spine;
+mod stats;
+mod store;
+mod verify;
 
-pub use buf::{AlignedBuf, ByteOwner, SharedBytes};
-pub use cache::{ExpertCache, PolicyKind};
-pub use digest::Digest;
+// The store: cache + backend + digests.
 pub use error::StoreError;
-pub use io::{IoBackend, IoKind, IoOptions};
+pub use prefetch::{MAX_PREFETCH_THREADS, PREFETCH_PROBE};
+pub use shared::ExpertRecord;
+pub use stats::StoreStats;
+pub use store::{smallest_budget, ExpertStore, StoreOptions};
+// Where experts live, and the packed format.
 pub use location::{ExpertIndex, ExpertLocation, Extent, Part, PartDesc};
 pub use manifest::Manifest;
+// Reads: backends, buffers and byte views.
+pub use buf::{align_up, AlignedBuf, ByteOwner, SharedBytes, POOL_BUFFERS, POOL_BYTES};
+pub use io::{IoBackend, IoKind, IoOptions};
+// The RAM expert cache.
+pub use cache::{ExpertCache, PolicyKind};
+// Digests and checking a packed store.
+pub use digest::{check_gbps, Digest};
+pub use verify::{verify_store, verify_store_with, VerifyReport};
+// Byte sizes as people write them.
 pub use size::{format_size, parse_size};
-pub use stats::StoreStats;
-pub use store::{ExpertRecord, ExpertStore, StoreOptions};

@@ -45,12 +45,12 @@ pub struct ExpertLocation {
     pub parts: Vec<Part>,
     /// Digest of the components' bytes concatenated in order (packed stores).
     pub digest: Option<Digest>,
-    /// The seed binding `digest` to this record's place (see [`crate::record`]).
+    /// The seed binding `digest` to this record's place (see `crate::record`).
     pub digest_seed: u64,
     /// Other copies of the same bytes (mirrors, see [`crate::mirror`]): extent
     /// lists shaped like `extents` (same count and lengths), so `parts`
     /// and `digest` hold for each. Reads go to the copy that should finish
-    /// first ([`crate::drive_load`]).
+    /// first (`crate::drive_load`).
     pub copies: Vec<Vec<Extent>>,
 }
 
@@ -70,7 +70,7 @@ impl ExpertLocation {
     }
 
     /// Bytes one read of a copy fetches (every copy is shaped alike).
-    pub fn read_len(&self) -> u64 {
+    pub(crate) fn read_len(&self) -> u64 {
         self.extents.iter().map(|x| x.len).sum()
     }
 }
@@ -116,7 +116,7 @@ impl ExpertIndex {
 
     /// Checks every extent lies inside its file and every part inside its
     /// extent, given the files' sizes.
-    pub fn check_bounds(&self, sizes: &[u64]) -> Result<(), crate::StoreError> {
+    pub(crate) fn check_bounds(&self, sizes: &[u64]) -> Result<(), crate::StoreError> {
         for (l, experts) in self.layers.iter().enumerate() {
             for (e, loc) in experts.iter().enumerate() {
                 for x in loc.extents.iter().chain(loc.copies.iter().flatten()) {

@@ -11,10 +11,10 @@
 //! refused with an error saying so.
 //!
 //! The index of a store's records is built here from the manifest
-//! ([`Manifest::index_without_mirrors`]); [`Manifest::index`], which also
+//! (`Manifest::index_without_mirrors`); [`Manifest::index`], which also
 //! attaches the mirrored copies `mirrors.json` lists, is defined beside them
 //! in [`crate::mirror`]. The record layout and source identity types are
-//! [`crate::record`]'s, re-exported here.
+//! `crate::record`'s, re-exported here.
 
 use std::path::{Path, PathBuf};
 
@@ -28,7 +28,7 @@ use crate::StoreError;
 
 pub const MANIFEST: &str = "manifest.json";
 pub const FORMAT: &str = "larder-store";
-pub const VERSION: u32 = 2;
+pub(crate) const VERSION: u32 = 2;
 /// Most layers a store may have (no model comes near; config.json has the same bound).
 pub const MAX_LAYERS: usize = 4096;
 
@@ -115,7 +115,7 @@ pub struct ExpertEntry {
     pub offset: u64,
     pub len: u64,
     /// Digest of the record's components, concatenated, seeded with the
-    /// record's binding ([`crate::record::record_seed`]).
+    /// record's binding (`crate::record::record_seed`).
     pub digest: String,
 }
 
@@ -221,7 +221,7 @@ impl Manifest {
     }
 
     /// The header every layer file of drive `drive` for `layer` carries.
-    pub fn layer_header(&self, layer: usize, drive: usize) -> LayerHeader {
+    pub(crate) fn layer_header(&self, layer: usize, drive: usize) -> LayerHeader {
         LayerHeader {
             store_id: self.store_id.clone(),
             source: source_digest(&self.source),
@@ -247,7 +247,7 @@ impl Manifest {
     }
 
     /// [`index`](Self::index) without the mirrored copies.
-    pub fn index_without_mirrors(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
+    pub(crate) fn index_without_mirrors(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
         let index = self.primary_index(root)?;
         check_sizes(&index)?;
         Ok(index)

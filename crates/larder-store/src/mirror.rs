@@ -1,11 +1,11 @@
 //! Mirrored hot experts: copies of a store's most demanded records on a
 //! fast drive, so with several drives the hottest reads can go to whichever
-//! copy finishes first ([`crate::drive_load`]).
+//! copy finishes first (`crate::drive_load`).
 //!
 //! `mirrors.json` beside the manifest lists them: the store id and the
 //! manifest digest they were copied under, the drive (path and GB/s), a
 //! generation, and per layer one file (`mirror-g<N>-layer-LLL.experts`
-//! under the drive's `larder-<id>/`, a [`LayerHeader`](crate::record::LayerHeader) block then 4 KiB-aligned
+//! under the drive's `larder-<id>/`, a `LayerHeader` block then 4 KiB-aligned
 //! records) with each record's expert, offset and length; a digest over its
 //! content seals it. A copy is the primary's bytes under the same bound
 //! digest, so every read of it is checked exactly as the primary's would be.
@@ -33,7 +33,7 @@ use crate::pack_plan::{drive_path_string, resolve, store_folder, LOCK};
 use crate::StoreError;
 
 /// The file name beside a store's manifest.
-pub const MIRRORS: &str = "mirrors.json";
+pub(crate) const MIRRORS: &str = "mirrors.json";
 const FORMAT: &str = "larder-mirrors";
 const VERSION: u32 = 1;
 const PREFIX: &str = "mirror-g";
@@ -121,7 +121,7 @@ fn drive_id(m: &Manifest, root: &Path, dir: &Path) -> usize {
 impl Manifest {
     /// The location index of every expert, mirrored copies included,
     /// checking drives and files exist and are long enough
-    /// ([`index_without_mirrors`](Self::index_without_mirrors) leaves the copies out).
+    /// (`index_without_mirrors` leaves the copies out).
     pub fn index(&self, root: &Path) -> Result<ExpertIndex, StoreError> {
         let mut index = self.primary_index(root)?;
         attach(self, root, &mut index)?;

@@ -4,7 +4,7 @@
 //! shipped, back to back) starting on a 4 KiB boundary, so one O_DIRECT read
 //! fetches it whole. Records are grouped per layer per drive, under a folder
 //! named after the store's random id (`<drive>/larder-<id>/layer-LLL.experts`,
-//! see [`crate::layer_file`]), so several stores share a drive folder without
+//! see `crate::layer_file`), so several stores share a drive folder without
 //! ambiguity; each layer's experts are spread over drives in proportion to
 //! their read bandwidth.
 //!

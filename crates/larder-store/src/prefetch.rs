@@ -36,7 +36,7 @@ pub const MAX_PREFETCH_THREADS: usize = 64;
 pub const PREFETCH_PROBE: u64 = 64;
 /// A layer whose prefetched records are used less often than this stops
 /// prefetching (see [`ExpertStore::prefetch`](crate::ExpertStore::prefetch)).
-pub const PREFETCH_MIN_PRECISION: f64 = 0.5;
+pub(crate) const PREFETCH_MIN_PRECISION: f64 = 0.5;
 
 /// Most predictions one worker reads in one batch: one, so the records a
 /// demand waits for first arrive first (a batch read together finishes

@@ -22,7 +22,7 @@ use crate::location::PartDesc;
 use crate::StoreError;
 
 /// Bytes reserved at the start of a layer file for its header; records follow.
-pub const LAYER_HEADER_LEN: u64 = 4096;
+pub(crate) const LAYER_HEADER_LEN: u64 = 4096;
 const LAYER_MAGIC: &[u8] = b"LARDER-LAYER-FILE\n";
 
 /// The checkpoint a store was packed from.
@@ -53,14 +53,14 @@ pub struct PartEntry {
 }
 
 /// The seed of record (`layer`, `expert`)'s digest in store `store_id`.
-pub fn record_seed(store_id: &str, layer: usize, expert: usize, parts: &[PartEntry]) -> u64 {
+pub(crate) fn record_seed(store_id: &str, layer: usize, expert: usize, parts: &[PartEntry]) -> u64 {
     let layout = serde_json::to_string(parts).unwrap_or_default();
     let what = format!("larder-record/2\0store={store_id}\0layer={layer}\0expert={expert}\0parts={layout}");
     Digest::seed_of(what.as_bytes())
 }
 
 /// The digest of a source identity (what a layer file header names).
-pub fn source_digest(source: &SourceIdentity) -> String {
+pub(crate) fn source_digest(source: &SourceIdentity) -> String {
     Digest::of(&serde_json::to_vec(source).unwrap_or_default()).to_string()
 }
 
@@ -76,7 +76,7 @@ pub struct LayerHeader {
 
 impl LayerHeader {
     /// The header block, padded to [`LAYER_HEADER_LEN`] bytes.
-    pub fn to_block(&self) -> Vec<u8> {
+    pub(crate) fn to_block(&self) -> Vec<u8> {
         let mut block = LAYER_MAGIC.to_vec();
         block.extend_from_slice(&serde_json::to_vec(self).unwrap_or_default());
         block.push(b'\n');

@@ -45,7 +45,7 @@ const CHUNK: usize = 8 << 20;
 
 /// Writes `tensors` as the safetensors file `root/name` (atomically) and
 /// returns its manifest entry.
-pub fn write_spine(sources: &dyn IoBackend, tensors: &[SpineTensor], root: &Path, name: &str) -> Result<SpineFile, StoreError> {
+pub(crate) fn write_spine(sources: &dyn IoBackend, tensors: &[SpineTensor], root: &Path, name: &str) -> Result<SpineFile, StoreError> {
     let path = root.join(name);
     match write_checked(sources, tensors, &path, name) {
         Ok((entry, done)) => {
@@ -121,7 +121,7 @@ pub(crate) fn spine_header(tensors: &[SpineTensor]) -> Result<Header, StoreError
 
 /// Re-reads the spine file at `path` and checks size, header and every
 /// tensor's digest against `entry`; one line per problem.
-pub fn check_spine(path: &Path, entry: &SpineFile) -> Result<Vec<String>, StoreError> {
+pub(crate) fn check_spine(path: &Path, entry: &SpineFile) -> Result<Vec<String>, StoreError> {
     let name = path.display();
     let f = match File::open(path) {
         Ok(f) => f,

@@ -20,8 +20,8 @@ use crate::io::{open_backend, IoBackend, IoKind, IoOptions};
 use crate::location::ExpertIndex;
 use crate::pending::PendingRead;
 use crate::prefetch::Prefetcher;
-pub use crate::prefetch::{MAX_PREFETCH_THREADS, PREFETCH_MIN_PRECISION, PREFETCH_PROBE};
-pub use crate::shared::ExpertRecord;
+pub(crate) use crate::prefetch::{MAX_PREFETCH_THREADS, PREFETCH_MIN_PRECISION, PREFETCH_PROBE};
+pub(crate) use crate::shared::ExpertRecord;
 use crate::shared::{DemandCounts, Shared};
 use crate::stats::StoreStats;
 use crate::StoreError;
@@ -160,7 +160,7 @@ impl ExpertStore {
     ///
     /// A layer whose predictions are mostly wrong stops prefetching: once it
     /// has read [`PREFETCH_PROBE`] records in the background and fewer than
-    /// [`PREFETCH_MIN_PRECISION`] of them were used (each wasted read then
+    /// `PREFETCH_MIN_PRECISION` of them were used (each wasted read then
     /// costs more bandwidth than a useful one saves), only every
     /// [`PREFETCH_PROBE`]th request goes through, so the figure keeps being
     /// measured and prefetch resumes if predictions improve.
@@ -177,7 +177,7 @@ impl ExpertStore {
 
     /// Calls `ready(i, record)` for each `ids[i]` of `layer` as soon as its
     /// bytes are available and checked (digests of demand reads are checked
-    /// on the rayon pool, see [`crate::demand`]): reads in about completion order, then ones a prefetch
+    /// on the rayon pool, see `crate::demand`): reads in about completion order, then ones a prefetch
     /// is still reading. Cached ones are handed over when the first read
     /// completes (the other reads are in flight then, so computing the
     /// cached experts overlaps them), or at once when nothing is read.

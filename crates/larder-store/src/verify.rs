@@ -48,7 +48,7 @@ pub fn verify_store(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyR
 /// (the model's own checks, e.g. a compressed-tensors `weight_shape` that
 /// matches the config): `check(layer, expert, parts)` with the record's
 /// parts in index order; an error says what is wrong.
-pub type RecordCheck<'a> = &'a dyn Fn(usize, usize, &[&[u8]]) -> Result<(), String>;
+pub(crate) type RecordCheck<'a> = &'a dyn Fn(usize, usize, &[&[u8]]) -> Result<(), String>;
 
 /// [`verify_store`], every record's parts also passed to `check`.
 pub fn verify_store_with(dir: &Path, progress: &mut dyn FnMut(u64), check: RecordCheck<'_>) -> Result<VerifyReport, StoreError> {

@@ -6,7 +6,7 @@
 use std::path::PathBuf;
 
 use larder_store::io::{open_backend, FileTable, IoKind, IoOptions, PreadPool, MAX_IO_DEPTH};
-use larder_store::store::{smallest_budget, MAX_PREFETCH_THREADS};
+use larder_store::{smallest_budget, MAX_PREFETCH_THREADS};
 use larder_store::{ExpertIndex, ExpertLocation, ExpertStore, Extent, Part, StoreError, StoreOptions};
 
 /// One file of `n` records of `len` bytes each, one layer.

@@ -159,7 +159,7 @@ fn corrupt_record_is_a_digest_error_through_prefetch_too() {
 
 #[test]
 fn a_layer_whose_predictions_go_unused_stops_prefetching() {
-    use larder_store::store::PREFETCH_PROBE;
+    use larder_store::PREFETCH_PROBE;
     let (idx, bytes) = index("precision", 2, 256);
     // A cache that holds every record, so each prediction is read once.
     let store = ExpertStore::open(idx, opts(512 * RECORD, 2)).unwrap();

@@ -60,7 +60,7 @@ impl std::fmt::Display for WeightDType {
 
 /// Encodes f32 values into `dtype` bytes (round to nearest even). Used by tests
 /// and tools that build weights; never by the inference path.
-pub fn encode(dtype: WeightDType, values: &[f32]) -> Vec<u8> {
+pub(crate) fn encode(dtype: WeightDType, values: &[f32]) -> Vec<u8> {
     let mut out = Vec::with_capacity(values.len() * dtype.size());
     for &v in values {
         match dtype {

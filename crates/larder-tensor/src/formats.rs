@@ -1,5 +1,5 @@
 //! The stored form of one weight row in each format checkpoints ship
-//! ([`RowView`], borrowed; [`crate::weight`] hands them out) and the exact
+//! ([`RowView`], borrowed; [`WeightMatrix`](crate::WeightMatrix) hands them out) and the exact
 //! element decoders of the quantized ones: every code maps to the f32 value
 //! the format defines, and a weight is that value times its block scale
 //! computed in f32 (as the reference implementations dequantize).
@@ -137,7 +137,7 @@ pub fn decode_row(view: RowView<'_>, out: &mut [f32]) {
 
 /// Splits `n` columns that start `lead` columns into a block of `block`
 /// columns into `(start, len, block index)` runs sharing one scale.
-pub fn segments(n: usize, lead: usize, block: usize) -> impl Iterator<Item = (usize, usize, usize)> {
+pub(crate) fn segments(n: usize, lead: usize, block: usize) -> impl Iterator<Item = (usize, usize, usize)> {
     let mut start = 0;
     let mut idx = 0;
     let mut room = block - lead;
@@ -155,7 +155,7 @@ pub fn segments(n: usize, lead: usize, block: usize) -> impl Iterator<Item = (us
 }
 
 /// Decodes whole i32 words of offset int4 values sharing one scale.
-pub fn decode_int4_words(packed: &[u8], scale: f32, out: &mut [f32]) {
+pub(crate) fn decode_int4_words(packed: &[u8], scale: f32, out: &mut [f32]) {
     for (eight, word) in out.chunks_exact_mut(8).zip(packed.chunks_exact(4)) {
         let w = u32::from_le_bytes([word[0], word[1], word[2], word[3]]);
         for (j, v) in eight.iter_mut().enumerate() {
@@ -180,13 +180,13 @@ pub fn fp8_e4m3_to_f32(b: u8) -> f32 {
 }
 
 /// The 256-entry fp8 e4m3fn table.
-pub fn fp8_e4m3_table() -> &'static [f32; 256] {
+pub(crate) fn fp8_e4m3_table() -> &'static [f32; 256] {
     static TABLE: OnceLock<[f32; 256]> = OnceLock::new();
     TABLE.get_or_init(|| std::array::from_fn(|i| fp8_e4m3_to_f32(i as u8)))
 }
 
 /// Elements per mxfp4 block (one e8m0 scale each).
-pub const MXFP4_BLOCK: usize = 32;
+pub(crate) const MXFP4_BLOCK: usize = 32;
 
 /// The 16 fp4 e2m1 values, by code.
 pub const FP4_E2M1: [f32; 16] = [
@@ -207,7 +207,7 @@ pub fn e8m0_to_f32(s: u8) -> f32 {
 
 /// Decodes one row of mxfp4: `blocks` holds `cols / 2` bytes (two codes per
 /// byte, low nibble first), `scales` one e8m0 byte per 32 columns.
-pub fn decode_mxfp4_row(blocks: &[u8], scales: &[u8], out: &mut [f32]) {
+pub(crate) fn decode_mxfp4_row(blocks: &[u8], scales: &[u8], out: &mut [f32]) {
     for ((o, b), &s) in out.chunks_mut(32).zip(blocks.chunks(16)).zip(scales) {
         let scale = e8m0_to_f32(s);
         for (pair, &byte) in o.chunks_mut(2).zip(b) {

@@ -1,10 +1,10 @@
 //! larder-tensor: the numeric floor of larder.
 //!
-//! It owns the weight dtypes checkpoints ship in ([`dtype`]), their row
+//! It owns the weight dtypes checkpoints ship in ([`WeightDType`]), their row
 //! layouts and exact decoders ([`formats`]), weight matrices kept in those
-//! dtypes ([`weight`]), f32 activation
-//! matrices ([`mat`]) and the kernels that multiply one by the other
-//! ([`kernels`], used through [`Linear`] and [`expert::SwigluExpert`]), and
+//! dtypes ([`WeightMatrix`]), f32 activation
+//! matrices ([`Mat`]) and the kernels that multiply one by the other
+//! ([`kernels`], used through [`Linear`] and [`SwigluExpert`]), and
 //! the dot products attention takes over cached positions ([`vector`]). It knows nothing about models or files.
 //!
 //! Exactness contract: every output element is one dot product computed by one
@@ -13,23 +13,27 @@
 //! (batch invariance, docs/design.md §3).
 
 pub mod bench;
-pub mod bytes;
-pub mod dtype;
-pub mod expert;
+mod bytes;
+mod dtype;
+mod expert;
 pub mod formats;
 pub mod kernels;
-pub mod linear;
-pub mod mat;
+mod linear;
+mod mat;
 pub mod ops;
 pub mod safetensors_write;
 pub mod vector;
-pub mod weight;
+mod weight;
 
+// Bytes and dtypes.
 pub use bytes::{ByteOwner, SharedBytes};
 pub use dtype::WeightDType;
+// Weight matrices.
+pub use weight::{WeightError, WeightFormat, WeightMatrix};
+// Activations and layers.
+pub use expert::{BiasLayout, ComponentLayout, ExpertLayout, GluActivation, InterleavedLayout, SwigluExpert};
 pub use linear::Linear;
 pub use mat::Mat;
-pub use weight::{WeightError, WeightFormat, WeightMatrix};
 
 #[cfg(not(target_endian = "little"))]
 compile_error!("larder reads little-endian checkpoint bytes in place and supports little-endian targets only");

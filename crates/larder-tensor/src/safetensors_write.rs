@@ -45,6 +45,7 @@ pub struct TensorHeader {
 
 /// How the header JSON is laid out (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum KeyOrder {
     /// Names and keys sorted (`serde_json` map order).
     Sorted,

@@ -6,7 +6,7 @@
 //! present) a dot runs 32 lanes at a time in four independent FMA chains
 //! (the FMA latency would otherwise bound a single chain), the chains added
 //! in a fixed tree, then the lanes, then the tail in order; `axpy` is one FMA
-//! per element. Elsewhere [`scalar::dot`] and a multiply-add per
+//! per element. Elsewhere `kernels::scalar::dot` and a multiply-add per
 //! element. Each path has one fixed order that depends on the slices'
 //! length alone, so a row's attention never depends on the rows or threads
 //! beside it.
@@ -53,7 +53,7 @@ mod avx2 {
 
     /// See [`super::dot`]; `a` and `b` of one length.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
+    pub(super) unsafe fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len();
         let (pa, pb) = (a.as_ptr(), b.as_ptr());
         let mut acc = [_mm256_setzero_ps(); 4];
@@ -81,7 +81,7 @@ mod avx2 {
 
     /// See [`super::axpy`]; `x` and `y` of one length.
     #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn axpy(p: f32, x: &[f32], y: &mut [f32]) {
+    pub(super) unsafe fn axpy(p: f32, x: &[f32], y: &mut [f32]) {
         let n = y.len();
         let (px, py) = (x.as_ptr(), y.as_mut_ptr());
         let pv = _mm256_set1_ps(p);

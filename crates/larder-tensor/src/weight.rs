@@ -5,13 +5,14 @@
 
 use std::sync::Arc;
 
-pub use crate::bytes::SharedBytes;
+pub(crate) use crate::bytes::SharedBytes;
 use crate::dtype::WeightDType;
 use crate::formats;
-pub use crate::formats::RowView;
+pub(crate) use crate::formats::RowView;
 
 /// Errors building a weight from raw bytes.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum WeightError {
     #[error("weight {name}: {message}")]
     Layout { name: String, message: String },
@@ -92,7 +93,7 @@ impl<'a> WeightRows<'a> {
     }
 
     /// Bytes from a stored row to the next (the same for every row).
-    pub fn stride(&self) -> usize {
+    pub(crate) fn stride(&self) -> usize {
         self.stride
     }
 
@@ -103,7 +104,7 @@ impl<'a> WeightRows<'a> {
     /// # Panics
     /// If `r` is not a row of the weight.
     #[inline(always)]
-    pub fn row_bytes(&self, r: usize) -> &'a [u8] {
+    pub(crate) fn row_bytes(&self, r: usize) -> &'a [u8] {
         &self.data[r * self.stride..(r + 1) * self.stride]
     }
 }
@@ -297,7 +298,7 @@ impl WeightMatrix {
     }
 
     /// The storage resolved once, for taking many rows' views cheaply.
-    pub fn rows_source(&self) -> WeightRows<'_> {
+    pub(crate) fn rows_source(&self) -> WeightRows<'_> {
         let (data, scales_f32, scales_u8): (&[u8], &[f32], &[u8]) = match &self.storage {
             Storage::Dense(b) => (b.as_slice(), &[], &[]),
             Storage::Fp8 { codes, scales } => (codes.as_slice(), scales, &[]),

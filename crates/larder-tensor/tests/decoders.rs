@@ -2,10 +2,9 @@
 //! format definitions, every SIMD path against the scalar decoders, and
 //! column slices against whole rows.
 
-use larder_tensor::formats::{decode_row, e8m0_to_f32, fp8_e4m3_to_f32, FP4_E2M1};
+use larder_tensor::formats::{decode_row, e8m0_to_f32, fp8_e4m3_to_f32, RowView, FP4_E2M1};
 use larder_tensor::kernels::KernelPath;
-use larder_tensor::weight::{RowView, SharedBytes};
-use larder_tensor::WeightMatrix;
+use larder_tensor::{SharedBytes, WeightMatrix};
 use proptest::prelude::*;
 
 fn same(a: f32, b: f32) -> bool {

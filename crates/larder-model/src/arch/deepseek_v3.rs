@@ -65,7 +65,7 @@ pub(crate) const KEYS: ConfigKeys = ConfigKeys {
 };
 
 /// `model_type: deepseek_v3` / `kimi_k2`.
-pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     cfg.require_silu()?;
     if cfg.opt_bool("attention_bias")?.unwrap_or(false) {
         return Err(cfg.err("attention_bias", "attention biases are not supported for this architecture"));

@@ -53,7 +53,7 @@ const GPT_OSS: &[&str] = &[
 ];
 
 /// `model_type: gpt_oss`.
-pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     check_rope(cfg)?;
     let base = super::base_spec(cfg, 150000.0, 131072, NAMES)?;
     // gpt-oss's `attention_bias` defaults to true (base_spec's to false).

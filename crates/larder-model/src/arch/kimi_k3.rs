@@ -30,7 +30,7 @@ const BAILING_DEFAULT_BOUND: f64 = -5.0;
 
 /// The forget gate's lower bound from every spelling config.json uses
 /// (module doc); `None`: Kimi Linear's unbounded softplus gate.
-pub fn gate_lower_bound(cfg: &ConfigJson) -> Result<Option<f32>, ModelError> {
+pub(super) fn gate_lower_bound(cfg: &ConfigJson) -> Result<Option<f32>, ModelError> {
     let mut found: Vec<(String, Option<f64>)> = Vec::new();
     for (field, nested) in [
         ("linear_attn_config.gate_lower_bound", true),
@@ -85,13 +85,13 @@ pub fn gate_lower_bound(cfg: &ConfigJson) -> Result<Option<f32>, ModelError> {
 }
 
 /// `mla_use_output_gate`: MLA layers gate each head's output.
-pub fn mla_output_gate(cfg: &ConfigJson) -> Result<bool, ModelError> {
+pub(super) fn mla_output_gate(cfg: &ConfigJson) -> Result<bool, ModelError> {
     Ok(cfg.opt_bool("mla_use_output_gate")?.unwrap_or(false))
 }
 
 /// `linear_attn_config.use_full_rank_gate`: KDA layers project the output
 /// norm's gate with one full-rank `g_proj`.
-pub fn kda_output_gate(cfg: &ConfigJson) -> Result<KdaOutputGate, ModelError> {
+pub(super) fn kda_output_gate(cfg: &ConfigJson) -> Result<KdaOutputGate, ModelError> {
     const FIELD: &str = "linear_attn_config.use_full_rank_gate";
     match linear_value(cfg, FIELD) {
         None | Some(Value::Null) | Some(Value::Bool(false)) => Ok(KdaOutputGate::LowRank),

@@ -162,7 +162,7 @@ fn check_linear_keys(cfg: &ConfigJson) -> Result<(), ModelError> {
 }
 
 /// `model_type: kimi_linear`.
-pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     check_linear_keys(cfg)?;
     if cfg.opt_str("hidden_act")? == Some("situ") {
         return Err(k3_refusal(cfg, "hidden_act", "SiTU activations (\"situ\")"));

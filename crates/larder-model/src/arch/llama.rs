@@ -27,12 +27,12 @@ pub(crate) const MISTRAL_KEYS: ConfigKeys = ConfigKeys {
 };
 
 /// `model_type: llama`.
-pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     dense(cfg, None)
 }
 
 /// `model_type: mistral`: Llama with an optional sliding window on every layer.
-pub fn spec_mistral(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+pub(crate) fn spec_mistral(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     let window = cfg.opt_usize("sliding_window")?;
     dense(cfg, window)
 }

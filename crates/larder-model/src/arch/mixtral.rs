@@ -30,7 +30,7 @@ pub(crate) const KEYS: ConfigKeys = ConfigKeys {
 };
 
 /// `model_type: mixtral`.
-pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     let spec = super::base_spec(cfg, 1e6, 4096 * 32, NAMES)?;
     let n = cfg.num_layers()?;
     let num_experts = cfg.usize("num_local_experts")?;

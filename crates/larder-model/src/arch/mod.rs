@@ -1,19 +1,19 @@
 //! Supported architectures: each file turns its `config.json` into a
 //! [`ModelSpec`], stating only what differs from the spec defaults
-//! ([`crate::spec`]) and listing every config.json key it reads
+//! (`crate::spec`) and listing every config.json key it reads
 //! ([`ConfigKeys`]); [`ARCHITECTURES`] picks the file by `model_type`, and
 //! [`spec_from_config`] refuses every key the architecture does not read
 //! before the file's reader runs (the one policy, docs/architectures.md).
 //! [`ModelLoad`] loads a checkpoint folder with it.
 
-pub mod deepseek_v3;
-pub mod gpt_oss;
+pub(crate) mod deepseek_v3;
+pub(crate) mod gpt_oss;
 mod kimi_k3;
-pub mod kimi_linear;
-pub mod llama;
-pub mod mixtral;
-pub mod qwen2_moe;
-pub mod qwen3_moe;
+pub(crate) mod kimi_linear;
+pub(crate) mod llama;
+pub(crate) mod mixtral;
+pub(crate) mod qwen2_moe;
+pub(crate) mod qwen3_moe;
 
 use std::path::Path;
 use std::sync::Arc;

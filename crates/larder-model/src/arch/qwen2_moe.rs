@@ -17,7 +17,7 @@ pub(crate) const KEYS: ConfigKeys = ConfigKeys {
 };
 
 /// `model_type: qwen2_moe`.
-pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     let base = super::base_spec(cfg, 10000.0, 8192, MoeNames::QWEN)?;
     let spec = ModelSpec {
         qkv_bias: cfg.opt_bool("qkv_bias")?.unwrap_or(true),

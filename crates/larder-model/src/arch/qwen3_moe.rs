@@ -30,7 +30,7 @@ pub(crate) const KEYS: ConfigKeys = ConfigKeys {
 };
 
 /// `model_type: qwen3_moe`.
-pub fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
     let spec = ModelSpec {
         qk_norm: true,
         ..super::base_spec(cfg, 10000.0, 32768, MoeNames::QWEN)?

@@ -10,8 +10,7 @@
 //! `118..=127` (MXFP4 codes, and e8m0 scales from 2^-9 to 1). No optional tensor ships unless
 //! the presence rule says so. This is for small models: every byte is owned.
 
-use larder_tensor::weight::SharedBytes;
-use larder_tensor::{WeightDType, WeightMatrix};
+use larder_tensor::{SharedBytes, WeightDType, WeightMatrix};
 
 use super::{RawTensor, Weight, WeightRequest, WeightSource};
 use crate::error::ModelError;

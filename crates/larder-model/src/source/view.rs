@@ -28,7 +28,7 @@ impl TensorPath {
     }
 
     /// Decoder layer `layer`'s module, `model.layers.{layer}`.
-    pub fn decoder_layer(layer: usize) -> Self {
+    pub(crate) fn decoder_layer(layer: usize) -> Self {
         TensorPath::root().pp(DECODER_LAYERS).pp(layer)
     }
 
@@ -115,7 +115,7 @@ impl<'a> WeightView<'a> {
     }
 
     /// A 2-D parameter that is not a linear layer's weight (embedding, router).
-    pub fn param_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
+    pub(crate) fn param_matrix(&self, name: &str, rows: usize, cols: usize) -> Result<WeightMatrix, ModelError> {
         self.source.param_matrix(&self.name(name), rows, cols)
     }
 
@@ -125,13 +125,13 @@ impl<'a> WeightView<'a> {
     }
 
     /// An optional 1-D tensor: `None` when absent, an error when present but wrong.
-    pub fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
+    pub(crate) fn optional_vector(&self, name: &str, len: usize) -> Result<Option<Vec<f32>>, ModelError> {
         self.source.optional_vector(&self.name(name), len)
     }
 
     /// A tensor stored in one of `shapes`, widened to f32, with the index of
     /// the shape it has.
-    pub fn tensor_f32_any(&self, name: &str, shapes: &[&[usize]]) -> Result<(Vec<f32>, usize), ModelError> {
+    pub(crate) fn tensor_f32_any(&self, name: &str, shapes: &[&[usize]]) -> Result<(Vec<f32>, usize), ModelError> {
         self.source.tensor_f32_any(&self.name(name), shapes)
     }
 
@@ -157,7 +157,7 @@ impl<'a> WeightView<'a> {
 
     /// Linear module `module`: `{module}.weight` `[rows, cols]`, and
     /// `{module}.bias` `[rows]` when `has_bias`.
-    pub fn biased_linear(&self, module: &str, rows: usize, cols: usize, has_bias: bool) -> Result<Linear, ModelError> {
+    pub(crate) fn biased_linear(&self, module: &str, rows: usize, cols: usize, has_bias: bool) -> Result<Linear, ModelError> {
         let m = self.pp(module);
         let weight = m.matrix("weight", rows, cols)?;
         let bias = match has_bias {
@@ -170,7 +170,14 @@ impl<'a> WeightView<'a> {
     /// Linear module `module` (no bias) that config field `field` switches
     /// on: loaded when `on`; when off, its presence is an error naming the
     /// field (the weight would be ignored).
-    pub fn switched_linear(&self, module: &str, on: bool, rows: usize, cols: usize, field: &str) -> Result<Option<Linear>, ModelError> {
+    pub(crate) fn switched_linear(
+        &self,
+        module: &str,
+        on: bool,
+        rows: usize,
+        cols: usize,
+        field: &str,
+    ) -> Result<Option<Linear>, ModelError> {
         if on {
             return self.linear(module, rows, cols).map(Some);
         }
@@ -192,12 +199,12 @@ impl<'a> WeightView<'a> {
     }
 
     /// Whether every answer is a zero-filled placeholder (a recorded load).
-    pub fn zero_placeholders(&self) -> bool {
+    pub(crate) fn zero_placeholders(&self) -> bool {
         self.source.zero_placeholders()
     }
 
     /// The config.json that errors about a config field point at.
-    pub fn config_path(&self) -> PathBuf {
+    pub(crate) fn config_path(&self) -> PathBuf {
         self.source.config_path()
     }
 }

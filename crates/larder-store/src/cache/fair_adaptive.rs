@@ -49,10 +49,10 @@ use std::collections::HashMap;
 use super::{EvictionPolicy, Key};
 
 /// Half-life of the shadow scores, in accesses to the layer.
-pub const HALF_LIFE: f64 = 512.0;
+pub(super) const HALF_LIFE: f64 = 512.0;
 
 /// Accesses a layer must have seen before its cache may refuse a newcomer.
-pub const ADMIT_AFTER: u64 = 512;
+pub(super) const ADMIT_AFTER: u64 = 512;
 
 /// Which ordering a layer evicts by.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -193,7 +193,7 @@ impl Layer {
 
 /// Per-layer fair shares; within a layer LRU, LFU or the hybrid, whichever
 /// its shadows say hits most lately. See the module doc.
-pub struct FairAdaptive {
+pub(crate) struct FairAdaptive {
     share: u64,
     /// Layers sharing the budget (0: no fairness).
     fair_layers: usize,
@@ -205,7 +205,7 @@ pub struct FairAdaptive {
 impl FairAdaptive {
     /// `budget` bytes shared by `layers` layers (0 layers: one share of the
     /// whole budget per layer, no fairness).
-    pub fn new(budget: u64, layers: usize) -> FairAdaptive {
+    pub(crate) fn new(budget: u64, layers: usize) -> FairAdaptive {
         FairAdaptive {
             share: if layers == 0 { budget } else { budget / layers as u64 },
             fair_layers: layers,

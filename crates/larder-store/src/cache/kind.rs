@@ -8,7 +8,7 @@ use std::str::FromStr;
 use super::{EvictionPolicy, FairAdaptive, FairLru, HeatPinnedLru, Key, Lfu, Lru, S3Fifo};
 
 /// Share of the budget [`PolicyKind::HeatPinnedLru`] pins.
-pub const PIN_FRACTION: f64 = 0.5;
+pub(crate) const PIN_FRACTION: f64 = 0.5;
 
 /// An eviction policy by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -66,6 +66,7 @@ impl fmt::Display for PolicyKind {
 
 /// A policy name that is not one of [`PolicyKind::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UnknownPolicy(pub String);
 
 impl fmt::Display for UnknownPolicy {

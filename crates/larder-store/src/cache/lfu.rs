@@ -12,7 +12,7 @@ use super::{EvictionPolicy, Key};
 
 /// Least-frequently-used, persistent counts, LRU among equal counts.
 #[derive(Default)]
-pub struct Lfu {
+pub(crate) struct Lfu {
     tick: u64,
     /// (uses, last-use tick, key) of held keys; the first is the victim.
     order: BTreeSet<(u64, u64, Key)>,
@@ -23,7 +23,7 @@ pub struct Lfu {
 }
 
 impl Lfu {
-    pub fn new() -> Lfu {
+    pub(crate) fn new() -> Lfu {
         Lfu::default()
     }
 

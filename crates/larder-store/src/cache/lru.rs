@@ -8,7 +8,7 @@ use super::{EvictionPolicy, Key};
 
 /// Global least-recently-used order over every held key.
 #[derive(Default)]
-pub struct Lru {
+pub(crate) struct Lru {
     tick: u64,
     /// Last-use tick -> key, oldest first.
     order: BTreeMap<u64, Key>,
@@ -16,7 +16,7 @@ pub struct Lru {
 }
 
 impl Lru {
-    pub fn new() -> Lru {
+    pub(crate) fn new() -> Lru {
         Lru::default()
     }
 

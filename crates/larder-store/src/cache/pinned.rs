@@ -14,7 +14,7 @@ use std::collections::{BTreeMap, HashMap};
 use super::{EvictionPolicy, Key, Lru};
 
 /// Heat-pinned keys plus an LRU for everything else.
-pub struct HeatPinnedLru {
+pub(crate) struct HeatPinnedLru {
     /// Key -> heat rank (0 = hottest), for keys with heat > 0.
     rank: HashMap<Key, usize>,
     pin_cap: u64,
@@ -29,7 +29,7 @@ pub struct HeatPinnedLru {
 impl HeatPinnedLru {
     /// Pins the hottest keys of `heat` up to `fraction` (clamped to 0..=1)
     /// of `budget` bytes.
-    pub fn new(budget: u64, heat: &HashMap<Key, u64>, fraction: f64) -> HeatPinnedLru {
+    pub(crate) fn new(budget: u64, heat: &HashMap<Key, u64>, fraction: f64) -> HeatPinnedLru {
         let mut hot: Vec<(u64, Key)> = heat.iter().filter(|(_, &h)| h > 0).map(|(&k, &h)| (h, k)).collect();
         // Hottest first; ties by key so the ranking is deterministic.
         hot.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
@@ -46,7 +46,8 @@ impl HeatPinnedLru {
     }
 
     /// Whether `key` is currently pinned.
-    pub fn is_pinned(&self, key: Key) -> bool {
+    #[cfg(test)]
+    pub(crate) fn is_pinned(&self, key: Key) -> bool {
         self.rank
             .get(&key)
             .is_some_and(|r| self.pinned.get(r).is_some_and(|&(k, _)| k == key))

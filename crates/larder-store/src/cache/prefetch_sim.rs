@@ -11,7 +11,7 @@
 //!    are not held are read in the background and inserted (a prefetch
 //!    read), unless the layer's prefetch is off: after
 //!    [`PREFETCH_PROBE`](crate::store::PREFETCH_PROBE) reads with fewer than
-//!    [`PREFETCH_MIN_PRECISION`](crate::store::PREFETCH_MIN_PRECISION) of them used,
+//!    `PREFETCH_MIN_PRECISION` of them used,
 //!    only every `PREFETCH_PROBE`th request goes through;
 //! 2. the layer's demanded experts are looked up (a hit on a prefetched entry
 //!    counts that prefetch as used) and the misses read on demand and

@@ -33,7 +33,7 @@ struct Entry {
 }
 
 /// S3-FIFO eviction by bytes.
-pub struct S3Fifo {
+pub(crate) struct S3Fifo {
     small_target: u64,
     ghost_cap: u64,
     seq: u64,
@@ -50,7 +50,7 @@ pub struct S3Fifo {
 
 impl S3Fifo {
     /// A policy for `budget` bytes: small FIFO 10% of it, ghost up to 90%.
-    pub fn new(budget: u64) -> S3Fifo {
+    pub(crate) fn new(budget: u64) -> S3Fifo {
         let small_target = (budget / 10).max(1);
         S3Fifo {
             small_target,

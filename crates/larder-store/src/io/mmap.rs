@@ -29,7 +29,7 @@ use crate::buf::{align_down, align_up, ByteOwner, SharedBytes, ALIGN};
 use crate::location::Extent;
 use crate::StoreError;
 
-pub struct MmapBackend {
+pub(crate) struct MmapBackend {
     paths: Vec<PathBuf>,
     files: Vec<File>,
     maps: Vec<Arc<Mmap>>,
@@ -59,7 +59,7 @@ impl Drop for MappedSpan {
 }
 
 impl MmapBackend {
-    pub fn open(paths: &[PathBuf]) -> Result<MmapBackend, StoreError> {
+    pub(crate) fn open(paths: &[PathBuf]) -> Result<MmapBackend, StoreError> {
         let mut maps = Vec::with_capacity(paths.len());
         let mut files = Vec::with_capacity(paths.len());
         for p in paths {

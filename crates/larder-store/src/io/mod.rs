@@ -5,8 +5,8 @@
 //! completes, in completion order, so the caller can compute on early
 //! arrivals while later reads are still in flight. Three implementations:
 //! - [`PreadPool`]: a persistent pool of threads doing `pread` (portable);
-//! - [`UringBackend`]: io_uring on Linux, many reads in flight from one thread;
-//! - [`MmapBackend`]: views into memory-mapped files (opt-in: no copy, page
+//! - `UringBackend`: io_uring on Linux, many reads in flight from one thread;
+//! - `MmapBackend`: views into memory-mapped files (opt-in: no copy, page
 //!   faults are the reads, evicted records' pages are dropped with
 //!   `MADV_DONTNEED`; unsafe against files truncated underneath: SIGBUS).
 //!
@@ -20,11 +20,11 @@ mod pread;
 mod uring;
 
 pub use files::FileTable;
-pub use mmap::MmapBackend;
+pub(crate) use mmap::MmapBackend;
 pub(crate) use pread::{check_depth, check_range, spawn};
 pub use pread::{PreadPool, MAX_IO_DEPTH};
 #[cfg(target_os = "linux")]
-pub use uring::UringBackend;
+pub(crate) use uring::UringBackend;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -34,7 +34,7 @@ use crate::location::Extent;
 use crate::StoreError;
 
 /// One view per extent of the job, in extent order.
-pub type ReadResult = Result<Vec<SharedBytes>, StoreError>;
+pub(crate) type ReadResult = Result<Vec<SharedBytes>, StoreError>;
 
 /// Reads extents of a fixed set of files.
 pub trait IoBackend: Send + Sync {
@@ -136,7 +136,7 @@ pub fn open_backend(paths: &[PathBuf], opts: IoOptions) -> Result<Arc<dyn IoBack
 /// system allows it, else through the page cache: how checks read what was
 /// written (verify, pack's read-back, drive probes), so the drive is what
 /// they see wherever it can be.
-pub fn open_checking(paths: &[PathBuf], depth: usize) -> Result<Arc<dyn IoBackend>, StoreError> {
+pub(crate) fn open_checking(paths: &[PathBuf], depth: usize) -> Result<Arc<dyn IoBackend>, StoreError> {
     let direct = IoOptions {
         kind: IoKind::Pread,
         direct: true,

@@ -29,11 +29,11 @@ const CHUNK: u64 = 1 << 20;
 const READS_PER_DEPTH: usize = 4;
 
 /// Whether this kernel lets us create a ring.
-pub fn available() -> bool {
+pub(super) fn available() -> bool {
     IoUring::new(2).is_ok()
 }
 
-pub struct UringBackend {
+pub(crate) struct UringBackend {
     files: FileTable,
     ring: Mutex<IoUring>,
     in_flight: usize,
@@ -43,7 +43,7 @@ impl UringBackend {
     /// A ring for `depth` x 4 reads in flight (`depth` from 1 to
     /// [`MAX_IO_DEPTH`](super::MAX_IO_DEPTH)); an error when out of range or
     /// when the kernel refuses the ring.
-    pub fn new(files: FileTable, depth: usize) -> Result<UringBackend, StoreError> {
+    pub(crate) fn new(files: FileTable, depth: usize) -> Result<UringBackend, StoreError> {
         super::pread::check_depth(depth)?;
         let in_flight = depth * READS_PER_DEPTH;
         let new_ring = || {

@@ -24,7 +24,7 @@ use crate::fsutil::write_atomic;
 use crate::StoreError;
 
 /// The log's file in the lazy store's folder.
-pub const SOURCES_LOG: &str = "lazy-sources.log";
+pub(crate) const SOURCES_LOG: &str = "lazy-sources.log";
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Line {
@@ -58,7 +58,7 @@ pub(crate) struct Known {
 
 impl Known {
     /// The log in `root`, read (absent: nothing known).
-    pub fn open(root: &Path) -> Result<Known, StoreError> {
+    pub(crate) fn open(root: &Path) -> Result<Known, StoreError> {
         let path = root.join(SOURCES_LOG);
         let text = match std::fs::read_to_string(&path) {
             Ok(t) => t,
@@ -76,7 +76,7 @@ impl Known {
     }
 
     /// Replaces the log with `entries` (a cache made anew), atomically.
-    pub fn write_all(root: &Path, entries: &[(Key, Digest)]) -> Result<(), StoreError> {
+    pub(crate) fn write_all(root: &Path, entries: &[(Key, Digest)]) -> Result<(), StoreError> {
         let mut text = String::with_capacity(entries.len() * 80);
         for &(key, digest) in entries {
             text.push_str(&line_of(key, digest)?);
@@ -84,17 +84,17 @@ impl Known {
         write_atomic(&root.join(SOURCES_LOG), text.as_bytes())
     }
 
-    pub fn get(&self, key: Key) -> Option<Digest> {
+    pub(crate) fn get(&self, key: Key) -> Option<Digest> {
         self.digests.get(&key).copied()
     }
 
     /// Records known now.
-    pub fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         self.digests.len()
     }
 
     /// Learns `entries` (first fetches), appended and synced.
-    pub fn add(&mut self, entries: &[(Key, Digest)]) -> Result<(), StoreError> {
+    pub(crate) fn add(&mut self, entries: &[(Key, Digest)]) -> Result<(), StoreError> {
         if entries.is_empty() {
             return Ok(());
         }

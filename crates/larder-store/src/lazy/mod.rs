@@ -3,14 +3,14 @@
 //! and the small files; every routed expert is then fetched the first time
 //! a forward pass (or a prefetch) asks for it, written as a record of the
 //! store `pack` would make, at the place `pack` would put it, and kept
-//! across restarts ([`LazyBackend`], [`records`]). With a disk quota the
+//! across restarts ([`LazyBackend`], `records`). With a disk quota the
 //! coldest records make room. Output is bit-identical to a local run: the
 //! records are the same bytes, and the model reads them the same way.
 //!
 //! Nothing from the source is trusted as it arrives ([`SourceCheck`]): by
 //! default every source file streams once, whole, with its sha256 checked,
-//! before the model loads ([`stream`]), and every expert fetched by range
-//! later must match the digest its components had then ([`known`]). With
+//! before the model loads (`stream`), and every expert fetched by range
+//! later must match the digest its components had then (`known`). With
 //! `FirstFetch`, a record's first fetch sets that digest instead.
 //!
 //! The folder holds `lazy.json` (the source, its files, the sealed spine and
@@ -35,7 +35,7 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use serde::{Deserialize, Serialize};
 
 pub use backend::{LazyBackend, LazyCounts};
-pub use known::SOURCES_LOG;
+pub(crate) use known::SOURCES_LOG;
 pub use records::RECORDS_LOG;
 pub use verify::{verify, LazyVerifyReport};
 
@@ -62,7 +62,7 @@ const VERSION: u32 = 1;
 
 /// A source file as the cache was made from it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct SourceFileMeta {
+pub(crate) struct SourceFileMeta {
     pub name: String,
     pub size: u64,
     /// As the source published it (the hub's LFS sha256), if it did.

@@ -91,7 +91,7 @@ impl Records {
     /// The log in `root`, replayed: records whose key `size` does not know
     /// (another layout) or that `dropped` names (their file was created
     /// anew) are left out. `size(key)` is a record's bytes on the drive.
-    pub fn open(
+    pub(crate) fn open(
         root: &Path,
         budget: Option<u64>,
         size: &dyn Fn(Key) -> Option<u64>,
@@ -143,18 +143,18 @@ impl Records {
 
     /// Rewrites the log as one line per present record with its heat (kept
     /// across restarts), atomically.
-    pub fn compact(&mut self) -> Result<(), StoreError> {
+    pub(crate) fn compact(&mut self) -> Result<(), StoreError> {
         self.log = write_snapshot(&self.path, &self.present)?;
         self.lines = self.present.len();
         Ok(())
     }
 
     /// The digest a present record was written with.
-    pub fn digest(&self, key: Key) -> Option<Digest> {
+    pub(crate) fn digest(&self, key: Key) -> Option<Digest> {
         self.present.get(&key).map(|e| e.digest)
     }
 
-    pub fn touch(&mut self, key: Key) {
+    pub(crate) fn touch(&mut self, key: Key) {
         self.tick += 1;
         if let Some(e) = self.present.get_mut(&key) {
             e.heat += 1;
@@ -163,7 +163,7 @@ impl Records {
     }
 
     /// Present records and their bytes.
-    pub fn held(&self) -> (usize, u64) {
+    pub(crate) fn held(&self) -> (usize, u64) {
         (self.present.len(), self.used)
     }
 
@@ -172,7 +172,7 @@ impl Records {
     /// `keep`, logging each eviction, and reserves the bytes. The evicted
     /// keys, whose holes the caller punches; `None` (nothing evicted or
     /// reserved) when even evicting everything else would not make room.
-    pub fn reserve(&mut self, bytes: u64, keep: &HashSet<Key>) -> Result<Option<Vec<Key>>, StoreError> {
+    pub(crate) fn reserve(&mut self, bytes: u64, keep: &HashSet<Key>) -> Result<Option<Vec<Key>>, StoreError> {
         let Some(budget) = self.budget else {
             self.reserved += bytes;
             return Ok(Some(Vec::new()));
@@ -207,12 +207,12 @@ impl Records {
     }
 
     /// Gives back a reservation whose record was not written.
-    pub fn release(&mut self, bytes: u64) {
+    pub(crate) fn release(&mut self, bytes: u64) {
         self.reserved = self.reserved.saturating_sub(bytes);
     }
 
     /// Records written and synced: logs them present (one sync for all).
-    pub fn add(&mut self, written: &[(Key, Digest, u64)]) -> Result<(), StoreError> {
+    pub(crate) fn add(&mut self, written: &[(Key, Digest, u64)]) -> Result<(), StoreError> {
         for &(key, digest, _) in written {
             self.append(&Line::present(key, digest, 0))?;
         }
@@ -241,7 +241,7 @@ impl Records {
 
     /// Forgets a record (its bytes failed their digest), logging it;
     /// whether it was present.
-    pub fn remove(&mut self, key: Key) -> Result<bool, StoreError> {
+    pub(crate) fn remove(&mut self, key: Key) -> Result<bool, StoreError> {
         let Some(e) = self.present.remove(&key) else { return Ok(false) };
         {
             self.used -= e.bytes;

@@ -17,7 +17,7 @@ pub const PULL_STATE: &str = "pull-state.json";
 
 /// One source file's progress.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FileProgress {
+pub(crate) struct FileProgress {
     /// Bytes from the start that are on the drive.
     pub offset: u64,
     pub done: bool,
@@ -40,7 +40,7 @@ pub(crate) struct Journal {
 impl Journal {
     /// The journal of store `store_id` in `out`: the saved one, or empty
     /// when there is none or it belongs to another store.
-    pub fn open(out: &Path, store_id: &str) -> Result<Journal, StoreError> {
+    pub(crate) fn open(out: &Path, store_id: &str) -> Result<Journal, StoreError> {
         let path = out.join(PULL_STATE);
         let saved = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice::<State>(&bytes).ok(),
@@ -58,19 +58,19 @@ impl Journal {
     }
 
     /// `file`'s progress (none yet: offset 0).
-    pub fn get(&self, file: &str) -> FileProgress {
+    pub(crate) fn get(&self, file: &str) -> FileProgress {
         self.lock().files.get(file).cloned().unwrap_or_default()
     }
 
     /// Forgets every file's progress (its bytes are no longer on the drive).
-    pub fn reset(&self) -> Result<(), StoreError> {
+    pub(crate) fn reset(&self) -> Result<(), StoreError> {
         let mut s = self.lock();
         s.files.clear();
         self.save(&s)
     }
 
     /// Records `file`'s progress (the caller has synced its bytes).
-    pub fn set(&self, file: &str, progress: FileProgress) -> Result<(), StoreError> {
+    pub(crate) fn set(&self, file: &str, progress: FileProgress) -> Result<(), StoreError> {
         let mut s = self.lock();
         s.files.insert(file.to_string(), progress);
         self.save(&s)
@@ -78,7 +78,7 @@ impl Journal {
 
     /// Raises the saved offset of each unfinished `(file, offset)` that
     /// went further (the caller has synced their bytes); one save.
-    pub fn advance<'a>(&self, reached: impl Iterator<Item = (&'a str, u64)>) -> Result<(), StoreError> {
+    pub(crate) fn advance<'a>(&self, reached: impl Iterator<Item = (&'a str, u64)>) -> Result<(), StoreError> {
         let mut s = self.lock();
         for (file, offset) in reached {
             let p = s.files.entry(file.to_string()).or_default();
@@ -90,7 +90,7 @@ impl Journal {
     }
 
     /// Removes the journal (the store is complete).
-    pub fn remove(&self) -> Result<(), StoreError> {
+    pub(crate) fn remove(&self) -> Result<(), StoreError> {
         match std::fs::remove_file(&self.path) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

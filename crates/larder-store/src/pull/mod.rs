@@ -2,10 +2,10 @@
 //! copy of it. Each source file streams once, in order, from a
 //! [`FileSource`]; its bytes land where `pack` would put them (expert
 //! records in the layer files on their drives, spine tensors in the spine
-//! file), written in place under temporary names ([`scatter`]). A file is
+//! file), written in place under temporary names (`scatter`). A file is
 //! read in ranges, several in flight, and hashed and written in order, then
 //! checked against the sha256 the source publishes (the hub's LFS one). Then every file is sealed as `pack` seals
-//! it (record digests, read back, committed; [`seal`]), the small files
+//! it (record digests, read back, committed; `seal`), the small files
 //! copied, and `manifest.json` written last: the result is the store `pack`
 //! makes of the same checkpoint, record for record.
 //!
@@ -52,7 +52,7 @@ pub struct PullFile {
 /// Most range requests in flight over all streams (`jobs × ranges`): each
 /// buffers up to [`PullOptions::range_bytes`], and the next group is in
 /// flight while one is written.
-pub const MAX_IN_FLIGHT: usize = 64;
+pub(crate) const MAX_IN_FLIGHT: usize = 64;
 
 /// How to pull.
 #[derive(Debug, Clone, Copy)]

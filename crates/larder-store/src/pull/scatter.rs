@@ -32,7 +32,7 @@ impl Output {
     /// Opens the file for reading and writing, creating it at full length
     /// (sparse) with its head written when it is missing or does not start
     /// with its head; whether it was (then nothing in it is kept).
-    pub fn open(&self) -> Result<(File, bool), StoreError> {
+    pub(crate) fn open(&self) -> Result<(File, bool), StoreError> {
         if let Some(dir) = self.path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| StoreError::io(dir, e))?;
         }
@@ -76,7 +76,7 @@ pub(crate) struct Layout {
 impl Layout {
     /// The store `plan` makes of `src`, every record and spine tensor placed
     /// as `pack` places them; `drive_dirs` are the plan's drives resolved.
-    pub fn new(src: &PackSource, plan: &Plan, drive_dirs: &[PathBuf], spine_path: PathBuf) -> Result<Layout, StoreError> {
+    pub(crate) fn new(src: &PackSource, plan: &Plan, drive_dirs: &[PathBuf], spine_path: PathBuf) -> Result<Layout, StoreError> {
         let layers = layer_outs(src, plan, drive_dirs)?;
         let mut outputs = Vec::new();
         let mut pieces: Vec<Vec<Piece>> = vec![Vec::new(); src.files.len()];
@@ -141,7 +141,7 @@ impl Layout {
 impl Layout {
     /// Whether every output is on the drive, written (under its temporary
     /// name, at full length) or already sealed.
-    pub fn all_on_drive(&self) -> bool {
+    pub(crate) fn all_on_drive(&self) -> bool {
         self.outputs
             .iter()
             .all(|o| std::fs::metadata(&o.path).is_ok_and(|m| m.len() == o.len) || o.final_path.exists())
@@ -158,7 +158,7 @@ impl OpenOutputs {
     /// Opens every output of `layout`, creating it at full length (sparse)
     /// with its head written when it is missing or does not start with its
     /// head; says whether any was (then no earlier progress is on disk).
-    pub fn open(layout: &Layout) -> Result<(OpenOutputs, bool), StoreError> {
+    pub(crate) fn open(layout: &Layout) -> Result<(OpenOutputs, bool), StoreError> {
         let mut files = Vec::with_capacity(layout.outputs.len());
         let mut paths = Vec::with_capacity(layout.outputs.len());
         let mut created = false;
@@ -172,7 +172,7 @@ impl OpenOutputs {
     }
 
     /// Flushes every output to the drive (before progress is recorded).
-    pub fn sync(&self) -> Result<(), StoreError> {
+    pub(crate) fn sync(&self) -> Result<(), StoreError> {
         for (f, p) in self.files.iter().zip(&self.paths) {
             f.sync_data().map_err(|e| StoreError::io(p, e))?;
         }

@@ -35,7 +35,7 @@ impl RetryPolicy {
     /// The wait before retry number `retry` (0-based): the doubled delay
     /// scaled by a jitter factor in [0.5, 1) so parallel readers that
     /// failed together do not come back together.
-    pub fn delay(&self, retry: u32) -> Duration {
+    pub(crate) fn delay(&self, retry: u32) -> Duration {
         let doubled = self.base_delay.saturating_mul(1u32 << retry.min(20));
         let capped = doubled.min(self.max_delay);
         capped.mul_f64(0.5 + 0.5 * jitter_unit())

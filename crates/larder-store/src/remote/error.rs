@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 /// Why a checkpoint source could not be parsed, listed or read.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum RemoteError {
     #[error("checkpoint source `{arg}`: {reason}")]
     BadSource { arg: String, reason: String },
@@ -79,7 +80,7 @@ impl RemoteError {
     /// Whether the source could not be reached or kept failing (connect
     /// errors, timeouts, resets, 5xx after every retry): it may answer
     /// later, unlike a refusal, a missing file or bad bytes.
-    pub fn is_unreachable(&self) -> bool {
+    pub(crate) fn is_unreachable(&self) -> bool {
         matches!(self, RemoteError::Transport { .. } | RemoteError::GaveUp { .. })
     }
 

@@ -1,4 +1,4 @@
-//! [`HttpSource`]: a checkpoint on the hub or under a base URL serving the
+//! `HttpSource`: a checkpoint on the hub or under a base URL serving the
 //! hub layout. Files are read at `<base>/resolve/<revision>/<file>` (the
 //! revision pinned to the listed commit once the hub has listed it);
 //! metadata comes from a HEAD that does not follow the hub's redirect to
@@ -19,7 +19,7 @@ use super::source::{check_file_name, encode_path, CheckpointSource, HubEnv};
 use super::{FileMeta, FileSource, StreamReport, StreamState};
 
 /// A hub repo or hub-layout base URL.
-pub struct HttpSource {
+pub(crate) struct HttpSource {
     client: Client,
     /// `{endpoint}/{repo}` or the base URL.
     base: String,
@@ -35,7 +35,7 @@ pub struct HttpSource {
 impl HttpSource {
     /// A source over `source` (a `Hub` or `Http` one). The token goes to
     /// the hub endpoint only, and to a base URL under it.
-    pub fn new(source: &CheckpointSource, env: &HubEnv, options: &RemoteOptions) -> Result<Self, RemoteError> {
+    pub(crate) fn new(source: &CheckpointSource, env: &HubEnv, options: &RemoteOptions) -> Result<Self, RemoteError> {
         let endpoint = env.endpoint();
         let (base, api, revision) = match source {
             CheckpointSource::Hub { endpoint, repo, revision } => (
@@ -63,7 +63,7 @@ impl HttpSource {
     }
 
     /// `<base>/resolve/<revision>/<file>`.
-    pub fn file_url(&self, file: &str) -> String {
+    pub(crate) fn file_url(&self, file: &str) -> String {
         let rev = lock(&self.revision).clone();
         format!("{}/resolve/{}/{}", self.base, encode_path(&rev, false), encode_path(file, true))
     }

@@ -15,7 +15,7 @@ use super::source::check_file_name;
 
 /// Small files a checkpoint may ship beside its safetensors; probed on a
 /// plain base URL (`config.json` is required, the rest optional).
-pub const KNOWN_SMALL_FILES: &[&str] = &[
+pub(crate) const KNOWN_SMALL_FILES: &[&str] = &[
     "config.json",
     "generation_config.json",
     "tokenizer.json",
@@ -28,8 +28,8 @@ pub const KNOWN_SMALL_FILES: &[&str] = &[
 
 /// The sharded checkpoint index a plain base URL must serve (or a single
 /// [`SINGLE_FILE`]).
-pub const INDEX_FILE: &str = "model.safetensors.index.json";
-pub const SINGLE_FILE: &str = "model.safetensors";
+pub(crate) const INDEX_FILE: &str = "model.safetensors.index.json";
+pub(crate) const SINGLE_FILE: &str = "model.safetensors";
 
 /// One file of a listing.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -1,4 +1,4 @@
-//! [`LocalSource`]: the [`FileSource`] API over a local or mounted folder,
+//! `LocalSource`: the [`FileSource`] API over a local or mounted folder,
 //! so `larder pull` treats a folder like any other source. Nothing is
 //! published beside the files, so no sha256 is checked (one is computed).
 
@@ -15,13 +15,13 @@ use super::source::check_file_name;
 use super::{FileMeta, FileSource, StreamReport, StreamState};
 
 /// A checkpoint folder.
-pub struct LocalSource {
+pub(crate) struct LocalSource {
     root: PathBuf,
     bytes: AtomicU64,
 }
 
 impl LocalSource {
-    pub fn new(root: &Path) -> Self {
+    pub(crate) fn new(root: &Path) -> Self {
         LocalSource {
             root: root.to_path_buf(),
             bytes: AtomicU64::new(0),

@@ -9,8 +9,8 @@
 //! - [`listing`]: the hub's file listing and a safetensors index;
 //! - [`client`]: the HTTP agent, retries with backoff and jitter, status
 //!   and failure sorting, transfer counters;
-//! - [`http`]: [`HttpSource`] (metadata, ETag-pinned ranges, streaming);
-//! - [`local`]: [`LocalSource`] (the same API over a folder);
+//! - [`http`]: `HttpSource` (metadata, ETag-pinned ranges, streaming);
+//! - [`local`]: `LocalSource` (the same API over a folder);
 //! - [`error`]: every failure, as [`RemoteError`].
 //!
 //! Why `ureq` 3 and not an async client: the store's readers are blocking
@@ -41,9 +41,9 @@ use sha2::{Digest, Sha256};
 pub use backend::RangeBackend;
 pub use client::{RemoteOptions, RetryPolicy, Transferred};
 pub use error::RemoteError;
-pub use http::HttpSource;
+pub(crate) use http::HttpSource;
 pub use listing::{ListedFile, Listing};
-pub use local::LocalSource;
+pub(crate) use local::LocalSource;
 pub use source::{CheckpointSource, HubEnv};
 
 /// What a source says about one file before it is read.
@@ -103,7 +103,7 @@ pub struct StreamReport {
 }
 
 /// A checkpoint's files, readable by range or as a stream. Implemented over
-/// HTTP ([`HttpSource`]) and a folder ([`LocalSource`]).
+/// HTTP (`HttpSource`) and a folder (`LocalSource`).
 pub trait FileSource: Send + Sync {
     /// Every file of the checkpoint (names relative to its root).
     fn list_files(&self) -> Result<Listing, RemoteError>;

@@ -9,15 +9,15 @@ use std::path::{Path, PathBuf};
 use super::error::RemoteError;
 
 /// The hub used when `HF_ENDPOINT` is not set.
-pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+pub(crate) const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
 /// The revision used when a source names none.
-pub const DEFAULT_REVISION: &str = "main";
+pub(crate) const DEFAULT_REVISION: &str = "main";
 
 /// Hub settings from the environment: `HF_ENDPOINT` and `HF_TOKEN`.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct HubEnv {
-    /// `HF_ENDPOINT` (default [`DEFAULT_ENDPOINT`]).
+    /// `HF_ENDPOINT` (default `DEFAULT_ENDPOINT`).
     pub endpoint: Option<String>,
     /// `HF_TOKEN`, sent as `Authorization: Bearer` to the hub endpoint only.
     pub token: Option<String>,

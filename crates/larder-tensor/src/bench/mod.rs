@@ -18,7 +18,7 @@ use crate::weight::{SharedBytes, WeightFormat, WeightMatrix};
 pub const COLD_SET_BYTES: usize = 256 << 20;
 
 /// Median over at least `min_iters` calls of `f`, running for about `budget`.
-pub fn median_time(min_iters: usize, budget: Duration, mut f: impl FnMut(usize)) -> Duration {
+pub(crate) fn median_time(min_iters: usize, budget: Duration, mut f: impl FnMut(usize)) -> Duration {
     f(0); // warm-up
     let mut times = Vec::new();
     let start = Instant::now();
@@ -96,7 +96,7 @@ mod wide_read {
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn stream(words: &[u64]) -> u64 {
+    pub(super) unsafe fn stream(words: &[u64]) -> u64 {
         let p = words.as_ptr() as *const u8;
         let n = words.len() * 8 / 128 * 128;
         let mut acc = [_mm256_setzero_si256(); 4];
@@ -115,7 +115,7 @@ mod wide_read {
     /// # Safety
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub unsafe fn row_blocks(words: &[u64], row: usize) -> u64 {
+    pub(super) unsafe fn row_blocks(words: &[u64], row: usize) -> u64 {
         let p = words.as_ptr() as *const u8;
         let n = words.len() * 8 / (4 * row) * (4 * row);
         let mut acc = [_mm256_setzero_si256(); 4];

@@ -9,9 +9,9 @@ use super::blocked::{self, kind, Simd, BF16, F16, F32};
 use crate::dtype::WeightDType;
 
 /// Elements per main-loop step (bf16: two steps, see [`blocked::step`]).
-pub const STEP: usize = 8;
+pub(super) const STEP: usize = 8;
 /// f32 accumulator slots per (row, feature).
-pub const ACC: usize = 8;
+pub(super) const ACC: usize = 8;
 
 /// 8-lane AVX2 vectors.
 pub(crate) struct Avx2;
@@ -70,7 +70,7 @@ impl Simd for Avx2 {
 /// # Safety
 /// AVX2, FMA and F16C must be available; sizes as in [`blocked::accumulate`].
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+pub(super) unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     match kind(dtype) {
         F32 => blocked::accumulate::<Avx2, F32>(ws, ahead, xs, len, acc),
         F16 => blocked::accumulate::<Avx2, F16>(ws, ahead, xs, len, acc),
@@ -83,7 +83,7 @@ pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&
 /// # Safety
 /// As [`accumulate`], with `w` holding fewer than [`blocked::step`] elements.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
+pub(super) unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
     blocked::finish::<Avx2>(dtype, w, xs, acc, out)
 }
 
@@ -92,6 +92,6 @@ pub unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], o
 /// # Safety
 /// As [`accumulate`]; `acc` holds `out.len() * ACC` values.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn reduce(acc: &[f32], out: &mut [f32]) {
+pub(super) unsafe fn reduce(acc: &[f32], out: &mut [f32]) {
     blocked::reduce::<Avx2>(acc, out)
 }

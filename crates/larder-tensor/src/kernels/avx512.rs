@@ -8,9 +8,9 @@ use super::blocked::{self, kind, Simd, BF16, F16, F32};
 use crate::dtype::WeightDType;
 
 /// Elements per main-loop step (bf16: two steps, see [`blocked::step`]).
-pub const STEP: usize = 16;
+pub(super) const STEP: usize = 16;
 /// f32 accumulator slots per (row, feature).
-pub const ACC: usize = 16;
+pub(super) const ACC: usize = 16;
 
 /// 16-lane AVX-512 vectors.
 pub(crate) struct Avx512;
@@ -63,7 +63,7 @@ impl Simd for Avx512 {
 /// # Safety
 /// AVX-512F/BW, AVX2, FMA and F16C must be available; sizes as in [`blocked::accumulate`].
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+pub(super) unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     match kind(dtype) {
         F32 => blocked::accumulate::<Avx512, F32>(ws, ahead, xs, len, acc),
         F16 => blocked::accumulate::<Avx512, F16>(ws, ahead, xs, len, acc),
@@ -76,7 +76,7 @@ pub unsafe fn accumulate(dtype: WeightDType, ws: &[&[u8]], ahead: isize, xs: &[&
 /// # Safety
 /// As [`accumulate`], with `w` holding fewer than [`blocked::step`] elements.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
+pub(super) unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
     blocked::finish::<Avx512>(dtype, w, xs, acc, out)
 }
 
@@ -85,6 +85,6 @@ pub unsafe fn finish(dtype: WeightDType, w: &[u8], xs: &[&[f32]], acc: &[f32], o
 /// # Safety
 /// As [`accumulate`]; `acc` holds `out.len() * ACC` values.
 #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
-pub unsafe fn reduce(acc: &[f32], out: &mut [f32]) {
+pub(super) unsafe fn reduce(acc: &[f32], out: &mut [f32]) {
     blocked::reduce::<Avx512>(acc, out)
 }

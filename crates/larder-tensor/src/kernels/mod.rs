@@ -2,7 +2,7 @@
 //! rows (GEMM) of f32 activations against a [`WeightMatrix`] in its shipped
 //! format.
 //!
-//! One dispatch point ([`KernelPath`]) picks the ISA file: [`scalar`] (the
+//! One dispatch point ([`KernelPath`]) picks the ISA file: `scalar` (the
 //! reference, always available), `avx2` (AVX2+FMA+F16C), `avx512`
 //! (AVX-512F/BW) on x86-64, `neon` on aarch64. Detection runs once at first
 //! use; `LARDER_KERNEL=scalar|avx2|avx512|neon` forces a path (tests use it to
@@ -49,7 +49,7 @@
 //! rule that activations stay f32 (an exact three-way bf16 split of each
 //! activation costs `vdpbf16ps` more than it saves; docs/kernels.md).
 
-pub mod scalar;
+pub(crate) mod scalar;
 
 #[cfg(target_arch = "x86_64")]
 mod avx2;
@@ -335,6 +335,7 @@ pub fn kernel_from_value(value: &str) -> Result<KernelPath, KernelEnvError> {
 
 /// Why `LARDER_KERNEL` cannot be honoured.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KernelEnvError {
     #[error("LARDER_KERNEL={requested}: this CPU cannot run the {requested} kernel path (it has: {available}); unset LARDER_KERNEL or set one of those")]
     Unsupported { requested: String, available: String },
@@ -342,8 +343,9 @@ pub enum KernelEnvError {
     Unknown { requested: String, available: String },
 }
 
-/// Errors of the kernels' checked entry points ([`try_matmul_t`]).
+/// Errors of the kernels' checked entry points ([`Linear::try_forward`](crate::Linear::try_forward)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum KernelError {
     #[error(
         "activations of width {activation_cols} against a {weight_rows}x{weight_cols} {format} weight (it takes {weight_cols} inputs)"
@@ -358,12 +360,12 @@ pub enum KernelError {
 
 /// `x [m, k] * W^T` where `W` is `[n, k]`: returns `[m, n]`, on the active
 /// path; an error, computing nothing, where `x`'s width is not `W`'s input width.
-pub fn try_matmul_t(x: &Mat, w: &WeightMatrix) -> Result<Mat, KernelError> {
+pub(crate) fn try_matmul_t(x: &Mat, w: &WeightMatrix) -> Result<Mat, KernelError> {
     try_matmul_t_with(active_path(), x, w)
 }
 
 /// [`try_matmul_t`] on a given path (tests and benchmarks compare paths).
-pub fn try_matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Result<Mat, KernelError> {
+pub(crate) fn try_matmul_t_with(path: KernelPath, x: &Mat, w: &WeightMatrix) -> Result<Mat, KernelError> {
     check_width(x, w)?;
     Ok(driver::matmul_t_checked(path, x, w))
 }
@@ -381,8 +383,8 @@ pub(crate) fn check_width(x: &Mat, w: &WeightMatrix) -> Result<(), KernelError> 
     })
 }
 
-/// [`try_matmul_t`] for callers whose shapes were checked when the model
-/// loaded.
+/// `x [m, k] * W^T` where `W` is `[n, k]`: returns `[m, n]`, on the active
+/// path, for callers whose shapes were checked when the model loaded.
 ///
 /// # Panics
 /// If `x.cols() != w.cols()`.

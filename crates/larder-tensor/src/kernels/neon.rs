@@ -10,9 +10,9 @@
 use std::arch::aarch64::*;
 
 /// Elements per main-loop step.
-pub const STEP: usize = 8;
+pub(super) const STEP: usize = 8;
 /// f32 accumulator slots per (row, feature).
-pub const ACC: usize = 8;
+pub(super) const ACC: usize = 8;
 
 /// Adds `xs[r][..len] . ws[f][..len]` into the accumulators of every
 /// (feature, row), laid out `acc[(f * xs.len() + r) * ACC..]`.
@@ -20,7 +20,7 @@ pub const ACC: usize = 8;
 /// # Safety
 /// As [`accumulate_f32`] for each feature.
 #[target_feature(enable = "neon")]
-pub unsafe fn accumulate_features(ws: &[&[f32]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+pub(super) unsafe fn accumulate_features(ws: &[&[f32]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     for (f, w) in ws.iter().enumerate() {
         accumulate_f32(w, xs, len, &mut acc[f * xs.len() * ACC..(f + 1) * xs.len() * ACC]);
     }
@@ -32,7 +32,7 @@ pub unsafe fn accumulate_features(ws: &[&[f32]], xs: &[&[f32]], len: usize, acc:
 /// NEON must be available; `w` and every `xs[r]` hold at least `len`
 /// elements (a multiple of [`STEP`]); `acc` holds `xs.len() * ACC` values.
 #[target_feature(enable = "neon")]
-pub unsafe fn accumulate_f32(w: &[f32], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+pub(super) unsafe fn accumulate_f32(w: &[f32], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     let wp = w.as_ptr();
     for (r, x) in xs.iter().enumerate() {
         let ap = acc.as_mut_ptr().add(r * ACC);
@@ -55,7 +55,7 @@ pub unsafe fn accumulate_f32(w: &[f32], xs: &[&[f32]], len: usize, acc: &mut [f3
 /// # Safety
 /// As [`accumulate_f32`], with `w` holding `xs[r].len() < STEP` elements.
 #[target_feature(enable = "neon")]
-pub unsafe fn finish_f32(w: &[f32], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
+pub(super) unsafe fn finish_f32(w: &[f32], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
     let rest = w.len();
     for (r, o) in out.iter_mut().enumerate() {
         let ap = acc.as_ptr().add(r * ACC);
@@ -82,7 +82,7 @@ pub unsafe fn finish_f32(w: &[f32], xs: &[&[f32]], acc: &[f32], out: &mut [f32])
 /// # Safety
 /// NEON must be available; `acc` holds `out.len() * ACC` values.
 #[target_feature(enable = "neon")]
-pub unsafe fn reduce(acc: &[f32], out: &mut [f32]) {
+pub(super) unsafe fn reduce(acc: &[f32], out: &mut [f32]) {
     for (r, o) in out.iter_mut().enumerate() {
         let ap = acc.as_ptr().add(r * ACC);
         *o = vaddvq_f32(vaddq_f32(vld1q_f32(ap), vld1q_f32(ap.add(4))));

@@ -68,7 +68,7 @@ pub(super) struct RowPlan {
 
 impl RowPlan {
     /// The plan for `w` on `path` (a supported path).
-    pub fn new(path: KernelPath, w: &WeightMatrix) -> RowPlan {
+    pub(super) fn new(path: KernelPath, w: &WeightMatrix) -> RowPlan {
         let fused_block = fused_block(path, w);
         let permuted = fused_block.is_some_and(|b| b % 32 == 0);
         let perm_group = match w.format() {
@@ -109,7 +109,7 @@ impl RowPlan {
     /// The fused kernel reads them prescaled, row by row, and for blocks of
     /// whole 32-column groups in its decoding order (`quant_avx2::prescale`);
     /// dense bf16 on the x86 paths in pair order (`blocked::push_pair_order`).
-    pub fn activations(&self, path: KernelPath, x: &Mat, k_main: usize) -> (Vec<f32>, Vec<f32>) {
+    pub(super) fn activations(&self, path: KernelPath, x: &Mat, k_main: usize) -> (Vec<f32>, Vec<f32>) {
         #[cfg(target_arch = "x86_64")]
         return match self.strategy {
             RowStrategy::Dense { pairs_bf16: true, .. } => {
@@ -135,7 +135,7 @@ impl RowPlan {
     /// chunking at all (fewer calls) unless they are decoded into a buffer,
     /// one L1-sized chunk at a time; fused rows take whole scale blocks
     /// (permuted chunks also start on a permuted group).
-    pub fn chunk(&self, x_cached: bool, k_main: usize) -> usize {
+    pub(super) fn chunk(&self, x_cached: bool, k_main: usize) -> usize {
         let dense = matches!(self.strategy, RowStrategy::Dense { .. });
         if x_cached && (dense || self.fused_block.is_some()) {
             k_main.max(1)
@@ -156,7 +156,7 @@ impl RowPlan {
     /// the byte distance to the same columns of the next block's rows
     /// (prefetched), or 0.
     #[allow(clippy::too_many_arguments)]
-    pub fn add(
+    pub(super) fn add(
         &self,
         call: &Call<'_>,
         scratch: &mut Scratch,

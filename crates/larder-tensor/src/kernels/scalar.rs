@@ -6,7 +6,7 @@
 
 /// Dot product of two equally long f32 slices.
 #[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     const LANES: usize = 8;
     let mut acc = [0.0f32; LANES];
@@ -25,13 +25,13 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// Elements per main-loop step.
-pub const STEP: usize = 8;
+pub(crate) const STEP: usize = 8;
 /// f32 accumulator slots per (row, feature).
-pub const ACC: usize = 8;
+pub(crate) const ACC: usize = 8;
 
 /// Adds `xs[r][..len] . ws[f][..len]` into the accumulators of every
 /// (feature, row), laid out `acc[(f * xs.len() + r) * ACC..]`.
-pub fn accumulate_features(ws: &[&[f32]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+pub(crate) fn accumulate_features(ws: &[&[f32]], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     for (f, w) in ws.iter().enumerate() {
         accumulate(w, xs, len, &mut acc[f * xs.len() * ACC..(f + 1) * xs.len() * ACC]);
     }
@@ -39,7 +39,7 @@ pub fn accumulate_features(ws: &[&[f32]], xs: &[&[f32]], len: usize, acc: &mut [
 
 /// Adds `xs[r][..len] . w[..len]` into each row's 8 lane accumulators
 /// (`len` a multiple of [`STEP`]); [`dot`] is `accumulate` then [`finish`].
-pub fn accumulate(w: &[f32], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
+pub(crate) fn accumulate(w: &[f32], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
     for (x, a) in xs.iter().zip(acc.chunks_exact_mut(ACC)) {
         for c in 0..len / STEP {
             let (xc, wc) = (&x[c * STEP..c * STEP + STEP], &w[c * STEP..c * STEP + STEP]);
@@ -51,7 +51,7 @@ pub fn accumulate(w: &[f32], xs: &[&[f32]], len: usize, acc: &mut [f32]) {
 }
 
 /// Combines each row's lanes pairwise and adds the tail (`w.len() < STEP`) in sequence.
-pub fn finish(w: &[f32], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
+pub(crate) fn finish(w: &[f32], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
     for ((o, x), a) in out.iter_mut().zip(xs).zip(acc.chunks_exact(ACC)) {
         let mut sum = lane_sum(a);
         for (xv, wv) in x.iter().zip(w) {
@@ -62,7 +62,7 @@ pub fn finish(w: &[f32], xs: &[&[f32]], acc: &[f32], out: &mut [f32]) {
 }
 
 /// [`finish`] without a tail: `out[r]` is the sum of row `r`'s accumulators.
-pub fn reduce(acc: &[f32], out: &mut [f32]) {
+pub(crate) fn reduce(acc: &[f32], out: &mut [f32]) {
     for (o, a) in out.iter_mut().zip(acc.chunks_exact(ACC)) {
         *o = lane_sum(a);
     }
