@@ -41,6 +41,26 @@ pub struct Job {
     pub record_routes: Option<usize>,
 }
 
+impl Job {
+    /// A job generating from `prompt` with default options, no stop
+    /// strings, no drafter and no route recording.
+    pub fn new(prompt: Vec<u32>) -> Job {
+        Job { prompt, ..Job::default() }
+    }
+
+    /// With these generation options.
+    pub fn options(mut self, options: GenerateOptions) -> Job {
+        self.options = options;
+        self
+    }
+
+    /// With speculative decoding by `drafter` (`None`: plain decoding).
+    pub fn drafter(mut self, drafter: Option<Box<dyn Drafter>>) -> Job {
+        self.drafter = drafter;
+        self
+    }
+}
+
 /// What a running request reports.
 #[derive(Debug)]
 pub enum RequestEvent<'a> {
@@ -120,7 +140,7 @@ impl Engine {
 
 /// Removes stop strings from streamed text: text that could still be the
 /// start of a stop string is held back until it cannot.
-pub struct StopFilter {
+pub(crate) struct StopFilter {
     stops: Vec<String>,
     held: String,
     done: bool,
@@ -129,7 +149,7 @@ pub struct StopFilter {
 
 impl StopFilter {
     /// A filter for `stops`; an empty stop string is refused (it would match at once).
-    pub fn new(stops: &[String]) -> Result<Self, EngineError> {
+    pub(crate) fn new(stops: &[String]) -> Result<Self, EngineError> {
         if stops.iter().any(String::is_empty) {
             return Err(EngineError::Invalid {
                 field: "stop",
@@ -145,7 +165,7 @@ impl StopFilter {
     }
 
     /// Adds generated text; returns the text safe to emit, and whether a stop string matched.
-    pub fn push(&mut self, piece: &str) -> (String, bool) {
+    pub(crate) fn push(&mut self, piece: &str) -> (String, bool) {
         if self.done {
             return (String::new(), true);
         }
@@ -178,7 +198,7 @@ impl StopFilter {
     }
 
     /// Text held back at the end of generation (no stop string followed).
-    pub fn finish(&mut self) -> String {
+    pub(crate) fn finish(&mut self) -> String {
         if self.done {
             String::new()
         } else {
@@ -187,7 +207,7 @@ impl StopFilter {
     }
 
     /// The stop string that matched, if one did.
-    pub fn matched(&self) -> Option<&str> {
+    pub(crate) fn matched(&self) -> Option<&str> {
         self.matched.as_deref()
     }
 }
