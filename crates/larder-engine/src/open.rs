@@ -145,12 +145,12 @@ impl OpenOptions {
     }
 
     /// Whether the cache is sized from memory (and follows pressure).
-    pub fn budget_is_auto(&self) -> bool {
+    pub(crate) fn budget_is_auto(&self) -> bool {
         !matches!(self.ram_budget, Some(RamBudget::Bytes(_)))
     }
 
     /// The store options for experts streamed from `model`.
-    pub fn store_options(&self, model: &Path) -> StoreOptions {
+    pub(crate) fn store_options(&self, model: &Path) -> StoreOptions {
         StoreOptions {
             io: IoOptions {
                 kind: self.io.unwrap_or_else(IoKind::best),
@@ -180,15 +180,19 @@ impl OpenOptions {
 
     /// The budget [`RamBudget::Auto`] gives `model` and how the watcher keeps
     /// it (`None` where the model's sizes or the memory available cannot be read).
-    pub fn auto_budget(&self, model: &Path) -> Option<(u64, WatchConfig)> {
+    pub(crate) fn auto_budget(&self, model: &Path) -> Option<(u64, WatchConfig)> {
         let sizes = crate::sizing::inspect(model).ok()?.sizes;
         let available = crate::memory_watch::available()?;
         let prefill = match self.prefill {
             PrefillChunk::Auto { memory } => memory,
             PrefillChunk::Rows(_) => 0,
         };
-        let floor = sizes.min_cache_bytes();
-        let budget = crate::memory_watch::auto_budget(available, sizes.spine_bytes, prefill, sizes.bank_bytes, floor);
+        // Records are read in whole 4 KiB blocks: a tiny model's record can
+        // outgrow its logical expert bytes, and a budget must hold one.
+        let one_record = crate::sizing::expert_index(model).map_or(0, |index| larder_store::smallest_budget(&index, self.direct));
+        let floor = sizes.min_cache_bytes().max(one_record);
+        let bank = sizes.bank_bytes.max(one_record);
+        let budget = crate::memory_watch::auto_budget(available, sizes.spine_bytes, prefill, bank, floor);
         let config = WatchConfig {
             ceiling: budget,
             floor,
