@@ -1,4 +1,4 @@
-//! Fuzzes route-trace files (JSON Lines, `larder_router::trace`) through
+//! Fuzzes route-trace files (JSON Lines, `larder_router::Trace`) through
 //! what reads them: `Trace::read`, then, for a trace, what `larder trace
 //! stats`, `bench cache --trace` and `plan --trace` compute from it: the
 //! passes, heat and bank bytes, the routing statistics (all tokens and
@@ -15,27 +15,9 @@ use std::collections::HashMap;
 use larder_router::{with_predictions, Phase, Trace};
 use larder_store::cache::online_bound::simulate_online_bound;
 use larder_store::cache::prefetch_sim::{simulate_prefetch, DecodeStep, LayerAccess, PrefetchRule};
-use larder_store::cache::sim::{simulate, simulate_belady, simulate_belady_shares, Step};
+use larder_store::cache::sim::{simulate, simulate_belady, simulate_belady_shares};
 use larder_store::cache::PolicyKind;
 use libfuzzer_sys::fuzz_target;
-
-/// The engine's requests pass by pass (as `bench cache` replays them).
-fn steps(trace: &Trace) -> Vec<Step> {
-    let h = &trace.header;
-    trace
-        .passes()
-        .into_iter()
-        .map(|p| Step {
-            tokens: p.tokens,
-            accesses: p
-                .layers
-                .iter()
-                .enumerate()
-                .flat_map(|(i, experts)| experts.iter().map(move |&e| ((h.moe_layers[i], e), h.expert_bytes[i])))
-                .collect(),
-        })
-        .collect()
-}
 
 /// The decode passes with their depth-1 predictions (as `plan` replays them).
 fn decode_steps(trace: &Trace) -> Vec<DecodeStep> {
@@ -60,7 +42,7 @@ fn decode_steps(trace: &Trace) -> Vec<DecodeStep> {
 
 /// Every replay `bench cache` and `plan` make, at shares of the bank.
 fn replay(trace: &Trace) {
-    let steps = steps(trace);
+    let steps = larder_engine::planner::trace_steps(trace);
     let layers = trace.header.moe_layers.len();
     let heat: HashMap<(usize, usize), u64> = trace
         .heat()

@@ -44,10 +44,10 @@ pub struct ChatTemplate {
 /// Template instructions one render may run: far above what real templates
 /// need for any conversation a 1 MiB request body can hold (a few hundred
 /// per message), and under a second of work.
-pub const TEMPLATE_FUEL: u64 = 10_000_000;
+pub(crate) const TEMPLATE_FUEL: u64 = 10_000_000;
 
 /// The longest prompt a template may render (64 MiB).
-pub const MAX_RENDERED_BYTES: usize = 64 << 20;
+pub(crate) const MAX_RENDERED_BYTES: usize = 64 << 20;
 
 const SPECIAL_TOKEN_KEYS: &[&str] = &[
     "bos_token",

@@ -193,7 +193,7 @@ fn remove_stale_probes(dir: &Path) {
 
 /// The file system type of `dir`: the mount holding it in
 /// /proc/self/mountinfo, else a name for statfs's magic number.
-pub fn fs_name(dir: &Path, magic: u64) -> String {
+pub(crate) fn fs_name(dir: &Path, magic: u64) -> String {
     let canonical = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
     let from_mounts = std::fs::read_to_string("/proc/self/mountinfo")
         .ok()

@@ -240,7 +240,7 @@ impl Engine {
 
     /// Resizes the expert cache under memory pressure for as long as the
     /// engine lives ([`crate::memory_watch`]); nothing when experts are in RAM.
-    pub fn watch_memory(&mut self, config: crate::memory_watch::WatchConfig) {
+    pub(crate) fn watch_memory(&mut self, config: crate::memory_watch::WatchConfig) {
         if let Some(store) = &self.store {
             self.memory_watch = Some(crate::memory_watch::MemoryWatch::start(store, config));
         }
@@ -350,7 +350,7 @@ impl Engine {
 }
 
 /// Progress of a load: `(bytes read so far, total bytes to read)`.
-pub type LoadProgress = dyn Fn(u64, u64) + Send + Sync;
+pub(crate) type LoadProgress = dyn Fn(u64, u64) + Send + Sync;
 
 /// Hooks `progress` to `ckpt`'s reads, with the total a load over `dir`
 /// reads: counted by building the model over the headers alone (an error

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 use larder_model::ModelError;
 
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum EngineError {
     #[error(transparent)]
     Model(#[from] ModelError),

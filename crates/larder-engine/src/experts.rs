@@ -11,18 +11,17 @@ use std::sync::Arc;
 
 use larder_model::assemble::{check_fused_part, check_weight_shape, gpt_oss_expert, shipped_format, weight_matrix, PartKind, PartMeta};
 use larder_model::checkpoint::Checkpoint;
-use larder_model::fused_experts::{gpt_oss_layer_parts, FusedLayer};
-use larder_model::quant::ModuleRule;
+use larder_model::ModuleRule;
 use larder_model::{expert_layers, expert_tensors, routed_expert_parts, ExpertPart, ExpertProvider, ModelError, ModelSpec};
+use larder_model::{gpt_oss_layer_parts, FusedLayer};
 use larder_store::manifest::SourceIdentity;
 use larder_store::{Digest, ExpertIndex, ExpertLocation, ExpertRecord, ExpertStore, Extent, Part, PartDesc, StoreError};
-use larder_tensor::expert::{ComponentLayout, ExpertLayout, SwigluExpert};
-use larder_tensor::{WeightFormat, WeightMatrix};
+use larder_tensor::{ComponentLayout, ExpertLayout, SwigluExpert, WeightFormat, WeightMatrix};
 
 use crate::error::EngineError;
 
 /// An [`ExpertProvider`] over an [`ExpertStore`].
-pub struct StoreExperts {
+pub(crate) struct StoreExperts {
     store: Arc<ExpertStore>,
     /// Per layer: gate, up, down as stored, each with the index of its
     /// first part (codes) and, for block-scaled formats, of its scales.
@@ -61,7 +60,7 @@ impl From<StoreError> for Fail {
 
 impl StoreExperts {
     /// Checks the index describes `spec`'s experts (roles, shapes, dtypes).
-    pub fn new(store: Arc<ExpertStore>, spec: &ModelSpec) -> Result<StoreExperts, EngineError> {
+    pub(crate) fn new(store: Arc<ExpertStore>, spec: &ModelSpec) -> Result<StoreExperts, EngineError> {
         let index = store.index();
         let mut layouts = vec![None; spec.layers.len()];
         let mut intermediate = vec![0; spec.layers.len()];
@@ -143,10 +142,6 @@ impl StoreExperts {
             width,
             intermediate,
         })
-    }
-
-    pub fn store(&self) -> &Arc<ExpertStore> {
-        &self.store
     }
 
     /// The expert over a record's bytes (no copy of weight codes). Components
@@ -282,13 +277,13 @@ fn meta(q: &PartDesc) -> PartMeta<'_> {
 /// files: one extent per shipped part, read where it lies (a whole tensor,
 /// or a gpt-oss expert's slice `[e]` of each fused per-layer tensor); direct
 /// streaming, and the input of pack.
-pub fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, EngineError> {
+pub(crate) fn direct_index(spec: &ModelSpec, ckpt: &Checkpoint) -> Result<ExpertIndex, EngineError> {
     index_of_parts(ckpt, routed_expert_parts(spec, ckpt)?)
 }
 
 /// The index of `parts` (`[layer][expert]`, from [`routed_expert_parts`]):
 /// one extent per part, where it lies in `ckpt`'s files.
-pub fn index_of_parts(ckpt: &Checkpoint, parts: Vec<Vec<Vec<ExpertPart>>>) -> Result<ExpertIndex, EngineError> {
+pub(crate) fn index_of_parts(ckpt: &Checkpoint, parts: Vec<Vec<Vec<ExpertPart>>>) -> Result<ExpertIndex, EngineError> {
     let mut index = ExpertIndex {
         files: ckpt.file_paths(),
         layers: vec![Vec::new(); parts.len()],
@@ -340,7 +335,7 @@ pub fn index_of_parts(ckpt: &Checkpoint, parts: Vec<Vec<Vec<ExpertPart>>>) -> Re
 
 /// The identity of a checkpoint folder: its config.json and each
 /// safetensors file's name, size and header.
-pub fn source_identity(dir: &Path, ckpt: &Checkpoint) -> Result<SourceIdentity, EngineError> {
+pub(crate) fn source_identity(dir: &Path, ckpt: &Checkpoint) -> Result<SourceIdentity, EngineError> {
     let cfg = dir.join("config.json");
     let bytes = std::fs::read(&cfg).map_err(|source| EngineError::Io { path: cfg.clone(), source })?;
     let files = ckpt

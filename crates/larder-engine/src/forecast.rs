@@ -51,15 +51,15 @@ pub const CPU_OVERHEAD: f64 = 0.15;
 /// io_uring: a demand batch is split into 1 MiB reads, 32 in flight at the
 /// default depth, against one whole-record read per prefetch thread (2):
 /// demand gets about 32 / 34 of the drive.
-pub const URING_DEMAND_SHARE: f64 = 32.0 / 34.0;
+pub(crate) const URING_DEMAND_SHARE: f64 = 32.0 / 34.0;
 /// pread: demand reads wait about as long as if they shared the drive evenly
 /// with the background reads beside them (measured: waits 1.5-2x io_uring's
 /// at the same bytes; bench/results/2026-12-05-plan.md).
-pub const PREAD_DEMAND_SHARE: f64 = 0.5;
+pub(crate) const PREAD_DEMAND_SHARE: f64 = 0.5;
 
 /// What one MoE layer reads per decode token.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct LayerReads {
+pub(crate) struct LayerReads {
     /// Bytes read on demand (the model waits for them).
     pub demand_bytes: f64,
     /// Bytes read in the background on predictions (0 without prefetch).
@@ -70,7 +70,7 @@ pub struct LayerReads {
 
 /// What the forecast is made from.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ForecastInput {
+pub(crate) struct ForecastInput {
     pub sizes: ModelSizes,
     /// Bytes of the input embedding table (in the spine; one row is read per
     /// token, so it is not active; 0 when tied to the LM head).
@@ -145,7 +145,7 @@ fn cpu_times(f: &ForecastInput) -> (f64, f64, f64) {
 /// its demand cancels the rest: those that fit in one decoder layer's CPU
 /// time at the drives' speed, plus one under way per prefetch thread (the
 /// cache simulator's prefetch limit).
-pub fn background_reads_per_layer(f: &ForecastInput) -> usize {
+pub(crate) fn background_reads_per_layer(f: &ForecastInput) -> usize {
     let drives: f64 = f.drives_gbps.iter().sum::<f64>() * 1e9;
     let (_, _, window) = cpu_times(f);
     let fit = (window * drives / f.sizes.expert_bytes.max(1) as f64).floor();
@@ -153,7 +153,7 @@ pub fn background_reads_per_layer(f: &ForecastInput) -> usize {
 }
 
 /// Forecasts decode and TTFT (see the module doc).
-pub fn forecast(f: &ForecastInput) -> Forecast {
+pub(crate) fn forecast(f: &ForecastInput) -> Forecast {
     let s = &f.sizes;
     let drives: f64 = f.drives_gbps.iter().sum::<f64>().max(1e-9) * 1e9;
     let active = s.spine_bytes.saturating_sub(f.embedding_bytes) as f64 + s.expert_bytes_per_token() as f64;
@@ -219,7 +219,7 @@ pub fn forecast(f: &ForecastInput) -> Forecast {
 
 /// Expected share of a layer's `experts` that `n` tokens, each routing to
 /// `top_k` of them uniformly, touch at least once.
-pub fn uniform_union_share(experts: usize, top_k: usize, n: usize) -> f64 {
+pub(crate) fn uniform_union_share(experts: usize, top_k: usize, n: usize) -> f64 {
     if experts == 0 {
         return 0.0;
     }

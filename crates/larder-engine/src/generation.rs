@@ -11,6 +11,7 @@ use crate::sampling::SamplingParams;
 
 /// The parts of a checkpoint's generation config larder honours.
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct GenerationConfig {
     /// Generation stops after producing any of these (the id is kept in the output, as transformers does).
     pub eos_token_ids: Vec<u32>,

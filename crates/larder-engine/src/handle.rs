@@ -20,7 +20,7 @@
 //!   reports failures to their job, logs the engine's warnings
 //!   ([`Engine::take_warnings`]) and the disk tier's (`tracing`, at warn),
 //!   and rewrites the route-trace file when idle (at most every
-//!   [`WRITE_EVERY`] while busy, and once more at the end).
+//!   [`WRITE_EVERY`](trace_file::WRITE_EVERY) while busy, and once more at the end).
 //! - [`EngineHandle::metrics`] is a snapshot: running and waiting
 //!   sequences, the last step's batch, KV bytes in use and kept, tokens and
 //!   rates, the expert store's and the disk tier's counters.
@@ -47,7 +47,7 @@ use crate::scheduler::{DiskTierConfig, KvCosts, SchedulerConfig};
 pub use events::{Event, Events};
 pub use metrics::Metrics;
 use metrics::Shared;
-pub use trace_file::{TraceConfig, WRITE_EVERY};
+pub use trace_file::TraceConfig;
 use worker::{Command, Worker};
 
 /// How an [`EngineHandle`] runs its scheduler.

@@ -13,7 +13,7 @@ use larder_model::arch::read_spec;
 use larder_model::checkpoint::{Checkpoint, TensorCheck, TensorInfo};
 use larder_model::DecoderModel;
 use larder_store::manifest::{CarriedFile, SpineFile, SpineTensorEntry};
-use larder_store::verify::VerifyReport;
+use larder_store::VerifyReport;
 use larder_store::{Digest, ExpertIndex, ExpertStore, Manifest, StoreOptions};
 
 use crate::error::{store_err, EngineError};
@@ -23,12 +23,12 @@ use crate::pack::CARRIED_FILES;
 /// Checks the store's carried files against its manifest: each listed file
 /// has its packed digest, and no file larder reads (config, tokenizer,
 /// templates) is present without being listed.
-pub fn check_carried_files(dir: &Path, manifest: &Manifest) -> Result<(), EngineError> {
+pub(crate) fn check_carried_files(dir: &Path, manifest: &Manifest) -> Result<(), EngineError> {
     check_carried(dir, &manifest.files)
 }
 
 /// Checks carried files against their list (a manifest's or a lazy cache's).
-pub fn check_carried(dir: &Path, files: &[CarriedFile]) -> Result<(), EngineError> {
+pub(crate) fn check_carried(dir: &Path, files: &[CarriedFile]) -> Result<(), EngineError> {
     for f in files {
         let path = dir.join(&f.name);
         let bytes = std::fs::read(&path).map_err(|source| EngineError::Io {
@@ -56,7 +56,7 @@ pub fn check_carried(dir: &Path, files: &[CarriedFile]) -> Result<(), EngineErro
 
 /// The index of a packed store at `dir`, after checking its config.json is
 /// the one it was packed from and its carried files are the ones packed.
-pub fn packed_index(dir: &Path) -> Result<(Manifest, ExpertIndex), EngineError> {
+pub(crate) fn packed_index(dir: &Path) -> Result<(Manifest, ExpertIndex), EngineError> {
     let manifest = Manifest::read(dir).map_err(store_err)?;
     let cfg = dir.join("config.json");
     let bytes = std::fs::read(&cfg).map_err(|source| EngineError::Io { path: cfg.clone(), source })?;
@@ -72,10 +72,6 @@ pub fn packed_index(dir: &Path) -> Result<(Manifest, ExpertIndex), EngineError> 
 }
 
 /// The check every spine tensor must pass as the model takes it.
-pub fn spine_check(manifest: &Manifest) -> Arc<TensorCheck> {
-    spine_check_of(&manifest.spine)
-}
-
 fn spine_check_of(spine: &[SpineFile]) -> Arc<TensorCheck> {
     let entries: HashMap<String, SpineTensorEntry> = spine
         .iter()
@@ -90,13 +86,13 @@ fn spine_check_of(spine: &[SpineFile]) -> Arc<TensorCheck> {
 
 /// Opens a store's spine as a checkpoint whose every tensor is checked
 /// against the manifest, after checking the spine files' names, sizes and headers.
-pub fn open_spine(dir: &Path, manifest: &Manifest) -> Result<Checkpoint, EngineError> {
+pub(crate) fn open_spine(dir: &Path, manifest: &Manifest) -> Result<Checkpoint, EngineError> {
     open_spine_files(dir, &manifest.spine)
 }
 
 /// Opens spine files as a checkpoint whose every tensor is checked against
 /// their entries (a manifest's or a lazy cache's).
-pub fn open_spine_files(dir: &Path, spine: &[SpineFile]) -> Result<Checkpoint, EngineError> {
+pub(crate) fn open_spine_files(dir: &Path, spine: &[SpineFile]) -> Result<Checkpoint, EngineError> {
     for s in spine {
         let path = dir.join(&s.file);
         if !path.is_file() {
@@ -145,6 +141,20 @@ fn check_spine_files(dir: &Path, spine: &[SpineFile], ckpt: &Checkpoint) -> Resu
     Ok(())
 }
 
+/// The bytes [`verify`] reads of the store in `dir` (its `manifest`): the
+/// spine, every expert record and every mirrored copy (its progress total).
+pub fn verify_bytes(dir: &Path, manifest: &Manifest) -> u64 {
+    let record = |l: &larder_store::manifest::LayerEntry| l.parts.iter().map(|p| p.len).sum::<u64>();
+    let spine: u64 = manifest.spine.iter().map(|s| s.size).sum();
+    let records: u64 = manifest.layers.iter().map(|l| l.experts.len() as u64 * record(l)).sum();
+    let mirrored: u64 = larder_store::mirror::listed(dir)
+        .into_iter()
+        .filter_map(|(layer, _)| manifest.layers.iter().find(|l| l.layer == layer))
+        .map(record)
+        .sum();
+    spine + records + mirrored
+}
+
 /// `larder verify`: larder-store's checks of every byte, then whether the
 /// store loads as a model (config, every tensor the architecture needs,
 /// expert records matching the config). Problems are added to `bad`.
@@ -154,7 +164,7 @@ pub fn verify(dir: &Path, progress: &mut dyn FnMut(u64)) -> Result<VerifyReport,
         Ok(experts) => experts.check_parts(layer, parts),
         Err(_) => Ok(()),
     };
-    let mut report = larder_store::verify::verify_store_with(dir, progress, &check).map_err(store_err)?;
+    let mut report = larder_store::verify_store_with(dir, progress, &check).map_err(store_err)?;
     if let Err(e) = loaded {
         report.bad.push(format!("the store does not load: {e}"));
     }

@@ -1,88 +1,119 @@
 //! larder-engine: everything between a checkpoint folder and generated text.
 //!
+//! The public API is the items re-exported at the crate root (grouped below
+//! by area) and a few namespaces named by path ([`open`], [`sizing`],
+//! [`planner`] and [`plan`], [`pack`], [`integrity`], [`drive_probe`],
+//! [`recommend`], and with feature `remote` `lazy` and `pull`). The modules
+//! named here in `code` are private.
+//!
 //! - [`Engine`] loads a checkpoint (model, tokenizer, chat template,
 //!   generation config) and generates with it;
-//! - [`request`] is what a request is ([`Job`]) and reports (events to a
+//! - `request` is what a request is ([`Job`]) and reports (events to a
 //!   [`RequestSink`], the [`Outcome`]), with stop strings and the context check;
-//! - [`scheduler`] is the one generation path: many sequences decode
-//!   together in batched steps, each bit-identical to running alone
+//! - `scheduler` ([`Scheduler`]) is the one generation path: many sequences
+//!   decode together in batched steps, each bit-identical to running alone
 //!   (queue, KV budget with preemption, chunked prefill, a prefix cache of
 //!   finished conversations, speculative decoding's verification rows);
 //!   [`Engine::run`] and [`Engine::generate`] run one request through it on
 //!   the caller's thread;
-//! - [`handle`] runs the scheduler on an engine thread of its own
+//! - `handle` runs the scheduler on an engine thread of its own
 //!   ([`EngineHandle`]: submit jobs, receive their events, metrics), for
 //!   `larder serve`, `larder run` and embedders;
-//! - [`return_points`] keeps the snapshots a sequence whose state cannot
+//! - `return_points` keeps the snapshots a sequence whose state cannot
 //!   roll back (a recurrent layer) returns to for prefix reuse;
-//! - [`drafting`] resolves the drafter a user names (speculative decoding);
-//! - [`tokenizer`] wraps `tokenizer.json` and decodes streams incrementally;
-//! - [`chat`] renders `tokenizer_config.json` chat templates like transformers;
-//! - [`sampling`] picks tokens (greedy or seeded temperature/top-k/top-p);
-//! - [`generation`] reads `generation_config.json` (EOS ids);
-//! - [`experts`] streams routed experts from larder-store (direct from
+//! - `drafting` resolves the drafter a user names ([`DrafterChoice`],
+//!   speculative decoding);
+//! - `tokenizer` wraps `tokenizer.json` ([`TextTokenizer`]) and decodes
+//!   streams incrementally ([`StreamDecoder`]);
+//! - `chat` renders `tokenizer_config.json` chat templates like
+//!   transformers ([`ChatTemplate`]);
+//! - `sampling` picks tokens (greedy or seeded temperature/top-k/top-p,
+//!   [`SamplingParams`]);
+//! - `generation` reads `generation_config.json` (EOS ids, [`GenerationConfig`]);
+//! - `experts` streams routed experts from larder-store (direct from
 //!   safetensors or from a packed store);
 //! - [`integrity`] checks a packed store's carried files and spine at load,
 //!   and proves for `larder verify` that a store loads;
-//! - [`stats`] is the timing/throughput record every run reports;
-//! - [`output`] checks an output file the user names (`--trace`, `--out`)
-//!   before any work and writes it atomically;
-//! - [`memory_limit`] is the memory this process may use (MemAvailable and
+//! - `stats` is the timing/throughput record every run reports ([`Stats`]);
+//! - `output` checks an output file the user names (`--trace`, `--out`)
+//!   before any work and writes it atomically ([`OutputFile`]);
+//! - `memory_limit` is the memory this process may use (MemAvailable and
 //!   its cgroup v1 or v2 limit) and whether a run fits under the limit;
 //! - [`plan`] is the first decode planner (fit, RAM budget, expected tok/s).
+//! - `tensor_sizes` sizes a model from the tensors its loader reads (a
+//!   recorded load, [`estimate_sizes`]), for [`sizing`] and the planners.
 
-pub mod chat;
-pub mod drafting;
+// Namespaces dependents name: opening a model, sizing and planning it,
+// packing and checking a store, the machine `larder doctor` reports.
 pub mod drive_probe;
-pub mod engine;
-pub mod error;
-pub mod experts;
-pub mod forecast;
-pub mod generation;
-pub mod handle;
 pub mod integrity;
 #[cfg(feature = "remote")]
 pub mod lazy;
-pub mod machine;
-pub mod memory_check;
-pub mod memory_limit;
-pub mod memory_watch;
 pub mod open;
-pub mod output;
 pub mod pack;
 pub mod plan;
 pub mod planner;
-pub mod prefill;
 #[cfg(feature = "remote")]
 pub mod pull;
 pub mod recommend;
-pub mod request;
-pub mod return_points;
-pub mod route_log;
-pub mod sampling;
-pub mod scheduler;
 pub mod sizing;
-pub mod stats;
-pub mod store_folder;
-pub mod tokenizer;
 
-pub use chat::{ChatMessage, ChatTemplate};
-pub use drafting::{DrafterChoice, Drafting};
-pub use engine::{Engine, ExpertMode, FinishReason, GenerateOptions, Generation, LoadOptions};
+mod chat;
+mod drafting;
+mod engine;
+mod error;
+mod experts;
+mod forecast;
+mod generation;
+mod handle;
+mod machine;
+mod memory_check;
+mod memory_limit;
+mod memory_watch;
+mod output;
+mod prefill;
+mod request;
+mod return_points;
+mod route_log;
+mod sampling;
+mod scheduler;
+mod stats;
+mod store_folder;
+mod tensor_sizes;
+mod tokenizer;
+
+// The engine: loading a checkpoint and generating with it.
+pub use engine::{Engine, ExpertMode, FinishReason, GenerateOptions, Generation, LoadOptions, PREFILL_CHUNK};
 pub use error::EngineError;
 pub use generation::GenerationConfig;
+pub use prefill::{mem_available, PrefillChunk};
+pub use stats::{ExpertStats, SpeculativeStats, Stats};
+// Requests and what they report.
+pub use request::{Job, Outcome, RequestEvent, RequestSink};
+pub use sampling::SamplingParams;
+// The scheduler: batched decoding, the KV budget, the prefix cache's disk tier.
+pub use scheduler::{
+    check_state_dir, default_state_quota, DiskTierConfig, DiskTierStats, Failure, KvCosts, Scheduler, SchedulerConfig, StepReport,
+};
+// The engine thread: submitting jobs, their events, metrics, route traces.
 pub use handle::{EngineHandle, Event, Events, HandleConfig, Metrics, TraceConfig};
 pub use larder_model::RouteTrace;
 pub use larder_router::Phase;
+pub use route_log::{RouteLog, RowTag};
+// Speculative decoding's drafter.
+pub use drafting::{DrafterChoice, Drafting};
+// Text: tokenizers, streaming decode, chat templates.
+pub use chat::{ChatMessage, ChatTemplate};
+pub use tokenizer::{StreamDecoder, TextTokenizer, KIMI_SPECIAL_IDS};
+// Output files the user names, checked before any work.
+pub use output::{OutputError, OutputFile, OutputKind, ReportKind, RunInputs};
+// Memory: the budget that follows available RAM.
+pub use memory_watch::{MemoryWatch, WatchConfig};
+// The machine, model sizes from the tensors a loader reads, store folders.
+pub use machine::Machine;
+pub use store_folder::unfinished_store;
+pub use tensor_sizes::{checkpoint_recorded_sizes, config_float_dtype, estimate_sizes};
+
 /// Expert-store counters and sizes, for clients of the engine (the server's
 /// `/metrics` and ready line) that depend on no other larder crate.
-pub use larder_store::{format_size, StoreStats};
-pub use output::{OutputError, OutputFile, OutputKind, ReportKind, RunInputs};
-pub use prefill::PrefillChunk;
-pub use request::{Job, Outcome, RequestEvent, RequestSink, StopFilter};
-pub use return_points::ReturnPoints;
-pub use route_log::{RouteLog, RowTag};
-pub use sampling::{Sampler, SamplingParams};
-pub use scheduler::{check_state_dir, DiskTierConfig, DiskTierStats, Failure, KvCosts, Scheduler, SchedulerConfig, StepReport};
-pub use stats::{ExpertStats, SpeculativeStats, Stats};
-pub use tokenizer::{StreamDecoder, TextTokenizer};
+pub use larder_store::{format_size, parse_size, StoreStats};

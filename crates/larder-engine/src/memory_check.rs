@@ -44,7 +44,7 @@ enum Verdict {
 /// this process's cgroup memory limit before loading (see the module doc):
 /// a warning to show, or an error. Nothing is checked without a limit, or
 /// where the model's sizes cannot be read (the load then says why).
-pub fn check(model: &Path, auto_budget: bool, prefill: PrefillChunk, load: &LoadOptions) -> Result<Option<String>, EngineError> {
+pub(crate) fn check(model: &Path, auto_budget: bool, prefill: PrefillChunk, load: &LoadOptions) -> Result<Option<String>, EngineError> {
     let Some(limit) = cgroup_limit() else {
         return Ok(None);
     };
@@ -95,9 +95,8 @@ pub fn check(model: &Path, auto_budget: bool, prefill: PrefillChunk, load: &Load
 fn prefill_bytes(folder: &Path, prefill: PrefillChunk) -> u64 {
     match prefill {
         PrefillChunk::Auto { memory } => memory,
-        PrefillChunk::Rows(rows) => larder_model::arch::read_spec(folder).map_or(0, |spec| {
-            larder_model::activation::activation_bytes_per_row(&spec).saturating_mul(rows as u64)
-        }),
+        PrefillChunk::Rows(rows) => larder_model::arch::read_spec(folder)
+            .map_or(0, |spec| larder_model::activation_bytes_per_row(&spec).saturating_mul(rows as u64)),
     }
 }
 

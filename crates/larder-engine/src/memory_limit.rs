@@ -23,17 +23,17 @@ use std::path::{Path, PathBuf};
 use larder_store::format_size;
 
 /// A v1 limit at or above this is "no limit" (v1 writes a page-rounded `i64::MAX`).
-pub const V1_UNLIMITED: u64 = 1 << 62;
+pub(crate) const V1_UNLIMITED: u64 = 1 << 62;
 
 /// Which cgroup interface a limit came from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CgroupVersion {
+pub(crate) enum CgroupVersion {
     V1,
     V2,
 }
 
 impl CgroupVersion {
-    pub fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             CgroupVersion::V1 => "v1",
             CgroupVersion::V2 => "v2",
@@ -43,7 +43,7 @@ impl CgroupVersion {
 
 /// The memory limit of one cgroup level and what is charged to it.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CgroupLimit {
+pub(crate) struct CgroupLimit {
     pub version: CgroupVersion,
     /// Where the limit was read, e.g. `/sys/fs/cgroup/memory/a/memory.limit_in_bytes`
     /// or `hierarchical_memory_limit in /sys/fs/cgroup/memory/a/memory.stat`.
@@ -58,12 +58,12 @@ pub struct CgroupLimit {
 
 impl CgroupLimit {
     /// What the cgroup holds that the kernel will not simply drop.
-    pub fn working_set(&self) -> u64 {
+    pub(crate) fn working_set(&self) -> u64 {
         self.usage.saturating_sub(self.inactive_file)
     }
 
     /// Bytes that may still be allocated before the kernel kills.
-    pub fn room(&self) -> u64 {
+    pub(crate) fn room(&self) -> u64 {
         self.limit.saturating_sub(self.working_set())
     }
 }
@@ -82,7 +82,7 @@ impl fmt::Display for CgroupLimit {
 
 /// Memory available to this process now: `MemAvailable`, or the room its
 /// cgroup's limit leaves ([`CgroupLimit::room`]) when that is lower.
-pub fn available() -> Option<u64> {
+pub(crate) fn available() -> Option<u64> {
     let system = std::fs::read_to_string("/proc/meminfo").ok().and_then(|m| meminfo_available(&m));
     match (system, cgroup_limit().map(|l| l.room())) {
         (Some(s), Some(c)) => Some(s.min(c)),
@@ -91,14 +91,14 @@ pub fn available() -> Option<u64> {
 }
 
 /// `MemAvailable` of a /proc/meminfo, in bytes.
-pub fn meminfo_available(meminfo: &str) -> Option<u64> {
+pub(crate) fn meminfo_available(meminfo: &str) -> Option<u64> {
     let line = meminfo.lines().find_map(|l| l.strip_prefix("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().next()?.parse().ok()?;
     Some(kib.saturating_mul(1024))
 }
 
 /// This process's tightest cgroup memory limit (v1 or v2), if it has one.
-pub fn cgroup_limit() -> Option<CgroupLimit> {
+pub(crate) fn cgroup_limit() -> Option<CgroupLimit> {
     let proc_cgroup = std::fs::read_to_string("/proc/self/cgroup").ok()?;
     let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
     limit_from(&proc_cgroup, &mountinfo, &|path| std::fs::read_to_string(path).ok())
@@ -108,7 +108,7 @@ pub fn cgroup_limit() -> Option<CgroupLimit> {
 /// that /proc/self/cgroup's `proc_cgroup` names, found under the mounts of
 /// `mountinfo`, and their ancestors up to each mount's root; files are read
 /// with `read`. `None`: no level has a limit.
-pub fn limit_from(proc_cgroup: &str, mountinfo: &str, read: &dyn Fn(&Path) -> Option<String>) -> Option<CgroupLimit> {
+pub(crate) fn limit_from(proc_cgroup: &str, mountinfo: &str, read: &dyn Fn(&Path) -> Option<String>) -> Option<CgroupLimit> {
     let mounts = cgroup_mounts(mountinfo);
     memberships(proc_cgroup)
         .iter()
@@ -284,7 +284,7 @@ fn stat_value(stat: &str, key: &str) -> Option<u64> {
 
 /// What a run holds in memory, by part, for [`check_fit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct MemoryNeeds {
+pub(crate) struct MemoryNeeds {
     /// Weights that are not routed experts (always in RAM).
     pub spine: u64,
     /// Routed experts the run cannot do without: one layer step's when
@@ -298,19 +298,19 @@ pub struct MemoryNeeds {
 
 impl MemoryNeeds {
     /// Bytes without which the run cannot go: the spine and the least experts.
-    pub fn least(&self) -> u64 {
+    pub(crate) fn least(&self) -> u64 {
         self.spine.saturating_add(self.experts_least)
     }
 
     /// Bytes the run may come to hold: spine, experts and a prefill pass.
-    pub fn most(&self) -> u64 {
+    pub(crate) fn most(&self) -> u64 {
         self.spine.saturating_add(self.experts_most).saturating_add(self.prefill)
     }
 }
 
 /// How a run's memory compares with its cgroup's limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum LimitFit {
+pub(crate) enum LimitFit {
     /// All it may hold fits in the room left.
     Fits,
     /// What it cannot do without fits under the limit, but all it may hold
@@ -321,7 +321,7 @@ pub enum LimitFit {
 }
 
 /// Whether `needs` fits under `limit` (see [`LimitFit`]).
-pub fn check_fit(needs: &MemoryNeeds, limit: &CgroupLimit) -> LimitFit {
+pub(crate) fn check_fit(needs: &MemoryNeeds, limit: &CgroupLimit) -> LimitFit {
     if needs.least() > limit.limit {
         LimitFit::CannotFit
     } else if needs.most() > limit.room() || needs.least() > limit.room() {

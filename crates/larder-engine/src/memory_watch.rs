@@ -40,13 +40,13 @@ pub struct WatchConfig {
 /// Memory available to this process now: `MemAvailable`, or the room left
 /// under its cgroup's v1 or v2 memory limit when that is lower
 /// ([`crate::memory_limit::available`]).
-pub fn available() -> Option<u64> {
+pub(crate) fn available() -> Option<u64> {
     crate::memory_limit::available()
 }
 
 /// The cache budget `--ram-budget auto` starts with (see the module doc):
 /// `available - headroom - spine - prefill`, capped at `bank`, at least `floor`.
-pub fn auto_budget(available: u64, spine: u64, prefill: u64, bank: u64, floor: u64) -> u64 {
+pub(crate) fn auto_budget(available: u64, spine: u64, prefill: u64, bank: u64, floor: u64) -> u64 {
     available
         .saturating_sub(headroom(available))
         .saturating_sub(spine)
@@ -57,7 +57,7 @@ pub fn auto_budget(available: u64, spine: u64, prefill: u64, bank: u64, floor: u
 
 /// The budget after one look: shrink by the shortfall under the headroom,
 /// grow by half the surplus over twice the headroom.
-pub fn next_budget(budget: u64, available: u64, c: &WatchConfig) -> u64 {
+pub(crate) fn next_budget(budget: u64, available: u64, c: &WatchConfig) -> u64 {
     if available < c.headroom {
         budget.saturating_sub(c.headroom - available).max(c.floor)
     } else if available > 2 * c.headroom && budget < c.ceiling {

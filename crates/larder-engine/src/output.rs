@@ -37,9 +37,9 @@ use larder_router::TraceHeader;
 use larder_store::Manifest;
 
 /// The flag that lets a command replace an existing output of its kind.
-pub const OVERWRITE_FLAG: &str = "--overwrite";
+pub(crate) const OVERWRITE_FLAG: &str = "--overwrite";
 /// The top-level field naming what a JSON report is (`"larder_report": "bench io"`).
-pub const REPORT_FIELD: &str = "larder_report";
+pub(crate) const REPORT_FIELD: &str = "larder_report";
 
 /// Bytes read at most to find a trace's first line.
 const HEADER_LIMIT: u64 = 1 << 20;
@@ -63,7 +63,7 @@ pub struct ReportKind {
 /// What an output file holds, so which existing file it may replace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputKind {
-    /// A route trace (`larder_router::trace`).
+    /// A route trace (`larder_router::Trace`).
     RouteTrace,
     /// A JSON report.
     Report(ReportKind),
@@ -82,6 +82,7 @@ impl OutputKind {
 /// Why an output path is refused or could not be written. Each names the
 /// flag and the path as given.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum OutputError {
     #[error("{flag} {path}: names no file; give a file name")]
     NoFileName { flag: String, path: PathBuf },

@@ -15,7 +15,7 @@ use crate::error::EngineError;
 use crate::experts::{index_of_parts, source_identity};
 
 /// Files copied next to the spine so a store loads like a checkpoint.
-pub const CARRIED_FILES: &[&str] = &[
+pub(crate) const CARRIED_FILES: &[&str] = &[
     "config.json",
     "generation_config.json",
     "tokenizer.json",
@@ -39,7 +39,7 @@ pub fn pack_source(dir: &Path) -> Result<PackSource, EngineError> {
 /// The pack description of checkpoint `ckpt` (opened or known from its
 /// headers) whose config and small files are in `dir`: its routed experts
 /// by extent, every other tensor as spine, the files to carry.
-pub fn describe(dir: &Path, spec: &ModelSpec, ckpt: &Checkpoint) -> Result<PackSource, EngineError> {
+pub(crate) fn describe(dir: &Path, spec: &ModelSpec, ckpt: &Checkpoint) -> Result<PackSource, EngineError> {
     let parts = routed_expert_parts(spec, ckpt)?;
     // Every tensor a record is cut from; the rest of the checkpoint is spine.
     let expert_names: HashSet<String> = parts.iter().flatten().flatten().map(|p| p.tensor.clone()).collect();

@@ -10,14 +10,16 @@
 use std::collections::HashMap;
 
 use larder_model::config::{FfnSpec, ModelSpec};
-use larder_model::quant::{ModuleRule, PackedFormat};
+use larder_model::{ModuleRule, PackedFormat};
 use larder_router::{Phase, RoutingModel, Trace, TraceHeader, TRACE_VERSION};
 use larder_store::cache::prefetch_sim::{simulate_prefetch, DecodeStep, LayerAccess, PrefetchLayer, PrefetchResult, PrefetchRule};
 use larder_store::cache::sim::Step;
 use larder_store::cache::PolicyKind;
 use larder_store::format_size;
 
-use crate::forecast::{self, forecast, uniform_union_share, Forecast, ForecastInput, LayerReads};
+use crate::forecast::{self, forecast, uniform_union_share, ForecastInput, LayerReads};
+/// The forecast a plan carries, and the CPU overhead it assumes by default.
+pub use crate::forecast::{Forecast, CPU_OVERHEAD};
 use crate::plan::{headroom, ModelSizes};
 use crate::sizing::ModelReport;
 

@@ -8,7 +8,7 @@
 //! tokens reads nearly every expert once per chunk.
 //!
 //! What bounds a pass is its activations
-//! ([`larder_model::activation::activation_bytes_per_row`]). By default
+//! ([`larder_model::activation_bytes_per_row`]). By default
 //! ([`PrefillChunk::Auto`]) a prompt runs in one pass unless its activations
 //! would exceed [`default_prefill_memory`] (`--prefill-memory`): an eighth of
 //! the memory available when the engine starts (a cgroup limit counts), at
@@ -21,18 +21,18 @@
 //! in one pass; the k3-mini of the benchmarks (hidden 2048, top-8) about
 //! 0.2 MB a row.
 
-use larder_model::activation::prefill_rows;
+use larder_model::prefill_rows;
 use larder_model::ModelSpec;
 
 /// The least activation memory [`default_prefill_memory`] gives a pass: 1 GiB
 /// (or a quarter of the memory available, when that is less than 4 GiB).
-pub const MIN_PREFILL_MEMORY: u64 = 1 << 30;
+pub(crate) const MIN_PREFILL_MEMORY: u64 = 1 << 30;
 
 /// The activation memory a prefill pass may hold by default: an eighth of
 /// the memory available now ([`mem_available`]), at least
 /// [`MIN_PREFILL_MEMORY`] or a quarter of it, whichever is less (under a
 /// small cgroup limit 1 GiB would not fit); 2 GiB where that cannot be read.
-pub fn default_prefill_memory() -> u64 {
+pub(crate) fn default_prefill_memory() -> u64 {
     mem_available().map_or(2 << 30, prefill_memory_of)
 }
 
@@ -80,7 +80,7 @@ impl PrefillChunk {
 /// `len` positions cut into passes of at most `max_rows`, as equal as can
 /// be (a 9,000-token prompt with 8,192 rows a pass runs as 4,500 + 4,500,
 /// not 8,192 + 808): the ranges' lengths, in order.
-pub fn passes(len: usize, max_rows: usize) -> Vec<usize> {
+pub(crate) fn passes(len: usize, max_rows: usize) -> Vec<usize> {
     if len == 0 {
         return Vec::new();
     }

@@ -67,7 +67,7 @@ pub fn describe_remote(remote: &dyn FileSource, staging: &Path) -> Result<Remote
 /// The description [`describe_remote`] left in `staging` (its small files
 /// and shard headers), read again without the network: how a lazy cache
 /// reopens offline. `None` when `staging` holds no complete description.
-pub fn describe_staged(staging: &Path) -> Result<Option<RemoteCheckpoint>, EngineError> {
+pub(crate) fn describe_staged(staging: &Path) -> Result<Option<RemoteCheckpoint>, EngineError> {
     let Ok(listed) = std::fs::read(staging.join(HEADS)) else {
         return Ok(None);
     };

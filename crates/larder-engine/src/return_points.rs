@@ -33,60 +33,56 @@ use larder_model::{SequenceState, StateSnapshot};
 use crate::error::EngineError;
 
 /// Most snapshots one sequence keeps (older ones are dropped first).
-pub const MAX_RETURN_POINTS: usize = 4;
+pub(crate) const MAX_RETURN_POINTS: usize = 4;
 
 /// The snapshots of one sequence, by increasing length; see the module docs.
 #[derive(Debug, Clone, Default)]
-pub struct ReturnPoints {
+pub(crate) struct ReturnPoints {
     snapshots: Vec<StateSnapshot>,
 }
 
 impl ReturnPoints {
     /// No snapshot kept.
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         ReturnPoints::default()
     }
 
     /// Snapshots read back from disk (ascending lengths, as
     /// [`snapshots`](Self::snapshots) gave them).
-    pub fn from_snapshots(mut snapshots: Vec<StateSnapshot>) -> Self {
+    pub(crate) fn from_snapshots(mut snapshots: Vec<StateSnapshot>) -> Self {
         snapshots.sort_by_key(StateSnapshot::len);
         ReturnPoints { snapshots }
     }
 
     /// The snapshots, by increasing length.
-    pub fn snapshots(&self) -> &[StateSnapshot] {
+    pub(crate) fn snapshots(&self) -> &[StateSnapshot] {
         &self.snapshots
     }
 
-    /// Snapshots kept.
-    pub fn len(&self) -> usize {
-        self.snapshots.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
+    pub(crate) fn is_empty(&self) -> bool {
         self.snapshots.is_empty()
     }
 
     /// Bytes of recurrent state the snapshots copy (0 for KV-only models).
-    pub fn bytes(&self) -> usize {
+    pub(crate) fn bytes(&self) -> usize {
         self.snapshots.iter().map(StateSnapshot::bytes).sum()
     }
 
     /// Lengths of the kept snapshots, ascending.
-    pub fn lengths(&self) -> Vec<usize> {
+    pub(crate) fn lengths(&self) -> Vec<usize> {
         self.snapshots.iter().map(StateSnapshot::len).collect()
     }
 
     /// Forgets every snapshot.
-    pub fn clear(&mut self) {
+    pub(crate) fn clear(&mut self) {
         self.snapshots.clear();
     }
 
     /// Keeps a snapshot of `state` as it is now when `state` cannot roll back
     /// (a KV-only state needs none) and none is kept at that length yet.
     /// Returns whether one was taken.
-    pub fn record(&mut self, state: &SequenceState) -> bool {
+    #[cfg(test)]
+    pub(crate) fn record(&mut self, state: &SequenceState) -> bool {
         if state.can_rollback() {
             return false;
         }
@@ -94,9 +90,9 @@ impl ReturnPoints {
     }
 
     /// Keeps `snap`, a snapshot of this sequence's state taken inside a pass
-    /// ([`SequenceState::take_marked`]), as [`record`](Self::record) keeps
+    /// ([`SequenceState::take_marked`]), as `record` keeps
     /// one of the state: `false` when empty or when one of its length is kept.
-    pub fn keep(&mut self, snap: StateSnapshot) -> bool {
+    pub(crate) fn keep(&mut self, snap: StateSnapshot) -> bool {
         if snap.is_empty() || self.snapshots.iter().any(|s| s.len() == snap.len()) {
             return false;
         }
@@ -112,7 +108,7 @@ impl ReturnPoints {
     /// The longest length at or before `wanted` that `state` can go back to:
     /// `wanted` itself for a rollable state (or one holding no more than
     /// it), else the longest kept snapshot at or before it (0 when none).
-    pub fn reachable(&self, state: &SequenceState, wanted: usize) -> usize {
+    pub(crate) fn reachable(&self, state: &SequenceState, wanted: usize) -> usize {
         let keep = wanted.min(state.len());
         if keep == state.len() || state.can_rollback() {
             return keep;
@@ -128,7 +124,7 @@ impl ReturnPoints {
     /// Takes `state` back to [`reachable`](Self::reachable)`(state, wanted)`
     /// positions (by rollback, by restoring a snapshot, or by clearing it)
     /// and returns that length; snapshots beyond it are dropped.
-    pub fn keep_prefix(&mut self, state: &mut SequenceState, wanted: usize) -> Result<usize, EngineError> {
+    pub(crate) fn keep_prefix(&mut self, state: &mut SequenceState, wanted: usize) -> Result<usize, EngineError> {
         let keep = self.reachable(state, wanted);
         if keep < state.len() {
             if state.can_rollback() {
@@ -145,7 +141,7 @@ impl ReturnPoints {
 
     /// Keeps only the snapshots at or before `len` positions (for a copy of
     /// a state taken back to `len`).
-    pub fn up_to(&self, len: usize) -> ReturnPoints {
+    pub(crate) fn up_to(&self, len: usize) -> ReturnPoints {
         ReturnPoints {
             snapshots: self.snapshots.iter().filter(|s| s.len() <= len).cloned().collect(),
         }

@@ -1,5 +1,5 @@
 //! [`RouteLog`]: the routes forward passes took, kept as the tokens of a
-//! route trace file (`larder_router::trace`), each tagged with its sequence,
+//! route trace file (`larder_router::Trace`), each tagged with its sequence,
 //! position and phase. It is what `--trace FILE` writes on `larder run`,
 //! `larder bench decode` and `larder serve` (where one pass batches rows of
 //! many requests).

@@ -33,7 +33,7 @@ impl Default for SamplingParams {
 
 impl SamplingParams {
     /// Rejects values that have no meaning.
-    pub fn validate(&self) -> Result<(), EngineError> {
+    pub(crate) fn validate(&self) -> Result<(), EngineError> {
         if !self.temperature.is_finite() || self.temperature < 0.0 {
             return Err(EngineError::Invalid {
                 field: "temperature",
@@ -49,19 +49,19 @@ impl SamplingParams {
         Ok(())
     }
 
-    pub fn is_greedy(&self) -> bool {
+    pub(crate) fn is_greedy(&self) -> bool {
         self.temperature == 0.0
     }
 }
 
 /// Picks tokens for one generation.
-pub struct Sampler {
+pub(crate) struct Sampler {
     params: SamplingParams,
     rng: ChaCha8Rng,
 }
 
 impl Sampler {
-    pub fn new(params: SamplingParams) -> Result<Self, EngineError> {
+    pub(crate) fn new(params: SamplingParams) -> Result<Self, EngineError> {
         params.validate()?;
         Ok(Sampler {
             params,
@@ -70,7 +70,7 @@ impl Sampler {
     }
 
     /// The next token id.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
+    pub(crate) fn sample(&mut self, logits: &[f32]) -> u32 {
         if self.params.is_greedy() {
             return argmax(logits);
         }
@@ -81,7 +81,7 @@ impl Sampler {
     /// The distribution tokens are drawn from: `(token, probability)` in a
     /// fixed order (descending logit, ties to the lower id), after
     /// temperature, top-k and top-p; greedy is the argmax with probability 1.
-    pub fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
+    pub(crate) fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
         if self.params.is_greedy() {
             return vec![(argmax(logits), 1.0)];
         }
@@ -114,7 +114,7 @@ impl Sampler {
     }
 
     /// A uniform draw in [0, 1) from this request's generator (greedy: 0).
-    pub fn uniform(&mut self) -> f64 {
+    pub(crate) fn uniform(&mut self) -> f64 {
         if self.params.is_greedy() {
             0.0
         } else {
@@ -123,7 +123,7 @@ impl Sampler {
     }
 
     /// Draws from a distribution (as [`distribution`](Self::distribution) returns).
-    pub fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
+    pub(crate) fn draw(&mut self, dist: &[(u32, f64)]) -> u32 {
         let u = self.uniform();
         let mut acc = 0.0;
         for &(t, p) in dist {
@@ -136,7 +136,7 @@ impl Sampler {
     }
 }
 
-pub use larder_tensor::ops::argmax;
+pub(crate) use larder_tensor::ops::argmax;
 
 #[cfg(test)]
 mod tests {

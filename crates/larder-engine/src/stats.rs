@@ -121,7 +121,7 @@ pub struct LayerHits {
 
 impl ExpertStats {
     /// From the store's counters over one request.
-    pub fn from_store(backend: &str, s: &larder_store::StoreStats) -> ExpertStats {
+    pub(crate) fn from_store(backend: &str, s: &larder_store::StoreStats) -> ExpertStats {
         ExpertStats {
             io_backend: backend.to_string(),
             expert_bytes_read: s.bytes_read,
@@ -157,7 +157,7 @@ impl ExpertStats {
 impl Stats {
     /// Records the size of a sequence's state (and its kept snapshots) at
     /// the end of a request.
-    pub fn record_state(&mut self, state: &larder_model::SequenceState, snapshot_bytes: usize) {
+    pub(crate) fn record_state(&mut self, state: &larder_model::SequenceState, snapshot_bytes: usize) {
         self.state_bytes = state.bytes();
         self.state_bytes_per_position = (0..state.num_layers())
             .filter_map(|l| state.layer(l))
@@ -177,7 +177,7 @@ impl Stats {
 
 /// The process's peak resident set size (`VmHWM` in /proc/self/status), or
 /// 0 where the system does not say.
-pub fn peak_rss_bytes() -> u64 {
+pub(crate) fn peak_rss_bytes() -> u64 {
     let Ok(status) = std::fs::read_to_string("/proc/self/status") else {
         return 0;
     };

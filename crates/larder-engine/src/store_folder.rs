@@ -6,11 +6,11 @@
 use std::path::Path;
 
 /// Where a lazy cache keeps the description of its source.
-pub const LAZY_STAGING: &str = ".lazy-source";
+pub(crate) const LAZY_STAGING: &str = ".lazy-source";
 
 /// Where a pull keeps the fetched config, tokenizer and index files until
 /// its store is complete.
-pub const PULL_STAGING: &str = ".pull";
+pub(crate) const PULL_STAGING: &str = ".pull";
 
 /// Whether `dir` is a lazy cache, complete or with its first open unfinished.
 pub fn is_lazy_cache(dir: &Path) -> bool {

@@ -1,5 +1,5 @@
 //! `--ram-budget auto` resizes the expert cache while the engine runs
-//! (larder_engine::memory_watch). Which experts are cached changes when bytes
+//! (larder_engine::MemoryWatch). Which experts are cached changes when bytes
 //! arrive, never what is computed: generation while the budget swings
 //! between one expert and the whole bank, and while a watcher fed a falling
 //! then recovering memory figure shrinks and regrows it, gives the in-RAM ids.
@@ -10,8 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{expert_bytes, fixture};
-use larder_engine::memory_watch::{MemoryWatch, WatchConfig};
-use larder_engine::{Engine, ExpertMode, GenerateOptions, LoadOptions};
+use larder_engine::{Engine, ExpertMode, GenerateOptions, LoadOptions, MemoryWatch, WatchConfig};
 
 /// Streamed through pread with prefetch on (its reads race the resizes too).
 fn streamed(budget: u64) -> LoadOptions {

@@ -128,7 +128,7 @@ fn pulled_store_is_the_packed_store_and_runs_bit_identical() {
         let packed = dir.join("packed");
         pack_store(&model, &packed, &specs_again(&dir, drives));
         assert_same_store(&pulled, &packed, name);
-        let v = larder_store::verify::verify_store(&pulled, &mut |_| {}).unwrap();
+        let v = larder_store::verify_store(&pulled, &mut |_| {}).unwrap();
         assert!(v.bad.is_empty(), "{name}: {:?}", v.bad);
         let prompt = [3, 1, 4, 1, 5, 9, 2, 6];
         let want = stream_outcome(&Engine::load(&model).unwrap(), &prompt);
@@ -241,7 +241,7 @@ fn faults_are_clear_errors_and_never_a_store_that_looks_valid() {
     server.clear_log();
     let report = pull_into(open_hub(&server, 2, None).as_ref(), &out, &[], PullOptions::default()).unwrap();
     assert_eq!(report.fetched_bytes, report.total_bytes);
-    assert!(larder_store::verify::verify_store(&out, &mut |_| {}).unwrap().bad.is_empty());
+    assert!(larder_store::verify_store(&out, &mut |_| {}).unwrap().bad.is_empty());
 
     // The file changes between the header read and the stream.
     let out = dir.join("changed");

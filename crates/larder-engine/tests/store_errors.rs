@@ -50,7 +50,7 @@ fn flipped_byte_is_a_digest_error_naming_layer_expert_and_file() {
     assert!(msg.contains(&e.file), "{msg}");
 
     // `larder verify` finds it too.
-    let report = larder_store::verify::verify_store(&store, &mut |_| {}).unwrap();
+    let report = larder_store::verify_store(&store, &mut |_| {}).unwrap();
     assert_eq!(report.bad.len(), 1, "{:?}", report.bad);
     assert!(report.bad[0].contains("expert 3"), "{:?}", report.bad);
 
@@ -125,7 +125,7 @@ fn pack_resumes_finished_layers() {
     assert_eq!(report.resumed_layers, m.layers.len() - 1);
     assert_eq!(report.rewritten_records, 0);
     assert_eq!(Manifest::read(&store).unwrap(), m, "the resumed store equals the original");
-    let report = larder_store::verify::verify_store(&store, &mut |_| {}).unwrap();
+    let report = larder_store::verify_store(&store, &mut |_| {}).unwrap();
     assert!(report.bad.is_empty());
 }
 

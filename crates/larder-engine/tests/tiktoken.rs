@@ -79,7 +79,7 @@ fn special_tokens_have_kimis_ids_and_can_be_skipped() {
     let ordinary: Vec<u32> = all.iter().copied().filter(|&id| id < base).collect();
     assert!(ordinary.len() < all.len());
     assert_eq!(tok.decode(&all, true).unwrap(), tok.decode(&ordinary, false).unwrap());
-    let past = base + larder_engine::tokenizer::KIMI_SPECIAL_IDS;
+    let past = base + larder_engine::KIMI_SPECIAL_IDS;
     let err = tok.decode(&[past], false).unwrap_err().to_string();
     assert!(err.contains(&past.to_string()), "{err}");
 }

@@ -13,7 +13,7 @@
 use std::path::PathBuf;
 
 use larder_engine::{Engine, GenerateOptions, LoadOptions};
-use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleSpec};
+use larder_model::{upcycle, UpcycleLayout, UpcycleSpec};
 
 mod common;
 use common::{pack_store, pread_streaming, smollm2_checkpoint as checkpoint};

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use larder_model::synth::{SynthSpec, ARCHITECTURES};
-use larder_model::upcycle::{upcycle, UpcycleLayout, UpcycleSpec};
+use larder_model::{upcycle, UpcycleLayout, UpcycleSpec};
 use larder_store::pack::pack;
 
 fn fixture(name: &str) -> PathBuf {

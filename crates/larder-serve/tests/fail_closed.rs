@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use larder_engine::Engine;
-use larder_model::mlp::{load_mlp, Mlp};
+use larder_model::{load_mlp, Mlp};
 use larder_model::{ExpertProvider, ModelError, RandomSource, WeightView};
 use larder_serve::{bind, start, RunningServer, ServerConfig};
 use serde_json::{json, Value};

@@ -87,20 +87,20 @@ pub(super) struct Shared {
 
 impl Shared {
     /// A job of `prompt_tokens` was accepted.
-    pub fn accepted(&self, prompt_tokens: usize) {
+    pub(super) fn accepted(&self, prompt_tokens: usize) {
         self.jobs.fetch_add(1, Ordering::Relaxed);
         self.prompt_tokens.fetch_add(prompt_tokens as u64, Ordering::Relaxed);
     }
 
     /// A job ended with `outcome`.
-    pub fn ended(&self, outcome: &Outcome) {
+    pub(super) fn ended(&self, outcome: &Outcome) {
         self.completion_tokens.fetch_add(outcome.ids.len() as u64, Ordering::Relaxed);
         self.last_decode_tok_per_s
             .store(outcome.stats.decode_tok_per_s.to_bits(), Ordering::Relaxed);
     }
 
     /// After a step: what the scheduler holds now and what the step made.
-    pub fn stepped(&self, sched: &Scheduler<'_>, report: &StepReport) {
+    pub(super) fn stepped(&self, sched: &Scheduler<'_>, report: &StepReport) {
         self.last_batch.store(report.batch, Ordering::Relaxed);
         self.running.store(sched.running(), Ordering::Relaxed);
         self.waiting.store(sched.queued(), Ordering::Relaxed);
@@ -124,14 +124,14 @@ impl Shared {
         self.set_disk(sched.disk_stats());
     }
 
-    pub fn set_disk(&self, stats: Option<DiskTierStats>) {
+    pub(super) fn set_disk(&self, stats: Option<DiskTierStats>) {
         if let Ok(mut d) = self.disk.lock() {
             *d = stats;
         }
     }
 
     /// The counters now, with `engine`'s store counters.
-    pub fn snapshot(&self, engine: &Engine) -> Metrics {
+    pub(super) fn snapshot(&self, engine: &Engine) -> Metrics {
         Metrics {
             running: self.running.load(Ordering::Relaxed),
             waiting: self.waiting.load(Ordering::Relaxed),

@@ -23,7 +23,7 @@ use crate::output::OutputFile;
 use crate::route_log::RouteLog;
 
 /// How often a busy engine rewrites the trace file at most.
-pub const WRITE_EVERY: Duration = Duration::from_secs(10);
+pub(super) const WRITE_EVERY: Duration = Duration::from_secs(10);
 
 /// Where and how to record routes (`--trace`).
 #[derive(Debug, Clone)]
@@ -50,7 +50,7 @@ impl TraceFile {
     /// The file of `config` and an empty log for `engine`'s model (`None`,
     /// logged, for a model without MoE layers: `larder serve` refuses
     /// `--trace` for one before loading).
-    pub fn open(config: TraceConfig, engine: &Engine) -> Option<(TraceFile, RouteLog)> {
+    pub(super) fn open(config: TraceConfig, engine: &Engine) -> Option<(TraceFile, RouteLog)> {
         let Some(log) = RouteLog::new(engine.model().spec(), &config.model, config.expert_bytes, config.lookahead) else {
             tracing::error!(
                 "--trace {}: the model has no MoE layers, so there are no routes to record",
@@ -69,7 +69,7 @@ impl TraceFile {
     /// Writes `log` when it has grown since the last write and the engine is
     /// `idle` or [`WRITE_EVERY`] has passed; a failure is logged (serving
     /// goes on).
-    pub fn maybe_write(&mut self, log: &RouteLog, idle: bool) {
+    pub(super) fn maybe_write(&mut self, log: &RouteLog, idle: bool) {
         if log.tokens() != self.written_tokens && (idle || self.written_at.elapsed() >= WRITE_EVERY) {
             if let Err(e) = self.write(log) {
                 tracing::error!("{e}");
@@ -78,7 +78,7 @@ impl TraceFile {
     }
 
     /// Writes `log` now.
-    pub fn write(&mut self, log: &RouteLog) -> Result<(), EngineError> {
+    pub(super) fn write(&mut self, log: &RouteLog) -> Result<(), EngineError> {
         self.written_at = Instant::now();
         log.write(&mut self.config.output).map_err(|e| EngineError::Invalid {
             field: "trace",

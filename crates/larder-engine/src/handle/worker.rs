@@ -67,13 +67,13 @@ pub(super) struct Worker {
 }
 
 impl Worker {
-    pub fn new(engine: Arc<Engine>, shared: Arc<Shared>, commands: mpsc::Receiver<Command>) -> Self {
+    pub(super) fn new(engine: Arc<Engine>, shared: Arc<Shared>, commands: mpsc::Receiver<Command>) -> Self {
         Worker { engine, shared, commands }
     }
 
     /// Runs the loop until the handle is gone and nothing is left; returns
     /// the result of the trace file's last write.
-    pub fn run(self, config: HandleConfig) -> Result<(), EngineError> {
+    pub(super) fn run(self, config: HandleConfig) -> Result<(), EngineError> {
         let engine = &*self.engine;
         let mut sched = Scheduler::new(engine, config.scheduler)?;
         if let Some(disk) = config.disk_tier {

@@ -362,6 +362,19 @@ fn name_hash(identity: u128, tokens: &[u32]) -> u128 {
     h.digest128()
 }
 
+/// The default quota of a disk tier in `dir` (`larder serve` without
+/// `--state-quota`): a tenth of the free space there, at least 64 MiB; and
+/// that free space (0 where the file system's figures cannot be read).
+pub fn default_state_quota(dir: &Path) -> (u64, u64) {
+    let free = larder_store::drive::fs_space(dir).map(|s| s.free).unwrap_or(0);
+    (state_quota_of(free), free)
+}
+
+/// A tenth of `free`, at least 64 MiB.
+fn state_quota_of(free: u64) -> u64 {
+    (free / 10).max(64 << 20)
+}
+
 /// Creates `dir` if needed and checks a file can be written in it (what
 /// opening a disk tier checks first; `larder serve` asks before loading).
 pub fn check_state_dir(dir: &Path) -> Result<(), EngineError> {

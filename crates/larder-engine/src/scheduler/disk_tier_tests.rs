@@ -175,7 +175,7 @@ fn a_full_disk_fails_the_save_only() {
     let left: Vec<_> = fs::read_dir(&dir)
         .unwrap()
         .map(|e| e.unwrap().path())
-        .filter(|p| !p.ends_with(super::super::CONTENT_DIGESTS))
+        .filter(|p| !p.ends_with(super::super::identity::CONTENT_DIGESTS))
         .collect();
     let _ = std::process::Command::new("umount").arg(&dir).status();
     assert_eq!((stats.files, stats.save_failures), (0, 1));
@@ -197,4 +197,10 @@ fn an_unwritable_folder_is_refused_at_open() {
     let e = DiskTier::open(config, &fixture("qwen3_moe_tiny"), &m).err().unwrap().to_string();
     assert!(e.contains(&file.display().to_string()), "{e}");
     let _ = fs::remove_file(&file);
+}
+
+#[test]
+fn state_quota_default_is_a_tenth_of_free_space() {
+    assert_eq!(state_quota_of(100 << 30), 10 << 30);
+    assert_eq!(state_quota_of(0), 64 << 20);
 }

@@ -27,14 +27,14 @@ use serde::{Deserialize, Serialize};
 use crate::error::EngineError;
 
 /// The content-digest cache's file in the state folder.
-pub const CONTENT_DIGESTS: &str = ".content-digests.json";
+pub(super) const CONTENT_DIGESTS: &str = ".content-digests.json";
 
 /// Files whose bytes are the identity of a store or a lazy cache.
 const DESCRIPTIONS: [&str; 3] = ["config.json", "manifest.json", "lazy.json"];
 
 /// The identity of the model in `dir` (see the module docs); content
 /// digests of a checkpoint's weights are cached in `cache_dir`.
-pub fn model_identity(dir: &Path, cache_dir: &Path) -> Result<u128, EngineError> {
+pub(super) fn model_identity(dir: &Path, cache_dir: &Path) -> Result<u128, EngineError> {
     let mut h = xxhash_rust::xxh3::Xxh3::new();
     let mut described = false;
     for name in DESCRIPTIONS {

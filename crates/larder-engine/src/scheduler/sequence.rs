@@ -57,7 +57,7 @@ pub(super) struct Seq<'e> {
 
 impl<'e> Seq<'e> {
     /// A queued sequence for `job` (checked), allowed `max_new` tokens.
-    pub fn new(id: u64, job: Job, sink: Box<dyn RequestSink + 'e>, max_new: usize, sampler: Sampler, stops: StopFilter) -> Self {
+    pub(super) fn new(id: u64, job: Job, sink: Box<dyn RequestSink + 'e>, max_new: usize, sampler: Sampler, stops: StopFilter) -> Self {
         let Job {
             prompt,
             options,
@@ -100,7 +100,7 @@ impl<'e> Seq<'e> {
     /// Rows it adds to the state in the next forward pass: its pending token
     /// and this step's drafts when decoding, else the next prefill pass of
     /// its feed (the remaining feed cut into equal passes of at most `chunk`).
-    pub fn rows(&self, chunk: usize) -> usize {
+    pub(super) fn rows(&self, chunk: usize) -> usize {
         match self.next {
             Some(_) => 1 + self.spec.as_ref().map_or(0, |s| s.drafts().len()),
             None => passes(self.feed.len() - self.fed, chunk).first().copied().unwrap_or(0),
@@ -111,7 +111,7 @@ impl<'e> Seq<'e> {
     /// snapshotted: after the prompt minus its last token, the point a later
     /// request sharing the prompt returns to (crate::return_points).
     /// `None` for a state that rolls back, or a one-token prompt.
-    pub fn return_point(&self) -> Option<usize> {
+    pub(super) fn return_point(&self) -> Option<usize> {
         let point = self.prompt.len() - 1;
         (!self.state.can_rollback() && point > 0).then_some(point)
     }
@@ -120,7 +120,7 @@ impl<'e> Seq<'e> {
     /// lies, when it has none kept there yet: the pass snapshots it there
     /// ([`SequenceState::mark_after`]), so the prompt's last token runs in
     /// the same pass as the rest and its experts are read once.
-    pub fn snapshot_mark(&self, rows: usize) -> Option<usize> {
+    pub(super) fn snapshot_mark(&self, rows: usize) -> Option<usize> {
         let p = self.return_point()?;
         let here = self.next.is_none() && self.state.len() == self.fed && (self.fed..self.fed + rows).contains(&p);
         (here && !self.points.lengths().contains(&p)).then(|| p - self.fed)
@@ -128,7 +128,7 @@ impl<'e> Seq<'e> {
 
     /// The ids of its next forward pass and the logits it wants back: every
     /// row's for a verification pass, else the last row's.
-    pub fn input(&self, chunk: usize) -> (Vec<u32>, Wanted) {
+    pub(super) fn input(&self, chunk: usize) -> (Vec<u32>, Wanted) {
         match self.next {
             Some(t) => match self.spec.as_ref().map(Speculation::drafts).filter(|d| !d.is_empty()) {
                 Some(drafts) => (std::iter::once(t).chain(drafts.iter().copied()).collect(), Wanted::All),
@@ -142,7 +142,7 @@ impl<'e> Seq<'e> {
     }
 
     /// Whether it has been admitted and fed before (a preempted sequence).
-    pub fn resumed(&self) -> bool {
+    pub(super) fn resumed(&self) -> bool {
         self.preemptions > 0
     }
 
@@ -153,7 +153,7 @@ impl<'e> Seq<'e> {
     /// logits (what its next decode step would have computed); a drafting
     /// one feeds all but its pending token, which it then verifies with
     /// drafts as it would have: either way it goes on as if never stopped.
-    pub fn preempt(&mut self, fresh: SequenceState) {
+    pub(super) fn preempt(&mut self, fresh: SequenceState) {
         self.state = fresh;
         self.points.clear();
         let resent = match (&self.spec, self.ids.len()) {
@@ -173,7 +173,7 @@ impl<'e> Seq<'e> {
     /// again after a preemption takes its pending token back (`true`);
     /// anything else (a decode pass, a plain sequence, a prompt's last pass)
     /// samples from the pass's logits (`false`).
-    pub fn resume_pending(&mut self) -> bool {
+    pub(super) fn resume_pending(&mut self) -> bool {
         if self.next.is_some() || self.spec.is_none() || self.ids.is_empty() {
             return false;
         }
@@ -182,7 +182,7 @@ impl<'e> Seq<'e> {
     }
 
     /// Records a forward pass of `secs` that fed `rows` rows.
-    pub fn account(&mut self, rows: usize, last: bool, secs: f64) {
+    pub(super) fn account(&mut self, rows: usize, last: bool, secs: f64) {
         if self.next.is_some() {
             self.stats.decode_s += secs;
             self.decode_steps += 1;
@@ -202,13 +202,13 @@ impl<'e> Seq<'e> {
     }
 
     /// Whether it was cancelled from elsewhere (its sink says so).
-    pub fn cancelled(&self) -> bool {
+    pub(super) fn cancelled(&self) -> bool {
         self.sink.cancelled()
     }
 
     /// Records chosen token `t`: the text it releases goes to the sink; says
     /// why it ends there (a stop string, cancelled, EOS, `max_new`), if it does.
-    pub fn emit(&mut self, engine: &Engine, t: u32) -> Option<FinishReason> {
+    pub(super) fn emit(&mut self, engine: &Engine, t: u32) -> Option<FinishReason> {
         self.ids.push(t);
         if self.ids.len() == 1 {
             self.stats.time_to_first_token_s = self.started.elapsed().as_secs_f64();
@@ -233,7 +233,7 @@ impl<'e> Seq<'e> {
     }
 
     /// Whether the context has no room for its pending token.
-    pub fn context_full(&self, engine: &Engine) -> bool {
+    pub(super) fn context_full(&self, engine: &Engine) -> bool {
         self.state.len() + 1 > engine.model().spec().max_position_embeddings
     }
 }

@@ -43,7 +43,7 @@ pub(super) struct Speculation {
 
 impl Speculation {
     /// Speculative decoding with `drafter`, at most `draft_max` guesses a pass.
-    pub fn new(drafter: Box<dyn Drafter>, draft_max: usize) -> Self {
+    pub(super) fn new(drafter: Box<dyn Drafter>, draft_max: usize) -> Self {
         Speculation {
             stats: SpecStats {
                 drafter: drafter.name().to_string(),
@@ -58,12 +58,12 @@ impl Speculation {
     }
 
     /// This step's guesses.
-    pub fn drafts(&self) -> &[u32] {
+    pub(super) fn drafts(&self) -> &[u32] {
         &self.drafts
     }
 
     /// Forgets this step's guesses (the sequence was preempted before its pass).
-    pub fn discard(&mut self) {
+    pub(super) fn discard(&mut self) {
         self.drafts.clear();
         self.before = None;
     }
@@ -71,7 +71,7 @@ impl Speculation {
     /// Asks for up to `room` guesses following `context` (the prompt and
     /// every chosen token, pending included), as many as the adaptive
     /// length allows; none on the first decode step.
-    pub fn propose(&mut self, context: &[u32], room: usize) -> Result<(), EngineError> {
+    pub(super) fn propose(&mut self, context: &[u32], room: usize) -> Result<(), EngineError> {
         self.discard();
         let k = if self.stats.target_steps == 0 {
             0
@@ -94,32 +94,32 @@ impl Speculation {
 
     /// Takes the snapshot this step's verification pass rewinds from (only
     /// when it has drafts).
-    pub fn snapshot_before(&mut self, state: &SequenceState) {
+    pub(super) fn snapshot_before(&mut self, state: &SequenceState) {
         if !self.drafts.is_empty() {
             self.before = Some(state.snapshot());
         }
     }
 
     /// Records the time of a forward pass it took part in.
-    pub fn timed(&mut self, secs: f64) {
+    pub(super) fn timed(&mut self, secs: f64) {
         self.pass_s = secs;
     }
 
     /// After a decode pass without drafts: one plain target step.
-    pub fn plain_step(&mut self) {
+    pub(super) fn plain_step(&mut self) {
         self.stats.target_steps += 1;
         self.adapt.plain_step(self.pass_s);
     }
 
     /// Takes this step's guesses and the snapshot taken before its pass,
     /// for verification.
-    pub fn take_pass(&mut self) -> (Vec<u32>, Option<StateSnapshot>) {
+    pub(super) fn take_pass(&mut self) -> (Vec<u32>, Option<StateSnapshot>) {
         (std::mem::take(&mut self.drafts), self.before.take())
     }
 
     /// Counts a verification pass that kept `kept` of `drafted` guesses and
     /// adapts the draft length to it.
-    pub fn verified(&mut self, drafted: usize, kept: usize) {
+    pub(super) fn verified(&mut self, drafted: usize, kept: usize) {
         self.stats.target_steps += 1;
         self.stats.verify_steps += 1;
         self.stats.drafted += drafted as u64;
@@ -128,7 +128,7 @@ impl Speculation {
     }
 
     /// The counters `stats.speculative` reports.
-    pub fn into_stats(mut self) -> SpeculativeStats {
+    pub(super) fn into_stats(mut self) -> SpeculativeStats {
         self.stats.disabled = self.adapt.is_off();
         SpeculativeStats::from(&self.stats)
     }

@@ -28,7 +28,7 @@ use crate::error::EngineError;
 /// `pat_str` of Kimi's `tokenization_kimi.py`: Han runs alone; letter runs
 /// split at case changes, English contractions attached; digits in threes;
 /// other symbols with one leading space; newline and whitespace runs.
-pub const KIMI_PAT_STR: &str = concat!(
+pub(super) const KIMI_PAT_STR: &str = concat!(
     r"[\p{Han}]+",
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
@@ -49,7 +49,7 @@ const MAX_ENCODE_CHARS: usize = 400_000;
 const NAMED_TOKEN_FIELDS: [&str; 4] = ["bos_token", "eos_token", "unk_token", "pad_token"];
 
 /// A loaded Kimi tokenizer.
-pub struct KimiTokenizer {
+pub(crate) struct KimiTokenizer {
     ranks: Ranks,
     pattern: SysRegex,
     /// Name of special id `ranks.len() + i` at index i.
@@ -62,7 +62,7 @@ pub struct KimiTokenizer {
 impl KimiTokenizer {
     /// Loads `model` (`tiktoken.model`) with the special tokens of `config`
     /// (`tokenizer_config.json`); every fault names its file (and line).
-    pub fn load(model: &Path, config: &Path) -> Result<Self, EngineError> {
+    pub(crate) fn load(model: &Path, config: &Path) -> Result<Self, EngineError> {
         let ranks = Ranks::from_file(model)?;
         let config_text = std::fs::read_to_string(config).map_err(|source| EngineError::Io {
             path: config.to_path_buf(),
@@ -115,7 +115,7 @@ impl KimiTokenizer {
     }
 
     /// Ids of `text`, special tokens matched wherever they occur.
-    pub fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+    pub(crate) fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
         let mut ids = Vec::new();
         for run in kimi_runs(text) {
             let mut start = 0;
@@ -163,7 +163,7 @@ impl KimiTokenizer {
 
     /// Text of `ids` (invalid UTF-8 replaced by U+FFFD), special tokens left
     /// out when `skip_special_tokens`.
-    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EngineError> {
+    pub(crate) fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EngineError> {
         let mut bytes = Vec::new();
         for &id in ids {
             if let Some(token) = self.ranks.bytes(id) {
@@ -184,7 +184,7 @@ impl KimiTokenizer {
 
     /// The id of a token: a special token's name, or a BPE token spelled in
     /// GPT-2's byte-level alphabet (as Kimi's `get_vocab` spells them).
-    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+    pub(crate) fn token_to_id(&self, token: &str) -> Option<u32> {
         if let Some(&id) = self.special_ids.get(token) {
             return Some(id);
         }
@@ -193,14 +193,14 @@ impl KimiTokenizer {
     }
 
     /// Token string -> id for every id, as [`Self::token_to_id`] spells them.
-    pub fn vocab(&self) -> HashMap<String, u32> {
+    pub(crate) fn vocab(&self) -> HashMap<String, u32> {
         let mut vocab: HashMap<String, u32> = self.ranks.iter().map(|(bytes, rank)| (byte_level(bytes), rank)).collect();
         vocab.extend(self.special_ids.iter().map(|(name, &id)| (name.clone(), id)));
         vocab
     }
 
     /// Ranks plus the 258 special ids.
-    pub fn vocab_size(&self) -> usize {
+    pub(crate) fn vocab_size(&self) -> usize {
         self.ranks.len() + self.special_names.len()
     }
 

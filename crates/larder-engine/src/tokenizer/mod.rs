@@ -15,14 +15,15 @@ use std::path::Path;
 
 use crate::error::EngineError;
 
-pub use kimi::{KimiTokenizer, KIMI_PAT_STR, KIMI_SPECIAL_IDS};
+pub(crate) use kimi::KimiTokenizer;
+pub use kimi::KIMI_SPECIAL_IDS;
 
 /// The Hugging Face tokenizer file.
-pub const TOKENIZER_JSON: &str = "tokenizer.json";
+pub(crate) const TOKENIZER_JSON: &str = "tokenizer.json";
 /// Kimi's rank file (read with `tokenizer_config.json` when there is no `tokenizer.json`).
-pub const TIKTOKEN_MODEL: &str = "tiktoken.model";
+pub(crate) const TIKTOKEN_MODEL: &str = "tiktoken.model";
 /// The file holding Kimi's special tokens (and the chat template).
-pub const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
+pub(crate) const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
 
 /// A checkpoint's tokenizer, whichever form it shipped in.
 pub struct TextTokenizer {
@@ -68,7 +69,7 @@ impl TextTokenizer {
     }
 
     /// Loads Kimi's `tiktoken.model` with the special tokens of its `tokenizer_config.json`.
-    pub fn from_tiktoken(model: &Path, config: &Path) -> Result<Self, EngineError> {
+    pub(crate) fn from_tiktoken(model: &Path, config: &Path) -> Result<Self, EngineError> {
         Ok(TextTokenizer {
             backend: Backend::Kimi(Box::new(KimiTokenizer::load(model, config)?)),
         })
