@@ -24,8 +24,13 @@ mod common;
 use common::*;
 
 fn serve(model: &Path, config: ServerConfig) -> RunningServer {
+    serve_engine(Engine::load(model).unwrap(), config)
+}
+
+/// `engine` on a loopback port as model "tiny", with `config`'s other settings.
+fn serve_engine(engine: Engine, config: ServerConfig) -> RunningServer {
     start(
-        Engine::load(model).unwrap(),
+        engine,
         ServerConfig {
             port: 0,
             served_name: "tiny".into(),
@@ -261,15 +266,7 @@ fn errors_name_no_server_paths_and_5xx_are_logged_in_full() {
     assert!(!r.body.contains("fixtures") && !r.body.contains(&dir_text), "{}", r.body);
     // A store error while generating: 500 with no path, logged in full.
     let engine = Engine::load_with_experts(&dir, Some(Arc::new(BrokenExperts))).unwrap();
-    let broken = start(
-        engine,
-        ServerConfig {
-            port: 0,
-            served_name: "tiny".into(),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap();
+    let broken = serve_engine(engine, ServerConfig::default());
     for stream in [false, true] {
         let r = post(
             broken.addr,
@@ -381,15 +378,7 @@ fn a_stream_that_fails_midway_ends_with_an_error_event_then_done() {
         weights: RandomSource::new(7, 0.1),
     };
     let engine = Engine::load_with_experts(&fixture("qwen3_moe_tiny"), Some(Arc::new(experts))).unwrap();
-    let srv = start(
-        engine,
-        ServerConfig {
-            port: 0,
-            served_name: "tiny".into(),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap();
+    let srv = serve_engine(engine, ServerConfig::default());
     let body = json!({"model": "tiny", "prompt": [5, 6, 7], "max_tokens": 40, "ignore_eos": true, "stream": true}).to_string();
     let mut s = TcpStream::connect(srv.addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
@@ -444,15 +433,7 @@ impl ExpertProvider for SourceDown {
 fn a_request_needing_an_expert_from_a_source_that_is_down_gets_503_with_retry_after() {
     let dir = fixture("qwen3_moe_tiny");
     let engine = Engine::load_with_experts(&dir, Some(Arc::new(SourceDown))).unwrap();
-    let srv = start(
-        engine,
-        ServerConfig {
-            port: 0,
-            served_name: "tiny".into(),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap();
+    let srv = serve_engine(engine, ServerConfig::default());
     let r = post(
         srv.addr,
         "/v1/completions",
