@@ -16,7 +16,7 @@ use larder_model::{expert_layers, expert_tensors, routed_expert_parts, ExpertPar
 use larder_model::{gpt_oss_layer_parts, FusedLayer};
 use larder_store::manifest::SourceIdentity;
 use larder_store::{Digest, ExpertIndex, ExpertLocation, ExpertRecord, ExpertStore, Extent, Part, PartDesc, StoreError};
-use larder_tensor::{ComponentLayout, ExpertLayout, SwigluExpert, WeightFormat, WeightMatrix};
+use larder_tensor::{ComponentLayout, ExpertLayout, GluActivation, SwigluExpert, WeightFormat, WeightMatrix};
 
 use crate::error::EngineError;
 
@@ -36,6 +36,8 @@ pub(crate) struct StoreExperts {
     /// `None` there), built from their record parts by
     /// [`gpt_oss_expert`].
     fused: Vec<Option<FusedLayer>>,
+    /// How the (non-fused) experts combine gate and up (`ModelSpec::ffn_activation`).
+    activation: GluActivation,
 }
 
 /// How one projection of a record is stored: its format and the indices
@@ -140,6 +142,7 @@ impl StoreExperts {
             parts,
             layouts,
             width,
+            activation: spec.ffn_activation,
             intermediate,
         })
     }
@@ -179,7 +182,7 @@ impl StoreExperts {
                 up: c(1),
                 down: c(2),
             };
-            return Ok(SwigluExpert::from_record(&name, &record, &layout)?);
+            return Ok(SwigluExpert::from_record(&name, &record, &layout)?.with_activation(self.activation));
         }
         let parts = &self.parts[layer];
         let bytes = |k: usize| p[k].clone();
@@ -192,7 +195,7 @@ impl StoreExperts {
             let scales = pr.scales.map(|s| (parts[s].dtype.as_str(), bytes(s)));
             Ok(weight_matrix(&name, rows, cols, pr.format, bytes(pr.codes), scales)?)
         };
-        Ok(SwigluExpert::new(&name, m(0, i, h)?, m(1, i, h)?, m(2, h, i)?)?)
+        Ok(SwigluExpert::new(&name, m(0, i, h)?, m(1, i, h)?, m(2, h, i)?)?.with_activation(self.activation))
     }
 }
 

@@ -234,26 +234,27 @@ mod tests {
         assert!(e.contains("3221225472 routed experts"), "{e}");
     }
 
-    /// Block attention residuals: a `[hidden]` query per layer for the MLP
-    /// input, per layer but the first for the mixer input, and one for the
-    /// final norm's input, in the spine at the config's float dtype.
+    /// Block attention residuals: a norm `[hidden]` and a projection `[1,
+    /// hidden]` per site (the MLP input of every layer, the mixer input of
+    /// every layer but the first, the final norm's input), in the spine at
+    /// the config's float dtype.
     #[test]
-    fn attention_residual_queries_count_in_the_spine() {
-        let spec = larder_model::arch::read_spec(&fixture("kimi_linear_attn_res")).unwrap();
+    fn attention_residual_sites_count_in_the_spine() {
+        let spec = larder_model::arch::read_spec(&fixture("kimi_k3_tiny")).unwrap();
         let with = estimate_sizes(&spec, "BF16").unwrap().spine_bytes;
         let mut plain = spec.clone();
         plain.attn_res_block = None;
-        // 7 layers, hidden 48: 6 attention_input + 7 mlp_input + final_input.
-        assert_eq!(with - estimate_sizes(&plain, "BF16").unwrap().spine_bytes, 14 * 48 * 2);
+        // 7 layers, hidden 48: 6 + 7 + 1 sites of 2 x 48 values.
+        assert_eq!(with - estimate_sizes(&plain, "BF16").unwrap().spine_bytes, 14 * 2 * 48 * 2);
     }
 
-    /// Latent-space experts: experts are latent wide, the two projections
-    /// are spine.
+    /// Latent-space experts: experts are latent wide (MXFP4 as the scheme
+    /// packs them), the projections around them are spine.
     #[test]
     fn latent_experts_are_latent_wide() {
-        let s = bf16_estimate(&fixture("kimi_linear_latent"));
-        // 3 matrices of 16 x 24 in bf16 per expert (hidden 64 would be 6144).
-        assert_eq!(s.expert_bytes, 3 * 16 * 24 * 2);
+        let s = bf16_estimate(&fixture("kimi_k3_tiny"));
+        // 3 matrices of 32 x 32 in MXFP4: 16 code bytes and 1 scale per row.
+        assert_eq!(s.expert_bytes, 3 * 32 * (16 + 1));
     }
 
     /// compressed-tensors 4-bit experts count at their packed size (codes,

@@ -12,6 +12,12 @@
 //! keep working). Only the tensors asked for are read: in streaming mode the
 //! same shards hold experts that must stay on disk.
 //!
+//! A multimodal wrapper's text model (Kimi K3: `language_model.model.*`,
+//! `language_model.lm_head.*`) is known by the names the text model uses
+//! (`model.*`, `lm_head.*`); the vision tower and projector beside it
+//! (`vision_tower.*`, `mm_projector.*`) are recognised and never read
+//! ([`Checkpoint::skipped`]).
+//!
 //! [`Checkpoint::open_unread`] opens a checkpoint without reading weight
 //! bytes at all: every accessor checks names, shapes and dtypes as usual but
 //! hands out zeros (matrices over an anonymous mapping, which costs no RAM
@@ -51,6 +57,22 @@ struct SourceFile {
     file: Option<File>,
     /// The JSON header as read at open.
     header: Vec<u8>,
+}
+
+/// The prefix of a multimodal wrapper's text-model tensors (Kimi K3).
+const WRAPPED_TEXT: &str = "language_model.";
+
+/// Tensors of a wrapper's other towers, never read (Kimi K3's vision tower
+/// and projector).
+pub const SKIPPED_PREFIXES: [&str; 2] = ["vision_tower.", "mm_projector."];
+
+/// A tensor a checkpoint holds that the text model does not use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkippedTensor {
+    pub name: String,
+    /// Index into [`Checkpoint::file_paths`].
+    pub file: usize,
+    pub bytes: u64,
 }
 
 /// Bytes per `pread` call when reading a tensor.
@@ -103,6 +125,9 @@ pub struct Checkpoint {
     fp8_block: std::sync::OnceLock<(usize, usize)>,
     /// The compressed-tensors scheme of 4-bit packed weights (from the config).
     compressed: std::sync::OnceLock<CompressedTensors>,
+    /// Tensors of a wrapper that are not the text model's (the vision tower):
+    /// never read. See [`Checkpoint::skipped`].
+    skipped: Vec<SkippedTensor>,
     /// Run on every tensor handed out (see [`Checkpoint::set_tensor_check`]).
     check: Option<Arc<TensorCheck>>,
     /// Told each tensor's bytes (see [`Checkpoint::set_read_progress`]).
@@ -134,6 +159,7 @@ impl Checkpoint {
             tensors: HashMap::new(),
             fp8_block: std::sync::OnceLock::new(),
             compressed: std::sync::OnceLock::new(),
+            skipped: Vec::new(),
             check: None,
             progress: None,
         }
@@ -145,8 +171,52 @@ impl Checkpoint {
         for path in paths {
             ckpt.add_file(path, read)?;
         }
+        ckpt.unwrap_text_model()?;
         Ok(ckpt)
     }
+
+    /// Renames a wrapper's text-model tensors to the text model's names and
+    /// sets its vision tensors aside (module docs); a wrapped checkpoint
+    /// with a tensor that is neither is an error naming it.
+    fn unwrap_text_model(&mut self) -> Result<(), ModelError> {
+        if !self.tensors.keys().any(|n| n.starts_with(WRAPPED_TEXT)) {
+            return Ok(());
+        }
+        let mut tensors = HashMap::with_capacity(self.tensors.len());
+        for (name, entry) in std::mem::take(&mut self.tensors) {
+            if let Some(rest) = name.strip_prefix(WRAPPED_TEXT) {
+                if rest.starts_with("model.") || rest.starts_with("lm_head.") {
+                    tensors.insert(rest.to_string(), entry);
+                    continue;
+                }
+            } else if SKIPPED_PREFIXES.iter().any(|p| name.starts_with(p)) {
+                self.skipped.push(SkippedTensor {
+                    name,
+                    file: entry.file,
+                    bytes: entry.len as u64,
+                });
+                continue;
+            }
+            return Err(ModelError::Safetensors {
+                path: self.files[entry.file].path.clone(),
+                message: format!(
+                    "tensor `{name}` is neither the text model's (language_model.model.*, language_model.lm_head.*) nor \
+                     the vision tower's ({}) in a checkpoint that wraps its text model",
+                    SKIPPED_PREFIXES.join(", ")
+                ),
+            });
+        }
+        self.skipped.sort_by(|a, b| a.name.cmp(&b.name));
+        self.tensors = tensors;
+        Ok(())
+    }
+
+    /// The tensors set aside as not the text model's (a wrapper's vision
+    /// tower), by name: never read.
+    pub fn skipped(&self) -> &[SkippedTensor] {
+        &self.skipped
+    }
+
 
     /// The config.json beside the checkpoint's files (where errors about a
     /// tensor that a config field sets point).
@@ -184,6 +254,7 @@ impl Checkpoint {
         for s in shards {
             ckpt.add_header(s.path, s.size, s.header, None)?;
         }
+        ckpt.unwrap_text_model()?;
         Ok(ckpt)
     }
 
@@ -530,7 +601,8 @@ impl Checkpoint {
 
     /// Which tensors weight `name` ships in and the format they make, after
     /// checking them against each other and against the compressed-tensors
-    /// scheme (a module the scheme packs must ship packed, any other must not).
+    /// scheme: the stored tensors decide (`weight_packed` + `weight_scale`, or
+    /// `weight`); a packed tensor the scheme does not describe is an error.
     fn shipped(&self, name: &str, rows: usize, cols: usize, linear: bool) -> Result<Shipped, ModelError> {
         let module = name.strip_suffix(".weight").unwrap_or(name);
         let packed_names = assemble::shipped_names(name, true);
@@ -561,13 +633,10 @@ impl Checkpoint {
                 }
             }
         } else {
-            if let Some((field, ModuleRule::Packed(f))) = rule {
-                return Err(ModelError::config(
-                    &cfg,
-                    &format!("{field}.targets"),
-                    format!("packs module `{module}` ({f:?}), but the checkpoint ships it unquantized (no `{packed_name}`)"),
-                ));
-            }
+            // What is stored decides: a module the scheme's targets cover may
+            // still ship unquantized (Kimi K3's latent projections and
+            // attention-residual vectors are bf16 `Linear`s its `ignore` list
+            // does not name), as compressed-tensors loads it.
             None
         };
         if packed.is_some() && self.has(name) {

@@ -100,6 +100,11 @@ impl DecoderModel {
     /// RAM, asking `weights` for every tensor (a [`Checkpoint`](crate::checkpoint::Checkpoint),
     /// or a [`Recorder`](crate::Recorder) that learns what is asked).
     pub fn load(spec: ModelSpec, weights: &dyn WeightSource, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
+        let prefix = spec.config_prefix;
+        Self::load_unscoped(spec, weights, experts).map_err(|e| crate::arch::kimi_k3::scope_error(e, prefix))
+    }
+
+    fn load_unscoped(spec: ModelSpec, weights: &dyn WeightSource, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
         weights.configure(&spec);
         let (root, h) = (WeightView::new(weights), spec.hidden_size);
         let embed = root.param_matrix("model.embed_tokens.weight", spec.vocab_size, h)?;
@@ -118,7 +123,7 @@ impl DecoderModel {
         let experts = experts.unwrap_or_else(|| Arc::new(InMemoryExperts::new(in_memory)));
         let final_input = match spec.attn_res_block {
             None => None,
-            Some(_) => Some(DepthAttention::load(&root.pp("model.final_input"), h)?),
+            Some(_) => Some(DepthAttention::load(&root.pp("model"), "output_attn", h, spec.rms_norm_eps)?),
         };
         Ok(DecoderModel {
             rope: Rope::new(&spec.rope, spec.head_dim),

@@ -147,7 +147,8 @@ pub fn load_routed_experts(spec: &ModelSpec, layer: usize, weights: &dyn WeightS
                 with_expert_tag(weights, tag, || weights.matrix(&t.name, t.shape[0], t.shape[1]))
             };
             let (g, u, d) = (load(&g)?, load(&u)?, load(&d)?);
-            Ok(Arc::new(Mlp::new(expert_path(spec, layer, e).as_str(), g, u, d)?))
+            let mlp = Mlp::new(expert_path(spec, layer, e).as_str(), g, u, d)?;
+            Ok(Arc::new(mlp.with_activation(spec.ffn_activation)))
         })
         .collect()
 }

@@ -118,7 +118,7 @@ impl KdaMixer {
             attn.linear(module, rows, cols)
         };
         let conv = conv_taps(attn, hd, k)?;
-        let a_log = tensor(attn, "A_log", &[&[1, 1, h, 1], &[h]])?;
+        let a_log = a_log(attn, h)?;
         let full_rank = spec.output_gate == KdaOutputGate::FullRank;
         let output_gate = match attn.switched_linear("g_proj", full_rank, hd, hidden, "linear_attn_config.use_full_rank_gate")? {
             Some(g) => OutputGateProj::FullRank(g),
@@ -444,6 +444,35 @@ fn tensor(at: &WeightView<'_>, name: &str, shapes: &[&[usize]]) -> Result<Vec<f3
         Err(ModelError::TensorShape { name: n, got, .. }) if n == full => Err(shape_error(at, &full, &got, shapes[0])),
         Err(e) => Err(e),
     }
+}
+
+/// `A_log`, one value per head: `[H]`, transformers' `[1, 1, H, 1]`, or
+/// Kimi K3's padded `[n > H]` (the release stores 128 values for 96 heads;
+/// fla's kernel reads `A_log[h]`), whose padding must be exactly zero.
+fn a_log(attn: &WeightView<'_>, heads: usize) -> Result<Vec<f32>, ModelError> {
+    let padded = match attn.stored_shape("A_log")? {
+        Some(shape) if shape.len() == 1 && shape[0] > heads => Some(shape[0]),
+        _ => None,
+    };
+    let Some(n) = padded else {
+        return tensor(attn, "A_log", &[&[1, 1, heads, 1], &[heads]]);
+    };
+    let mut values = tensor(attn, "A_log", &[&[n]])?;
+    if let Some(i) = values[heads..].iter().position(|&v| v != 0.0) {
+        return Err(ModelError::config(
+            &attn.config_path(),
+            "linear_attn_config.num_heads",
+            format!(
+                "tensor `{}` holds {n} values for {heads} heads, and its padding is not zero (value {} at index {}): \
+                 the tensor and num_heads disagree",
+                attn.name("A_log"),
+                values[heads + i],
+                heads + i
+            ),
+        ));
+    }
+    values.truncate(heads);
+    Ok(values)
 }
 
 /// A shape mismatch of KDA tensor `name`, blamed on the config fields that set it.

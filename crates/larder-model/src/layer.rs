@@ -54,7 +54,7 @@ impl DecoderLayer {
             ffn,
             attn_res: match spec.attn_res_block {
                 None => None,
-                Some(block) => Some(LayerAttnRes::load(&at, l, block, h)?),
+                Some(block) => Some(LayerAttnRes::load(&at, l, block, h, spec.rms_norm_eps)?),
             },
         };
         Ok((layer, experts))
@@ -67,12 +67,29 @@ impl DecoderLayer {
 fn load_ffn(spec: &ModelSpec, layer: &LayerSpec, l: usize, at: &WeightView<'_>, in_ram: bool) -> Result<(Ffn, Vec<Arc<Mlp>>), ModelError> {
     match &layer.ffn {
         FfnSpec::Dense { intermediate } => {
-            let mlp = load_mlp(&at.pp("mlp"), DENSE_MLP_PROJ, spec.hidden_size, *intermediate)?;
+            let mlp = load_mlp(&dense_mlp_block(at)?, DENSE_MLP_PROJ, spec.hidden_size, *intermediate)?
+                .with_activation(spec.ffn_activation);
             Ok((Ffn::Dense(mlp), Vec::new()))
         }
         FfnSpec::Moe(m) => {
             let (moe, experts) = MoeBlock::load(spec, m, l, &at.pp(spec.moe_names.block), in_ram)?;
             Ok((Ffn::Moe(moe), experts))
         }
+    }
+}
+
+/// A dense layer's MLP module: `mlp`, or `block_sparse_moe` where only that
+/// ships (Kimi Linear as transformers 5.x `save_pretrained` may name it);
+/// both is an error naming them.
+fn dense_mlp_block<'a>(at: &WeightView<'a>) -> Result<WeightView<'a>, ModelError> {
+    let (mlp, moe) = (at.pp("mlp"), at.pp("block_sparse_moe"));
+    let gate = |v: &WeightView<'_>| v.pp(DENSE_MLP_PROJ[0]).has("weight");
+    match (gate(&mlp)?, gate(&moe)?) {
+        (false, true) => Ok(moe),
+        (true, true) => Err(ModelError::Experts(format!(
+            "{}: a dense layer ships its MLP twice, under mlp and block_sparse_moe; keep one",
+            at.path()
+        ))),
+        _ => Ok(mlp),
     }
 }

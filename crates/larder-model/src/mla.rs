@@ -10,9 +10,9 @@
 //!   output as transformers does), softmax scale `qk_head_dim^-0.5` times
 //!   YaRN's `mscale^2`; Kimi Linear applies no RoPE (`rotary: false`: the
 //!   rope parts enter the dot product as projected);
-//! - with the K3 head-wise output gate (`output_gate`, transformers 5.24.0
-//!   bailing_hybrid's MLA), each head's output is multiplied by
-//!   `sigmoid(g_proj x)[head]` before `o_proj`;
+//! - with Kimi K3's output gate (`output_gate`, `mla_use_output_gate`), the
+//!   heads' output is multiplied element-wise by `sigmoid(g_proj x)`
+//!   (`[heads · v_head_dim]`, `x` the normed attention input) before `o_proj`;
 //! - the latent RMSNorms (`q_a_layernorm`, `kv_a_layernorm`) use their own
 //!   epsilon, [`LATENT_NORM_EPS`](crate::LATENT_NORM_EPS) = 1e-6 whatever `rms_norm_eps` is: both
 //!   transformers' `DeepseekV3Attention` and `KimiLinear`'s MLA build them
@@ -72,7 +72,7 @@ pub struct MlaAttention {
     pub rotary: bool,
     /// Epsilon of `q_a_layernorm` and `kv_a_layernorm`.
     pub latent_norm_eps: f32,
-    /// The head-wise output gate `g_proj` `[heads, hidden]` (K3 extension).
+    /// K3's element-wise output gate `g_proj` `[heads · v_head_dim, hidden]`.
     pub output_gate: Option<Linear>,
     /// What the cache holds per position.
     pub cache: MlaCache,
@@ -126,7 +126,7 @@ impl MlaAttention {
                 b: attn.linear("q_b_proj", heads * qk, rank)?,
             },
         };
-        let output_gate = attn.switched_linear("g_proj", m.output_gate, heads, h, "mla_use_output_gate")?;
+        let output_gate = attn.switched_linear("g_proj", m.output_gate, heads * m.v_head_dim, h, "mla_use_output_gate")?;
         let mla = MlaAttention {
             q,
             kv_a: attn.linear("kv_a_proj_with_mqa", m.kv_lora_rank + m.qk_rope_head_dim, h)?,
@@ -232,11 +232,8 @@ impl MlaAttention {
     fn finish(&self, x: &Mat, mut out: Mat) -> Mat {
         if let Some(g_proj) = &self.output_gate {
             let gate = g_proj.forward(x);
-            for r in 0..x.rows() {
-                for (head, &g) in out.row_mut(r).chunks_exact_mut(self.v_dim).zip(gate.row(r)) {
-                    let s = sigmoid(g);
-                    head.iter_mut().for_each(|v| *v *= s);
-                }
+            for (v, &g) in out.as_mut_slice().iter_mut().zip(gate.as_slice()) {
+                *v *= sigmoid(g);
             }
         }
         self.o_proj.forward(&out)

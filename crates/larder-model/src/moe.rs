@@ -3,22 +3,24 @@
 //! each row's expert outputs in its canonical router order. Optional shared
 //! expert (with Qwen2-MoE's sigmoid gate) is added after.
 //!
-//! Latent-space experts (Kimi Linear K3, as transformers' `NemotronHMoE`):
-//! the router and the shared expert see the full hidden rows; the routed
-//! experts run on `fc1_latent_proj · x`, their weighted sum (in latent space,
-//! canonical order) goes through `fc2_latent_proj` back to the hidden width.
+//! Latent-space experts (Kimi K3, Moonshot's `KimiSparseMoeBlock`): the
+//! router and the shared experts see the full hidden rows; the routed
+//! experts run on `routed_expert_down_proj · x`, their weighted sum (in
+//! latent space, f32, canonical order) goes through `routed_expert_norm`
+//! (when `latent_moe_use_norm`) and `routed_expert_up_proj` back to the
+//! hidden width; the shared experts' output is added last.
 
 use std::sync::Arc;
 
 use larder_router::{Route, Router, RouterError, SigmoidGroupTopK, SoftmaxTopK, TopKSoftmax};
-use larder_tensor::ops::sigmoid;
+use larder_tensor::ops::{rms_norm, sigmoid};
 use larder_tensor::{Linear, Mat};
 
 use crate::error::ModelError;
 use crate::expert::{load_routed_experts, ExpertProvider};
 use crate::mlp::{load_mlp, Mlp};
 use crate::source::WeightView;
-use crate::spec::{ModelSpec, MoeSpec, Scoring, SharedExpertSpec, DENSE_MLP_PROJ};
+use crate::spec::{LatentSpec, ModelSpec, MoeSpec, Scoring, SharedExpertSpec, DENSE_MLP_PROJ};
 
 /// An always-applied shared expert.
 pub(crate) struct SharedExpert {
@@ -29,20 +31,49 @@ pub(crate) struct SharedExpert {
 
 /// The projections around latent-space experts (spine tensors, in RAM).
 pub(crate) struct LatentProj {
-    /// `fc1_latent_proj`, `[latent, hidden]`: the experts' input.
+    /// `routed_expert_down_proj`, `[latent, hidden]`: the experts' input.
     pub down: Linear,
-    /// `fc2_latent_proj`, `[hidden, latent]`: back from the experts' weighted sum.
+    /// `routed_expert_norm.weight` `[latent]` and its eps: RMSNorm of the
+    /// experts' weighted sum (`latent_moe_use_norm`).
+    pub norm: Option<(Vec<f32>, f32)>,
+    /// `routed_expert_up_proj`, `[hidden, latent]`: back from the experts' weighted sum.
     pub up: Linear,
 }
 
 impl LatentProj {
-    /// `fc1_latent_proj.weight` and `fc2_latent_proj.weight` under `block`
-    /// (no biases: Kimi's MLPs have none); a missing tensor is an error naming it.
-    pub(crate) fn load(block: &WeightView<'_>, hidden: usize, latent: usize) -> Result<LatentProj, ModelError> {
+    /// `routed_expert_down_proj.weight`, `routed_expert_up_proj.weight` and
+    /// (with a norm) `routed_expert_norm.weight` under `block` (no biases);
+    /// a missing tensor is an error naming it.
+    pub(crate) fn load(block: &WeightView<'_>, hidden: usize, latent: LatentSpec, eps: f32) -> Result<LatentProj, ModelError> {
+        let w = latent.width;
+        if let Some(shape) = block.pp("routed_expert_down_proj").stored_shape("weight")? {
+            if shape != [w, hidden] {
+                return Err(ModelError::config(
+                    &block.config_path(),
+                    "routed_expert_hidden_size",
+                    format!(
+                        "is {w}, but tensor `{}` has shape {shape:?} (want [{w}, {hidden}] with hidden_size {hidden})",
+                        block.name("routed_expert_down_proj.weight")
+                    ),
+                ));
+            }
+        }
         Ok(LatentProj {
-            down: block.linear("fc1_latent_proj", latent, hidden)?,
-            up: block.linear("fc2_latent_proj", hidden, latent)?,
+            down: block.linear("routed_expert_down_proj", w, hidden)?,
+            norm: match latent.norm {
+                true => Some((block.pp("routed_expert_norm").vector("weight", w)?, eps)),
+                false => None,
+            },
+            up: block.linear("routed_expert_up_proj", hidden, w)?,
         })
+    }
+
+    /// The experts' weighted sum `y` `[rows, latent]` back at the hidden width.
+    fn up(&self, y: Mat) -> Mat {
+        match &self.norm {
+            Some((weight, eps)) => self.up.forward(&rms_norm(&y, weight, *eps)),
+            None => self.up.forward(&y),
+        }
     }
 }
 
@@ -52,7 +83,8 @@ impl SharedExpert {
     pub(crate) fn load(spec: &ModelSpec, shared: &SharedExpertSpec, block: &WeightView<'_>) -> Result<SharedExpert, ModelError> {
         let (h, names) = (spec.hidden_size, &spec.moe_names);
         Ok(SharedExpert {
-            mlp: load_mlp(&block.pp(names.shared_expert), DENSE_MLP_PROJ, h, shared.intermediate)?,
+            mlp: load_mlp(&block.pp(names.shared_expert), DENSE_MLP_PROJ, h, shared.intermediate)?
+                .with_activation(spec.ffn_activation),
             gate: match shared.sigmoid_gate {
                 true => Some(block.linear(names.shared_expert_gate, 1, h)?),
                 false => None,
@@ -91,6 +123,10 @@ impl MoeBlock {
         };
         let router_weight = Linear::new(router.param_matrix("weight", m.num_experts, spec.hidden_size)?, router_bias);
         let shared = m.shared_expert.as_ref().map(|s| SharedExpert::load(spec, s, block)).transpose()?;
+        let latent = m
+            .latent
+            .map(|l| LatentProj::load(block, spec.hidden_size, l, spec.rms_norm_eps))
+            .transpose()?;
         let experts = match in_ram {
             true => load_routed_experts(spec, layer, block.source())?,
             false => Vec::new(),
@@ -99,7 +135,7 @@ impl MoeBlock {
             layer,
             router: router_weight,
             routing: routing(m, layer, &router)?,
-            latent: m.latent.map(|w| LatentProj::load(block, spec.hidden_size, w)).transpose()?,
+            latent,
             shared,
         };
         Ok((moe, experts))
@@ -180,7 +216,7 @@ impl MoeBlock {
             }
         }
         if let Some(p) = &self.latent {
-            out = p.up.forward(&out);
+            out = p.up(out);
         }
 
         if let Some((y, g)) = shared_out.or_else(|| self.shared_forward(x)) {

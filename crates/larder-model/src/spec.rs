@@ -11,6 +11,8 @@
 //! read and adjust a spec read from config.json, or start from the defaults,
 //! but never build one field by field.
 
+use larder_tensor::GluActivation;
+
 use crate::quant::{CompressedTensors, Mxfp4Experts};
 use crate::rope::RopeSpec;
 
@@ -52,10 +54,22 @@ pub struct ModelSpec {
     /// gpt-oss checkpoints (`quantization_config.quant_method: mxfp4`):
     /// which layers' fused experts ship MXFP4 (`*_blocks` + `*_scales`).
     pub mxfp4_experts: Option<Mxfp4Experts>,
-    /// Block attention residuals (Kimi Linear's K3 extension
-    /// `n_layers_per_attn_res_block`, `attn_residual.rs`): the number of
-    /// layers per block; `None` (every other architecture) for plain residuals.
+    /// Block attention residuals (Kimi K3's `attn_res_block_size`,
+    /// `attn_residual.rs`): the number of layers per block; `None` (every
+    /// other architecture) for plain residuals.
     pub attn_res_block: Option<usize>,
+    /// How every gated feed-forward unit (dense MLPs, shared and routed
+    /// SwiGLU experts) combines its gate and up projections: `silu(gate) ·
+    /// up` everywhere but Kimi K3 (SiTU). gpt-oss's fused experts carry
+    /// their own ([`ExpertKind::GptOss`]).
+    pub ffn_activation: GluActivation,
+    /// The text model of a multimodal wrapper (Kimi K3's
+    /// `language_model.model.` / `language_model.lm_head` tensors, beside a
+    /// vision tower larder never reads): the checkpoint must ship that way.
+    pub wrapped_text_model: bool,
+    /// Where the text model's fields sit in config.json (`text_config.` for
+    /// Kimi K3, else empty): errors found while loading weights name them so.
+    pub config_prefix: &'static str,
     /// Per-head learned attention sinks (gpt-oss, `self_attn.sinks`
     /// `[num_heads]`): one extra logit per head in every softmax denominator.
     pub attention_sinks: bool,
@@ -91,6 +105,9 @@ impl Default for ModelSpec {
             compressed: None,
             mxfp4_experts: None,
             attn_res_block: None,
+            ffn_activation: GluActivation::Silu,
+            wrapped_text_model: false,
+            config_prefix: "",
             attention_sinks: false,
             mla_cache: MlaCache::default(),
         }
@@ -176,9 +193,9 @@ pub struct MlaSpec {
     pub rotary: bool,
     /// Epsilon of the latent RMSNorms (`q_a_layernorm`, `kv_a_layernorm`).
     pub latent_norm_eps: f32,
-    /// A head-wise output gate (K3 extension, transformers 5.24.0
-    /// bailing_hybrid's MLA): each head's attention output times
-    /// `sigmoid(g_proj x)[head]` before `o_proj`, `g_proj` `[heads, hidden]`.
+    /// Kimi K3's output gate (`mla_use_output_gate`): the attention output
+    /// times `sigmoid(g_proj x)` element-wise before `o_proj`, `g_proj`
+    /// `[heads · v_head_dim, hidden]`, `x` the layer's normed attention input.
     pub output_gate: bool,
 }
 
@@ -286,13 +303,12 @@ pub struct MoeSpec {
     /// Renormalise the top-k weights to sum to one.
     pub renormalize: bool,
     pub expert_intermediate: usize,
-    /// Latent-space experts (Kimi Linear K3, NemotronH's `moe_latent_size`):
-    /// the routed experts' input and output width. The router and the shared
-    /// expert still see the full hidden state; the chosen rows go through
-    /// `{block}.fc1_latent_proj` (`[latent, hidden]`), the experts' weighted
-    /// sum through `{block}.fc2_latent_proj` (`[hidden, latent]`). `None`:
-    /// experts are `hidden_size` wide.
-    pub latent: Option<usize>,
+    /// Latent-space experts (Kimi K3's `routed_expert_hidden_size`): the
+    /// router and the shared experts still see the full hidden state; the
+    /// routed experts run on `{block}.routed_expert_down_proj · x`, their
+    /// weighted sum goes (through `routed_expert_norm` when it has one) to
+    /// `{block}.routed_expert_up_proj`. `None`: experts are `hidden_size` wide.
+    pub latent: Option<LatentSpec>,
     /// An always-applied shared expert.
     pub shared_expert: Option<SharedExpertSpec>,
     /// How router logits become expert choices and weights.
@@ -320,7 +336,26 @@ impl MoeSpec {
 
     /// The routed experts' input and output width: the latent size, else `hidden`.
     pub fn expert_width(&self, hidden: usize) -> usize {
-        self.latent.unwrap_or(hidden)
+        self.latent.map_or(hidden, |l| l.width)
+    }
+}
+
+/// Kimi K3's latent-space experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
+pub struct LatentSpec {
+    /// The experts' input and output width (`routed_expert_hidden_size`).
+    pub width: usize,
+    /// RMSNorm (`{block}.routed_expert_norm.weight` `[width]`, eps
+    /// `rms_norm_eps`) of the weighted sum before `routed_expert_up_proj`
+    /// (`latent_moe_use_norm`).
+    pub norm: bool,
+}
+
+impl LatentSpec {
+    /// Latent experts `width` wide, with or without the norm of their sum.
+    pub fn new(width: usize, norm: bool) -> Self {
+        LatentSpec { width, norm }
     }
 }
 

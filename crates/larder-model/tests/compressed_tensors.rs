@@ -109,7 +109,7 @@ fn a_missing_scale_is_named() {
 }
 
 #[test]
-fn ignore_and_targets_must_agree_with_what_ships() {
+fn packed_tensors_must_be_described_by_the_scheme() {
     // A module listed in `ignore` but shipped packed.
     let dir = copy_fixture(INT4, "ignored-packed");
     edit_config(&dir, |v| {
@@ -123,30 +123,15 @@ fn ignore_and_targets_must_agree_with_what_ships() {
         &["quantization_config.ignore", &format!("{GATE}.weight_packed"), "ships packed"],
     );
 
-    // A targeted module (not in `ignore`) shipped unquantized.
+    // A targeted module (not in `ignore`) shipped unquantized loads: what is
+    // stored decides (Kimi K3 ships bf16 `Linear`s its `ignore` list misses).
     let dir = copy_fixture(MXFP4, "targeted-plain");
     edit_config(&dir, |v| {
         let ignore = v["quantization_config"]["ignore"].as_array_mut().unwrap();
         ignore.retain(|e| e != "re:.*shared_experts.*");
     });
-    assert_names(
-        &load_error(&dir),
-        &[
-            "quantization_config.config_groups.group_0.targets",
-            "model.layers.1.mlp.shared_experts.gate_proj",
-            "unquantized",
-        ],
-    );
+    larder_model::load_model(&dir, None).expect("an unquantized targeted module loads as stored");
 
-    // Exact names (not only `re:` patterns) are honoured: lm_head left out of `ignore`.
-    let dir = copy_fixture(INT4, "lm-head");
-    edit_config(&dir, |v| {
-        v["quantization_config"]["ignore"]
-            .as_array_mut()
-            .unwrap()
-            .retain(|e| e != "lm_head");
-    });
-    assert_names(&load_error(&dir), &["`lm_head`", "unquantized"]);
 }
 
 #[test]

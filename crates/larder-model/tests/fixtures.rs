@@ -28,11 +28,10 @@ const FIXTURES: &[&str] = &[
     // Recurrent (KDA) layers cannot truncate: tested in tests/kimi_linear.rs.
     "kimi_linear_tiny",
     "kimi_linear_mla_first",
-    "kimi_linear_k3_gates",
-    // Block attention residuals (K3): also tests/kimi_linear_attn_res.rs.
-    "kimi_linear_attn_res",
-    // Latent-space experts (K3): also tests/kimi_linear_latent.rs.
-    "kimi_linear_latent",
+    // Kimi K3 as published (wrapper, SiTU, latent experts, attention
+    // residuals, gates, MXFP4 experts): also tests/kimi_k3.rs.
+    "kimi_k3_tiny",
+    "kimi_k3_plain",
     // gpt-oss (sinks, sliding/full layers, fused biased experts): also tests/gpt_oss.rs.
     "gpt_oss_bf16",
     // gpt-oss as shipped: MXFP4 experts (blocks + e8m0 scales); also tests/gpt_oss.rs.

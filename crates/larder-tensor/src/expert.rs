@@ -75,6 +75,11 @@ pub enum GluActivation {
     /// `(up' + 1) * (gate' * sigmoid(gate' * alpha))`. NaN stays NaN (as
     /// `torch.clamp`).
     GptOss { alpha: f32, limit: f32 },
+    /// SiTU-GLU (Kimi K3, Moonshot's `SituAndMul`): `gate' = beta ·
+    /// tanh(gate / beta) · sigmoid(gate)`, `up' = linear_beta · tanh(up /
+    /// linear_beta)` when `linear_beta` is set (else `up` as it is), `gate' ·
+    /// up'`. NaN stays NaN.
+    Situ { beta: f32, linear_beta: Option<f32> },
 }
 
 impl GluActivation {
@@ -93,6 +98,14 @@ impl GluActivation {
                     up
                 };
                 (u + 1.0) * (g * sigmoid(g * alpha))
+            }
+            GluActivation::Situ { beta, linear_beta } => {
+                let g = beta * (gate / beta).tanh() * sigmoid(gate);
+                let u = match linear_beta {
+                    Some(lb) => lb * (up / lb).tanh(),
+                    None => up,
+                };
+                g * u
             }
         }
     }
@@ -255,6 +268,12 @@ impl SwigluExpert {
     /// Whether gate and up run as one matrix.
     pub fn is_fused(&self) -> bool {
         matches!(self.gate_up, GateUp::Separate { fused: Some(_), .. } | GateUp::Interleaved { .. })
+    }
+
+    /// This expert combining gate and up with `activation` instead.
+    pub fn with_activation(mut self, activation: GluActivation) -> Self {
+        self.activation = activation;
+        self
     }
 
     /// The gate/up activation.
@@ -465,6 +484,13 @@ mod tests {
         assert_eq!(a.apply(1.0, -8.0), reference(1.0, -7.0));
         assert!(a.apply(f32::NAN, 0.0).is_nan() && a.apply(0.5, f32::NAN).is_nan());
         assert_eq!(GluActivation::Silu.apply(2.0, 3.0), silu(2.0) * 3.0);
+        // SiTU: both tanh clips, in f32 (Moonshot's SituAndMul).
+        let situ = GluActivation::Situ { beta: 4.0, linear_beta: Some(25.0) };
+        let want = 4.0 * (9.0f32 / 4.0).tanh() * sigmoid(9.0) * (25.0 * (-60.0f32 / 25.0).tanh());
+        assert_eq!(situ.apply(9.0, -60.0), want);
+        let unclipped = GluActivation::Situ { beta: 1.0, linear_beta: None };
+        assert_eq!(unclipped.apply(-2.0, 100.0), (-2.0f32).tanh() * sigmoid(-2.0) * 100.0);
+        assert!(situ.apply(f32::NAN, 1.0).is_nan());
     }
 
     #[test]

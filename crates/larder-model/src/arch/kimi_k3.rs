@@ -1,6 +1,14 @@
-//! The K3 gate extensions of a `kimi_linear` config.json that larder
-//! implements, read under the names of the public reference models that
-//! define them (docs/kimi_linear.md, "K3 extensions"):
+//! Kimi K3 (`model_type: kimi_k3`, `KimiK3ForConditionalGeneration`): the
+//! release wraps a `kimi_linear` text model (`text_config`, read by
+//! `kimi_linear.rs` with Moonshot's defaults) beside a vision tower larder
+//! never reads (`vision_config`, tensors outside `language_model.`). The K3
+//! fields of the text config, as Moonshot's `modeling_kimi_linear.py` reads
+//! them (docs/kimi_k3_reference.md): SiTU-GLU (`hidden_act: situ`,
+//! `activation_situ_beta`, `activation_situ_linear_beta`), latent experts
+//! (`routed_expert_hidden_size`, `latent_moe_use_norm`), attention
+//! residuals (`attn_res_block_size`) and the gates below.
+//!
+//! The gates, read under every spelling public code uses:
 //!
 //! - the lower-bounded KDA forget gate `g = bound · sigmoid(exp(A_log) · u)`:
 //!   `linear_attn_config.gate_lower_bound` (transformers 5.24.0 glm5_next;
@@ -9,8 +17,8 @@
 //!   `safe_gate` only lets a kernel assume the bound and requires one), and
 //!   `kda_safe_gate` / `kda_lower_bound` (bailing_hybrid: safe gate on by
 //!   default, bound −5.0 by default). Every spelling present must agree;
-//! - the MLA head-wise output gate: `mla_use_output_gate` (tensor
-//!   `self_attn.g_proj.weight` `[heads, hidden]`, bailing_hybrid's MLA);
+//! - the MLA output gate: `mla_use_output_gate` (tensor
+//!   `self_attn.g_proj.weight` `[heads · v_head_dim, hidden]`, element-wise);
 //! - the full-rank KDA output gate: `linear_attn_config.use_full_rank_gate`
 //!   (tensor `self_attn.g_proj.weight` `[H·D, hidden]` in place of
 //!   `g_a_proj` / `g_b_proj`, bailing_hybrid's KDA).
@@ -19,11 +27,153 @@
 //! checkpoint whose `g_proj` tensors disagree with the switch, so a weight is
 //! never silently ignored.
 
+use larder_tensor::GluActivation;
 use serde_json::Value;
 
-use crate::config::ConfigJson;
+use crate::config::{ConfigJson, ConfigKeys};
 use crate::error::ModelError;
-use crate::spec::KdaOutputGate;
+use crate::spec::{KdaOutputGate, LatentSpec, ModelSpec};
+
+/// `model_type: kimi_k3`'s top-level keys (besides the bookkeeping ones).
+pub(crate) const KEYS: ConfigKeys = ConfigKeys {
+    docs: "Kimi K3",
+    read: &[&[
+        "model_type",
+        "text_config",
+        "vision_config",
+        "quantization_config",
+        "tie_word_embeddings",
+        "media_placeholder_token_id",
+        "image_placeholder",
+        "ignore_index",
+    ]],
+    refused: &[],
+};
+
+/// `model_type: kimi_k3`: the text model of `text_config`, its fields named
+/// `text_config.*` in errors, with `quantization_config` from the text
+/// config or the top level (both must agree).
+pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+    let text = match cfg.raw("text_config") {
+        Some(Value::Object(m)) => m.clone(),
+        Some(v) => return Err(cfg.err("text_config", format!("expected an object (the text model's config), found {v}"))),
+        None => {
+            return Err(cfg.err(
+                "text_config",
+                "missing: a kimi_k3 config.json holds its text model's config under text_config (the release does); \
+                 larder does not guess one",
+            ))
+        }
+    };
+    match cfg.raw("vision_config") {
+        None | Some(Value::Object(_)) => {}
+        Some(v) => return Err(cfg.err("vision_config", format!("expected an object, found {v}"))),
+    }
+    let mut value = Value::Object(text);
+    match (cfg.raw("quantization_config"), value.get("quantization_config").filter(|v| !v.is_null())) {
+        (Some(top), Some(inner)) if top != inner => {
+            return Err(cfg.err(
+                "quantization_config",
+                "disagrees with text_config.quantization_config; give one of them",
+            ))
+        }
+        (Some(top), None) => value["quantization_config"] = top.clone(),
+        _ => {}
+    }
+    if let Some(t) = value.get("model_type").and_then(Value::as_str).filter(|t| *t != "kimi_linear") {
+        return Err(cfg.err("text_config.model_type", format!("{t:?}: a kimi_k3 text model is kimi_linear")));
+    }
+    if cfg.opt_bool("tie_word_embeddings")? == Some(true) {
+        return Err(cfg.err("tie_word_embeddings", "true is not supported: K3's lm_head is its own tensor"));
+    }
+    value["model_type"] = Value::from("kimi_linear");
+    let text_cfg = ConfigJson {
+        path: cfg.path.clone(),
+        value,
+    };
+    let scoped = |e: ModelError| scope_error(e, "text_config.");
+    text_cfg
+        .check_keys("kimi_linear", &super::kimi_linear::KEYS)
+        .map_err(scoped)?;
+    let mut spec = super::kimi_linear::spec_moonshot(&text_cfg).map_err(scoped)?;
+    spec.model_type = "kimi_k3".into();
+    spec.wrapped_text_model = true;
+    spec.config_prefix = "text_config.";
+    Ok(spec)
+}
+
+/// `e` with its config field named under `prefix` (a nested config's errors).
+pub(crate) fn scope_error(e: ModelError, prefix: &str) -> ModelError {
+    match e {
+        ModelError::Config { path, field, message } if !prefix.is_empty() && !field.starts_with(prefix) => ModelError::Config {
+            path,
+            field: format!("{prefix}{field}"),
+            message,
+        },
+        e => e,
+    }
+}
+
+/// How the feed-forward units combine gate and up: `hidden_act` `silu` (or
+/// `swish`), or `situ` with its betas (Moonshot's
+/// `_get_situ_activation_params`: `beta or 1.0`, so 0 and null are 1.0; the
+/// up clip only when `activation_situ_linear_beta` is set).
+pub(super) fn ffn_activation(cfg: &ConfigJson) -> Result<GluActivation, ModelError> {
+    const BETA: &str = "activation_situ_beta";
+    const LINEAR_BETA: &str = "activation_situ_linear_beta";
+    match cfg.opt_str("hidden_act")?.unwrap_or("silu") {
+        "silu" | "swish" => {
+            for field in [BETA, LINEAR_BETA] {
+                if cfg.raw(field).is_some_and(|v| !v.is_null()) {
+                    return Err(cfg.err(field, "is set but hidden_act is not \"situ\": it would be ignored; remove it"));
+                }
+            }
+            Ok(GluActivation::Silu)
+        }
+        "situ" => {
+            let beta = match cfg.opt_f64(BETA)? {
+                None => 1.0,
+                Some(b) if b == 0.0 => 1.0,
+                Some(b) if b.is_finite() && (b as f32).is_normal() => b as f32,
+                Some(b) => return Err(cfg.err(BETA, format!("{b} is not a finite non-zero number"))),
+            };
+            let linear_beta = match cfg.opt_f64(LINEAR_BETA)? {
+                None => None,
+                Some(b) if b.is_finite() && (b as f32).is_normal() => Some(b as f32),
+                Some(b) => return Err(cfg.err(LINEAR_BETA, format!("{b} is not a finite non-zero number (null: no clip)"))),
+            };
+            Ok(GluActivation::Situ { beta, linear_beta })
+        }
+        other => Err(cfg.err("hidden_act", format!("{other:?} is not supported (silu or situ)"))),
+    }
+}
+
+/// `routed_expert_hidden_size` and `latent_moe_use_norm`: latent-space
+/// experts, or `None` (experts at `hidden_size`).
+pub(super) fn latent(cfg: &ConfigJson) -> Result<Option<LatentSpec>, ModelError> {
+    const SIZE: &str = "routed_expert_hidden_size";
+    let norm = cfg.opt_bool("latent_moe_use_norm")?.unwrap_or(false);
+    match cfg.opt_usize(SIZE)? {
+        Some(0) => Err(cfg.err(SIZE, "0 is not a width (a positive latent size, or null for experts at hidden_size)")),
+        Some(w) => Ok(Some(LatentSpec::new(w, norm))),
+        None if norm => Err(cfg.err(
+            "latent_moe_use_norm",
+            "true needs latent experts (routed_expert_hidden_size): there is no latent sum to normalise",
+        )),
+        None => Ok(None),
+    }
+}
+
+/// `attn_res_block_size`: layers per attention-residual block, or `None`.
+pub(super) fn attn_res_block(cfg: &ConfigJson) -> Result<Option<usize>, ModelError> {
+    match cfg.opt_usize("attn_res_block_size")? {
+        Some(0) => Err(cfg.err(
+            "attn_res_block_size",
+            "0 is not supported: at least 1 layer per attention-residual block, or null for plain residuals",
+        )),
+        n => Ok(n),
+    }
+}
 
 /// bailing_hybrid's default `kda_lower_bound`.
 const BAILING_DEFAULT_BOUND: f64 = -5.0;

@@ -1,22 +1,21 @@
 //! Kimi Linear (`model_type: kimi_linear`, `KimiLinearForCausalLM`), as
-//! transformers 5.24.0 reads its config (docs/kimi_linear.md): per layer a
+//! transformers 5.24.0 reads its config (docs/kimi_linear.md), and Kimi K3's
+//! text model (`kimi_k3.rs` hands it `text_config`), as Moonshot's
+//! `modeling_kimi_linear.py` reads it: per layer a
 //! KDA mixer (`linear_attn_config.kda_layers`, 1-based) or MLA without RoPE
 //! (`full_attn_layers`); dense MLPs (`mlp.`) in the first
 //! `first_k_dense_replace` layers, DeepSeek-style MoE (`block_sparse_moe.`,
 //! experts `w1`/`w3`/`w2`, sigmoid routing with a selection-only correction
 //! bias, groups, `routed_scaling_factor`, `num_shared_experts` shared
-//! experts) in the others. Defaults are transformers' (they differ from
-//! Moonshot's remote code where a field is absent). K3 extensions
-//! implemented: block attention residuals (`n_layers_per_attn_res_block`,
-//! inkling2's field; `attn_residual.rs`), latent-space experts
-//! (`moe_latent_size`, NemotronH's computation: `MoeSpec::latent`) and the
-//! gates of `kimi_k3.rs`.
+//! experts) in the others. Defaults ([`Defaults`]) are transformers' for a
+//! top-level `kimi_linear` and Moonshot's for K3's text config (they differ
+//! where a field is absent). The K3 fields (`kimi_k3.rs`): SiTU-GLU, latent
+//! experts, block attention residuals (`attn_residual.rs`) and the gates.
 //!
 //! Keys follow the one policy (`crate::config::ConfigKeys`): every
 //! config.json key is read here (`KEYS`, with transformers' aliases and
 //! derived fields, and the keys of `linear_attn_config`) or is bookkeeping;
-//! K3 extension fields larder does not implement are refused as such, any
-//! other key as unknown. Fields transformers ignores are accepted only with
+//! any other key is refused as unknown. Fields transformers ignores are accepted only with
 //! the value it computes (`mla_use_nope: true`, `moe_layer_freq: 1`,
 //! `moe_router_activation_func: sigmoid`, `topk_method: noaux_tc`, ...): no
 //! reference exists for others. The lists are in docs/architectures.md.
@@ -40,8 +39,18 @@ const NAMES: MoeNames = MoeNames {
 pub(crate) const KEYS: ConfigKeys = ConfigKeys {
     docs: "Kimi Linear",
     read: &[IMPLEMENTED],
-    refused: K3_EXTENSIONS,
+    refused: &[],
 };
+
+/// Where a field is absent: transformers 5.24.0's `KimiLinearConfig`
+/// defaults (top-level `kimi_linear`), or Moonshot's
+/// `configuration_kimi_k3.py` / `modeling_kimi_linear.py` (K3's text
+/// config; docs/kimi_k3_reference.md §1.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Defaults {
+    Transformers,
+    Moonshot,
+}
 
 /// Fields this file reads (each value is checked where it is read), with
 /// transformers' aliases (`attribute_map`) and the derived fields a
@@ -97,15 +106,16 @@ const IMPLEMENTED: &[&str] = &[
     "use_grouped_topk",
     "topk_method",
     "num_nextn_predict_layers",
-    "n_layers_per_attn_res_block",
-    "moe_latent_size",
-    // K3 gate extensions (kimi_k3.rs)
+    // K3 fields (kimi_k3.rs)
+    "activation_situ_beta",
+    "activation_situ_linear_beta",
+    "attn_res_block_size",
+    "routed_expert_hidden_size",
+    "latent_moe_use_norm",
     "linear_lower_bound",
     "kda_lower_bound",
     "kda_safe_gate",
     "mla_use_output_gate",
-    // read as a switch: only false (or null) accepted
-    "latent_moe_use_norm",
 ];
 
 /// `linear_attn_config` keys larder reads.
@@ -122,33 +132,6 @@ const LINEAR_KEYS: &[&str] = &[
     "use_full_rank_gate",
 ];
 
-/// K3 extension fields larder does not implement: (field, what it is), for
-/// [`ConfigKeys::refused`] (a null value is the feature off). Names are
-/// those of the public reference models (transformers 5.24.0 `glm5_next`,
-/// `bailing_hybrid`, `inkling2`, `nemotron_h`) and those seen in public code
-/// written against K3's config.
-const K3_EXTENSIONS: &[(&str, &str)] = &[
-    ("activation_situ_beta", "SiTU activations, a K3 extension"),
-    ("activation_situ_linear_beta", "SiTU activations, a K3 extension"),
-    (
-        "attn_res_block_size",
-        "attention-residual blocks under a name no reference defines (larder reads inkling2's n_layers_per_attn_res_block), \
-         a K3 extension",
-    ),
-    (
-        "routed_expert_hidden_size",
-        "a latent-space experts variant no reference model defines (moe_latent_size is implemented), a K3 extension",
-    ),
-];
-
-/// The error for a K3 extension field or value.
-fn k3_refusal(cfg: &ConfigJson, field: &str, extension: &str) -> ModelError {
-    cfg.err(
-        field,
-        format!("is {extension}, a K3 extension larder does not implement; see docs/architectures.md (Kimi Linear)"),
-    )
-}
-
 /// Refuses every `linear_attn_config` key larder does not read, naming it
 /// (top-level keys: [`KEYS`], checked before this reader runs).
 fn check_linear_keys(cfg: &ConfigJson) -> Result<(), ModelError> {
@@ -161,18 +144,19 @@ fn check_linear_keys(cfg: &ConfigJson) -> Result<(), ModelError> {
     }
 }
 
-/// `model_type: kimi_linear`.
+/// `model_type: kimi_linear`, with transformers' defaults.
 pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+    read(cfg, Defaults::Transformers)
+}
+
+/// Kimi K3's text config, with Moonshot's defaults.
+pub(crate) fn spec_moonshot(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
+    read(cfg, Defaults::Moonshot)
+}
+
+fn read(cfg: &ConfigJson, defaults: Defaults) -> Result<ModelSpec, ModelError> {
     check_linear_keys(cfg)?;
-    if cfg.opt_str("hidden_act")? == Some("situ") {
-        return Err(k3_refusal(cfg, "hidden_act", "SiTU activations (\"situ\")"));
-    }
-    if cfg.opt_bool("latent_moe_use_norm")? == Some(true) {
-        let variant = "a latent-space experts variant no reference model defines (moe_latent_size is implemented)";
-        return Err(k3_refusal(cfg, "latent_moe_use_norm", variant));
-    }
-    cfg.require_silu()?;
-    refuse_unsupported(cfg)?;
+    refuse_unsupported(cfg, defaults)?;
     refuse_unsupported_routing(cfg)?;
     refuse_rope(cfg)?;
     let hidden = cfg.usize("hidden_size")?;
@@ -186,38 +170,26 @@ pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         num_heads: cfg.usize("num_attention_heads")?,
         num_kv_heads: cfg.usize("num_attention_heads")?,
         head_dim: mla.qk_rope_head_dim,
-        rms_norm_eps: rms_norm_eps(cfg)?,
+        rms_norm_eps: rms_norm_eps(cfg, defaults)?,
         max_position_embeddings: cfg
             .opt_usize(aliased(cfg, "model_max_length", "max_position_embeddings")?)?
             .unwrap_or(1 << 20),
         moe_names: NAMES,
         fp8_block: crate::quant::fp8_block(cfg)?,
         compressed: crate::quant::compressed_tensors(cfg)?,
-        attn_res_block: attn_res_block(cfg)?,
+        attn_res_block: kimi_k3::attn_res_block(cfg)?,
+        ffn_activation: kimi_k3::ffn_activation(cfg)?,
         ..ModelSpec::default()
     };
     let kda = MixerSpec::Kda(kda_spec(cfg)?);
     let mla = MixerSpec::Mla(mla);
-    let ffns = ffn_plan(cfg)?;
+    let ffns = ffn_plan(cfg, defaults)?;
     let layers = mixer_plan(cfg)?
         .into_iter()
         .zip(ffns)
         .map(|(is_kda, ffn)| LayerSpec::new(if is_kda { kda.clone() } else { mla.clone() }, ffn))
         .collect();
     super::finish(cfg, spec, layers)
-}
-
-/// `n_layers_per_attn_res_block` (K3's block attention residuals, inkling2's
-/// field and semantics; docs/kimi_linear.md): layers per block, absent or
-/// null for plain residuals.
-fn attn_res_block(cfg: &ConfigJson) -> Result<Option<usize>, ModelError> {
-    match cfg.opt_usize("n_layers_per_attn_res_block")? {
-        Some(0) => Err(cfg.err(
-            "n_layers_per_attn_res_block",
-            "0 is not supported: it must be at least 1 (layers per attention-residual block), or null for none",
-        )),
-        n => Ok(n),
-    }
 }
 
 /// Which of a field's two spellings config.json uses: the Hub name or
@@ -288,8 +260,8 @@ fn refuse_rope(cfg: &ConfigJson) -> Result<(), ModelError> {
     }
 }
 
-/// Fields whose other values transformers cannot run.
-fn refuse_unsupported(cfg: &ConfigJson) -> Result<(), ModelError> {
+/// Fields whose other values the reference cannot run.
+fn refuse_unsupported(cfg: &ConfigJson, defaults: Defaults) -> Result<(), ModelError> {
     if cfg.opt_bool("attention_bias")?.unwrap_or(false) {
         return Err(cfg.err("attention_bias", "true (biases on MLA's projections) is not supported"));
     }
@@ -299,13 +271,14 @@ fn refuse_unsupported(cfg: &ConfigJson) -> Result<(), ModelError> {
             "true is not supported: transformers 5.24.0 never ties kimi_linear's lm_head to the embedding",
         ));
     }
-    if !cfg.opt_bool("mla_use_nope")?.unwrap_or(true) {
+    // Moonshot's model asserts mla_use_nope (its default is false).
+    if !cfg.opt_bool("mla_use_nope")?.unwrap_or(defaults == Defaults::Transformers) {
         return Err(cfg.err(
             "mla_use_nope",
-            "false (RoPE in Kimi Linear's MLA) is not supported: no reference implementation computes it",
+            "must be true: RoPE in Kimi Linear's MLA is not supported (no reference implementation computes it)",
         ));
     }
-    if let Some(freq) = cfg.opt_usize("moe_layer_freq")? {
+    if let (Defaults::Transformers, Some(freq)) = (defaults, cfg.opt_usize("moe_layer_freq")?) {
         if freq != 1 {
             return Err(cfg.err(
                 "moe_layer_freq",
@@ -319,9 +292,13 @@ fn refuse_unsupported(cfg: &ConfigJson) -> Result<(), ModelError> {
     }
 }
 
-/// `rms_norm_eps`, transformers' kimi_linear default 1e-5.
-fn rms_norm_eps(cfg: &ConfigJson) -> Result<f32, ModelError> {
-    let eps = cfg.opt_f64("rms_norm_eps")?.unwrap_or(1e-5);
+/// `rms_norm_eps`: default 1e-5 (transformers), 1e-6 (Moonshot).
+fn rms_norm_eps(cfg: &ConfigJson, defaults: Defaults) -> Result<f32, ModelError> {
+    let default = match defaults {
+        Defaults::Transformers => 1e-5,
+        Defaults::Moonshot => 1e-6,
+    };
+    let eps = cfg.opt_f64("rms_norm_eps")?.unwrap_or(default);
     if !(eps > 0.0 && eps < 1.0) {
         return Err(cfg.err("rms_norm_eps", format!("{eps} out of range (0, 1)")));
     }
@@ -457,15 +434,16 @@ fn mixer_plan(cfg: &ConfigJson) -> Result<Vec<bool>, ModelError> {
 }
 
 /// Dense or MoE per layer: an explicit `mlp_layer_types`, else dense below
-/// `first_k_dense_replace` (default 1), MoE from there on.
-fn ffn_plan(cfg: &ConfigJson) -> Result<Vec<FfnSpec>, ModelError> {
+/// `first_k_dense_replace` (default 1; Moonshot's 0) and (Moonshot's model)
+/// where `layer % moe_layer_freq != 0`, MoE elsewhere.
+fn ffn_plan(cfg: &ConfigJson, defaults: Defaults) -> Result<Vec<FfnSpec>, ModelError> {
     let n = cfg.num_layers()?;
     let intermediate = cfg.opt_usize("intermediate_size")?.unwrap_or(9216);
     if intermediate == 0 {
         return Err(cfg.err("intermediate_size", "must be positive"));
     }
     let dense = FfnSpec::Dense { intermediate };
-    let moe = FfnSpec::Moe(moe_spec(cfg)?);
+    let moe = FfnSpec::Moe(moe_spec(cfg, defaults)?);
     if let Some(types) = cfg.raw("mlp_layer_types") {
         let types = types
             .as_array()
@@ -480,12 +458,23 @@ fn ffn_plan(cfg: &ConfigJson) -> Result<Vec<FfnSpec>, ModelError> {
             })
             .collect();
     }
-    let first_moe = cfg.opt_usize("first_k_dense_replace")?.unwrap_or(1);
-    Ok((0..n).map(|l| if l < first_moe { dense.clone() } else { moe.clone() }).collect())
+    let first_moe = cfg
+        .opt_usize("first_k_dense_replace")?
+        .unwrap_or(if defaults == Defaults::Moonshot { 0 } else { 1 });
+    let freq = match defaults {
+        Defaults::Transformers => 1,
+        Defaults::Moonshot => cfg.opt_usize("moe_layer_freq")?.unwrap_or(1),
+    };
+    if freq == 0 {
+        return Err(cfg.err("moe_layer_freq", "must be positive"));
+    }
+    let is_moe = |l: usize| l >= first_moe && l.is_multiple_of(freq);
+    Ok((0..n).map(|l| if is_moe(l) { moe.clone() } else { dense.clone() }).collect())
 }
 
 /// The MoE block: sigmoid routing, groups, renormalisation, scaling, shared experts.
-fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
+fn moe_spec(cfg: &ConfigJson, defaults: Defaults) -> Result<MoeSpec, ModelError> {
+    let moonshot = defaults == Defaults::Moonshot;
     let experts_field = aliased(cfg, "num_experts", "num_local_experts")?;
     let top_k_field = aliased(cfg, "num_experts_per_token", "num_experts_per_tok")?;
     let num_experts = cfg.opt_usize(experts_field)?.unwrap_or(256);
@@ -515,17 +504,24 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
     if intermediate == 0 {
         return Err(cfg.err("moe_intermediate_size", "must be positive"));
     }
-    let shared_expert = match cfg.opt_usize(aliased(cfg, "num_shared_experts", "n_shared_experts")?)?.unwrap_or(1) {
+    let shared_default = if moonshot { 0 } else { 1 };
+    let shared_expert = match cfg
+        .opt_usize(aliased(cfg, "num_shared_experts", "n_shared_experts")?)?
+        .unwrap_or(shared_default)
+    {
         0 => None,
         k => Some(SharedExpertSpec::new(intermediate * k)),
     };
-    let scaling = cfg.opt_f64("routed_scaling_factor")?.unwrap_or(2.446);
+    let scaling = cfg
+        .opt_f64("routed_scaling_factor")?
+        .unwrap_or(if moonshot { 1.0 } else { 2.446 });
     if !scaling.is_finite() {
         return Err(cfg.err("routed_scaling_factor", format!("{scaling} is not a finite number")));
     }
     Ok(MoeSpec {
-        renormalize: cfg.opt_bool(aliased(cfg, "moe_renormalize", "norm_topk_prob")?)?.unwrap_or(true),
-        latent: latent_size(cfg)?,
+        // Moonshot's gate renormalises only when more than one expert is chosen.
+        renormalize: cfg.opt_bool(aliased(cfg, "moe_renormalize", "norm_topk_prob")?)?.unwrap_or(true) && (!moonshot || top_k > 1),
+        latent: kimi_k3::latent(cfg)?,
         shared_expert,
         scoring: Scoring::SigmoidGroups {
             n_group,
@@ -534,16 +530,4 @@ fn moe_spec(cfg: &ConfigJson) -> Result<MoeSpec, ModelError> {
         },
         ..MoeSpec::new(num_experts, top_k, intermediate)
     })
-}
-
-/// `moe_latent_size` (K3 latent-space experts, as transformers' nemotron_h):
-/// a positive width, or absent / null for experts at `hidden_size`.
-fn latent_size(cfg: &ConfigJson) -> Result<Option<usize>, ModelError> {
-    match cfg.opt_usize("moe_latent_size")? {
-        Some(0) => Err(cfg.err(
-            "moe_latent_size",
-            "0 is not a width (give a positive latent size, or null for experts at hidden_size)",
-        )),
-        other => Ok(other),
-    }
 }

@@ -8,7 +8,7 @@
 
 pub(crate) mod deepseek_v3;
 pub(crate) mod gpt_oss;
-mod kimi_k3;
+pub(crate) mod kimi_k3;
 pub(crate) mod kimi_linear;
 pub(crate) mod llama;
 pub(crate) mod mixtral;
@@ -78,6 +78,11 @@ pub const ARCHITECTURES: &[Architecture] = &[
         model_type: "kimi_linear",
         keys: kimi_linear::KEYS,
         read: kimi_linear::spec,
+    },
+    Architecture {
+        model_type: "kimi_k3",
+        keys: kimi_k3::KEYS,
+        read: kimi_k3::spec,
     },
     Architecture {
         model_type: "gpt_oss",

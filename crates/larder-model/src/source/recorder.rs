@@ -220,12 +220,19 @@ impl Recorder {
         });
     }
 
-    /// How linear weight `name` ships under the configured quantization.
+    /// How linear weight `name` ships under the configured quantization. A
+    /// checkpoint's stored tensors decide what is packed; with none to look
+    /// at, a compressed-tensors scheme is taken to pack only routed experts,
+    /// as every released scheme does (Kimi K3's `targets` also cover bf16
+    /// latent projections its `ignore` list does not name).
     fn shipped_as(&self, name: &str) -> ShippedAs {
         let module = name.strip_suffix(".weight").unwrap_or(name);
         let formats = lock(&self.formats);
+        let routed = lock(&self.tag).is_some();
         if let Some(ModuleRule::Packed(f)) = formats.compressed.as_ref().map(|c| c.rule(module)) {
-            return ShippedAs::Packed(f);
+            if routed {
+                return ShippedAs::Packed(f);
+            }
         }
         match formats.fp8_block {
             Some(block) if module != "lm_head" => ShippedAs::Fp8 { block },
