@@ -2,11 +2,14 @@
 //! folder, any [`FileSource`]) described for [`larder_store::pull`] from
 //! its small files and its shards' safetensors headers, read by range, and
 //! checked as `larder run` would load it before a byte of weights moves.
+//! Shards holding only a wrapper's vision tower (Kimi K3's `vision_tower.*`,
+//! `mm_projector.*`) are never fetched; they and the vision tensors inside
+//! text shards are reported as skipped ([`RemoteCheckpoint::skipped`]).
 
 use std::path::Path;
 
 use larder_model::arch::read_spec;
-use larder_model::checkpoint::{header_len, index_shards, Checkpoint, ShardHeader, INDEX};
+use larder_model::checkpoint::{header_len, index_shards, Checkpoint, ShardHeader, INDEX, SKIPPED_PREFIXES};
 use larder_model::DecoderModel;
 use larder_store::fsutil::write_atomic;
 use larder_store::pack::PackSource;
@@ -28,7 +31,28 @@ const SMALL_FILE_LIMIT: u64 = 256 << 20;
 /// A remote checkpoint ready to pull: its pack description and its shards.
 pub struct RemoteCheckpoint {
     pub source: PackSource,
+    /// The shards to fetch (those holding text-model tensors).
     pub files: Vec<PullFile>,
+    /// What is never read: shards holding only vision tensors (never
+    /// fetched), then vision tensors inside fetched shards, as (name, bytes).
+    pub skipped: Vec<(String, u64)>,
+}
+
+impl RemoteCheckpoint {
+    /// Bytes never read (see [`skipped`](Self::skipped)).
+    pub fn skipped_bytes(&self) -> u64 {
+        self.skipped.iter().map(|(_, b)| b).sum()
+    }
+}
+
+/// Whether a shard's JSON header names only tensors of a wrapper's other
+/// towers (at least one): such a shard is never fetched.
+fn only_skipped_tensors(header: &[u8]) -> bool {
+    let Ok(serde_json::Value::Object(m)) = serde_json::from_slice::<serde_json::Value>(header) else {
+        return false;
+    };
+    let mut names = m.keys().filter(|k| *k != "__metadata__").peekable();
+    names.peek().is_some() && names.all(|n| SKIPPED_PREFIXES.iter().any(|p| n.starts_with(p)))
 }
 
 /// Fetches `remote`'s config, tokenizer, template and index files into
@@ -55,13 +79,18 @@ pub fn describe_remote(remote: &dyn FileSource, staging: &Path) -> Result<Remote
     let spec = read_spec(staging)?;
     let mut files = Vec::new();
     let mut headers = Vec::new();
+    let mut skipped = Vec::new();
     for name in shard_names(&listing, staging)? {
         let (file, header) = read_head(remote, &name, staging)?;
+        if only_skipped_tensors(&header.header) {
+            skipped.push((name, file.size));
+            continue;
+        }
         headers.push(header);
         files.push(file);
     }
-    save_heads(staging, &files)?;
-    describe_headers(staging, spec, headers, files)
+    save_heads(staging, &files, &skipped)?;
+    describe_headers(staging, spec, headers, files, skipped)
 }
 
 /// The description [`describe_remote`] left in `staging` (its small files
@@ -71,7 +100,7 @@ pub(crate) fn describe_staged(staging: &Path) -> Result<Option<RemoteCheckpoint>
     let Ok(listed) = std::fs::read(staging.join(HEADS)) else {
         return Ok(None);
     };
-    let Ok(names) = serde_json::from_slice::<Vec<(String, u64)>>(&listed) else {
+    let Ok((names, skipped)) = serde_json::from_slice::<(Vec<(String, u64)>, Vec<(String, u64)>)>(&listed) else {
         return Ok(None);
     };
     let spec = read_spec(staging)?;
@@ -92,10 +121,11 @@ pub(crate) fn describe_staged(staging: &Path) -> Result<Option<RemoteCheckpoint>
         });
         files.push(PullFile { name, size, head });
     }
-    describe_headers(staging, spec, headers, files).map(Some)
+    describe_headers(staging, spec, headers, files, skipped).map(Some)
 }
 
-/// The list of shards (name, size) whose heads are saved in the staging folder.
+/// The shards (name, size) whose heads are saved in the staging folder, and
+/// the vision-only shards never fetched.
 const HEADS: &str = "shard-heads.json";
 
 fn head_path(staging: &Path, name: &str) -> std::path::PathBuf {
@@ -103,7 +133,7 @@ fn head_path(staging: &Path, name: &str) -> std::path::PathBuf {
 }
 
 /// Saves each shard's head beside the small files, the list last.
-fn save_heads(staging: &Path, files: &[PullFile]) -> Result<(), EngineError> {
+fn save_heads(staging: &Path, files: &[PullFile], skipped: &[(String, u64)]) -> Result<(), EngineError> {
     for f in files {
         let path = head_path(staging, &f.name);
         if let Some(dir) = path.parent() {
@@ -115,7 +145,7 @@ fn save_heads(staging: &Path, files: &[PullFile]) -> Result<(), EngineError> {
         write_atomic(&path, &f.head).map_err(store_err)?;
     }
     let names: Vec<(&str, u64)> = files.iter().map(|f| (f.name.as_str(), f.size)).collect();
-    let text = serde_json::to_vec(&names).map_err(|e| EngineError::Invalid {
+    let text = serde_json::to_vec(&(names, skipped)).map_err(|e| EngineError::Invalid {
         field: "SOURCE",
         message: e.to_string(),
     })?;
@@ -128,11 +158,13 @@ fn describe_headers(
     spec: larder_model::ModelSpec,
     headers: Vec<ShardHeader>,
     files: Vec<PullFile>,
+    mut skipped: Vec<(String, u64)>,
 ) -> Result<RemoteCheckpoint, EngineError> {
     let ckpt = Checkpoint::from_headers(headers)?;
     DecoderModel::load(spec.clone(), &ckpt, None)?;
     let source = describe(staging, &spec, &ckpt)?;
-    Ok(RemoteCheckpoint { source, files })
+    skipped.extend(ckpt.skipped().iter().map(|t| (t.name.clone(), t.bytes)));
+    Ok(RemoteCheckpoint { source, files, skipped })
 }
 
 /// The checkpoint's shards: those its index names, or `model.safetensors`,

@@ -30,7 +30,7 @@ fn lazy_load(server_url: &str, dir: &Path, quota: Option<u64>, prefetch: usize) 
 
 #[test]
 fn lazy_runs_bit_identical_fetching_exactly_the_experts_used_and_nothing_the_second_time() {
-    for name in ["qwen3_moe_tiny", "deepseek_v3_fp8", "gpt_oss_tiny", "qwen3_moe_tok"] {
+    for name in ["qwen3_moe_tiny", "deepseek_v3_fp8", "gpt_oss_tiny", "qwen3_moe_tok", "kimi_k3_tiny"] {
         let model = fixture(name);
         let want = stream_outcome(&Engine::load(&model).unwrap(), &PROMPT);
         let dir = scratch_dir(&format!("lazy-{name}"));
@@ -53,6 +53,8 @@ fn lazy_runs_bit_identical_fetching_exactly_the_experts_used_and_nothing_the_sec
         let engine = load(&l).unwrap();
         let got = stream_outcome(&engine, &PROMPT);
         assert_same(&got, &want, &format!("{name}, second run"));
+        // Kimi K3: the vision tower's shard is never fetched (its header alone was read).
+        assert!(!server.log().iter().any(|s| s.path.ends_with("model-00003-of-00003.safetensors") && s.range.is_none()));
         assert!(server.log().is_empty(), "{name}: the second run sent requests: {:?}", server.log());
         let c = engine.lazy_counts().unwrap();
         assert_eq!(c.fetched_records, 0);

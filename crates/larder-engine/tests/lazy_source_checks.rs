@@ -52,7 +52,7 @@ fn lazy_json(dir: &Path) -> serde_json::Value {
 
 #[test]
 fn the_first_open_streams_every_file_checked_whole_and_nothing_is_fetched_by_range_after() {
-    for name in ["qwen3_moe_tiny", "qwen3_moe_tok", "deepseek_v3_fp8", "gpt_oss_tiny"] {
+    for name in ["qwen3_moe_tiny", "qwen3_moe_tok", "deepseek_v3_fp8", "gpt_oss_tiny", "kimi_k3_tiny"] {
         let model = fixture(name);
         let want = stream_outcome(&Engine::load(&model).unwrap(), &PROMPT);
         let dir = scratch_dir(&format!("lazy-stream-{name}"));
@@ -62,11 +62,10 @@ fn the_first_open_streams_every_file_checked_whole_and_nothing_is_fetched_by_ran
             let engine = load(&l).unwrap();
             for f in shards(&model) {
                 let size = std::fs::metadata(model.join(&f)).unwrap().len() as usize;
-                assert_eq!(
-                    server.sent(&f),
-                    head_len(&model.join(&f)) + size,
-                    "{name}: {f} streamed once, whole"
-                );
+                // Kimi K3's vision-only shard: its header is read, nothing more.
+                let vision_only = name == "kimi_k3_tiny" && f == "model-00003-of-00003.safetensors";
+                let want = head_len(&model.join(&f)) + if vision_only { 0 } else { size };
+                assert_eq!(server.sent(&f), want, "{name}: {f} streamed once, whole (vision: never)");
             }
             let files = lazy_json(&dir)["files"].as_array().unwrap().clone();
             assert!(files.iter().all(|f| f["verified"] == true), "{name}: {files:?}");

@@ -59,7 +59,7 @@ fn open_hub(server: &HubServer, attempts: u32, token: Option<&str>) -> Box<dyn F
 
 /// Describes and pulls; an error of either step as its message.
 fn pull_into(remote: &dyn FileSource, out: &Path, drives: &[DriveSpec], opts: PullOptions) -> Result<PullReport, String> {
-    let RemoteCheckpoint { source, files } = describe_remote(remote, &out.join(".pull")).map_err(|e| e.to_string())?;
+    let RemoteCheckpoint { source, files, .. } = describe_remote(remote, &out.join(".pull")).map_err(|e| e.to_string())?;
     pull(remote, &files, &source, out, drives, opts, &|_| {}).map_err(|e: StoreError| e.to_string())
 }
 
@@ -142,6 +142,40 @@ fn pulled_store_is_the_packed_store_and_runs_bit_identical() {
     }
 }
 
+/// Kimi K3 as published: the shard holding only the vision tower is never
+/// fetched (its header alone is read, by range), the vision tensors are
+/// reported as skipped, and the pulled store is the packed one and runs
+/// bit-identical to the checkpoint in RAM.
+#[test]
+fn a_k3_pull_never_fetches_the_vision_shard() {
+    let model = fixture("kimi_k3_tiny");
+    let dir = scratch_dir("pull-k3");
+    let server = HubServer::start(&model);
+    let remote = open_hub(&server, 4, None);
+    let pulled = dir.join("pulled");
+    let described = describe_remote(remote.as_ref(), &pulled.join(".pull")).unwrap();
+    let vision_shard = "model-00003-of-00003.safetensors";
+    assert_eq!(described.files.len(), 2);
+    assert!(described.skipped.iter().any(|(n, _)| n == vision_shard), "{:?}", described.skipped);
+    assert!(described.skipped.iter().any(|(n, _)| n.starts_with("vision_tower.")));
+    let shard_bytes = server.file(vision_shard).len() as u64;
+    assert!(described.skipped_bytes() > shard_bytes);
+    let report = pull(remote.as_ref(), &described.files, &described.source, &pulled, &[], PullOptions::default(), &|_| {}).unwrap();
+    assert_eq!(report.files, 2);
+    let bytes = server.file(vision_shard);
+    let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    assert_eq!(server.sent(vision_shard), header, "only the vision shard's header is read");
+    let packed = dir.join("packed");
+    pack_store(&model, &packed, &[]);
+    assert_same_store(&pulled, &packed, "kimi_k3_tiny");
+    let prompt = [3, 1, 4, 1, 5, 9, 2, 6];
+    let want = stream_outcome(&Engine::load(&model).unwrap(), &prompt);
+    let got = stream_outcome(&Engine::load(&pulled).unwrap(), &prompt);
+    assert!(got.logits.iter().zip(&want.logits).all(|(a, b)| a.to_bits() == b.to_bits()));
+    assert_eq!(got.greedy, want.greedy);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// One file at a time, read in sequential 64 KiB ranges, progress saved
 /// every millisecond.
 fn small_ranges() -> PullOptions {
@@ -157,7 +191,7 @@ fn small_ranges() -> PullOptions {
 /// whose data request after the first `ok` fails; its error.
 fn pull_failing_after(server: &HubServer, out: &Path, ok: usize) -> String {
     let remote = open_hub(server, 1, None);
-    let RemoteCheckpoint { source, files } = describe_remote(remote.as_ref(), &out.join(".pull")).unwrap();
+    let RemoteCheckpoint { source, files, .. } = describe_remote(remote.as_ref(), &out.join(".pull")).unwrap();
     fail_range(server, ok);
     let err = pull(remote.as_ref(), &files, &source, out, &[], small_ranges(), &|_| {}).unwrap_err();
     err.to_string()
@@ -246,7 +280,7 @@ fn faults_are_clear_errors_and_never_a_store_that_looks_valid() {
     // The file changes between the header read and the stream.
     let out = dir.join("changed");
     let remote = open_hub(&server, 2, None);
-    let RemoteCheckpoint { source, files } = describe_remote(remote.as_ref(), &out.join(".pull")).unwrap();
+    let RemoteCheckpoint { source, files, .. } = describe_remote(remote.as_ref(), &out.join(".pull")).unwrap();
     server.fault(Op::Get, "model.safetensors", hub::Fault::Change);
     let err = pull(remote.as_ref(), &files, &source, &out, &[], PullOptions::default(), &|_| {}).unwrap_err();
     assert!(err.to_string().contains("changed"), "{err}");

@@ -70,8 +70,8 @@ pub const SKIPPED_PREFIXES: [&str; 2] = ["vision_tower.", "mm_projector."];
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SkippedTensor {
     pub name: String,
-    /// Index into [`Checkpoint::file_paths`].
-    pub file: usize,
+    /// The file holding it.
+    pub file: PathBuf,
     pub bytes: u64,
 }
 
@@ -192,7 +192,7 @@ impl Checkpoint {
             } else if SKIPPED_PREFIXES.iter().any(|p| name.starts_with(p)) {
                 self.skipped.push(SkippedTensor {
                     name,
-                    file: entry.file,
+                    file: self.files[entry.file].path.clone(),
                     bytes: entry.len as u64,
                 });
                 continue;
@@ -207,12 +207,28 @@ impl Checkpoint {
             });
         }
         self.skipped.sort_by(|a, b| a.name.cmp(&b.name));
+        // Files holding no text-model tensor (the vision tower's shards) are
+        // not part of the text model's checkpoint at all.
+        let used: BTreeSet<usize> = tensors.values().map(|e| e.file).collect();
+        let mut new_index = vec![usize::MAX; self.files.len()];
+        let mut files = Vec::with_capacity(used.len());
+        for (i, f) in std::mem::take(&mut self.files).into_iter().enumerate() {
+            if used.contains(&i) {
+                new_index[i] = files.len();
+                files.push(f);
+            }
+        }
+        for e in tensors.values_mut() {
+            e.file = new_index[e.file];
+        }
+        self.files = files;
         self.tensors = tensors;
         Ok(())
     }
 
     /// The tensors set aside as not the text model's (a wrapper's vision
-    /// tower), by name: never read.
+    /// tower), by name: never read. A file holding only such tensors is
+    /// not among [`file_paths`](Self::file_paths).
     pub fn skipped(&self) -> &[SkippedTensor] {
         &self.skipped
     }

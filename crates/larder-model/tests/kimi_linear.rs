@@ -310,3 +310,37 @@ fn a_missing_kda_tensor_is_named() {
         ],
     );
 }
+
+/// Kimi Linear as transformers 5.x `save_pretrained` may name a dense
+/// layer's MLP (`block_sparse_moe.{gate,up,down}_proj`): loads, with logits
+/// bit-identical to the `mlp.` spelling; both spellings at once are refused.
+#[test]
+fn dense_layers_under_block_sparse_moe_load_the_same() {
+    let name = "kimi_linear_tiny";
+    let prompt = prompt_of(name);
+    let want = load(name).forward(&prompt, &mut load(name).new_state(), None).unwrap();
+    let rename = |both: bool, tag: &str| {
+        let dir = copy_fixture(name, tag);
+        let path = dir.join("model.safetensors");
+        let bytes = std::fs::read(&path).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        let mut tensors: Vec<(String, _)> = Vec::new();
+        for (n, v) in st.tensors() {
+            if let Some(rest) = n.strip_prefix("model.layers.0.mlp.") {
+                tensors.push((format!("model.layers.0.block_sparse_moe.{rest}"), v.clone()));
+                if !both {
+                    continue;
+                }
+            }
+            tensors.push((n, v));
+        }
+        std::fs::write(&path, safetensors::serialize(tensors, None).unwrap()).unwrap();
+        dir
+    };
+    let dir = rename(false, "saved-dense");
+    let model = load_model(&dir, None).unwrap();
+    let got = model.forward(&prompt, &mut model.new_state(), None).unwrap();
+    assert_eq!(bits(&got), bits(&want));
+    let msg = load_error(&rename(true, "both-dense"));
+    assert!(msg.contains("model.layers.0") && msg.contains("twice"), "{msg}");
+}

@@ -95,6 +95,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if args.json {
         return super::print_json(&json!({
             "report": report,
+            "skipped_bytes": described.skipped_bytes(),
+            "skipped": described.skipped.iter().map(|(n, b)| json!({"name": n, "bytes": b})).collect::<Vec<_>>(),
             "requests": moved.requests,
             "retries": moved.retries,
             "bytes_received": moved.bytes,
@@ -112,5 +114,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         report.out.display(),
         report.seconds
     );
+    if !described.skipped.is_empty() {
+        eprintln!(
+            "[larder] skipped {} never read by the text model ({} vision tensors or vision-only shards; those shards were not fetched)",
+            larder_store::format_size(described.skipped_bytes()),
+            described.skipped.len()
+        );
+    }
     Ok(())
 }
