@@ -1,4 +1,4 @@
-"""Kimi K3 (`model_type: kimi_k3`) fixtures from an independent f32 numpy reference of Moonshot's text model.
+"""Kimi K3 (`model_type: kimi_k3`) fixtures from an independent numpy reference of Moonshot's text model.
 
 Writes fixtures/kimi_k3_tiny/ (every K3 feature on, routed experts mxfp4-pack-quantized) and fixtures/kimi_k3_plain/
 (the other option of every switch, bf16 experts), each in the published K3 repository layout: config.json with the
@@ -7,11 +7,23 @@ Writes fixtures/kimi_k3_tiny/ (every K3 feature on, routed experts mxfp4-pack-qu
 model.safetensors.index.json, generation_config.json, and the expected outputs reference.json + reference.safetensors
 (`logits` f32 [prompt, vocab]).
 
-Run:  /work/venv-k3/bin/python scripts/fixtures_kimi_k3.py      (numpy 2.4.6, safetensors 0.8.0 only:
-      scripts/requirements-k3-reference.txt). Deterministic: fixed seeds; a rerun writes identical bytes.
+Run:  /work/venv-k3/bin/python scripts/fixtures_kimi_k3.py [--compute float64|float32] [FIXTURE ...]
+      (numpy 2.4.6, safetensors 0.8.0 only: scripts/requirements-k3-reference.txt). Deterministic: fixed seeds; a
+      rerun writes identical bytes.
 
-The reference is self-contained numpy, everything in f32 (bf16 weights upcast exactly, mxfp4 experts dequantized
-exactly, every reference cast a no-op). It is transcribed from these sources (re-open with the `read_file` ids):
+Precision: weights as shipped, activations computed in float64, logits stored as f32. The weights are exactly the stored
+values (bf16 and mxfp4 decode exactly to f32, F32 tensors are read as they are; the storage dtypes only decide what is
+written and how it is decoded), and `forward` casts them, exactly, to one compute dtype in which every activation and op
+runs: float64 by default (`--compute`, recorded as reference.json `generator.compute`), so the reference's own rounding
+(f64 arithmetic, then the f32 store of the logits, <= 5e-7) is far below the 1e-4 tolerance. `--compute float32` runs
+every op in f32 instead (bit for bit the all-f32 reference of this script's earlier versions); its logits differ from
+the float64 ones by up to 4.4e-5 in kimi_k3_tiny and 2.7e-5 in kimi_k3_plain. Tiny's worst row, position 5, is
+ill-conditioned: in its second layer (KDA), head 0's readout o_5 = (scale q_5)^T S_5 cancels to ~2% of the magnitude of
+its terms, and o_norm (eps 1e-5) still scales it up ~300x (~100x at a typical row), so that layer's output at position 5
+carries ~100x the relative error of its input (2-7x at the other positions); every f32 implementation's rounding is
+amplified there, the reference's f32 rounding included.
+
+The reference is self-contained numpy. It is transcribed from these sources (re-open with the `read_file` ids):
 
   M   Moonshot's modeling_kimi_linear.py (transcription "Derived from c5d1dd4", id 67241057529): SituAndMul and
       `_get_situ_activation_params` (`beta or 1.0`), KimiRMSNorm, KimiBlockSparseMLP (w1 gate, w3 up, w2 down),
@@ -32,7 +44,7 @@ exactly, every reference cast a no-op). It is transcribed from these sources (re
   Q   the released quantization_config (vllm-ascend KIMI_K3_MXFP4_CONFIG, id 62130410512), copied verbatim.
   Notes: docs/kimi_k3_reference.md (sections 1 and 2).
 
-Computation (T tokens, all f32):
+Computation (T tokens, every op in the compute dtype):
   rmsnorm(x, w, eps) = w * (x * rsqrt(mean(x^2) + eps))                                   (M KimiRMSNorm)
   SiTU-GLU: g, u = gate_proj x, up_proj x; a = beta*tanh(g/beta)*sigmoid(g), beta = activation_situ_beta or 1.0;
       u = lb*tanh(u/lb) if activation_situ_linear_beta (lb) is not None; out = down_proj(a*u). Every FFN: dense
@@ -44,8 +56,8 @@ Computation (T tokens, all f32):
       `routing` in reference.json lists each position's experts in descending choice score (ties: lower id first),
       `routing_weights` the matching w.
   MoE: z = routed_expert_down_proj x (when routed_expert_hidden_size is set, else z = x); y = sum over experts in
-      ascending id of expert_e(z) * w (f32 accumulation, M moe_infer); y = rmsnorm(y, routed_expert_norm,
-      rms_norm_eps) if latent_moe_use_norm; y = routed_expert_up_proj y (latent only); y += shared_experts(x).
+      ascending id of expert_e(z) * w (M moe_infer); y = rmsnorm(y, routed_expert_norm, rms_norm_eps) if
+      latent_moe_use_norm; y = routed_expert_up_proj y (latent only); y += shared_experts(x).
   attention residuals (attn_res_block_size = n): per layer l, prefix = h;
       a_in = attn_res(prefix, B, self_attention_res_*) if B non-empty else h; if l % n == 0: B.append(prefix),
       prefix = None; a = mixer(rmsnorm(a_in, input_layernorm)); prefix = a if None else prefix + a;
@@ -89,8 +101,9 @@ fla's in-kernel 1e-6 (R), not F.normalize's 1e-12 used by the flashinfer test he
 Cross-check: before writing, `forward` is run on fixtures/kimi_linear_tiny and fixtures/kimi_linear_mla_first
 (transformers 5.24.0 KimiLinearForCausalLM references: silu, softplus KDA gate, low-rank KDA output gate, MLA NoPE with
 and without q_lora_rank, grouped routing, shared experts, plain residuals) and must reproduce their logits to 1e-3
-(observed 3.1e-5 and 1.8e-5 at logit scale ~10). SiTU, attention residuals, the latent MoE, the lower-bounded gate,
-the full-rank KDA gate, the element-wise MLA gate and mxfp4 have no second implementation here: they are transcribed.
+(observed 2.7e-5 and 2.7e-5 at logit scale ~10 computing in float64; 3.1e-5 and 1.8e-5 in float32; transformers'
+reference is itself f32). SiTU, attention residuals, the latent MoE, the lower-bounded gate, the full-rank KDA gate, the
+element-wise MLA gate and mxfp4 have no second implementation here: they are transcribed.
 
 Checks before a fixture is accepted (the seed is advanced until all hold; the seed used is recorded): greedy
 top1-top2 margin >= 1e-2 at every greedy step, greedy ids < 250 (no special/EOS ids), routing and group selections
@@ -100,18 +113,19 @@ of gate units, |u| > linear_beta for >= 15% of up units, counted over every FFN 
 are read back and decoded by this script (bf16 bits, mxfp4 nibbles) and must equal the in-memory f32 weights bit for
 bit; the reference outputs are computed from the decoded weights.
 
-reference.json: generator, prompt_ids, logit_positions, greedy_ids (8 tokens, each step a full no-cache rerun of the
-sequence), greedy_min_margin, routing / routing_weights (0-based MoE layer -> [pos][k]), feature_off_max_abs_diff
-(max |logit diff| over the prompt with one feature switched off on the same weights: situ -> silu, situ_linear_beta ->
-up not clipped, latent_norm -> latent_moe_use_norm false, attn_res -> attn_res_block_size null, mla_output_gate ->
-off, kda_lower_bound -> softplus gate, routed_scaling -> 1.0, e_score_correction_bias -> zero; plain adds
-expert_groups -> num_expert_group 1; in kimi_k3_tiny `routed_scaling` moves the logits by ~2e-4 only, because
-latent_moe_use_norm's RMSNorm cancels a uniform scale of the routed sum except through eps: recorded, not required),
-situ saturation fractions, KDA decay/beta quantiles, attention-residual weight
-quantiles, routing gaps, prefix_max_abs_diff (row t of the full prompt's logits vs the logits of the prompt cut after
-t: causality check).
+reference.json: generator (numpy version, script, seed, compute dtype), prompt_ids, logit_positions, greedy_ids (8
+tokens, each step a full no-cache rerun of the sequence), greedy_min_margin, routing / routing_weights (0-based MoE
+layer -> [pos][k]), feature_off_max_abs_diff (max |logit diff| over the prompt with one feature switched off on the same
+weights: situ -> silu, situ_linear_beta -> up not clipped, latent_norm -> latent_moe_use_norm false, attn_res ->
+attn_res_block_size null, mla_output_gate -> off, kda_lower_bound -> softplus gate, routed_scaling -> 1.0,
+e_score_correction_bias -> zero; plain adds expert_groups -> num_expert_group 1; in kimi_k3_tiny `routed_scaling` moves
+the logits by ~2e-4 only, because latent_moe_use_norm's RMSNorm cancels a uniform scale of the routed sum except through
+eps: recorded, not required), situ saturation fractions, KDA decay/beta quantiles, attention-residual weight quantiles,
+routing gaps, prefix_max_abs_diff (row t of the full prompt's logits vs the logits of the prompt cut after t: causality
+check).
 """
 
+import argparse
 import hashlib
 import json
 import os
@@ -123,7 +137,9 @@ from safetensors import TensorSpec, safe_open, serialize_file
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SCRIPT = "scripts/fixtures_kimi_k3.py"
-F32 = np.float32
+F32 = np.float32  # storage side: decoded weight values (bf16, mxfp4 and f32 all decode exactly to f32)
+COMPUTE_DTYPES = {"float32": np.float32, "float64": np.float64}  # compute side: the dtype of every activation and op
+DEFAULT_COMPUTE = "float64"
 E2M1 = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0], dtype=F32)
 PROMPT_LEN = 11
 GREEDY_STEPS = 8
@@ -370,40 +386,43 @@ class Cfg:
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# numerics (f32)
+# numerics, in the compute dtype
 # ---------------------------------------------------------------------------------------------------------------------
+# `forward` casts the decoded weights to the compute dtype once; from there every op keeps its operands' dtype: the
+# helpers below never cast, constants are plain Python numbers (NEP 50 weak scalars, so they take the array's dtype:
+# in float32 they are rounded to f32 as torch rounds a Python scalar), and fresh buffers take their input's dtype.
 
 
 def sigmoid(x):
     with np.errstate(over="ignore"):
-        return (F32(1) / (F32(1) + np.exp(-x))).astype(F32)
+        return 1.0 / (1.0 + np.exp(-x))
 
 
 def silu(x):
     with np.errstate(over="ignore"):
-        return (x / (F32(1) + np.exp(-x))).astype(F32)
+        return x / (1.0 + np.exp(-x))
 
 
 def softplus(x):  # torch F.softplus(beta=1, threshold=20)
-    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, F32(20))))).astype(F32)
+    return np.where(x > 20, x, np.log1p(np.exp(np.minimum(x, 20.0))))
 
 
 def softmax(x, axis=-1):
     z = np.exp(x - np.max(x, axis=axis, keepdims=True))
-    return (z / np.sum(z, axis=axis, keepdims=True)).astype(F32)
+    return z / np.sum(z, axis=axis, keepdims=True)
 
 
 def rsqrt(x):
-    return (F32(1) / np.sqrt(x)).astype(F32)
+    return 1.0 / np.sqrt(x)
 
 
 def rmsnorm(x, w, eps):
-    x = x * rsqrt(np.mean(x * x, axis=-1, keepdims=True) + F32(eps))
+    x = x * rsqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
     return (w * x) if w is not None else x
 
 
 def linear(x, w):
-    return (x @ w.T).astype(F32)
+    return x @ w.T
 
 
 class Stats:
@@ -425,23 +444,23 @@ def glu(cfg, x, wg, wu, wd, st):
     """SituAndMul / silu GLU (M SituAndMul, KimiMLP, KimiBlockSparseMLP)."""
     g, u = linear(x, wg), linear(x, wu)
     if cfg.hidden_act == "situ":
-        beta = F32(cfg.activation_situ_beta or 1.0)  # M _get_situ_activation_params: `beta or 1.0`
+        beta = float(cfg.activation_situ_beta or 1.0)  # M _get_situ_activation_params: `beta or 1.0`
         lb = cfg.activation_situ_linear_beta
         if st is not None:
             st.gate_units += g.size
             st.gate_sat += int(np.sum(np.abs(g) > beta))
             if lb is not None:
                 st.up_units += u.size
-                st.up_sat += int(np.sum(np.abs(u) > F32(lb)))
+                st.up_sat += int(np.sum(np.abs(u) > lb))
         a = beta * np.tanh(g / beta) * sigmoid(g)
         if lb is not None:
-            u = F32(lb) * np.tanh(u / F32(lb))
+            u = lb * np.tanh(u / lb)
         h = a * u
     elif cfg.hidden_act == "silu":
         h = silu(g) * u
     else:
         raise ValueError(cfg.hidden_act)
-    return linear(h.astype(F32), wd)
+    return linear(h, wd)
 
 
 def router(cfg, x, w, bias, st):
@@ -463,7 +482,7 @@ def router(cfg, x, w, bias, st):
         if st is not None:
             st.group_gap = min(st.group_gap, float(np.min(gs[:, tg - 1] - gs[:, tg])))
         mask = np.repeat(keep, E // ng, axis=-1)
-        tmp = np.where(mask, choice, F32(-np.inf)).astype(F32)
+        tmp = np.where(mask, choice, -np.inf)
     order = np.lexsort((np.broadcast_to(np.arange(E), (T, E)), -tmp), axis=-1)
     idx = order[:, :k]
     if st is not None:
@@ -473,8 +492,8 @@ def router(cfg, x, w, bias, st):
         st.bias_changes += int(sum(set(a) != set(b) for a, b in zip(plain[:, :k].tolist(), idx.tolist())))
     wt = np.take_along_axis(scores, idx, axis=-1)
     if k > 1 and cfg.moe_renormalize:
-        wt = wt / (wt.sum(-1, keepdims=True) + F32(1e-20))
-    wt = (wt * F32(cfg.routed_scaling_factor)).astype(F32)
+        wt = wt / (wt.sum(-1, keepdims=True) + 1e-20)
+    wt = wt * cfg.routed_scaling_factor
     return idx, wt
 
 
@@ -508,15 +527,15 @@ def short_conv_silu(x, w):
     T, C = x.shape
     K = w.shape[-1]
     w = w.reshape(C, K)
-    xp = np.concatenate([np.zeros((K - 1, C), F32), x], axis=0)
-    out = np.zeros((T, C), F32)
+    xp = np.concatenate([np.zeros((K - 1, C), x.dtype), x], axis=0)
+    out = np.zeros((T, C), x.dtype)
     for j in range(K):
         out += xp[j : j + T] * w[:, j][None, :]
     return silu(out)
 
 
 def l2norm(x, eps=1e-6):
-    return (x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + F32(eps))).astype(F32)
+    return x / np.sqrt(np.sum(x * x, axis=-1, keepdims=True) + eps)
 
 
 def head_a_log(a_log, H, name):
@@ -540,7 +559,7 @@ def kda(cfg, P, p, x, st):
     a = np.exp(head_a_log(P[p + "A_log"], H, p + "A_log")).reshape(1, H, 1)
     lb = cfg.la.get("gate_lower_bound")
     if lb is not None:
-        g = F32(lb) * sigmoid(a * u)  # naive_kda_lowerbound_gate
+        g = lb * sigmoid(a * u)  # naive_kda_lowerbound_gate
     else:
         g = -a * softplus(u)  # naive_kda_gate
     beta = sigmoid(linear(x, P[p + "b_proj.weight"]))  # [T, H]
@@ -548,9 +567,9 @@ def kda(cfg, P, p, x, st):
         st.decay.append(np.exp(g).ravel())
         st.beta.append(beta.ravel())
     q, k = l2norm(q), l2norm(k)
-    q = q * F32(D**-0.5)
-    S = np.zeros((H, D, D), F32)
-    o = np.zeros((T, H, D), F32)
+    q = q * D**-0.5
+    S = np.zeros((H, D, D), x.dtype)
+    o = np.zeros((T, H, D), x.dtype)
     for t in range(T):
         S = S * np.exp(g[t])[:, :, None]
         kt, vt, bt = k[t], v[t], beta[t]
@@ -583,11 +602,11 @@ def mla(cfg, P, p, x):
     kv = kv.reshape(T, nh, nope + vd).transpose(1, 0, 2)
     k_pass, val = kv[:, :, :nope], kv[:, :, nope:]
     key = np.concatenate([k_pass, np.broadcast_to(k_rot[None], (nh, T, rope))], axis=-1)
-    scores = np.einsum("hqd,hkd->hqk", q, key) * F32((nope + rope) ** -0.5)
+    scores = np.einsum("hqd,hkd->hqk", q, key) * (nope + rope) ** -0.5
     causal = np.triu(np.ones((T, T), dtype=bool), 1)
-    scores = np.where(causal[None], F32(-np.inf), scores).astype(F32)
+    scores = np.where(causal[None], -np.inf, scores)
     probs = softmax(scores)
-    out = np.einsum("hqk,hkd->qhd", probs, val).reshape(T, nh * vd).astype(F32)
+    out = np.einsum("hqk,hkd->qhd", probs, val).reshape(T, nh * vd)
     if cfg.mla_use_output_gate:
         out = out * sigmoid(linear(x, P[p + "g_proj.weight"]))
     return linear(out, P[p + "o_proj.weight"])
@@ -596,16 +615,18 @@ def mla(cfg, P, p, x):
 def apply_attn_res(prefix, blocks, proj, norm, eps, st):
     """M-ar `_apply_attn_res`: prefix [T, h], blocks list of [T, h]."""
     v = np.stack(blocks + [prefix], axis=1)  # [T, n, h]
-    k = v * rsqrt(np.mean(v * v, axis=-1, keepdims=True) + F32(eps))
+    k = v * rsqrt(np.mean(v * v, axis=-1, keepdims=True) + eps)
     sw = norm * proj[0]
     probs = softmax(np.sum(k * sw, axis=-1))
     if st is not None:
         st.attn_res.append(probs.ravel())
-    return np.einsum("tn,tnh->th", probs, v).astype(F32)
+    return np.einsum("tn,tnh->th", probs, v)
 
 
-def forward(cfg, P, ids, st=None):
-    """M-model KimiLinearModel.forward + lm_head (no cache). Returns logits [T, vocab]."""
+def forward(cfg, P, ids, compute, st=None):
+    """M-model KimiLinearModel.forward + lm_head (no cache). P: the decoded weights (f32 values, exact); compute: the
+    dtype every activation and op runs in (the weights are cast to it exactly). Returns logits [T, vocab] in compute."""
+    P = {n: v.astype(compute, copy=False) for n, v in P.items()}
     eps = cfg.rms_norm_eps
     h = P[L + "embed_tokens.weight"][np.asarray(ids)]
     bs = cfg.attn_res_block_size
@@ -643,7 +664,9 @@ def forward(cfg, P, ids, st=None):
     if bs is not None:
         h = apply_attn_res(h, blocks, P[L + "output_attn_res_proj.weight"], P[L + "output_attn_res_norm.weight"], eps, st)
     h = rmsnorm(h, P[L + "norm.weight"], eps)
-    return linear(h, P["language_model.lm_head.weight"])
+    logits = linear(h, P["language_model.lm_head.weight"])
+    assert logits.dtype == compute, (logits.dtype, compute)
+    return logits
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -964,16 +987,16 @@ def quantiles(xs):
     return [float(v) for v in np.quantile(x.astype(np.float64), [0.0, 0.1, 0.5, 0.9, 1.0])]
 
 
-def evaluate(text, P, prompt):
+def evaluate(text, P, prompt, compute):
     cfg = Cfg(text)
     st = Stats()
-    logits = forward(cfg, P, prompt, st)
+    logits = forward(cfg, P, prompt, compute, st)
     seq = list(prompt)
     greedy, margins = [], []
     gst = None
     for step in range(GREEDY_STEPS):
         gst = Stats()
-        lg = forward(cfg, P, seq, gst)[-1]
+        lg = forward(cfg, P, seq, compute, gst)[-1]
         order = np.argsort(-lg, kind="stable")
         margins.append(float(lg[order[0]] - lg[order[1]]))
         greedy.append(int(order[0]))
@@ -981,11 +1004,11 @@ def evaluate(text, P, prompt):
     # gst: the last greedy pass routes every position of prompt + 7 generated tokens
     prefix_diff = 0.0
     for t in range(len(prompt)):
-        prefix_diff = max(prefix_diff, float(np.max(np.abs(forward(cfg, P, prompt[: t + 1])[-1] - logits[t]))))
+        prefix_diff = max(prefix_diff, float(np.max(np.abs(forward(cfg, P, prompt[: t + 1], compute)[-1] - logits[t]))))
     features = {}
     for name, d in feature_variants(text).items():
         PP = zero_bias(P) if name == "e_score_correction_bias" else P
-        features[name] = float(np.max(np.abs(forward(Cfg(d), PP, prompt) - logits)))
+        features[name] = float(np.max(np.abs(forward(Cfg(d), PP, prompt, compute) - logits)))
     ev = dict(
         logits=logits,
         greedy=greedy,
@@ -1044,7 +1067,8 @@ def dir_digest(folder):
     return h.hexdigest()
 
 
-def make_fixture(name, spec):
+def make_fixture(name, spec, compute_name):
+    compute = COMPUTE_DTYPES[compute_name]
     folder = os.path.join(ROOT, "fixtures", name)
     text = spec["text"]
     cfg = Cfg(text)
@@ -1054,7 +1078,7 @@ def make_fixture(name, spec):
         rng = np.random.default_rng(seed)
         prompt = [int(t) for t in rng.integers(0, 250, size=PROMPT_LEN)]
         b, text_names = build_weights(cfg, rng, quantized)
-        ev = evaluate(text, b.P, prompt)
+        ev = evaluate(text, b.P, prompt, compute)
         why = acceptable(text, ev, prompt)
         if not why:
             break
@@ -1064,13 +1088,13 @@ def make_fixture(name, spec):
         raise SystemExit(f"{name}: no acceptable seed")
     save_checkpoint(folder, text, b, text_names)
     cfg2, P = load_checkpoint(folder, b)
-    ev = evaluate(cfg2.d, P, prompt)  # the reference, from the decoded files
+    ev = evaluate(cfg2.d, P, prompt, compute)  # the reference, from the decoded files
     assert not acceptable(cfg2.d, ev, prompt)
     write_safetensors(os.path.join(folder, "reference.safetensors"), {"logits": ("float32", ev["logits"].astype(F32))})
     ref = {
-        "generator": {"numpy": np.__version__, "script": SCRIPT, "seed": seed},
-        "reference": "independent f32 numpy transcription of Moonshot's modeling_kimi_linear.py + fla KDA naive refs "
-        f"({SCRIPT} docstring)",
+        "generator": {"numpy": np.__version__, "script": SCRIPT, "seed": seed, "compute": compute_name},
+        "reference": "independent numpy transcription of Moonshot's modeling_kimi_linear.py + fla KDA naive refs; "
+        f"weights as shipped, activations computed in {compute_name}, logits stored as f32 ({SCRIPT} docstring)",
         "prompt_ids": prompt,
         "logit_positions": list(range(len(prompt))),
         "greedy_ids": ev["greedy"],
@@ -1090,7 +1114,7 @@ def make_fixture(name, spec):
     return folder
 
 
-def crosscheck_kimi_linear():
+def crosscheck_kimi_linear(compute):
     """This forward on two transformers-made kimi_linear fixtures (plain Kimi Linear: silu, softplus KDA gate, low-rank
     KDA output gate, MLA NoPE with and without q_lora_rank, grouped routing, shared experts, no attention residuals):
     their reference logits (transformers 5.24.0, f32) must be reproduced to f32 rounding."""
@@ -1105,17 +1129,26 @@ def crosscheck_kimi_linear():
         for n, (dt, arr) in read_safetensors(os.path.join(folder, "model.safetensors")).items():
             P["language_model." + n] = bf16_value(arr) if dt == "BF16" else arr.astype(F32)
         want = read_safetensors(os.path.join(folder, "reference.safetensors"))["logits"][1]
-        got = forward(Cfg(text), P, prompt)
+        got = forward(Cfg(text), P, prompt, compute)
         out[name] = float(np.max(np.abs(got - want)))
         assert out[name] < 1e-3, (name, out[name])
     print(f"cross-check against transformers' kimi_linear fixtures, max |logit diff|: {json.dumps(out)}")
 
 
 def main():
-    crosscheck_kimi_linear()
-    only = sys.argv[1:] or list(FIXTURES)
-    for name in only:
-        folder = make_fixture(name, FIXTURES[name])
+    ap = argparse.ArgumentParser(description="Kimi K3 fixtures (see the module docstring)")
+    ap.add_argument("fixtures", nargs="*", metavar="FIXTURE", help=f"any of {', '.join(FIXTURES)} (default: all)")
+    ap.add_argument("--compute", choices=list(COMPUTE_DTYPES), default=DEFAULT_COMPUTE,
+                    help=f"dtype of the forward pass (activations and ops; the weights are the stored values either "
+                    f"way), default {DEFAULT_COMPUTE}")
+    args = ap.parse_args()
+    for name in args.fixtures:
+        if name not in FIXTURES:
+            ap.error(f"unknown fixture {name}")
+    compute = COMPUTE_DTYPES[args.compute]
+    crosscheck_kimi_linear(compute)
+    for name in args.fixtures or list(FIXTURES):
+        folder = make_fixture(name, FIXTURES[name], args.compute)
         print(f"  sha256(folder) {dir_digest(folder)}")
 
 
