@@ -100,8 +100,14 @@ impl DecoderModel {
     /// RAM, asking `weights` for every tensor (a [`Checkpoint`](crate::checkpoint::Checkpoint),
     /// or a [`Recorder`](crate::Recorder) that learns what is asked).
     pub fn load(spec: ModelSpec, weights: &dyn WeightSource, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
-        let prefix = spec.config_prefix;
-        Self::load_unscoped(spec, weights, experts).map_err(|e| crate::arch::kimi_k3::scope_error(e, prefix))
+        let (prefix, wrapped) = (spec.config_prefix, spec.wrapped_text_model);
+        Self::load_unscoped(spec, weights, experts).map_err(|e| {
+            let e = crate::arch::kimi_k3::scope_error(e, prefix);
+            match wrapped {
+                true => crate::arch::kimi_k3::name_as_shipped(e),
+                false => e,
+            }
+        })
     }
 
     fn load_unscoped(spec: ModelSpec, weights: &dyn WeightSource, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {

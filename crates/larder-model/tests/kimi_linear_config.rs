@@ -1,9 +1,9 @@
 //! Kimi Linear config.json fields (`crates/larder-model/src/arch/kimi_linear.rs`):
 //! both fixtures' configs load; transformers' aliases, derived fields and
-//! fields without effect read as the Hub spelling does; every unknown field,
-//! every K3 extension field larder does not implement and every unsupported
-//! value is refused with an error naming the field and config.json; the K3
-//! gate extensions it implements are read under every reference spelling.
+//! fields without effect read as the Hub spelling does; every unknown field
+//! and every unsupported value is refused with an error naming the field and
+//! config.json; K3's fields are read as Moonshot's model reads them, the
+//! lower bound under every reference spelling.
 
 use std::path::{Path, PathBuf};
 
@@ -83,25 +83,33 @@ fn an_unknown_field_is_refused_by_name() {
     assert_refused(&with(base, "some_future_flag", Value::Null), "unknown-null", &["some_future_flag"]);
 }
 
+/// K3's fields are read as Moonshot's model reads them; values it cannot
+/// run, or that would be ignored, are refused naming the field.
 #[test]
-fn every_k3_extension_field_is_refused_naming_the_extension() {
+fn k3_fields_are_read_and_bad_values_refused() {
     let base = fixture_config("kimi_linear_tiny");
+    let situ = with(base.clone(), "hidden_act", json!("situ"));
+    let spec = read(&situ, "situ").unwrap();
+    assert!(spec.contains("ffn_activation: Situ { beta: 1.0, linear_beta: None }"), "{spec}");
+    let spec = read(&with(with(situ.clone(), "activation_situ_beta", json!(0)), "activation_situ_linear_beta", json!(25.0)), "situ0").unwrap();
+    assert!(spec.contains("Situ { beta: 1.0, linear_beta: Some(25.0) }"), "beta 0 is 1.0 (`beta or 1.0`): {spec}");
+    let spec = read(&with(with(base.clone(), "routed_expert_hidden_size", json!(32)), "latent_moe_use_norm", json!(true)), "latent").unwrap();
+    assert!(spec.contains("latent: Some(LatentSpec { width: 32, norm: true })"), "{spec}");
+    let spec = read(&with(base.clone(), "attn_res_block_size", json!(3)), "res").unwrap();
+    assert!(spec.contains("attn_res_block: Some(3)"), "{spec}");
     let cases: &[(&str, Value, &str)] = &[
-        ("hidden_act", json!("situ"), "SiTU"),
-        ("activation_situ_beta", json!(4.0), "SiTU"),
-        ("activation_situ_linear_beta", json!(25.0), "SiTU"),
-        ("attn_res_block_size", json!(12), "attention-residual blocks"),
-        ("routed_expert_hidden_size", json!(32), "latent-space experts"),
-        ("latent_moe_use_norm", json!(true), "latent-space experts"),
+        ("activation_situ_beta", json!(4.0), "hidden_act is not"),
+        ("activation_situ_linear_beta", json!(25.0), "hidden_act is not"),
+        ("hidden_act", json!("gelu"), "silu or situ"),
+        ("attn_res_block_size", json!(0), "at least 1"),
+        ("routed_expert_hidden_size", json!(0), "not a width"),
+        ("latent_moe_use_norm", json!(true), "routed_expert_hidden_size"),
     ];
-    for (i, (field, value, extension)) in cases.iter().enumerate() {
+    for (i, (field, value, why)) in cases.iter().enumerate() {
         let cfg = with(base.clone(), field, value.clone());
-        assert_refused(
-            &cfg,
-            &format!("k3-{i}"),
-            &[field, extension, "K3 extension", "docs/architectures.md"],
-        );
+        assert_refused(&cfg, &format!("k3-{i}"), &[field, why]);
     }
+    assert_refused(&with(situ, "activation_situ_linear_beta", json!(0.0)), "k3-lb0", &["activation_situ_linear_beta", "non-zero"]);
 }
 
 #[test]
@@ -112,9 +120,10 @@ fn k3_switches_turned_off_are_the_plain_model() {
         ("kda_safe_gate", json!(false)),
         ("mla_use_output_gate", json!(false)),
         ("linear_attn_config.use_full_rank_gate", json!(false)),
-        ("moe_latent_size", Value::Null),
-        ("n_layers_per_attn_res_block", Value::Null),
+        ("routed_expert_hidden_size", Value::Null),
+        ("attn_res_block_size", Value::Null),
         ("latent_moe_use_norm", json!(false)),
+        ("hidden_act", json!("silu")),
     ];
     for (i, (field, value)) in off.into_iter().enumerate() {
         let got = read(&with(base.clone(), field, value), &format!("off{i}"));

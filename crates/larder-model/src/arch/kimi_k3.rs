@@ -114,6 +114,35 @@ pub(crate) fn scope_error(e: ModelError, prefix: &str) -> ModelError {
     }
 }
 
+/// `e` naming its tensor as a wrapped checkpoint ships it
+/// (`language_model.model.*`, `language_model.lm_head.*`).
+pub(crate) fn name_as_shipped(e: ModelError) -> ModelError {
+    let shipped = |name: String| match name.starts_with("model.") || name.starts_with("lm_head.") {
+        true => format!("language_model.{name}"),
+        false => name,
+    };
+    match e {
+        ModelError::MissingTensor { name } => ModelError::MissingTensor { name: shipped(name) },
+        ModelError::TensorShape {
+            name,
+            path,
+            got,
+            expected,
+        } => ModelError::TensorShape {
+            name: shipped(name),
+            path,
+            got,
+            expected,
+        },
+        ModelError::TensorDType { name, path, dtype } => ModelError::TensorDType {
+            name: shipped(name),
+            path,
+            dtype,
+        },
+        e => e,
+    }
+}
+
 /// How the feed-forward units combine gate and up: `hidden_act` `silu` (or
 /// `swish`), or `situ` with its betas (Moonshot's
 /// `_get_situ_activation_params`: `beta or 1.0`, so 0 and null are 1.0; the

@@ -275,7 +275,8 @@ fn refuse_unsupported(cfg: &ConfigJson, defaults: Defaults) -> Result<(), ModelE
     if !cfg.opt_bool("mla_use_nope")?.unwrap_or(defaults == Defaults::Transformers) {
         return Err(cfg.err(
             "mla_use_nope",
-            "must be true: RoPE in Kimi Linear's MLA is not supported (no reference implementation computes it)",
+            "false (or absent under Moonshot's defaults) is not supported: it must be true (RoPE in Kimi Linear's MLA: \
+             no reference implementation computes it)",
         ));
     }
     if let (Defaults::Transformers, Some(freq)) = (defaults, cfg.opt_usize("moe_layer_freq")?) {
