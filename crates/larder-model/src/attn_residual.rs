@@ -139,12 +139,12 @@ mod tests {
         let out = a.forward(&blocks, &partial);
         let s0 = {
             let inv = 1.0 / (12.5f32 + 1e-5).sqrt();
-            0.5 * (3.0 * inv) + -1.0 * (2.0 * (4.0 * inv))
+            0.5 * (3.0 * inv) - 2.0 * (4.0 * inv)
         };
         let s1 = 0.5 * (-1.0 / (0.5f32 + 1e-5).sqrt());
         let (e0, e1) = ((s0 - s0.max(s1)).exp(), (s1 - s0.max(s1)).exp());
         let (p0, p1) = (e0 / (e0 + e1), e1 / (e0 + e1));
-        let want = [p0 * 3.0 + p1 * -1.0, p0 * 4.0];
+        let want = [p0 * 3.0 - p1, p0 * 4.0];
         for (g, w) in out.row(0).iter().zip(want) {
             assert!((g - w).abs() < 1e-5, "{g} vs {w}");
         }

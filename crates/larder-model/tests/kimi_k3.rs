@@ -89,6 +89,9 @@ fn logits_with(dir: &Path, change: impl FnOnce(&mut ModelSpec), hide: &dyn Fn(&s
     model.forward(&prompt, &mut model.new_state(), None).unwrap()
 }
 
+/// A feature's name, how to switch it off in the spec, and which tensors to hide then.
+type FeatureOff<'a> = (&'a str, Box<dyn Fn(&mut ModelSpec)>, &'a dyn Fn(&str) -> bool);
+
 /// Every K3 feature matters: switched off, the logits move far beyond the
 /// 1e-4 tolerance (the reference's own diffs are 6 to 12).
 #[test]
@@ -97,7 +100,7 @@ fn switching_each_feature_off_moves_the_logits() {
     let r = reference(&dir);
     let none = |_: &str| false;
     let mla_gate = |n: &str| n.ends_with("self_attn.g_proj.weight") && [2, 5, 6].iter().any(|l| n.contains(&format!("layers.{l}.")));
-    let cases: Vec<(&str, Box<dyn Fn(&mut ModelSpec)>, &dyn Fn(&str) -> bool)> = vec![
+    let cases: Vec<FeatureOff> = vec![
         ("situ", Box::new(|s: &mut ModelSpec| s.ffn_activation = GluActivation::Silu), &none),
         (
             "situ_linear_beta",

@@ -162,7 +162,7 @@ pub(super) fn ffn_activation(cfg: &ConfigJson) -> Result<GluActivation, ModelErr
         "situ" => {
             let beta = match cfg.opt_f64(BETA)? {
                 None => 1.0,
-                Some(b) if b == 0.0 => 1.0,
+                Some(0.0) => 1.0,
                 Some(b) if b.is_finite() && (b as f32).is_normal() => b as f32,
                 Some(b) => return Err(cfg.err(BETA, format!("{b} is not a finite non-zero number"))),
             };
