@@ -23,7 +23,7 @@
 //!   roll back (a recurrent layer) returns to for prefix reuse;
 //! - `drafting` resolves the drafter a user names ([`DrafterChoice`],
 //!   speculative decoding);
-//! - `tokenizer` wraps `tokenizer.json` ([`TextTokenizer`]) and decodes
+//! - `tokenizer` wraps `tokenizer.json` or Kimi's `tiktoken.model` ([`TextTokenizer`]) and decodes
 //!   streams incrementally ([`StreamDecoder`]);
 //! - `chat` renders `tokenizer_config.json` chat templates like
 //!   transformers ([`ChatTemplate`]);
@@ -104,7 +104,7 @@ pub use route_log::{RouteLog, RowTag};
 pub use drafting::{DrafterChoice, Drafting};
 // Text: tokenizers, streaming decode, chat templates.
 pub use chat::{ChatMessage, ChatTemplate};
-pub use tokenizer::{StreamDecoder, TextTokenizer, KIMI_SPECIAL_IDS};
+pub use tokenizer::{StreamDecoder, TextTokenizer, KIMI_K3_SPECIAL_IDS, KIMI_SPECIAL_IDS};
 // Output files the user names, checked before any work.
 pub use output::{OutputError, OutputFile, OutputKind, ReportKind, RunInputs};
 // Memory: the budget that follows available RAM.

@@ -1,21 +1,27 @@
 //! Kimi's tokenizer: `tiktoken.model` (byte-level BPE by rank, see
 //! [`super::tiktoken`]) plus the special tokens of `tokenizer_config.json`,
 //! as the `TikTokenTokenizer` of Kimi's `tokenization_kimi.py` (Kimi-K2,
-//! Kimi Linear) defines them:
+//! Kimi Linear, Kimi K3) defines them:
 //! - the pre-tokenizer regex is its class constant `pat_str` ([`KIMI_PAT_STR`]);
-//! - special tokens take the `num_reserved_special_tokens + 2` = 258 ids right
-//!   after the ranks, each named by `added_tokens_decoder` or else
-//!   `<|reserved_token_{id}|>`;
+//! - special tokens take the ids right after the ranks, each named by
+//!   `added_tokens_decoder` or else `<|reserved_token_{id}|>`: K2's and Kimi
+//!   Linear's file reserves `num_reserved_special_tokens + 2` = 258 of them
+//!   ([`KIMI_SPECIAL_IDS`]), K3's 256 ([`KIMI_K3_SPECIAL_IDS`], 163,840 ids
+//!   in all over its 163,584 ranks);
 //! - its `encode` cuts the text into runs of at most 25,000 whitespace or
 //!   non-whitespace characters (Python's `str.isspace`) before tiktoken, and
-//!   matches every special token in the text (`allowed_special="all"`);
-//! - decoding joins the bytes of the ids and replaces invalid UTF-8.
+//!   matches every special token in the text (`allowed_special="all"`); K3's
+//!   chat encoder encodes message text with none matched
+//!   (`allow_special_tokens=False`, [`KimiTokenizer::encode_with`]);
+//! - decoding joins the bytes of the ids and replaces invalid UTF-8; with
+//!   special tokens skipped, an added token marked `"special": false` (K3's
+//!   `<|open|>`, `<|close|>`, `<|sep|>`) is still text and is kept.
 //!
 //! The regex runs on `fancy-regex` (through `tokenizers::utils::SysRegex`,
 //! the `tokenizers` crate being built with its fancy-regex backend), the
 //! engine tiktoken itself uses, so pieces split as tiktoken splits them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::LazyLock;
 
@@ -39,8 +45,12 @@ pub(super) const KIMI_PAT_STR: &str = concat!(
     r"|\s+",
 );
 
-/// Special-token ids after the ranks: `num_reserved_special_tokens` (256) + 2.
+/// Special-token ids after the ranks in K2's and Kimi Linear's
+/// `tokenization_kimi.py`: `num_reserved_special_tokens` (256) + 2.
 pub const KIMI_SPECIAL_IDS: u32 = 258;
+/// Special-token ids after the ranks in K3's `tokenization_kimi.py`:
+/// `num_reserved_special_tokens` (256), ids 163,584..=163,839.
+pub const KIMI_K3_SPECIAL_IDS: u32 = 256;
 /// Longest run of whitespace or non-whitespace characters handed to tiktoken at once.
 const MAX_RUN_CHARS: usize = 25_000;
 /// Longest text handed to tiktoken at once, in characters.
@@ -55,21 +65,29 @@ pub(crate) struct KimiTokenizer {
     /// Name of special id `ranks.len() + i` at index i.
     special_names: Vec<String>,
     special_ids: HashMap<String, u32>,
+    /// Added tokens marked `"special": false`: decoded as text even when
+    /// special tokens are skipped.
+    text_specials: HashSet<u32>,
     /// Special ids by the first byte of their name, longest name first.
     specials_by_first_byte: HashMap<u8, Vec<u32>>,
 }
 
 impl KimiTokenizer {
     /// Loads `model` (`tiktoken.model`) with the special tokens of `config`
-    /// (`tokenizer_config.json`); every fault names its file (and line).
-    pub(crate) fn load(model: &Path, config: &Path) -> Result<Self, EngineError> {
+    /// (`tokenizer_config.json`), `reserved` special ids after the ranks
+    /// ([`KIMI_SPECIAL_IDS`] or [`KIMI_K3_SPECIAL_IDS`]); every fault names
+    /// its file (and line).
+    pub(crate) fn load(model: &Path, config: &Path, reserved: u32) -> Result<Self, EngineError> {
         let ranks = Ranks::from_file(model)?;
         let config_text = std::fs::read_to_string(config).map_err(|source| EngineError::Io {
             path: config.to_path_buf(),
             source,
         })?;
         let json: Json = serde_json::from_str(&config_text).map_err(|e| file_error(config, format!("not valid JSON: {e}")))?;
-        let special_names = special_names(&ranks, &json, &config_text, model, config)?;
+        let Specials {
+            names: special_names,
+            text,
+        } = special_names(&ranks, &json, &config_text, (model, config), reserved)?;
         let pattern = SysRegex::new(KIMI_PAT_STR).map_err(|e| EngineError::Tokenizer(format!("Kimi's pre-tokenizer regex: {e}")))?;
         let base = ranks.len() as u32;
         let special_ids: HashMap<String, u32> = special_names
@@ -84,11 +102,13 @@ impl KimiTokenizer {
         for ids in specials_by_first_byte.values_mut() {
             ids.sort_by_key(|&id| (std::cmp::Reverse(special_names[(id - base) as usize].len()), id));
         }
+        let text_specials = text.into_iter().map(|i| base + i).collect();
         let tokenizer = KimiTokenizer {
             ranks,
             pattern,
             special_names,
             special_ids,
+            text_specials,
             specials_by_first_byte,
         };
         tokenizer.check_named_tokens(&json, config)?;
@@ -116,10 +136,18 @@ impl KimiTokenizer {
 
     /// Ids of `text`, special tokens matched wherever they occur.
     pub(crate) fn encode(&self, text: &str) -> Result<Vec<u32>, EngineError> {
+        self.encode_with(text, true)
+    }
+
+    /// Ids of `text`; special tokens are matched only when `allow_special`
+    /// (otherwise their spellings are ordinary text, tiktoken's
+    /// `disallowed_special=()`). Either way the text is cut into runs first.
+    pub(crate) fn encode_with(&self, text: &str, allow_special: bool) -> Result<Vec<u32>, EngineError> {
         let mut ids = Vec::new();
         for run in kimi_runs(text) {
             let mut start = 0;
-            while let Some((at, id)) = self.next_special(run, start) {
+            let next_special = |from| if allow_special { self.next_special(run, from) } else { None };
+            while let Some((at, id)) = next_special(start) {
                 self.encode_ordinary(&run[start..at], &mut ids)?;
                 ids.push(id);
                 start = at + self.special_name(id).len();
@@ -162,14 +190,14 @@ impl KimiTokenizer {
     }
 
     /// Text of `ids` (invalid UTF-8 replaced by U+FFFD), special tokens left
-    /// out when `skip_special_tokens`.
+    /// out when `skip_special_tokens` (but not those marked `"special": false`).
     pub(crate) fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, EngineError> {
         let mut bytes = Vec::new();
         for &id in ids {
             if let Some(token) = self.ranks.bytes(id) {
                 bytes.extend_from_slice(token);
             } else if self.is_special(id) {
-                if !skip_special_tokens {
+                if !skip_special_tokens || self.text_specials.contains(&id) {
                     bytes.extend_from_slice(self.special_name(id).as_bytes());
                 }
             } else {
@@ -199,7 +227,7 @@ impl KimiTokenizer {
         vocab
     }
 
-    /// Ranks plus the 258 special ids.
+    /// Ranks plus the special ids.
     pub(crate) fn vocab_size(&self) -> usize {
         self.ranks.len() + self.special_names.len()
     }
@@ -213,13 +241,21 @@ impl KimiTokenizer {
     }
 }
 
-/// Names of the 258 special ids after the ranks, from `added_tokens_decoder`
-/// (ids as keys, `{"content": name}` as values) or `<|reserved_token_{id}|>`.
-fn special_names(ranks: &Ranks, json: &Json, config_text: &str, model: &Path, config: &Path) -> Result<Vec<String>, EngineError> {
+/// The special ids after the ranks: their names (index i names id
+/// `ranks.len() + i`) and the indexes of those marked `"special": false`.
+struct Specials {
+    names: Vec<String>,
+    text: Vec<u32>,
+}
+
+/// Names of the `reserved` special ids after the ranks, from
+/// `added_tokens_decoder` (ids as keys, `{"content": name}` as values) or
+/// `<|reserved_token_{id}|>`.
+fn special_names(ranks: &Ranks, json: &Json, config_text: &str, files: (&Path, &Path), reserved: u32) -> Result<Specials, EngineError> {
+    let (model, config) = files;
     let base = ranks.len() as u32;
-    let mut names: Vec<String> = (base..base + KIMI_SPECIAL_IDS)
-        .map(|id| format!("<|reserved_token_{id}|>"))
-        .collect();
+    let mut names: Vec<String> = (base..base + reserved).map(|id| format!("<|reserved_token_{id}|>")).collect();
+    let mut text = Vec::new();
     let decoder = match json.get("added_tokens_decoder") {
         None | Some(Json::Null) => None,
         Some(Json::Object(map)) => Some(map),
@@ -244,15 +280,25 @@ fn special_names(ranks: &Ranks, json: &Json, config_text: &str, model: &Path, co
             );
             return Err(file_error(config, message));
         }
-        if id >= base + KIMI_SPECIAL_IDS {
+        if id >= base + reserved {
             let message = format!(
                 "{at}added_tokens_decoder id {id} ({name:?}) is past the special ids {base}..{} that follow the {base} ranks of {}",
-                base + KIMI_SPECIAL_IDS - 1,
+                base + reserved - 1,
                 model.display()
             );
             return Err(file_error(config, message));
         }
         names[(id - base) as usize] = name.to_string();
+        match entry.get("special") {
+            None | Some(Json::Null) | Some(Json::Bool(true)) => {}
+            Some(Json::Bool(false)) => text.push(id - base),
+            Some(_) => {
+                return Err(file_error(
+                    config,
+                    format!("{at}added_tokens_decoder[{key:?}].special is neither true nor false"),
+                ))
+            }
+        }
     }
     let mut seen: HashMap<&str, u32> = HashMap::new();
     for (i, name) in names.iter().enumerate() {
@@ -261,7 +307,7 @@ fn special_names(ranks: &Ranks, json: &Json, config_text: &str, model: &Path, co
             return Err(file_error(config, message));
         }
     }
-    Ok(names)
+    Ok(Specials { names, text })
 }
 
 /// "line N: " for the first line of `text` holding `needle`, or "".
@@ -301,7 +347,7 @@ fn kimi_runs(text: &str) -> Vec<&str> {
 }
 
 /// Python's `str.isspace`: Unicode White_Space plus the separators U+001C..U+001F.
-fn python_isspace(c: char) -> bool {
+pub(crate) fn python_isspace(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 

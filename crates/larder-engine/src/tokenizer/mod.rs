@@ -1,8 +1,10 @@
 //! Text <-> token ids, from whichever tokenizer a checkpoint ships:
 //! - `tokenizer.json`, through the `tokenizers` crate (the same Rust core
 //!   transformers' fast tokenizers use);
-//! - Kimi's `tiktoken.model` + `tokenizer_config.json` (Kimi-K2, Kimi Linear),
-//!   through our own rank-based BPE ([`tiktoken`], [`kimi`]).
+//! - Kimi's `tiktoken.model` + `tokenizer_config.json` (Kimi-K2, Kimi Linear,
+//!   Kimi K3), through our own rank-based BPE ([`tiktoken`], [`kimi`]); a
+//!   checkpoint in Kimi K3's form ([`kimi_k3_form`]) gets K3's 256 special ids
+//!   after the ranks instead of K2's 258.
 //!
 //! [`TextTokenizer`] hides which; [`StreamDecoder`] turns a growing list of
 //! ids into text as characters complete.
@@ -16,7 +18,7 @@ use std::path::Path;
 use crate::error::EngineError;
 
 pub(crate) use kimi::KimiTokenizer;
-pub use kimi::KIMI_SPECIAL_IDS;
+pub use kimi::{KIMI_K3_SPECIAL_IDS, KIMI_SPECIAL_IDS};
 
 /// The Hugging Face tokenizer file.
 pub(crate) const TOKENIZER_JSON: &str = "tokenizer.json";
@@ -24,6 +26,35 @@ pub(crate) const TOKENIZER_JSON: &str = "tokenizer.json";
 pub(crate) const TIKTOKEN_MODEL: &str = "tiktoken.model";
 /// The file holding Kimi's special tokens (and the chat template).
 pub(crate) const TOKENIZER_CONFIG: &str = "tokenizer_config.json";
+/// The control tokens of Kimi K3's chat format (its `encoding_k3.py`).
+pub(crate) const KIMI_K3_MARKERS: [&str; 4] = ["<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>"];
+
+/// Whether checkpoint folder `dir` ships Kimi K3's tokenizer and chat
+/// format: `config.json` says `"model_type": "kimi_k3"`, or
+/// `tokenizer_config.json` names all of K3's control tokens
+/// ([`KIMI_K3_MARKERS`]) in `added_tokens_decoder` and there is no chat
+/// template (no `chat_template` field, no `chat_template.jinja`), as K3
+/// ships. A file that cannot be read or parsed here counts as not saying so
+/// (loading the model or the tokenizer reports it).
+pub(crate) fn kimi_k3_form(dir: &Path) -> bool {
+    let read = |name: &str| -> Option<serde_json::Value> { serde_json::from_str(&std::fs::read_to_string(dir.join(name)).ok()?).ok() };
+    if read("config.json").is_some_and(|c| c.get("model_type").and_then(serde_json::Value::as_str) == Some("kimi_k3")) {
+        return true;
+    }
+    let Some(config) = read(TOKENIZER_CONFIG) else { return false };
+    if config.get("chat_template").is_some_and(|t| !t.is_null()) || dir.join("chat_template.jinja").exists() {
+        return false;
+    }
+    let Some(decoder) = config.get("added_tokens_decoder").and_then(serde_json::Value::as_object) else {
+        return false;
+    };
+    let named = |marker: &str| {
+        decoder
+            .values()
+            .any(|e| e.get("content").and_then(serde_json::Value::as_str) == Some(marker))
+    };
+    KIMI_K3_MARKERS.iter().all(|m| named(m))
+}
 
 /// A checkpoint's tokenizer, whichever form it shipped in.
 pub struct TextTokenizer {
@@ -54,7 +85,8 @@ impl TextTokenizer {
                 message: format!("a tiktoken.model needs {TOKENIZER_CONFIG} beside it for its special tokens, and there is none"),
             });
         }
-        Self::from_tiktoken(&model, &config).map(Some)
+        let reserved = if kimi_k3_form(dir) { KIMI_K3_SPECIAL_IDS } else { KIMI_SPECIAL_IDS };
+        Self::from_tiktoken(&model, &config, reserved).map(Some)
     }
 
     /// Loads `path` (a `tokenizer.json`).
@@ -68,10 +100,11 @@ impl TextTokenizer {
         })
     }
 
-    /// Loads Kimi's `tiktoken.model` with the special tokens of its `tokenizer_config.json`.
-    pub(crate) fn from_tiktoken(model: &Path, config: &Path) -> Result<Self, EngineError> {
+    /// Loads Kimi's `tiktoken.model` with the special tokens of its
+    /// `tokenizer_config.json`, `reserved` special ids after the ranks.
+    pub(crate) fn from_tiktoken(model: &Path, config: &Path, reserved: u32) -> Result<Self, EngineError> {
         Ok(TextTokenizer {
-            backend: Backend::Kimi(Box::new(KimiTokenizer::load(model, config)?)),
+            backend: Backend::Kimi(Box::new(KimiTokenizer::load(model, config, reserved)?)),
         })
     }
 
@@ -89,6 +122,22 @@ impl TextTokenizer {
                 Ok(enc.get_ids().to_vec())
             }
             Backend::Kimi(kimi) => kimi.encode(text),
+        }
+    }
+
+    /// Ids of one segment of a chat that is encoded segment by segment (Kimi
+    /// K3's): special tokens are matched in `text`
+    /// only when `control`, so message text never yields a special id. Only
+    /// the `tiktoken.model` form has this (K3 ships it); a `tokenizer.json`
+    /// is refused rather than guessed at.
+    pub fn encode_segment(&self, text: &str, control: bool) -> Result<Vec<u32>, EngineError> {
+        match &self.backend {
+            Backend::Kimi(kimi) => kimi.encode_with(text, control),
+            Backend::HuggingFace(_) => Err(EngineError::Tokenizer(
+                "Kimi K3's chat is encoded segment by segment with its tiktoken.model (as its tokenization_kimi.py does); \
+                 this checkpoint's tokenizer is a tokenizer.json, for which no reference encoder exists"
+                    .into(),
+            )),
         }
     }
 
