@@ -1,5 +1,7 @@
-//! Chat templates from `tokenizer_config.json`, rendered with minijinja the
-//! way transformers renders them: `trim_blocks` and `lstrip_blocks` on,
+//! Chat messages, how a checkpoint formats them ([`ChatFormat`]: a template,
+//! or Kimi K3's encoder in [`crate::kimi_k3_chat`]), and chat templates from
+//! `tokenizer_config.json`, rendered with minijinja the way transformers
+//! renders them: `trim_blocks` and `lstrip_blocks` on,
 //! Python string methods available (`.strip()`, `.startswith()`, ...),
 //! `raise_exception`, `strftime_now`, and the special tokens (`bos_token`,
 //! `eos_token`, ...) in the context next to `messages` and
@@ -23,6 +25,11 @@ use crate::error::EngineError;
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    /// An assistant message's reasoning (`reasoning_content`), for formats
+    /// that render it (Kimi K3's `think` tag; templates that read it). Left
+    /// out of the template context when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
@@ -30,7 +37,32 @@ impl ChatMessage {
         ChatMessage {
             role: role.to_string(),
             content: content.to_string(),
+            reasoning_content: None,
         }
+    }
+}
+
+/// How a checkpoint turns a chat into prompt ids.
+pub(crate) enum ChatFormat {
+    /// A jinja chat template: rendered to text, then tokenized whole.
+    Template(Box<ChatTemplate>),
+    /// Kimi K3's segment encoder ([`crate::kimi_k3_chat`]), with
+    /// `apply_chat_template`'s defaults.
+    KimiK3,
+}
+
+impl ChatFormat {
+    /// The chat format of checkpoint folder `dir`: Kimi K3's encoder when
+    /// the folder is in K3's form (`config.json`'s `model_type` is
+    /// `kimi_k3`, or K3's control tokens without a template:
+    /// [`crate::tokenizer::kimi_k3_form`]; the release's own encoder wins
+    /// over a template added beside it), else its chat template; `Ok(None)`
+    /// when it has neither.
+    pub(crate) fn from_dir(dir: &Path) -> Result<Option<Self>, EngineError> {
+        if crate::tokenizer::kimi_k3_form(dir) {
+            return Ok(Some(ChatFormat::KimiK3));
+        }
+        Ok(ChatTemplate::from_dir(dir)?.map(|t| ChatFormat::Template(Box::new(t))))
     }
 }
 

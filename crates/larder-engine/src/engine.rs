@@ -1,4 +1,4 @@
-//! [`Engine`]: a loaded checkpoint (model, tokenizer, chat template,
+//! [`Engine`]: a loaded checkpoint (model, tokenizer, chat format,
 //! generation config), what to generate ([`GenerateOptions`]) and what a
 //! generation gives ([`Generation`]). Generating goes through the
 //! [`Scheduler`](crate::Scheduler), the one generation path: on the
@@ -15,7 +15,7 @@ use larder_store::{ExpertStore, Manifest, StoreOptions};
 use larder_tensor::Mat;
 use serde::Serialize;
 
-use crate::chat::{ChatMessage, ChatTemplate};
+use crate::chat::{ChatFormat, ChatMessage};
 use crate::error::store_err;
 use crate::error::EngineError;
 use crate::experts::{direct_index, StoreExperts};
@@ -102,9 +102,10 @@ pub struct Engine {
     /// The expert store, when experts are streamed.
     store: Option<Arc<ExpertStore>>,
     tokenizer: Option<TextTokenizer>,
-    /// The chat template, or why it cannot be used: a broken template is
-    /// reported when a chat is rendered, not at load (plain prompts need none).
-    chat: Result<Option<ChatTemplate>, String>,
+    /// The chat format (a template, or Kimi K3's encoder), or why it cannot
+    /// be used: a broken template is reported when a chat is rendered, not
+    /// at load (plain prompts need none).
+    chat: Result<Option<ChatFormat>, String>,
     generation: GenerationConfig,
     /// How prompts are split into forward passes.
     prefill: PrefillChunk,
@@ -209,8 +210,17 @@ impl Engine {
 
     pub(crate) fn assemble(dir: &Path, model: DecoderModel, store: Option<Arc<ExpertStore>>) -> Result<Self, EngineError> {
         let tokenizer = TextTokenizer::from_dir(dir)?;
-        let chat = ChatTemplate::from_dir(dir).map_err(|e| e.to_string());
-        let generation = GenerationConfig::from_dir(dir)?;
+        let chat = ChatFormat::from_dir(dir).map_err(|e| e.to_string());
+        let mut generation = GenerationConfig::from_dir(dir)?;
+        // Kimi K3 ends every message with <|end_of_msg|> (its config's
+        // eos_token_id); a chat must stop there whatever the config files say.
+        if let (Ok(Some(ChatFormat::KimiK3)), Some(t)) = (&chat, &tokenizer) {
+            if let Some(id) = t.token_to_id(crate::kimi_k3_chat::END_OF_MSG) {
+                if !generation.eos_token_ids.contains(&id) {
+                    generation.eos_token_ids.push(id);
+                }
+            }
+        }
         Ok(Engine {
             dir: dir.to_path_buf(),
             model: Arc::new(model),
@@ -319,22 +329,35 @@ impl Engine {
         self.chat.as_ref().err().map(String::as_str)
     }
 
-    /// Renders a chat with the checkpoint's template (generation prompt added).
-    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
-        let chat = self
-            .chat
+    /// The checkpoint's chat format, or why there is none to use.
+    fn chat_format(&self) -> Result<&ChatFormat, EngineError> {
+        self.chat
             .as_ref()
             .map_err(|e| EngineError::ChatTemplate(e.clone()))?
             .as_ref()
-            .ok_or_else(|| EngineError::NoChatTemplate { dir: self.dir.clone() })?;
-        chat.render(messages, true)
+            .ok_or_else(|| EngineError::NoChatTemplate { dir: self.dir.clone() })
     }
 
-    /// Token ids of a rendered chat (the template already holds special tokens,
-    /// so none are added, as `apply_chat_template(tokenize=True)` does).
+    /// Renders a chat with the checkpoint's template (generation prompt
+    /// added); for Kimi K3, its segments joined
+    /// ([`crate::kimi_k3_chat::render`]).
+    pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        match self.chat_format()? {
+            ChatFormat::Template(t) => t.render(messages, true),
+            ChatFormat::KimiK3 => Ok(crate::kimi_k3_chat::render(&kimi_k3_segments(messages)?)),
+        }
+    }
+
+    /// Token ids of a chat, as `apply_chat_template(tokenize=True)` gives
+    /// them: a rendered template tokenized whole (it already holds its
+    /// special tokens, so none are added); Kimi K3's segments each tokenized
+    /// on its own, special tokens matched in its control segments only
+    /// ([`crate::kimi_k3_chat::encode`]).
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
-        let text = self.render_chat(messages)?;
-        self.tokenizer()?.encode(&text, false)
+        match self.chat_format()? {
+            ChatFormat::Template(t) => self.tokenizer()?.encode(&t.render(messages, true)?, false),
+            ChatFormat::KimiK3 => crate::kimi_k3_chat::encode(self.tokenizer()?, &kimi_k3_segments(messages)?),
+        }
     }
 
     /// Text of generated ids, special tokens left out.
@@ -347,6 +370,18 @@ impl Engine {
         let mut state = self.model.new_state();
         Ok(self.model.forward(ids, &mut state, None)?)
     }
+}
+
+/// Kimi K3's segments of a chat with `apply_chat_template`'s defaults; at
+/// least one message, as a template render requires.
+fn kimi_k3_segments(messages: &[ChatMessage]) -> Result<Vec<crate::kimi_k3_chat::Segment>, EngineError> {
+    if messages.is_empty() {
+        return Err(EngineError::Invalid {
+            field: "messages",
+            message: "at least one message is needed".into(),
+        });
+    }
+    crate::kimi_k3_chat::segments(messages, &crate::kimi_k3_chat::Options::default())
 }
 
 /// Progress of a load: `(bytes read so far, total bytes to read)`.

@@ -30,7 +30,10 @@ pub enum EngineError {
     Tokenizer(String),
     #[error("{dir}: no tokenizer (tokenizer.json, or tiktoken.model with tokenizer_config.json), so text prompts cannot be tokenized (pass --ids instead)")]
     NoTokenizer { dir: PathBuf },
-    #[error("{dir}: tokenizer_config.json has no chat_template, so --chat cannot be used")]
+    #[error(
+        "{dir}: tokenizer_config.json has no chat_template (and the checkpoint is not in Kimi K3's form, whose chat \
+         larder builds itself), so --chat cannot be used"
+    )]
     NoChatTemplate { dir: PathBuf },
     #[error("chat template: {0}")]
     Template(String),

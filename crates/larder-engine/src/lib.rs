@@ -2,11 +2,11 @@
 //!
 //! The public API is the items re-exported at the crate root (grouped below
 //! by area) and a few namespaces named by path ([`open`], [`sizing`],
-//! [`planner`] and [`plan`], [`pack`], [`integrity`], [`drive_probe`],
-//! [`recommend`], and with feature `remote` `lazy` and `pull`). The modules
-//! named here in `code` are private.
+//! [`planner`] and [`plan`], [`pack`], [`integrity`], [`kimi_k3_chat`],
+//! [`drive_probe`], [`recommend`], and with feature `remote` `lazy` and
+//! `pull`). The modules named here in `code` are private.
 //!
-//! - [`Engine`] loads a checkpoint (model, tokenizer, chat template,
+//! - [`Engine`] loads a checkpoint (model, tokenizer, chat format,
 //!   generation config) and generates with it;
 //! - `request` is what a request is ([`Job`]) and reports (events to a
 //!   [`RequestSink`], the [`Outcome`]), with stop strings and the context check;
@@ -26,7 +26,8 @@
 //! - `tokenizer` wraps `tokenizer.json` or Kimi's `tiktoken.model` ([`TextTokenizer`]) and decodes
 //!   streams incrementally ([`StreamDecoder`]);
 //! - `chat` renders `tokenizer_config.json` chat templates like
-//!   transformers ([`ChatTemplate`]);
+//!   transformers ([`ChatTemplate`]); [`kimi_k3_chat`] builds Kimi K3's
+//!   chat (no template ships) as its `encoding_k3.py` does;
 //! - `sampling` picks tokens (greedy or seeded temperature/top-k/top-p,
 //!   [`SamplingParams`]);
 //! - `generation` reads `generation_config.json` (EOS ids, [`GenerationConfig`]);
@@ -47,6 +48,7 @@
 // packing and checking a store, the machine `larder doctor` reports.
 pub mod drive_probe;
 pub mod integrity;
+pub mod kimi_k3_chat;
 #[cfg(feature = "remote")]
 pub mod lazy;
 pub mod open;

@@ -17,7 +17,7 @@ use std::path::Path;
 
 use crate::error::EngineError;
 
-pub(crate) use kimi::KimiTokenizer;
+pub(crate) use kimi::{python_isspace, KimiTokenizer};
 pub use kimi::{KIMI_K3_SPECIAL_IDS, KIMI_SPECIAL_IDS};
 
 /// The Hugging Face tokenizer file.
@@ -126,7 +126,7 @@ impl TextTokenizer {
     }
 
     /// Ids of one segment of a chat that is encoded segment by segment (Kimi
-    /// K3's): special tokens are matched in `text`
+    /// K3's, [`crate::kimi_k3_chat`]): special tokens are matched in `text`
     /// only when `control`, so message text never yields a special id. Only
     /// the `tiktoken.model` form has this (K3 ships it); a `tokenizer.json`
     /// is refused rather than guessed at.
