@@ -34,8 +34,11 @@ pub struct RemoteCheckpoint {
     /// The shards to fetch (those holding text-model tensors).
     pub files: Vec<PullFile>,
     /// What is never read: shards holding only vision tensors (never
-    /// fetched), then vision tensors inside fetched shards, as (name, bytes).
+    /// fetched; their tensor bytes), then vision tensors inside fetched
+    /// shards, as (name, bytes).
     pub skipped: Vec<(String, u64)>,
+    /// The text model's tensors, known from the shard headers alone.
+    pub checkpoint: Checkpoint,
 }
 
 impl RemoteCheckpoint {
@@ -45,14 +48,23 @@ impl RemoteCheckpoint {
     }
 }
 
-/// Whether a shard's JSON header names only tensors of a wrapper's other
-/// towers (at least one): such a shard is never fetched.
-fn only_skipped_tensors(header: &[u8]) -> bool {
+/// The tensor bytes of a shard whose JSON header names only tensors of a
+/// wrapper's other towers (at least one): such a shard is never fetched.
+/// `None` for any other shard.
+fn only_skipped_tensors(header: &[u8]) -> Option<u64> {
     let Ok(serde_json::Value::Object(m)) = serde_json::from_slice::<serde_json::Value>(header) else {
-        return false;
+        return None;
     };
-    let mut names = m.keys().filter(|k| *k != "__metadata__").peekable();
-    names.peek().is_some() && names.all(|n| SKIPPED_PREFIXES.iter().any(|p| n.starts_with(p)))
+    let tensors: Vec<(&String, &serde_json::Value)> = m.iter().filter(|(k, _)| *k != "__metadata__").collect();
+    if tensors.is_empty() || !tensors.iter().all(|(n, _)| SKIPPED_PREFIXES.iter().any(|p| n.starts_with(p))) {
+        return None;
+    }
+    let bytes = |t: &serde_json::Value| -> u64 {
+        let offsets = t["data_offsets"].as_array();
+        let at = |i: usize| offsets.and_then(|o| o.get(i)).and_then(serde_json::Value::as_u64).unwrap_or(0);
+        at(1).saturating_sub(at(0))
+    };
+    Some(tensors.iter().map(|(_, t)| bytes(t)).sum())
 }
 
 /// Fetches `remote`'s config, tokenizer, template and index files into
@@ -82,8 +94,8 @@ pub fn describe_remote(remote: &dyn FileSource, staging: &Path) -> Result<Remote
     let mut skipped = Vec::new();
     for name in shard_names(&listing, staging)? {
         let (file, header) = read_head(remote, &name, staging)?;
-        if only_skipped_tensors(&header.header) {
-            skipped.push((name, file.size));
+        if let Some(bytes) = only_skipped_tensors(&header.header) {
+            skipped.push((name, bytes));
             continue;
         }
         headers.push(header);
@@ -164,7 +176,12 @@ fn describe_headers(
     DecoderModel::load(spec.clone(), &ckpt, None)?;
     let source = describe(staging, &spec, &ckpt)?;
     skipped.extend(ckpt.skipped().iter().map(|t| (t.name.clone(), t.bytes)));
-    Ok(RemoteCheckpoint { source, files, skipped })
+    Ok(RemoteCheckpoint {
+        source,
+        files,
+        skipped,
+        checkpoint: ckpt,
+    })
 }
 
 /// The checkpoint's shards: those its index names, or `model.safetensors`,

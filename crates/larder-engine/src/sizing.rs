@@ -3,12 +3,16 @@
 //! them: exact from a checkpoint's safetensors headers or a store's
 //! manifest; when config.json is all there is, estimated from the tensors
 //! the architecture's loader reads, at config.json's dtype
-//! ([`crate::tensor_sizes`]) ([`inspect`]).
+//! ([`crate::tensor_sizes`]) ([`inspect`]). A remote checkpoint (a hub repo)
+//! is sized exactly from its config.json and its shards' headers, read by
+//! range without a byte of weights ([`inspect_remote`]).
 
 use std::path::{Path, PathBuf};
 
 use larder_model::checkpoint::Checkpoint;
+use larder_model::config::MixerSpec;
 use larder_model::{MlaCache, ModelSpec};
+use larder_store::remote::FileSource;
 use larder_store::Manifest;
 use serde_json::{json, Value};
 
@@ -24,6 +28,8 @@ pub enum Kind {
     Store,
     /// A config.json alone (or a folder with no weights): sizes estimated.
     Config,
+    /// A remote checkpoint known by its config.json and shard headers.
+    Remote,
 }
 
 impl Kind {
@@ -32,6 +38,7 @@ impl Kind {
             Kind::Checkpoint => "checkpoint",
             Kind::Store => "store",
             Kind::Config => "config",
+            Kind::Remote => "remote",
         }
     }
 }
@@ -48,8 +55,17 @@ pub struct ModelReport {
     /// and expanded (equal when the model has no MLA layers).
     pub kv_bytes_per_token: usize,
     pub kv_bytes_per_token_expanded: usize,
-    /// The folder holding it (the drive its experts are read from).
+    /// Bytes of one sequence's recurrent (KDA) state, whatever its length
+    /// ([`recurrent_state_bytes`]; 0 without recurrent layers).
+    pub recurrent_state_bytes: u64,
+    /// Bytes the checkpoint holds that the text model never reads (a
+    /// wrapper's vision tower), counted in neither the spine nor the experts.
+    pub skipped_bytes: u64,
+    /// The folder holding it (the drive its experts are read from; a remote
+    /// model's staging folder, gone once it is sized).
     pub folder: PathBuf,
+    /// Its spec, as read from its config.json.
+    pub spec: ModelSpec,
 }
 
 /// Reads the model at `path` (a checkpoint folder, a packed store or a
@@ -90,8 +106,50 @@ pub fn inspect(path: &Path) -> Result<ModelReport, EngineError> {
         sizes,
         kv_bytes_per_token: spec.kv_bytes_per_token(MlaCache::Compact),
         kv_bytes_per_token_expanded: spec.kv_bytes_per_token(MlaCache::Expanded),
+        recurrent_state_bytes: recurrent_state_bytes(&spec),
+        skipped_bytes: match kind {
+            Kind::Checkpoint => Checkpoint::open(&dir)?.skipped().iter().map(|t| t.bytes).sum(),
+            _ => 0,
+        },
         folder: dir,
+        spec,
     })
+}
+
+/// Sizes a remote checkpoint exactly from its config.json and its shards'
+/// headers (fetched into `staging`, by range; checked as a load checks
+/// them); `label` names it (the hub id).
+pub fn inspect_remote(remote: &dyn FileSource, staging: &Path, label: &str) -> Result<ModelReport, EngineError> {
+    let described = crate::pull::describe_remote(remote, staging)?;
+    let spec = larder_model::arch::read_spec(staging)?;
+    Ok(ModelReport {
+        path: PathBuf::from(label),
+        kind: Kind::Remote,
+        model_type: spec.model_type.clone(),
+        sizes: header_sizes(&described.checkpoint, &spec)?,
+        kv_bytes_per_token: spec.kv_bytes_per_token(MlaCache::Compact),
+        kv_bytes_per_token_expanded: spec.kv_bytes_per_token(MlaCache::Expanded),
+        recurrent_state_bytes: recurrent_state_bytes(&spec),
+        skipped_bytes: described.skipped_bytes(),
+        folder: staging.to_path_buf(),
+        spec,
+    })
+}
+
+/// Bytes of one sequence's committed recurrent state: per KDA layer the
+/// `H × D × D` f32 state and the `(K − 1) × 3HD` f32 convolution window (a
+/// running pass holds a second copy until it commits).
+pub fn recurrent_state_bytes(spec: &ModelSpec) -> u64 {
+    spec.layers
+        .iter()
+        .map(|l| match &l.mixer {
+            MixerSpec::Kda(k) => {
+                let hd = (k.num_heads * k.head_dim) as u64;
+                4 * (hd * k.head_dim as u64 + (k.conv_kernel.saturating_sub(1) as u64) * 3 * hd)
+            }
+            _ => 0,
+        })
+        .sum()
 }
 
 /// Where the routed experts of the model at `dir` are: a packed store's
@@ -116,8 +174,12 @@ fn has_weights(dir: &Path) -> bool {
 /// Exact sizes from a checkpoint's safetensors headers: the spine is every
 /// tensor that is not a routed expert (what `larder pack` puts in a store's spine).
 fn checkpoint_sizes(dir: &Path, spec: &ModelSpec) -> Result<ModelSizes, EngineError> {
-    let ckpt = Checkpoint::open(dir)?;
-    let index = crate::experts::direct_index(spec, &ckpt)?;
+    header_sizes(&Checkpoint::open(dir)?, spec)
+}
+
+/// Exact sizes from a checkpoint's headers (the text model's tensors only).
+fn header_sizes(ckpt: &Checkpoint, spec: &ModelSpec) -> Result<ModelSizes, EngineError> {
+    let index = crate::experts::direct_index(spec, ckpt)?;
     let mut total = 0u64;
     for name in ckpt.names() {
         total = total.saturating_add(ckpt.tensor_info(name)?.len);
@@ -168,6 +230,8 @@ impl ModelReport {
             "active_bytes_per_token": s.active_bytes_per_token(),
             "kv_bytes_per_token": self.kv_bytes_per_token,
             "kv_bytes_per_token_expanded": self.kv_bytes_per_token_expanded,
+            "recurrent_state_bytes": self.recurrent_state_bytes,
+            "skipped_bytes": self.skipped_bytes,
         })
     }
 }

@@ -53,7 +53,8 @@ pub fn probe_drives(drives: &[PathBuf], model: Option<&ModelReport>, probe_mib: 
     } else {
         vec![(PathBuf::from("."), false)]
     };
-    if let Some(m) = model {
+    // A remote model has no folder here to probe.
+    if let Some(m) = model.filter(|m| m.kind != Kind::Remote) {
         folders.push((m.folder.clone(), false));
     }
     let mut seen = Vec::new();
@@ -175,6 +176,7 @@ fn model_text(m: &ModelReport) -> String {
     let how = if s.exact {
         match m.kind {
             Kind::Store => "exact, from the store manifest",
+            Kind::Remote => "exact, from the safetensors headers, read by range",
             _ => "exact, from the safetensors headers",
         }
     } else {
@@ -184,7 +186,7 @@ fn model_text(m: &ModelReport) -> String {
         "\nModel  {} ({})\n  architecture  {}, {} layers ({} MoE), {} experts per layer, top-{}\n  \
          spine         {} ({how})\n  expert bank   {}, {} per expert\n  \
          per token     {} of routed experts (top-{} x {} MoE layers), {} of weights in all\n  \
-         KV cache      {} per token of context{}\n",
+         KV cache      {} per token of context{}\n{}",
         m.path.display(),
         m.kind.name(),
         m.model_type,
@@ -206,8 +208,27 @@ fn model_text(m: &ModelReport) -> String {
                 " (MLA compact latent; {} expanded)",
                 format_size(m.kv_bytes_per_token_expanded as u64)
             ),
-        }
+        },
+        extra_model_lines(m)
     )
+}
+
+/// The recurrent state and the bytes never read, where the model has them.
+fn extra_model_lines(m: &ModelReport) -> String {
+    let mut s = String::new();
+    if m.recurrent_state_bytes > 0 {
+        s += &format!(
+            "  KDA state     {} per sequence, whatever its length\n",
+            format_size(m.recurrent_state_bytes)
+        );
+    }
+    if m.skipped_bytes > 0 {
+        s += &format!(
+            "  skipped       {} never read (a wrapper's vision tower; not fetched, not packed)\n",
+            format_size(m.skipped_bytes)
+        );
+    }
+    s
 }
 
 fn recommendation_text(m: &ModelReport, r: &Recommendation) -> String {

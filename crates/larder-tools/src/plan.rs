@@ -4,8 +4,8 @@
 
 use std::path::Path;
 
-use larder_engine::plan::ModelSizes;
 use larder_engine::planner::{PlanInput, PlanOutput};
+use larder_engine::sizing::ModelReport;
 use larder_store::cache::PolicyKind;
 use larder_store::format_size;
 use serde_json::{json, Value};
@@ -19,6 +19,7 @@ pub fn plan_json(model: &Path, input: &PlanInput, p: &PlanOutput, routing: &str)
     let ttft: serde_json::Map<String, serde_json::Value> = f.ttft_s.iter().map(|(n, s)| (n.to_string(), json!(s))).collect();
     json!({
         "model": model,
+        "model_report": input.model.to_json(),
         "decode_tok_per_s": f.decode_tok_per_s,
         "ttft_s": ttft,
         "hit_rate": f.hit_rate,
@@ -48,9 +49,9 @@ pub fn plan_json(model: &Path, input: &PlanInput, p: &PlanOutput, routing: &str)
 }
 
 /// The readable plan.
-pub fn plan_text(model: &Path, sizes: &ModelSizes, p: &PlanOutput, routing: &str, prefetch: bool) -> String {
+pub fn plan_text(model: &Path, report: &ModelReport, p: &PlanOutput, routing: &str, prefetch: bool) -> String {
     let mut out = String::new();
-    let f = &p.forecast;
+    let (f, sizes) = (&p.forecast, &report.sizes);
     out += &format!(
         "{}: spine {}, bank {} ({} MoE layers x {} experts, top-{}, {} each)",
         model.display(),
@@ -62,6 +63,20 @@ pub fn plan_text(model: &Path, sizes: &ModelSizes, p: &PlanOutput, routing: &str
         format_size(sizes.expert_bytes)
     );
     out.push('\n');
+    out += &format!(
+        "per token: {} of routed experts, {} of weights in all; context: {} of KV cache per token{}",
+        format_size(sizes.expert_bytes_per_token()),
+        format_size(sizes.active_bytes_per_token()),
+        format_size(report.kv_bytes_per_token as u64),
+        match report.recurrent_state_bytes {
+            0 => String::new(),
+            b => format!(", {} of KDA state per sequence", format_size(b)),
+        }
+    );
+    out.push('\n');
+    if report.skipped_bytes > 0 {
+        out += &format!("skipped: {} never read (a wrapper's vision tower)\n", format_size(report.skipped_bytes));
+    }
     out += &format!(
         "cache {} ({:.0}% of the bank), policy {}: hit rate {:.1}% ({routing}); reads {} per token",
         format_size(p.ram_budget),
@@ -86,7 +101,7 @@ pub fn plan_text(model: &Path, sizes: &ModelSizes, p: &PlanOutput, routing: &str
     );
     out.push('\n');
     for (n, s) in &f.ttft_s {
-        out += &format!("time to first token, {n}-token prompt: {s:.1} s");
+        out += &format!("time to first token, {n}-token prompt: {s:.1} s\n");
     }
     out
 }

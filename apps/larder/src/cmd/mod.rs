@@ -233,8 +233,32 @@ impl ExpertArgs {
 
 /// The model at `path` (a checkpoint folder, a packed store or a
 /// config.json) sized as larder-engine sizes it, errors naming `--model`.
+/// A model path, or (where no such path exists) a hub repo `org/name[@rev]`
+/// or an `http(s)://` base URL, sized from its config.json and shard headers
+/// read by range (`HF_ENDPOINT`, `HF_TOKEN` as `larder pull` reads them).
 pub fn inspect_model(path: &Path) -> anyhow::Result<larder_engine::sizing::ModelReport> {
+    if !path.exists() {
+        if let Some(arg) = path.to_str().filter(|a| a.contains('/') && !a.starts_with(['/', '.', '~'])) {
+            return inspect_remote(arg);
+        }
+    }
     larder_engine::sizing::inspect(path).with_context(|| format!("--model {}", path.display()))
+}
+
+/// [`inspect_model`] of a remote checkpoint: its small files and shard
+/// headers go to a temporary folder, removed afterwards.
+fn inspect_remote(arg: &str) -> anyhow::Result<larder_engine::sizing::ModelReport> {
+    use larder_store::remote::{open_source, CheckpointSource, HubEnv, RemoteOptions};
+    let env = HubEnv::from_process();
+    let context = || format!("--model {arg} (a remote checkpoint: its config.json and safetensors headers are read by range)");
+    let source = CheckpointSource::parse(arg, &env).with_context(context)?;
+    let remote = open_source(&source, &env, &RemoteOptions::default()).with_context(context)?;
+    let staging = std::env::temp_dir().join(format!("larder-inspect-{}", std::process::id()));
+    let report = larder_engine::sizing::inspect_remote(remote.as_ref(), &staging, arg).with_context(context);
+    let _ = std::fs::remove_dir_all(&staging);
+    let moved = remote.transferred();
+    tracing::debug!(requests = moved.requests, bytes = moved.bytes, "read {arg}'s headers");
+    report
 }
 
 /// Loads a checkpoint folder or packed store, with the folder named in any error.

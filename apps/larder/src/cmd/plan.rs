@@ -85,7 +85,7 @@ pub struct Args {
 
 pub fn run(a: Args) -> anyhow::Result<()> {
     let report = super::inspect_model(&a.model)?;
-    let spec = larder_model::arch::read_spec(&report.folder).with_context(|| format!("--model {}", a.model.display()))?;
+    let spec = report.spec.clone();
     let ram = match &a.ram {
         Some(s) => parse_size(s).map_err(|e| anyhow::anyhow!("--ram {s:?}: {e}"))?,
         None => larder_engine::mem_available().context("--ram: cannot read MemAvailable here; give --ram")?,
@@ -144,7 +144,7 @@ pub fn run(a: Args) -> anyhow::Result<()> {
     }
     print!(
         "{}",
-        larder_tools::plan::plan_text(&a.model, &input.model.sizes, &p, &routing, input.prefetch)
+        larder_tools::plan::plan_text(&a.model, &input.model, &p, &routing, input.prefetch)
     );
     Ok(())
 }
