@@ -118,11 +118,13 @@ fn kimi_linear_4bit_experts_load_and_run() {
         let dir = write_load_run(&spec, &format!("kimi-{format:?}"));
         assert_eq!(routed_bytes(&tensors(&dir)), spec.total_expert_bytes() as usize);
         let _ = std::fs::remove_dir_all(&dir);
-        // Latent-space experts: the latent projections stay bf16 (ignored).
-        spec.moe_latent_size = Some(32);
+        // Latent experts: the latent projections stay bf16 (ignored).
+        spec.routed_expert_hidden_size = Some(32);
+        spec.latent_moe_use_norm = true;
         let dir = write_load_run(&spec, &format!("kimi-latent-{format:?}"));
         let q = &json(&dir.join("config.json"))["quantization_config"];
-        assert!(q["ignore"].as_array().unwrap().contains(&"re:.*_latent_proj.*".into()), "{q}");
+        let ignored = "re:.*routed_expert_(down|up)_proj.*";
+        assert!(q["ignore"].as_array().unwrap().contains(&ignored.into()), "{q}");
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -1,6 +1,6 @@
 //! `larder synth`'s output is pinned byte for byte: the sha256 of every file
 //! [`synth::write`] writes, for every architecture x tiny preset x experts
-//! format, latent-space experts (`--moe-latent-size`) and the skewed, local
+//! format, latent experts (`--routed-expert-hidden-size`) and the skewed, local
 //! and mixed routing presets,
 //! against tests/data/synth_digests.txt. Synth's tensor list now comes from
 //! the loaders (weight recorder), in the order they read tensors, with values
@@ -9,7 +9,9 @@
 //! recorded list is the hand-written one, tensor for tensor, is pinned by
 //! `synth::plan_tests`. The skewed lines changed again when `--routing`
 //! gained calibrated presets and knobs (skew profile, layer-to-layer drift,
-//! the knobs in config.json); uniform's did not. Regenerate (only for an intended change of synth's
+//! the knobs in config.json); uniform's did not. The latent lines changed
+//! when latent experts took Kimi K3's names (`routed_expert_*`, with the
+//! latent norm on the 4-bit ones); `kimi_k3` lines were added with it. Regenerate (only for an intended change of synth's
 //! output) with
 //! `LARDER_SYNTH_DIGESTS_WRITE=1 cargo test -p larder-model --test synth_digests`.
 
@@ -32,7 +34,8 @@ fn combinations() -> Vec<(String, SynthSpec)> {
     }
     for (latent, format) in [(24, ExpertsFormat::Bf16), (32, ExpertsFormat::Int4), (32, ExpertsFormat::Mxfp4)] {
         let mut spec = SynthSpec::preset("kimi_linear", "tiny", None).expect("tiny preset");
-        spec.moe_latent_size = Some(latent);
+        spec.routed_expert_hidden_size = Some(latent);
+        spec.latent_moe_use_norm = format != ExpertsFormat::Bf16;
         spec.set_experts_format(format).expect("format");
         out.push((format!("kimi_linear tiny {format:?} latent {latent}"), spec));
     }

@@ -2,7 +2,8 @@
 //! loads (KDA and MLA in the K3 ratio, dense first layer, f32 gate tensors),
 //! runs with finite logits and spread routing, is seed-deterministic byte
 //! for byte, and `--experts-gib` sizes the expert bank to whole MoE layers;
-//! latent-space experts (`moe_latent_size`) are written at their width and
+//! K3's latent experts (`routed_expert_hidden_size`, with
+//! `latent_moe_use_norm`) are written at their width, under K3's names, and
 //! load.
 
 use std::collections::BTreeSet;
@@ -103,17 +104,20 @@ fn tiny_kimi_linear_loads_with_the_k3_layer_ratio_and_runs() {
 fn latent_experts_are_written_at_their_width_and_load() {
     let dir = scratch("latent");
     let mut spec = tiny(4);
-    spec.moe_latent_size = Some(24);
+    spec.routed_expert_hidden_size = Some(24);
+    spec.latent_moe_use_norm = true;
     let mut written = 0u64;
     write(&spec, &dir, &mut |b| written += b).unwrap();
     assert_eq!(written, spec.total_bytes().unwrap());
     assert_eq!(spec.expert_bytes(), 3 * 32 * 24 * 2);
     let config: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
-    assert_eq!(config["moe_latent_size"], 24);
+    assert_eq!(config["routed_expert_hidden_size"], 24);
+    assert_eq!(config["latent_moe_use_norm"], true);
     let shapes: std::collections::BTreeMap<String, Vec<usize>> = tensors(&dir).into_iter().map(|(n, _, shape, _)| (n, shape)).collect();
     let block = "model.layers.2.block_sparse_moe";
-    assert_eq!(shapes[&format!("{block}.fc1_latent_proj.weight")], [24, 64]);
-    assert_eq!(shapes[&format!("{block}.fc2_latent_proj.weight")], [64, 24]);
+    assert_eq!(shapes[&format!("{block}.routed_expert_down_proj.weight")], [24, 64]);
+    assert_eq!(shapes[&format!("{block}.routed_expert_up_proj.weight")], [64, 24]);
+    assert_eq!(shapes[&format!("{block}.routed_expert_norm.weight")], [24]);
     assert_eq!(shapes[&format!("{block}.experts.7.w1.weight")], [32, 24]);
     assert_eq!(shapes[&format!("{block}.experts.7.w2.weight")], [24, 32]);
     assert_eq!(
@@ -122,7 +126,9 @@ fn latent_experts_are_written_at_their_width_and_load() {
         "the router sees the full hidden state"
     );
     assert!(
-        !shapes.contains_key("model.layers.0.mlp.fc1_latent_proj.weight"),
+        !shapes
+            .keys()
+            .any(|n| n.starts_with("model.layers.0.") && n.contains("routed_expert")),
         "dense layers have none"
     );
 
@@ -138,13 +144,13 @@ fn latent_experts_are_written_at_their_width_and_load() {
     }
     std::fs::remove_dir_all(dir).unwrap();
 
-    // Only kimi_linear writes latent experts, at a positive width.
+    // Only the Kimi layouts write latent experts, at a positive width.
     for (arch, latent) in [("deepseek_v3", 8), ("kimi_linear", 0)] {
         let mut spec = SynthSpec::preset(arch, "tiny", None).unwrap();
-        spec.moe_latent_size = Some(latent);
+        spec.routed_expert_hidden_size = Some(latent);
         let dir = scratch(&format!("latent-{arch}"));
         let e = write(&spec, &dir, &mut |_| {}).unwrap_err().to_string();
-        assert!(e.contains("moe_latent_size"), "{arch}: {e}");
+        assert!(e.contains("routed_expert_hidden_size"), "{arch}: {e}");
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
@@ -230,8 +236,11 @@ fn experts_gib_sizes_the_bank_to_whole_moe_layers() {
 
 #[test]
 fn unknown_architectures_and_presets_are_refused_by_name() {
-    let err = SynthSpec::preset("kimi_k3", "tiny", None).unwrap_err();
-    assert!(err.contains("kimi_k3") && err.contains("kimi_linear"), "{err}");
+    let err = SynthSpec::preset("kimi_k4", "tiny", None).unwrap_err();
+    assert!(
+        err.contains("kimi_k4") && err.contains("kimi_linear") && err.contains("kimi_k3"),
+        "{err}"
+    );
     let err = SynthSpec::preset("kimi_linear", "huge", None).unwrap_err();
     assert!(err.contains("huge") && err.contains("k3-mini"), "{err}");
     assert!(SynthSpec::preset("kimi_linear", "tiny", Some(0.0)).is_err());

@@ -21,9 +21,20 @@ kimi_linear (Kimi Linear / K3 layout): KDA layers with MLA every 4th layer (1-ba
 ratio of 3 KDA to 1 MLA), a dense first layer, DeepSeek-style MoE (shared expert, sigmoid routing with \
 correction bias, 8 groups of which 4 eligible in k3-mini); k3-mini's attention is Kimi-Linear-48B's scaled \
 to hidden 2048 (28 KDA heads x 128, 28 MLA heads, no q LoRA); tiny has 5 layers (KDA x3, MLA, KDA). \
---moe-latent-size N (kimi_linear only) writes K3's latent-space experts: each MoE block gets \
-fc1_latent_proj [N, hidden] and fc2_latent_proj [hidden, N] and its routed experts are N wide instead of \
-hidden (config.json: moe_latent_size), so expert records shrink by N/hidden.\n\n\
+--routed-expert-hidden-size N (kimi_linear, kimi_k3) writes K3's latent experts: each MoE block gets \
+routed_expert_down_proj [N, hidden] and routed_expert_up_proj [hidden, N] (and, with --latent-moe-use-norm \
+true, the default, routed_expert_norm [N]) and its routed experts are N wide instead of hidden (config.json: \
+routed_expert_hidden_size, latent_moe_use_norm), so expert records shrink by N/hidden.\n\n\
+kimi_k3 (Kimi K3 as published): config.json is the KimiK3ForConditionalGeneration wrapper with the text \
+model under text_config (every K3 field at its released value: SiTU betas 4.0/25.0, latent experts with \
+their norm, attention residuals, full-rank KDA gate with lower bound -5.0, MLA output gate, the released \
+mxfp4-pack-quantized quantization_config) and a small vision_config; tensors under language_model., a small \
+vision tower (vision_tower.*, mm_projector.*) in a shard of its own, A_log, dt_bias, conv taps, o_norm and \
+the router in f32, MXFP4 routed experts (or --experts-format bf16). Presets tiny (hidden 64, 6 layers: KDA x3, \
+MLA, KDA, MLA; 16 experts top-4 of Im 32 at latent 32) and k3, the released geometry: hidden 7168, 93 layers \
+(MLA at 4, 8, ..., 92 and 93, KDA elsewhere, 96 heads), 896 experts top-16 of Im 3072 at latent 3584 \
+(17,547,264 bytes per MXFP4 expert), 2 shared experts, vocab 163840: 1.45 TB of experts, so shrink it with \
+--layers and --experts (the per-expert geometry stays; MLA stays at every 4th and the last layer).\n\n\
 gpt_oss (gpt-oss layout: attention with q/k/v/o biases and per-head sinks, layers alternating sliding-window \
 and full attention, YaRN, a biased router, fused experts with biases and gate/up interleaved): presets tiny \
 (hidden 64, 16 experts, top-4, 4 layers, window 4), 20b (gpt-oss-20b's shapes: hidden and intermediate 2880, \
@@ -31,8 +42,8 @@ and full attention, YaRN, a biased router, fused experts with biases and gate/up
 experts); with --experts-gib the layer count is chosen instead, as for k3-mini.\n\n\
 --experts-format sets how routed experts are stored (everything else is bf16): bf16; int4 (deepseek_v3, \
 kimi_linear: compressed-tensors pack-quantized, as Kimi-K2-Thinking ships: weight_packed i32 [out, in/8], \
-weight_scale bf16 [out, in/32], weight_shape i32 [2]); mxfp4 (deepseek_v3, kimi_linear: compressed-tensors \
-mxfp4-pack-quantized as the K3 release ships: weight_packed u8 [out, in/2] e2m1, weight_scale u8 e8m0 [out, \
+weight_scale bf16 [out, in/32], weight_shape i32 [2]); mxfp4 (deepseek_v3, kimi_linear, kimi_k3 (its default): \
+compressed-tensors mxfp4-pack-quantized as the K3 release ships: weight_packed u8 [out, in/2] e2m1, weight_scale u8 e8m0 [out, \
 in/32]; gpt_oss: its own MXFP4 *_blocks/*_scales, quant_method mxfp4, the default for gpt_oss). Codes are \
 random, scales give the weights the bf16 experts' spread; --experts-gib counts experts at their stored size \
 (int4 experts are 3.56x and mxfp4 3.76x smaller than bf16, so the same GiB holds that many times more \
@@ -51,21 +62,23 @@ tokenizer, chat template and generation config are copied.\n\n\
 Examples:\n  larder synth --arch qwen3_moe --preset k3-mini --experts-gib 8 --out ./k3mini\n  \
 larder synth --arch deepseek_v3 --preset k3-mini --experts-gib 8 --out ./k3mini-ds\n  \
 larder synth --arch kimi_linear --preset k3-mini --experts-gib 8 --out ./k3mini-kimi\n  \
+larder synth --arch kimi_k3 --preset k3 --layers 5 --experts 128 --out ./k3-5-layers\n  \
 larder synth --arch deepseek_v3 --preset k3-mini --experts-format int4 --experts-gib 8 --out ./k3mini-int4\n  \
 larder synth --arch gpt_oss --preset 20b --out ./gpt-oss-20b-like\n  \
 larder synth --arch gpt_oss --preset 120b --experts-gib 16 --out ./gpt-oss-120b-like-16g\n  \
 larder synth --from-dense ~/.cache/larder/smollm2/checkpoint --experts 8 --top-k 2 --out ./smollm2-moe")]
 pub struct Args {
     /// Architecture: qwen3_moe, deepseek_v3 (MLA, dense first layer, shared expert, grouped sigmoid routing),
-    /// kimi_linear (deepseek_v3's MoE with KDA layers and MLA every 4th layer) or gpt_oss.
+    /// kimi_linear (deepseek_v3's MoE with KDA layers and MLA every 4th layer), kimi_k3 (Kimi K3 as
+    /// published) or gpt_oss.
     #[arg(long, default_value = "qwen3_moe", value_parser = larder_model::synth::ARCHITECTURES)]
     arch: String,
-    /// Shape preset: tiny or k3-mini; gpt_oss: tiny, 20b or 120b.
+    /// Shape preset: tiny or k3-mini; gpt_oss: tiny, 20b or 120b; kimi_k3: tiny or k3 (the released geometry).
     #[arg(long, default_value = "tiny")]
     preset: String,
     /// How routed experts are stored: bf16, int4 (deepseek_v3, kimi_linear: compressed-tensors
-    /// pack-quantized) or mxfp4 (deepseek_v3, kimi_linear: compressed-tensors mxfp4-pack-quantized; gpt_oss:
-    /// its own MXFP4 blocks and scales). Default: bf16; gpt_oss: mxfp4, as it ships.
+    /// pack-quantized) or mxfp4 (deepseek_v3, kimi_linear, kimi_k3: compressed-tensors mxfp4-pack-quantized;
+    /// gpt_oss: its own MXFP4 blocks and scales). Default: bf16; gpt_oss and kimi_k3: mxfp4, as they ship.
     #[arg(long, value_name = "FORMAT", value_parser = ["bf16", "int4", "mxfp4"], conflicts_with = "from_dense")]
     experts_format: Option<String>,
     /// Total size of routed experts, in GiB (sets the layer count): above 0, at most 65536.
@@ -80,18 +93,23 @@ pub struct Args {
     /// Experts chosen per token, 1 to the number of experts (default: the preset's; 2 with --from-dense).
     #[arg(long, value_parser = super::range(1, MAX_EXPERTS))]
     top_k: Option<usize>,
-    /// kimi_linear only: latent-space experts (K3) of this width, 1 to 65536: routed experts run between
-    /// fc1_latent_proj / fc2_latent_proj at width N instead of the hidden size (default: none).
+    /// kimi_linear, kimi_k3: K3's latent experts of this width, 1 to 65536: routed experts run between
+    /// routed_expert_down_proj / routed_expert_up_proj at width N instead of the hidden size (default: none;
+    /// kimi_k3: the preset's, 3584 in k3).
     #[arg(long, value_name = "N", value_parser = super::range(1, 1 << 16), conflicts_with = "from_dense")]
-    moe_latent_size: Option<usize>,
+    routed_expert_hidden_size: Option<usize>,
+    /// With latent experts: RMS-normalise their weighted sum (routed_expert_norm) before
+    /// routed_expert_up_proj, as K3 ships (default: true).
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, conflicts_with = "from_dense")]
+    latent_moe_use_norm: Option<bool>,
     /// Override the vocabulary size, 2 to 16777216 (e.g. to make a draft model for another synthetic checkpoint).
     #[arg(long, value_parser = super::range(2, 1 << 24), conflicts_with = "from_dense")]
     vocab: Option<usize>,
     /// Seed of the random weights (with --from-dense: of the random routers).
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Routing preset (sets the --routing-* knobs' defaults; docs/synth.md has the calibration): uniform (skew 0,
-    /// locality 0, drift 0: independent uniform routing, as GLM- and Qwen3-Next-class models route, but the next
+    /// Routing preset (sets the --routing-* knobs' defaults; docs/store.md "Routing presets" has the
+    /// calibration): uniform (skew 0, locality 0, drift 0: independent uniform routing, as GLM- and Qwen3-Next-class models route, but the next
     /// layer's router on this layer's input recalls ~98%); local (locality 0.98, drift 0.3: Qwen3-30B-A3B-like
     /// reuse within two tokens, ~95% LRU hits with 40% of the bank cached); skewed (skew 4, drift 0.5: K3-like
     /// heat, ~85% of routes in the hottest 30% of experts); mixed (skew 4, locality 0.9, drift 0.45: heat,
@@ -163,7 +181,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         layers: args.layers,
         experts: args.experts,
         top_k: args.top_k,
-        moe_latent_size: args.moe_latent_size,
+        routed_expert_hidden_size: args.routed_expert_hidden_size,
+        latent_moe_use_norm: args.latent_moe_use_norm,
         vocab: args.vocab,
         seed: args.seed,
         routing: args.routing.clone(),

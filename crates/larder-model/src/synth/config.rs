@@ -12,6 +12,10 @@ impl SynthSpec {
             // gpt_oss refuses unknown fields too: no synth record.
             return super::gpt_oss::config(self, g);
         }
+        if let (Some(d), Some(k), Some(k3)) = (&self.deepseek, &self.kda, &self.k3) {
+            // So do kimi_k3 and its text config.
+            return super::kimi_k3::config(self, d, k, k3);
+        }
         let mut cfg = match (&self.deepseek, &self.kda) {
             // kimi_linear refuses every field it does not know (K3 extensions
             // must not pass silently), so the synth record is left out.
@@ -43,8 +47,8 @@ fn compressed_tensors(s: &SynthSpec) -> Option<Value> {
         json!("re:.*shared_experts.*"),
         json!("re:.*mlp\\.(gate|up|gate_up|down)_proj.*"),
     ];
-    if s.moe_latent_size.is_some() {
-        ignore.push(json!("re:.*_latent_proj.*"));
+    if s.routed_expert_hidden_size.is_some() {
+        ignore.push(json!("re:.*routed_expert_(down|up)_proj.*"));
     }
     let (format, group) = match s.experts_format {
         ExpertsFormat::Bf16 => return None,
@@ -168,9 +172,10 @@ fn deepseek_v3(s: &SynthSpec, d: &DeepseekShape) -> Value {
 }
 
 /// Moonshot's Kimi-Linear-48B-A3B config.json fields (docs/kimi_linear.md),
-/// with 1-based `kda_layers` / `full_attn_layers`.
+/// with 1-based `kda_layers` / `full_attn_layers`; latent experts as K3
+/// names them (`routed_expert_hidden_size`, `latent_moe_use_norm`).
 fn kimi_linear(s: &SynthSpec, d: &DeepseekShape, k: &KdaShape) -> Value {
-    let (kda, full): (Vec<usize>, Vec<usize>) = (1..=s.layers).partition(|l| k.is_kda(l - 1));
+    let (kda, full) = layer_lists(s, k);
     let mut cfg = json!({
         "architectures": ["KimiLinearForCausalLM"],
         "model_type": "kimi_linear",
@@ -214,8 +219,14 @@ fn kimi_linear(s: &SynthSpec, d: &DeepseekShape, k: &KdaShape) -> Value {
         "eos_token_id": s.vocab - 1,
         "num_nextn_predict_layers": 0,
     });
-    if let Some(latent) = s.moe_latent_size {
-        cfg["moe_latent_size"] = json!(latent);
+    if let Some(latent) = s.routed_expert_hidden_size {
+        cfg["routed_expert_hidden_size"] = json!(latent);
+        cfg["latent_moe_use_norm"] = json!(s.latent_moe_use_norm);
     }
     cfg
+}
+
+/// The 1-based `kda_layers` and `full_attn_layers` of `linear_attn_config`.
+pub(super) fn layer_lists(s: &SynthSpec, k: &KdaShape) -> (Vec<usize>, Vec<usize>) {
+    (1..=s.layers).partition(|l| k.is_kda(l - 1, s.layers))
 }

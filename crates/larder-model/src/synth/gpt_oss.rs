@@ -39,7 +39,9 @@ pub(super) fn preset(preset: &str) -> Result<SynthSpec, String> {
         routing_knobs: None,
         deepseek: None,
         kda: None,
-        moe_latent_size: None,
+        routed_expert_hidden_size: None,
+        latent_moe_use_norm: false,
+        k3: None,
         experts_format: ExpertsFormat::Mxfp4,
         gpt_oss: Some(GptOssShape { sliding_window: window }),
     })

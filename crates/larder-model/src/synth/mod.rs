@@ -2,16 +2,20 @@
 //! the architecture's tensor names, index.json), random weights, any size.
 //! This is how larder tests scale without downloading terabytes.
 //! Architectures: `qwen3_moe`, `deepseek_v3`, `kimi_linear` (KDA and MLA
-//! layers in the K3 ratio 3:1, DeepSeek-style MoE) and `gpt_oss` (fused
+//! layers in the K3 ratio 3:1, DeepSeek-style MoE), `kimi_k3` (Kimi K3 as
+//! published: the `kimi_k3` wrapper around a kimi_linear text model with
+//! every K3 field, `language_model.` tensor names, MXFP4 latent experts and
+//! a small vision tower in a shard of its own) and `gpt_oss` (fused
 //! experts with biases, attention sinks, alternating sliding windows); this
 //! module owns the shapes and presets, `config` the config.json of each,
 //! `plan` the tensor list (learned from the loaders through the weight
 //! [`Recorder`](crate::Recorder); synth declares only how values are drawn),
-//! `gpt_oss` gpt-oss's presets and config, and `write` the files.
+//! `gpt_oss` and `kimi_k3` their presets and config, and `write` the files.
 //!
 //! Routed experts ship in bf16 or, as the largest checkpoints ship them, in
 //! 4 bits ([`ExpertsFormat`]): compressed-tensors `pack-quantized` INT4 or
-//! `mxfp4-pack-quantized` on the DeepSeek-V3 / Kimi layouts, gpt-oss's own
+//! `mxfp4-pack-quantized` on the DeepSeek-V3 / Kimi layouts (Kimi K3's by
+//! default, with its released `quantization_config`), gpt-oss's own
 //! MXFP4 (`_blocks` / `_scales`) on gpt-oss. Codes are uniform random; scales
 //! give the dequantized weights the std the bf16 experts have (see
 //! `plan`).
@@ -34,13 +38,14 @@
 //! directions with the clusters before them) and layer-to-layer drift
 //! (post-attention norm weights that change from layer to layer, so a later
 //! layer's router on this layer's input recalls ~70% instead of ~98%); see
-//! docs/synth.md for the calibration against published figures.
+//! docs/store.md "Routing presets" for the calibration against published figures.
 //!
 //! Files are written under `.partial` names and renamed when complete;
 //! `config.json` is written last, so an interrupted synth is not loadable.
 
 mod config;
 mod gpt_oss;
+mod kimi_k3;
 mod plan;
 #[cfg(test)]
 mod plan_tests;
@@ -52,7 +57,7 @@ pub(crate) use write::unit;
 pub use write::{remove_leftovers, write};
 
 /// The architectures [`SynthSpec::preset`] writes.
-pub const ARCHITECTURES: [&str; 4] = ["qwen3_moe", "deepseek_v3", "kimi_linear", "gpt_oss"];
+pub const ARCHITECTURES: [&str; 5] = ["qwen3_moe", "deepseek_v3", "kimi_linear", "kimi_k3", "gpt_oss"];
 
 /// How routed experts are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -64,9 +69,9 @@ pub enum ExpertsFormat {
     /// compressed-tensors `pack-quantized`: int4 codes (8 per i32), a bf16
     /// scale per 32 columns, `weight_shape` (deepseek_v3, kimi_linear).
     Int4,
-    /// deepseek_v3, kimi_linear: compressed-tensors `mxfp4-pack-quantized`
-    /// (e2m1 codes 2 per byte, an e8m0 scale byte per 32 columns); gpt_oss:
-    /// its own `_blocks` / `_scales` (`quant_method: mxfp4`).
+    /// deepseek_v3, kimi_linear, kimi_k3: compressed-tensors
+    /// `mxfp4-pack-quantized` (e2m1 codes 2 per byte, an e8m0 scale byte per
+    /// 32 columns); gpt_oss: its own `_blocks` / `_scales` (`quant_method: mxfp4`).
     Mxfp4,
 }
 
@@ -85,7 +90,7 @@ impl ExpertsFormat {
     pub fn for_arch(arch: &str) -> &'static [ExpertsFormat] {
         use ExpertsFormat::*;
         match arch {
-            "gpt_oss" => &[Mxfp4, Bf16],
+            "gpt_oss" | "kimi_k3" => &[Mxfp4, Bf16],
             "deepseek_v3" | "kimi_linear" => &[Bf16, Int4, Mxfp4],
             _ => &[Bf16],
         }
@@ -104,7 +109,7 @@ impl ExpertsFormat {
 }
 
 /// How routing should behave: a preset of [`RoutingKnobs`] (see the module
-/// doc and docs/synth.md for what each models and how it was calibrated).
+/// doc and docs/store.md "Routing presets" for what each models and how it was calibrated).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -138,7 +143,7 @@ impl Routing {
         }
     }
 
-    /// The preset's knobs (calibrated on qwen3_moe, 64 experts top-8; docs/synth.md).
+    /// The preset's knobs (calibrated on qwen3_moe, 64 experts top-8; docs/store.md "Routing presets").
     pub fn knobs(self) -> RoutingKnobs {
         let (skew, locality, drift) = match self {
             Routing::Uniform => (0.0, 0.0, 0.0),
@@ -220,10 +225,17 @@ pub struct SynthSpec {
     pub deepseek: Option<DeepseekShape>,
     /// Kimi Linear: KDA mixers in every layer but each `mla_every`-th.
     pub kda: Option<KdaShape>,
-    /// Kimi Linear latent-space experts (K3, `moe_latent_size`): routed
-    /// experts this wide between `fc1_latent_proj` / `fc2_latent_proj`
-    /// (`None`: experts at `hidden`). Only for `kimi_linear`; no preset sets it.
-    pub moe_latent_size: Option<usize>,
+    /// Kimi K3's latent experts (`routed_expert_hidden_size`): routed experts
+    /// this wide between `block_sparse_moe.routed_expert_down_proj`
+    /// `[N, hidden]` and `routed_expert_up_proj` `[hidden, N]` (`None`:
+    /// experts at `hidden`). `kimi_linear` and `kimi_k3` only (K3's preset: 3584).
+    pub routed_expert_hidden_size: Option<usize>,
+    /// `latent_moe_use_norm`: the experts' weighted sum is RMS-normalised
+    /// (`routed_expert_norm.weight` `[N]`) before `routed_expert_up_proj`, as
+    /// K3 ships. Only with [`Self::routed_expert_hidden_size`].
+    pub latent_moe_use_norm: bool,
+    /// Kimi K3 as published (`kimi_k3`): the wrapper, its K3 fields and the vision tower.
+    pub k3: Option<K3Shape>,
     /// How routed experts are stored (bf16 unless set; gpt_oss: MXFP4).
     pub experts_format: ExpertsFormat,
     /// gpt-oss: fused experts with biases, sinks, sliding-window layers.
@@ -252,7 +264,16 @@ pub struct DeepseekShape {
     pub topk_group: usize,
 }
 
-/// The KDA (Kimi Delta Attention) dimensions of a synthetic `kimi_linear` checkpoint.
+/// What `kimi_k3` adds to a `kimi_linear` text model (the other K3 fields
+/// are written with their released values: SiTU betas 4.0 / 25.0, KDA gate
+/// lower bound −5.0, full-rank KDA and MLA output gates).
+#[derive(Debug, Clone, Serialize)]
+pub struct K3Shape {
+    /// `attn_res_block_size`: layers per attention-residual block (K3: 12).
+    pub attn_res_block_size: usize,
+}
+
+/// The KDA (Kimi Delta Attention) dimensions of a synthetic `kimi_linear` or `kimi_k3` checkpoint.
 #[derive(Debug, Clone, Serialize)]
 pub struct KdaShape {
     /// `linear_attn_config.num_heads` (H).
@@ -263,17 +284,20 @@ pub struct KdaShape {
     pub conv_kernel: usize,
     /// MLA in the 1-based layers `mla_every`, `2 * mla_every`, ... (K3: 4, three KDA to one MLA).
     pub mla_every: usize,
+    /// MLA in the last layer too (K3's release: `full_attn_layers` 4, 8, ..., 92, 93).
+    pub mla_last: bool,
 }
 
 impl KdaShape {
-    /// Whether 0-based layer `l` is KDA (else MLA).
-    pub(crate) fn is_kda(&self, l: usize) -> bool {
-        !(l + 1).is_multiple_of(self.mla_every)
+    /// Whether 0-based layer `l` of `layers` is KDA (else MLA).
+    pub(crate) fn is_kda(&self, l: usize, layers: usize) -> bool {
+        !((l + 1).is_multiple_of(self.mla_every) || (self.mla_last && l + 1 == layers))
     }
 }
 
 impl SynthSpec {
-    /// A preset (`tiny`, `k3-mini`; gpt_oss: `tiny`, `20b`, `120b`) of `arch` (one of [`ARCHITECTURES`]);
+    /// A preset (`tiny`, `k3-mini`; gpt_oss: `tiny`, `20b`, `120b`; kimi_k3:
+    /// `tiny`, `k3`) of `arch` (one of [`ARCHITECTURES`]);
     /// with `experts_gib`, the layer count is chosen so routed experts total
     /// about that many GiB (rounded to whole MoE layers, plus the dense ones).
     pub fn preset(arch: &str, preset: &str, experts_gib: Option<f64>) -> Result<SynthSpec, String> {
@@ -285,6 +309,7 @@ impl SynthSpec {
         }
         let mut s = match (arch, preset) {
             ("gpt_oss", _) => gpt_oss::preset(preset)?,
+            ("kimi_k3", _) => kimi_k3::preset(preset)?,
             (_, "tiny") => tiny(arch),
             (_, "k3-mini") => k3_mini(arch),
             (_, other) => return Err(format!("unknown preset {other:?} (tiny, k3-mini)")),
@@ -359,7 +384,34 @@ impl SynthSpec {
 
     /// The routed experts' input and output width: the latent size, else `hidden`.
     pub fn expert_width(&self) -> usize {
-        self.moe_latent_size.unwrap_or(self.hidden)
+        self.routed_expert_hidden_size.unwrap_or(self.hidden)
+    }
+
+    /// Refuses latent experts where they cannot be written: only the Kimi
+    /// layouts (`kimi_linear`, `kimi_k3`) have them, at a width of 1 or
+    /// more, and `latent_moe_use_norm` needs them.
+    pub fn check_latent(&self) -> Result<(), String> {
+        match self.routed_expert_hidden_size {
+            Some(_) if self.kda.is_none() => Err(format!(
+                "routed_expert_hidden_size: latent experts are a Kimi K3 extension, written for kimi_linear and kimi_k3, not {}",
+                self.arch
+            )),
+            Some(0) => Err("routed_expert_hidden_size 0: latent experts need a width of 1 or more".into()),
+            None if self.latent_moe_use_norm => Err("latent_moe_use_norm: true needs latent experts (routed_expert_hidden_size)".into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The BOS and EOS token ids config.json and generation_config.json
+    /// give (Kimi K3: the release's specials, near the end of the vocabulary).
+    pub fn bos_eos(&self) -> (usize, usize) {
+        match self.k3 {
+            Some(_) => {
+                let (bos, eos, _, _) = kimi_k3::special_ids(self.vocab);
+                (bos, eos)
+            }
+            None => (0, self.vocab - 1),
+        }
     }
 
     /// The routing knobs in effect: the overrides, else the preset's.
@@ -420,8 +472,11 @@ fn tiny(arch: &str) -> SynthSpec {
             head_dim: 16,
             conv_kernel: 4,
             mla_every: 4,
+            mla_last: false,
         }),
-        moe_latent_size: None,
+        routed_expert_hidden_size: None,
+        latent_moe_use_norm: false,
+        k3: None,
         experts_format: ExpertsFormat::Bf16,
         gpt_oss: None,
     }
@@ -481,8 +536,11 @@ fn k3_mini(arch: &str) -> SynthSpec {
             head_dim: 128,
             conv_kernel: 4,
             mla_every: 4,
+            mla_last: false,
         }),
-        moe_latent_size: None,
+        routed_expert_hidden_size: None,
+        latent_moe_use_norm: false,
+        k3: None,
         experts_format: ExpertsFormat::Bf16,
         gpt_oss: None,
     }

@@ -5,7 +5,9 @@
 //! module owns only how each value is drawn ([`Init`], by role and name) and
 //! the dtype picked among those allowed (bf16, except what transformers keeps
 //! in f32 when it saves a bf16 Kimi Linear: `A_log`, `dt_bias`, the router
-//! and its correction bias). See the module doc of [`super`] for the scales.
+//! and its correction bias; Kimi K3 also ships its KDA conv taps and
+//! `o_norm` in f32, and `A_log` padded with zeros to a multiple of 64
+//! heads). See the module doc of [`super`] for the scales.
 //!
 //! 4-bit experts: codes are uniform random bytes (every nibble equally
 //! likely); scales are set so the dequantized weights have the std the bf16
@@ -18,6 +20,8 @@
 //! Shard 0 holds every tensor outside `model.layers.N.` (embeddings, final
 //! norm, LM head), shard `N + 1` layer `N`'s, each in the order the loader
 //! reads them; values are seeded by the tensor's name (see [`name_seed`]).
+//! Kimi K3 names the text model's tensors under `language_model.` and adds
+//! a last shard: the vision tower's ([`super::kimi_k3::vision_tensors`]).
 
 use std::path::Path;
 
@@ -117,15 +121,44 @@ pub(super) const PROJ: f32 = 0.02;
 pub(super) fn shards(spec: &SynthSpec, out: &Path) -> Result<Vec<Vec<TensorPlan>>, ModelError> {
     let mut shards: Vec<Vec<TensorPlan>> = (0..=spec.layers).map(|_| Vec::new()).collect();
     for t in record(spec, out)? {
-        let plan = plan_tensor(spec, &t)?;
+        let mut plan = plan_tensor(spec, &t)?;
+        if spec.k3.is_some() {
+            plan.name = format!("{WRAPPED}{}", plan.name);
+            plan.seed = name_seed(&plan.name);
+        }
         let shard = layer_of(&t.name).map_or(0, |l| l + 1);
         let slot = shards
             .get_mut(shard)
             .ok_or_else(|| ModelError::Source(format!("recorded tensor `{}` is past the {} layers", t.name, spec.layers)))?;
         slot.push(plan);
     }
+    if spec.k3.is_some() {
+        let bf16 = |name: String, shape: Vec<usize>| TensorPlan {
+            kind: if name.ends_with("norm.weight") {
+                Init::Ones
+            } else {
+                Init::Uniform(PROJ)
+            },
+            dtype: Dtype::Bf16,
+            seed: name_seed(&name),
+            name,
+            shape,
+        };
+        // Layer 0's attention residual ships but is never read (its input
+        // has no block to mix yet), so the loader does not ask for it.
+        if let Some(layer0) = shards.get_mut(1) {
+            for (part, shape) in [("norm", vec![spec.hidden]), ("proj", vec![1, spec.hidden])] {
+                layer0.push(bf16(format!("{WRAPPED}model.layers.0.self_attention_res_{part}.weight"), shape));
+            }
+        }
+        let vision = super::kimi_k3::vision_tensors(spec);
+        shards.push(vision.into_iter().map(|(name, shape)| bf16(name.to_string(), shape)).collect());
+    }
     Ok(shards)
 }
+
+/// The prefix of a Kimi K3 checkpoint's text-model tensors.
+const WRAPPED: &str = "language_model.";
 
 /// Every tensor the loader of `spec`'s architecture reads, in order.
 fn record(spec: &SynthSpec, out: &Path) -> Result<Vec<RecordedTensor>, ModelError> {
@@ -150,11 +183,13 @@ fn layer_of(name: &str) -> Option<usize> {
 fn plan_tensor(spec: &SynthSpec, t: &RecordedTensor) -> Result<TensorPlan, ModelError> {
     let name = t.name.as_str();
     let kind = init(spec, t);
+    let k3 = spec.k3.is_some();
     let wants_f32 = spec.kda.is_some()
         && (name.ends_with(".A_log")
             || name.ends_with(".dt_bias")
             || name.ends_with(".gate.e_score_correction_bias")
-            || (t.role == RecordedRole::Param && name.ends_with(".gate.weight")));
+            || (t.role == RecordedRole::Param && name.ends_with(".gate.weight"))
+            || (k3 && (name.contains("_conv1d.") || name.ends_with(".o_norm.weight"))));
     let pick = if wants_f32 { "F32" } else { "BF16" };
     let dtype = match t.dtypes.contains(&pick) {
         true => Some(pick),
@@ -162,13 +197,18 @@ fn plan_tensor(spec: &SynthSpec, t: &RecordedTensor) -> Result<TensorPlan, Model
     }
     .and_then(Dtype::parse)
     .ok_or_else(|| ModelError::Source(format!("tensor `{name}`: no dtype synth writes among {:?}", t.dtypes)))?;
-    let shape = t
+    let mut shape = t
         .shapes
         .first()
-        .ok_or_else(|| ModelError::Source(format!("tensor `{name}` recorded without a shape")))?;
+        .ok_or_else(|| ModelError::Source(format!("tensor `{name}` recorded without a shape")))?
+        .clone();
+    if let Some(k) = spec.kda.as_ref().filter(|_| k3 && name.ends_with(".A_log")) {
+        // As released: one value per head, zero-padded (written as zeros, see `init`).
+        shape = vec![super::kimi_k3::a_log_len(k.heads)];
+    }
     Ok(TensorPlan {
         name: t.name.clone(),
-        shape: shape.clone(),
+        shape,
         kind,
         dtype,
         seed: name_seed(name),
@@ -221,9 +261,11 @@ fn init(spec: &SynthSpec, t: &RecordedTensor) -> Init {
 }
 
 /// [`SMALL`] for output projections (attention `o_proj`, every `down_proj`,
-/// Kimi experts' `w2`), their biases and scales; [`PROJ`] for the rest.
+/// Kimi experts' `w2`, K3's latent `routed_expert_up_proj`, which follows
+/// the latent norm), their biases and scales; [`PROJ`] for the rest.
 fn std_of(name: &str) -> f32 {
-    let output = name.contains(".o_proj.") || name.contains(".down_proj") || name.contains(".w2.");
+    let output =
+        name.contains(".o_proj.") || name.contains(".down_proj") || name.contains(".w2.") || name.contains(".routed_expert_up_proj.");
     if output {
         SMALL
     } else {

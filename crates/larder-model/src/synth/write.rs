@@ -1,5 +1,5 @@
 //! Writing a synthetic checkpoint: one safetensors shard per layer (plus one
-//! for embeddings, final norm and LM head), index, generation config and
+//! for embeddings, final norm and LM head, and Kimi K3's vision shard), index, generation config and
 //! config.json last; each file under a `.partial` name until complete (the
 //! shards through larder-tensor's one safetensors writer).
 //! Values are drawn per row from SplitMix64 streams seeded by the spec's seed
@@ -21,14 +21,12 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
         path: p.to_path_buf(),
         source: e,
     };
-    if let Some(latent) = spec.moe_latent_size {
-        if spec.kda.is_none() || latent == 0 {
-            return Err(ModelError::Config {
-                path: out.join("config.json"),
-                field: "moe_latent_size".into(),
-                message: format!("{latent}: latent-space experts are written for kimi_linear only, at a width of 1 or more"),
-            });
-        }
+    if let Err(message) = spec.check_latent() {
+        return Err(ModelError::Config {
+            path: out.join("config.json"),
+            field: "routed_expert_hidden_size".into(),
+            message,
+        });
     }
     if let Err(message) = spec.clone().set_experts_format(spec.experts_format) {
         return Err(ModelError::Config {
@@ -68,9 +66,10 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
         std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
     };
     write_json("model.safetensors.index.json", &index)?;
+    let (bos, eos) = spec.bos_eos();
     write_json(
         "generation_config.json",
-        &serde_json::json!({"bos_token_id": 0, "eos_token_id": spec.vocab - 1}),
+        &serde_json::json!({"bos_token_id": bos, "eos_token_id": eos}),
     )?;
     write_json("config.json", &spec.config())?;
     let files = made

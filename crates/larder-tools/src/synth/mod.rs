@@ -25,7 +25,10 @@ pub struct SynthOptions {
     pub layers: Option<usize>,
     pub experts: Option<usize>,
     pub top_k: Option<usize>,
-    pub moe_latent_size: Option<usize>,
+    /// Latent experts of this width (K3's `routed_expert_hidden_size`; kimi_linear, kimi_k3).
+    pub routed_expert_hidden_size: Option<usize>,
+    /// `latent_moe_use_norm` (default: true with latent experts, as K3 ships).
+    pub latent_moe_use_norm: Option<bool>,
     pub vocab: Option<usize>,
     pub seed: u64,
     pub routing: String,
@@ -45,14 +48,26 @@ fn invalid(message: String) -> ToolsError {
 /// The spec `opts` asks for, checked before anything is written.
 pub fn plan(opts: &SynthOptions) -> Result<SynthSpec> {
     let mut spec = SynthSpec::preset(&opts.arch, &opts.preset, opts.experts_gib).map_err(invalid)?;
-    if let Some(n) = opts.moe_latent_size {
+    if let Some(n) = opts.routed_expert_hidden_size {
         if spec.kda.is_none() {
+            return Err(invalid(format!(
+                "--routed-expert-hidden-size: latent experts are a Kimi K3 extension, written for --arch kimi_linear \
+                 and kimi_k3, not {}",
+                spec.arch
+            )));
+        }
+        spec.routed_expert_hidden_size = Some(n);
+        spec.latent_moe_use_norm = true;
+    }
+    if let Some(norm) = opts.latent_moe_use_norm {
+        if norm && spec.routed_expert_hidden_size.is_none() {
             return Err(invalid(
-                "--moe-latent-size: latent-space experts are a kimi_linear extension (use --arch kimi_linear)".into(),
+                "--latent-moe-use-norm true: there are no latent experts to normalise (give --routed-expert-hidden-size)".into(),
             ));
         }
-        spec.moe_latent_size = Some(n);
+        spec.latent_moe_use_norm = norm;
     }
+    spec.check_latent().map_err(invalid)?;
     if let Some(f) = &opts.experts_format {
         let format = ExpertsFormat::parse(f).map_err(invalid)?;
         spec.set_experts_format(format).map_err(invalid)?;
