@@ -161,6 +161,13 @@ fn bench_io_and_decode_json_have_the_documented_shape() {
         assert!(d.get(key).is_some(), "bench decode: {key} missing");
     }
     assert!(d["ratio_to_io_bound"].as_f64().unwrap() > 0.0);
+    let layer = &d["per_moe_layer"];
+    assert_eq!(layer["moe_layers"], d["model"]["expert_layers"]);
+    assert_eq!(layer["top_k"], d["model"]["top_k"]);
+    let (s_layer, tok_s) = (layer["s_per_token"].as_f64().unwrap(), d["decode_tok_per_s"].as_f64().unwrap());
+    let moe_layers = layer["moe_layers"].as_f64().unwrap();
+    assert!((s_layer * tok_s * moe_layers - 1.0).abs() < 1e-9, "{layer}");
+    assert!(layer["io_bound_s_per_token"].as_f64().unwrap() > 0.0 && layer["ratio_to_io_bound"].as_f64().unwrap() > 0.0);
     assert_eq!(
         serde_json::from_slice::<Value>(&std::fs::read(out).unwrap()).unwrap()["ids_hash"],
         d["ids_hash"]

@@ -1,6 +1,7 @@
 //! `larder bench decode`: decode speed streaming experts from a cold cache,
 //! against the drive limit measured with the same backend before and after
-//! in the same run (docs/design.md §5).
+//! in the same run (docs/design.md §5); also per MoE layer ([`PerMoeLayer`]),
+//! the figure a planner's full-model forecast scales by the layer count.
 
 use std::path::{Path, PathBuf};
 
@@ -206,6 +207,71 @@ fn decode_overlap(routes: &RouteTrace, prompt: usize) -> f64 {
     decode_trace.consecutive_overlap().0
 }
 
+/// Decode per MoE layer against the I/O bound of one layer step: what a
+/// forecast for the same shapes at another depth multiplies by its MoE
+/// layer count (`per_moe_layer` in the report; docs/store.md "Benchmarks").
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct PerMoeLayer {
+    /// Layers with routed experts.
+    pub moe_layers: usize,
+    pub top_k: usize,
+    /// Mean bytes of one routed expert's record (its payload).
+    pub record_bytes: u64,
+    /// Decode seconds per token over the MoE layers: everything a decode
+    /// step does (attention, dense layers and the LM head included), shared
+    /// equally by the MoE layers.
+    pub s_per_token: f64,
+    /// `1 / s_per_token`: decode tok/s if the model had one such MoE layer.
+    pub tok_per_s: f64,
+    /// Seconds to read one layer step's routed experts, every one a miss:
+    /// `top_k x record_bytes / drive limit`.
+    pub io_bound_s_per_token: f64,
+    /// `1 / io_bound_s_per_token`.
+    pub io_bound_tok_per_s: f64,
+    /// `io_bound_s_per_token / s_per_token`: 1 is decoding at the drive's
+    /// speed with every routed expert read; cache hits can lift it above 1.
+    pub ratio_to_io_bound: f64,
+    /// Expert bytes read per token per MoE layer in this run (misses only).
+    pub miss_bytes_per_token: f64,
+}
+
+impl PerMoeLayer {
+    /// From decode tok/s, miss bytes per token, the drive limit (GB/s) and the model's expert shapes.
+    pub fn new(
+        decode_tok_per_s: f64,
+        miss_bytes_per_token: f64,
+        limit_gbps: f64,
+        moe_layers: usize,
+        top_k: usize,
+        record_bytes: u64,
+    ) -> Self {
+        let layers = moe_layers.max(1) as f64;
+        let s_per_token = if decode_tok_per_s > 0.0 {
+            1.0 / (decode_tok_per_s * layers)
+        } else {
+            f64::INFINITY
+        };
+        let io_bound_s_per_token = if limit_gbps > 0.0 {
+            (top_k as u64 * record_bytes) as f64 / (limit_gbps * 1e9)
+        } else {
+            f64::INFINITY
+        };
+        let ratio = io_bound_s_per_token / s_per_token;
+        let inv = |s: f64| if s > 0.0 { 1.0 / s } else { f64::INFINITY };
+        PerMoeLayer {
+            moe_layers,
+            top_k,
+            record_bytes,
+            s_per_token,
+            tok_per_s: inv(s_per_token),
+            io_bound_s_per_token,
+            io_bound_tok_per_s: inv(io_bound_s_per_token),
+            ratio_to_io_bound: if ratio.is_finite() { ratio } else { 0.0 },
+            miss_bytes_per_token: miss_bytes_per_token / layers,
+        }
+    }
+}
+
 /// The `bench decode` document.
 fn report(
     opts: &DecodeOptions,
@@ -235,6 +301,15 @@ fn report(
     let overlap = decode_overlap(&run.routes, prompt_len);
     let ids_hash = larder_store::Digest::of(&g.ids.iter().flat_map(|i| i.to_le_bytes()).collect::<Vec<u8>>()).to_string();
     let experts_per_layer = index.layers.iter().map(|l| l.len()).max().unwrap_or(0);
+    let records = index.layers.iter().map(|l| l.len() as u64).sum::<u64>().max(1);
+    let per_layer = PerMoeLayer::new(
+        g.stats.decode_tok_per_s,
+        miss_bytes_per_token,
+        limit.gbps,
+        index.expert_layers(),
+        top_k,
+        index.total_bytes() / records,
+    );
     json!({
         "larder_report": DECODE_REPORT.name,
         "machine": {"cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)},
@@ -274,9 +349,31 @@ fn report(
         "io_wait_share": if g.stats.decode_s > 0.0 { decode.io_wait_s / g.stats.decode_s } else { 0.0 },
         "io_bound_tok_per_s": bound,
         "ratio_to_io_bound": ratio,
+        "per_moe_layer": per_layer,
         "routing_overlap": overlap,
         "routing_overlap_uniform": top_k as f64 / experts_per_layer.max(1) as f64,
         "ids_hash": ids_hash,
         "stats": g.stats,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PerMoeLayer;
+
+    /// Kimi K3's record (17,547,264 B), top-16, at 2 GB/s: one layer step's
+    /// reads take 140 ms; decoding 1 tok/s over 3 MoE layers is 333 ms per
+    /// layer, 42% of the bound.
+    #[test]
+    fn per_moe_layer_figures() {
+        let p = PerMoeLayer::new(1.0, 3.0 * 100e6, 2.0, 3, 16, 17_547_264);
+        assert!((p.s_per_token - 1.0 / 3.0).abs() < 1e-12);
+        assert!((p.tok_per_s - 3.0).abs() < 1e-9);
+        assert!((p.io_bound_s_per_token - 16.0 * 17_547_264.0 / 2e9).abs() < 1e-12);
+        assert!((p.ratio_to_io_bound - 0.140_378_112 * 3.0).abs() < 1e-9);
+        assert!((p.miss_bytes_per_token - 100e6).abs() < 1e-3);
+        let none = PerMoeLayer::new(0.0, 0.0, 0.0, 0, 16, 0);
+        assert_eq!(none.ratio_to_io_bound, 0.0);
+        assert!(none.s_per_token.is_infinite());
+    }
 }

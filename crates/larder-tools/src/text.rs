@@ -58,7 +58,7 @@ pub fn kernels_table(report: &KernelReport) -> String {
     out
 }
 
-/// The two summary lines of `bench decode`.
+/// The summary lines of `bench decode` (prefill, decode, and decode per MoE layer).
 pub fn decode_lines(doc: &serde_json::Value) -> String {
     let mut out = String::new();
     let f = |k: &str| doc[k].as_f64().unwrap_or(0.0);
@@ -88,6 +88,24 @@ pub fn decode_lines(doc: &serde_json::Value) -> String {
         doc["io_bound_tok_per_s"].as_f64().unwrap_or(f64::INFINITY),
         f("routing_overlap")
     );
+    let layer = &doc["per_moe_layer"];
+    let lf = |k: &str| layer[k].as_f64().unwrap_or(f64::INFINITY);
+    if layer.is_object() {
+        let _ = writeln!(
+            out,
+            "[larder] per MoE layer ({} of them, top-{} of {} records): {:.2} ms per token ({:.2} tok/s) vs. {:.2} ms to read \
+             top-k records at the drive limit ({:.2} tok/s): {:.0}% of the I/O bound; {} read per token",
+            layer["moe_layers"].as_u64().unwrap_or(0),
+            layer["top_k"].as_u64().unwrap_or(0),
+            larder_store::format_size(layer["record_bytes"].as_u64().unwrap_or(0)),
+            1e3 * lf("s_per_token"),
+            lf("tok_per_s"),
+            1e3 * lf("io_bound_s_per_token"),
+            lf("io_bound_tok_per_s"),
+            100.0 * layer["ratio_to_io_bound"].as_f64().unwrap_or(0.0),
+            larder_store::format_size(layer["miss_bytes_per_token"].as_f64().unwrap_or(0.0) as u64),
+        );
+    }
     out
 }
 
