@@ -136,6 +136,11 @@ fn plan_forecasts_from_a_trace_or_a_preset() {
             s(&trace),
             "--ram-budget",
             "100KiB",
+            // Fixed machine figures: measured ones vary between the runs compared.
+            "--ram-gbps",
+            "10",
+            "--digest-gbps",
+            "5",
         ];
         args.extend_from_slice(extra);
         args.push("--json");
