@@ -377,15 +377,10 @@ class SpecModel:
         if c["moe_renormalize"]:
             weights = weights / (weights.sum() + 1e-20)
         weights = weights * c["routed_scaling_factor"]
-        # Latent-space experts (K3, `moe_latent_size`): experts run on fc1_latent_proj·x, their weighted sum goes
-        # through fc2_latent_proj; the router and the shared expert see the full x.
-        latent = c.get("moe_latent_size") is not None
-        xe = w[f"{p}.fc1_latent_proj.weight"] @ x if latent else x
-        out = torch.zeros_like(xe)
+        # (Kimi K3's latent experts, SiTU and attention residuals: scripts/fixtures_kimi_k3.py.)
+        out = torch.zeros_like(x)
         for e, wt in zip(chosen, weights):
-            out = out + wt * swiglu(w, f"{p}.experts.{e}", xe, ("w1", "w3", "w2"))
-        if latent:
-            out = w[f"{p}.fc2_latent_proj.weight"] @ out
+            out = out + wt * swiglu(w, f"{p}.experts.{e}", x, ("w1", "w3", "w2"))
         return out + swiglu(w, f"{p}.shared_experts", x), chosen
 
     def step(self, token, state):

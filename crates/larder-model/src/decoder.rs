@@ -102,9 +102,9 @@ impl DecoderModel {
     pub fn load(spec: ModelSpec, weights: &dyn WeightSource, experts: Option<Arc<dyn ExpertProvider>>) -> Result<Self, ModelError> {
         let (prefix, wrapped) = (spec.config_prefix, spec.wrapped_text_model);
         Self::load_unscoped(spec, weights, experts).map_err(|e| {
-            let e = crate::arch::kimi_k3::scope_error(e, prefix);
+            let e = e.scoped(prefix);
             match wrapped {
-                true => crate::arch::kimi_k3::name_as_shipped(e),
+                true => e.named_as_wrapped(),
                 false => e,
             }
         })

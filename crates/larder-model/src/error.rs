@@ -105,6 +105,48 @@ impl ModelError {
             message: message.into(),
         }
     }
+
+    /// This error with its config field named under `prefix` (a nested
+    /// config's errors: Kimi K3's `text_config.`).
+    pub(crate) fn scoped(self, prefix: &str) -> ModelError {
+        match self {
+            ModelError::Config { path, field, message } if !prefix.is_empty() && !field.starts_with(prefix) => ModelError::Config {
+                path,
+                field: format!("{prefix}{field}"),
+                message,
+            },
+            e => e,
+        }
+    }
+
+    /// This error naming its tensor as a wrapped checkpoint ships it
+    /// (`language_model.model.*`, `language_model.lm_head.*`).
+    pub(crate) fn named_as_wrapped(self) -> ModelError {
+        let shipped = |name: String| match name.starts_with("model.") || name.starts_with("lm_head.") {
+            true => format!("language_model.{name}"),
+            false => name,
+        };
+        match self {
+            ModelError::MissingTensor { name } => ModelError::MissingTensor { name: shipped(name) },
+            ModelError::TensorShape {
+                name,
+                path,
+                got,
+                expected,
+            } => ModelError::TensorShape {
+                name: shipped(name),
+                path,
+                got,
+                expected,
+            },
+            ModelError::TensorDType { name, path, dtype } => ModelError::TensorDType {
+                name: shipped(name),
+                path,
+                dtype,
+            },
+            e => e,
+        }
+    }
 }
 
 impl From<larder_tensor::safetensors_write::SafetensorsWriteError> for ModelError {

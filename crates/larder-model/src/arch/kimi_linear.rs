@@ -9,7 +9,7 @@
 //! bias, groups, `routed_scaling_factor`, `num_shared_experts` shared
 //! experts) in the others. Defaults ([`Defaults`]) are transformers' for a
 //! top-level `kimi_linear` and Moonshot's for K3's text config (they differ
-//! where a field is absent). The K3 fields (`kimi_k3.rs`): SiTU-GLU, latent
+//! where a field is absent). The K3 fields (`k3_fields.rs`): SiTU-GLU, latent
 //! experts, block attention residuals (`attn_residual.rs`) and the gates.
 //!
 //! Keys follow the one policy (`crate::config::ConfigKeys`): every
@@ -22,7 +22,7 @@
 
 use serde_json::Value;
 
-use super::kimi_k3;
+use super::k3_fields;
 
 use crate::config::{ConfigJson, ConfigKeys, MAX_CONFIG_INT};
 use crate::error::ModelError;
@@ -106,7 +106,7 @@ const IMPLEMENTED: &[&str] = &[
     "use_grouped_topk",
     "topk_method",
     "num_nextn_predict_layers",
-    // K3 fields (kimi_k3.rs)
+    // K3 fields (k3_fields.rs)
     "activation_situ_beta",
     "activation_situ_linear_beta",
     "attn_res_block_size",
@@ -125,7 +125,7 @@ const LINEAR_KEYS: &[&str] = &[
     "num_heads",
     "head_dim",
     "short_conv_kernel_size",
-    // K3 gate extensions (kimi_k3.rs)
+    // K3 gates (k3_fields.rs)
     "gate_lower_bound",
     "lower_bound",
     "safe_gate",
@@ -177,8 +177,8 @@ fn read(cfg: &ConfigJson, defaults: Defaults) -> Result<ModelSpec, ModelError> {
         moe_names: NAMES,
         fp8_block: crate::quant::fp8_block(cfg)?,
         compressed: crate::quant::compressed_tensors(cfg)?,
-        attn_res_block: kimi_k3::attn_res_block(cfg)?,
-        ffn_activation: kimi_k3::ffn_activation(cfg)?,
+        attn_res_block: k3_fields::attn_res_block(cfg)?,
+        ffn_activation: k3_fields::ffn_activation(cfg)?,
         ..ModelSpec::default()
     };
     let kda = MixerSpec::Kda(kda_spec(cfg)?);
@@ -329,7 +329,7 @@ fn mla_spec(cfg: &ConfigJson) -> Result<MlaSpec, ModelError> {
     Ok(MlaSpec {
         q_lora_rank,
         rotary: false,
-        output_gate: kimi_k3::mla_output_gate(cfg)?,
+        output_gate: k3_fields::mla_output_gate(cfg)?,
         ..MlaSpec::new(kv_lora_rank, nope, rope, v_head_dim)
     })
 }
@@ -372,8 +372,8 @@ fn kda_spec(cfg: &ConfigJson) -> Result<KdaSpec, ModelError> {
     let head_dim = positive("head_dim", "linear_head_dim", 128)?;
     let conv_kernel = positive("short_conv_kernel_size", "linear_conv_kernel_dim", 4)?;
     Ok(KdaSpec {
-        gate_lower_bound: kimi_k3::gate_lower_bound(cfg)?,
-        output_gate: kimi_k3::kda_output_gate(cfg)?,
+        gate_lower_bound: k3_fields::gate_lower_bound(cfg)?,
+        output_gate: k3_fields::kda_output_gate(cfg)?,
         ..KdaSpec::new(num_heads, head_dim, conv_kernel)
     })
 }
@@ -522,7 +522,7 @@ fn moe_spec(cfg: &ConfigJson, defaults: Defaults) -> Result<MoeSpec, ModelError>
     Ok(MoeSpec {
         // Moonshot's gate renormalises only when more than one expert is chosen.
         renormalize: cfg.opt_bool(aliased(cfg, "moe_renormalize", "norm_topk_prob")?)?.unwrap_or(true) && (!moonshot || top_k > 1),
-        latent: kimi_k3::latent(cfg)?,
+        latent: k3_fields::latent(cfg)?,
         shared_expert,
         scoring: Scoring::SigmoidGroups {
             n_group,

@@ -8,7 +8,8 @@
 
 pub(crate) mod deepseek_v3;
 pub(crate) mod gpt_oss;
-pub(crate) mod kimi_k3;
+mod k3_fields;
+mod kimi_k3;
 pub(crate) mod kimi_linear;
 pub(crate) mod llama;
 pub(crate) mod mixtral;

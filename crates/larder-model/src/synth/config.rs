@@ -175,7 +175,7 @@ fn deepseek_v3(s: &SynthSpec, d: &DeepseekShape) -> Value {
 /// with 1-based `kda_layers` / `full_attn_layers`; latent experts as K3
 /// names them (`routed_expert_hidden_size`, `latent_moe_use_norm`).
 fn kimi_linear(s: &SynthSpec, d: &DeepseekShape, k: &KdaShape) -> Value {
-    let (kda, full) = layer_lists(s, k);
+    let (kda, full) = s.layer_lists(k);
     let mut cfg = json!({
         "architectures": ["KimiLinearForCausalLM"],
         "model_type": "kimi_linear",
@@ -226,7 +226,3 @@ fn kimi_linear(s: &SynthSpec, d: &DeepseekShape, k: &KdaShape) -> Value {
     cfg
 }
 
-/// The 1-based `kda_layers` and `full_attn_layers` of `linear_attn_config`.
-pub(super) fn layer_lists(s: &SynthSpec, k: &KdaShape) -> (Vec<usize>, Vec<usize>) {
-    (1..=s.layers).partition(|l| k.is_kda(l - 1, s.layers))
-}

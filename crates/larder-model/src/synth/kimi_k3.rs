@@ -118,7 +118,7 @@ pub(super) fn vision_tensors(s: &SynthSpec) -> Vec<(&'static str, Vec<usize>)> {
 /// fixtures/kimi_k3_tiny (the release's), plus the `larder_synth` record
 /// (bookkeeping) at the top level.
 pub(super) fn config(s: &SynthSpec, d: &DeepseekShape, k: &KdaShape, k3: &K3Shape) -> Value {
-    let (kda, full) = super::config::layer_lists(s, k);
+    let (kda, full) = s.layer_lists(k);
     let (bos, eos, media, pad) = special_ids(s.vocab);
     let mut text = json!({
         "architectures": ["KimiLinearForCausalLM"],

@@ -545,3 +545,10 @@ fn k3_mini(arch: &str) -> SynthSpec {
         gpt_oss: None,
     }
 }
+
+impl SynthSpec {
+    /// The 1-based `kda_layers` and `full_attn_layers` of `linear_attn_config`.
+    pub(super) fn layer_lists(&self, k: &KdaShape) -> (Vec<usize>, Vec<usize>) {
+        (1..=self.layers).partition(|l| k.is_kda(l - 1, self.layers))
+    }
+}
