@@ -36,19 +36,43 @@ fn head_len(file: &Path) -> usize {
 #[test]
 fn plan_and_doctor_read_only_headers_of_a_remote_k3() {
     let server = HubServer::start(&fixture());
-    let plan = ["plan", "--ram", "4GB", "--drive", "2x4", "--tokens", "50", "--json", "--ram-gbps", "10", "--digest-gbps", "5"];
+    let plan = [
+        "plan",
+        "--ram",
+        "4GB",
+        "--drive",
+        "2x4",
+        "--tokens",
+        "50",
+        "--json",
+        "--ram-gbps",
+        "10",
+        "--digest-gbps",
+        "5",
+    ];
     let remote = larder_json(&[&plan[..], &["--model", REPO]].concat(), &server.url);
     for f in std::fs::read_dir(fixture()).unwrap() {
         let name = f.unwrap().file_name().to_string_lossy().into_owned();
         if name.ends_with(".safetensors") && name.starts_with("model-") {
-            assert_eq!(server.sent(&name), head_len(&fixture().join(&name)), "{name}: only its header is read");
+            assert_eq!(
+                server.sent(&name),
+                head_len(&fixture().join(&name)),
+                "{name}: only its header is read"
+            );
         }
     }
     let local = larder_json(&[&plan[..], &["--model", fixture().to_str().unwrap()]].concat(), &server.url);
     let (r, l) = (&remote["model_report"], &local["model_report"]);
     assert_eq!(r["kind"], "remote");
     assert_eq!(r["model_type"], "kimi_k3");
-    for key in ["spine_bytes", "expert_bytes", "expert_bank_bytes", "expert_bytes_per_token", "kv_bytes_per_token", "skipped_bytes"] {
+    for key in [
+        "spine_bytes",
+        "expert_bytes",
+        "expert_bank_bytes",
+        "expert_bytes_per_token",
+        "kv_bytes_per_token",
+        "skipped_bytes",
+    ] {
         assert_eq!(r[key], l[key], "{key}");
     }
     // 4 KDA layers of 2 heads x 16: state 2x16x16 f32 and 3 conv taps x 3 x 32 f32.
@@ -58,7 +82,19 @@ fn plan_and_doctor_read_only_headers_of_a_remote_k3() {
     assert!(r["skipped_bytes"].as_u64().unwrap() > 0, "the vision tower is reported");
     assert!(remote["decode_tok_per_s"].as_f64().unwrap() > 0.0);
 
-    let doctor = larder_json(&["doctor", "--json", "--probe-mib", "8", "--drive", env!("CARGO_TARGET_TMPDIR"), "--model", REPO], &server.url);
+    let doctor = larder_json(
+        &[
+            "doctor",
+            "--json",
+            "--probe-mib",
+            "8",
+            "--drive",
+            env!("CARGO_TARGET_TMPDIR"),
+            "--model",
+            REPO,
+        ],
+        &server.url,
+    );
     assert_eq!(doctor["model"]["kind"], "remote");
     assert_eq!(doctor["model"]["spine_bytes"], l["spine_bytes"]);
     assert!(doctor["recommendation"].is_object());

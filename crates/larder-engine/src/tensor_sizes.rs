@@ -215,7 +215,12 @@ mod tests {
                 .map(|n| ckpt.tensor_info(n).unwrap().len)
                 .sum();
             let stored = checkpoint_recorded_sizes(&spec, &ckpt).unwrap();
-            assert_eq!((stored.bank_bytes, stored.spine_bytes), (bank, total - bank - unread), "{}", dir.display());
+            assert_eq!(
+                (stored.bank_bytes, stored.spine_bytes),
+                (bank, total - bank - unread),
+                "{}",
+                dir.display()
+            );
             assert!(stored.exact);
             let cfg = larder_model::config::ConfigJson::read(&dir).unwrap();
             let dtype = config_float_dtype(cfg.opt_str("torch_dtype").unwrap().or(cfg.opt_str("dtype").unwrap())).unwrap();

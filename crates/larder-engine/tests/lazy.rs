@@ -54,7 +54,10 @@ fn lazy_runs_bit_identical_fetching_exactly_the_experts_used_and_nothing_the_sec
         let got = stream_outcome(&engine, &PROMPT);
         assert_same(&got, &want, &format!("{name}, second run"));
         // Kimi K3: the vision tower's shard is never fetched (its header alone was read).
-        assert!(!server.log().iter().any(|s| s.path.ends_with("model-00003-of-00003.safetensors") && s.range.is_none()));
+        assert!(!server
+            .log()
+            .iter()
+            .any(|s| s.path.ends_with("model-00003-of-00003.safetensors") && s.range.is_none()));
         assert!(server.log().is_empty(), "{name}: the second run sent requests: {:?}", server.log());
         let c = engine.lazy_counts().unwrap();
         assert_eq!(c.fetched_records, 0);

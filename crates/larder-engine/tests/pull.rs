@@ -160,7 +160,16 @@ fn a_k3_pull_never_fetches_the_vision_shard() {
     assert!(described.skipped.iter().any(|(n, _)| n.starts_with("vision_tower.")));
     let local = larder_model::checkpoint::Checkpoint::open(&model).unwrap();
     assert_eq!(described.skipped_bytes(), local.skipped().iter().map(|t| t.bytes).sum::<u64>());
-    let report = pull(remote.as_ref(), &described.files, &described.source, &pulled, &[], PullOptions::default(), &|_| {}).unwrap();
+    let report = pull(
+        remote.as_ref(),
+        &described.files,
+        &described.source,
+        &pulled,
+        &[],
+        PullOptions::default(),
+        &|_| {},
+    )
+    .unwrap();
     assert_eq!(report.files, 2);
     let bytes = server.file(vision_shard);
     let header = 8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;

@@ -233,7 +233,6 @@ impl Checkpoint {
         &self.skipped
     }
 
-
     /// The config.json beside the checkpoint's files (where errors about a
     /// tensor that a config field sets point).
     pub(crate) fn config_json_path(&self) -> PathBuf {

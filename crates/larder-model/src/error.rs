@@ -128,12 +128,7 @@ impl ModelError {
         };
         match self {
             ModelError::MissingTensor { name } => ModelError::MissingTensor { name: shipped(name) },
-            ModelError::TensorShape {
-                name,
-                path,
-                got,
-                expected,
-            } => ModelError::TensorShape {
+            ModelError::TensorShape { name, path, got, expected } => ModelError::TensorShape {
                 name: shipped(name),
                 path,
                 got,

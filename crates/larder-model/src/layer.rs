@@ -67,8 +67,8 @@ impl DecoderLayer {
 fn load_ffn(spec: &ModelSpec, layer: &LayerSpec, l: usize, at: &WeightView<'_>, in_ram: bool) -> Result<(Ffn, Vec<Arc<Mlp>>), ModelError> {
     match &layer.ffn {
         FfnSpec::Dense { intermediate } => {
-            let mlp = load_mlp(&dense_mlp_block(at)?, DENSE_MLP_PROJ, spec.hidden_size, *intermediate)?
-                .with_activation(spec.ffn_activation);
+            let mlp =
+                load_mlp(&dense_mlp_block(at)?, DENSE_MLP_PROJ, spec.hidden_size, *intermediate)?.with_activation(spec.ffn_activation);
             Ok((Ffn::Dense(mlp), Vec::new()))
         }
         FfnSpec::Moe(m) => {

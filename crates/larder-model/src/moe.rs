@@ -83,8 +83,7 @@ impl SharedExpert {
     pub(crate) fn load(spec: &ModelSpec, shared: &SharedExpertSpec, block: &WeightView<'_>) -> Result<SharedExpert, ModelError> {
         let (h, names) = (spec.hidden_size, &spec.moe_names);
         Ok(SharedExpert {
-            mlp: load_mlp(&block.pp(names.shared_expert), DENSE_MLP_PROJ, h, shared.intermediate)?
-                .with_activation(spec.ffn_activation),
+            mlp: load_mlp(&block.pp(names.shared_expert), DENSE_MLP_PROJ, h, shared.intermediate)?.with_activation(spec.ffn_activation),
             gate: match shared.sigmoid_gate {
                 true => Some(block.linear(names.shared_expert_gate, 1, h)?),
                 false => None,

@@ -117,7 +117,12 @@ fn moe(c: &Checker<'_>, m: &MoeSpec, h: usize, model_type: &str) -> Result<(), M
         c.tensor(field, s.intermediate, "shared expert", &[s.intermediate, h])?;
     }
     if let Some(latent) = m.latent {
-        c.tensor("routed_expert_hidden_size", latent.width, "routed_expert_down_proj", &[latent.width, h])?;
+        c.tensor(
+            "routed_expert_hidden_size",
+            latent.width,
+            "routed_expert_down_proj",
+            &[latent.width, h],
+        )?;
     }
     Ok(())
 }

@@ -131,7 +131,6 @@ fn packed_tensors_must_be_described_by_the_scheme() {
         ignore.retain(|e| e != "re:.*shared_experts.*");
     });
     larder_model::load_model(&dir, None).expect("an unquantized targeted module loads as stored");
-
 }
 
 #[test]

@@ -55,9 +55,14 @@ fn vision_tensors_are_skipped() {
     let ckpt = Checkpoint::open(&fixture_dir("kimi_k3_tiny")).unwrap();
     let skipped: Vec<&str> = ckpt.skipped().iter().map(|t| t.name.as_str()).collect();
     assert_eq!(skipped.len(), 5, "{skipped:?}");
-    assert!(skipped.iter().all(|n| n.starts_with("vision_tower.") || n.starts_with("mm_projector.")));
+    assert!(skipped
+        .iter()
+        .all(|n| n.starts_with("vision_tower.") || n.starts_with("mm_projector.")));
     assert!(ckpt.has("model.embed_tokens.weight") && ckpt.has("lm_head.weight"));
-    assert!(!ckpt.names().iter().any(|n| n.starts_with("language_model.") || n.starts_with("vision_tower.")));
+    assert!(!ckpt
+        .names()
+        .iter()
+        .any(|n| n.starts_with("language_model.") || n.starts_with("vision_tower.")));
 }
 
 /// A checkpoint source hiding some tensors (a feature's weights, once the
@@ -104,7 +109,12 @@ fn switching_each_feature_off_moves_the_logits() {
         ("situ", Box::new(|s: &mut ModelSpec| s.ffn_activation = GluActivation::Silu), &none),
         (
             "situ_linear_beta",
-            Box::new(|s: &mut ModelSpec| s.ffn_activation = GluActivation::Situ { beta: 1.5, linear_beta: None }),
+            Box::new(|s: &mut ModelSpec| {
+                s.ffn_activation = GluActivation::Situ {
+                    beta: 1.5,
+                    linear_beta: None,
+                }
+            }),
             &none,
         ),
         (

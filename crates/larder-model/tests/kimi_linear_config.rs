@@ -91,9 +91,28 @@ fn k3_fields_are_read_and_bad_values_refused() {
     let situ = with(base.clone(), "hidden_act", json!("situ"));
     let spec = read(&situ, "situ").unwrap();
     assert!(spec.contains("ffn_activation: Situ { beta: 1.0, linear_beta: None }"), "{spec}");
-    let spec = read(&with(with(situ.clone(), "activation_situ_beta", json!(0)), "activation_situ_linear_beta", json!(25.0)), "situ0").unwrap();
-    assert!(spec.contains("Situ { beta: 1.0, linear_beta: Some(25.0) }"), "beta 0 is 1.0 (`beta or 1.0`): {spec}");
-    let spec = read(&with(with(base.clone(), "routed_expert_hidden_size", json!(32)), "latent_moe_use_norm", json!(true)), "latent").unwrap();
+    let spec = read(
+        &with(
+            with(situ.clone(), "activation_situ_beta", json!(0)),
+            "activation_situ_linear_beta",
+            json!(25.0),
+        ),
+        "situ0",
+    )
+    .unwrap();
+    assert!(
+        spec.contains("Situ { beta: 1.0, linear_beta: Some(25.0) }"),
+        "beta 0 is 1.0 (`beta or 1.0`): {spec}"
+    );
+    let spec = read(
+        &with(
+            with(base.clone(), "routed_expert_hidden_size", json!(32)),
+            "latent_moe_use_norm",
+            json!(true),
+        ),
+        "latent",
+    )
+    .unwrap();
     assert!(spec.contains("latent: Some(LatentSpec { width: 32, norm: true })"), "{spec}");
     let spec = read(&with(base.clone(), "attn_res_block_size", json!(3)), "res").unwrap();
     assert!(spec.contains("attn_res_block: Some(3)"), "{spec}");
@@ -109,7 +128,11 @@ fn k3_fields_are_read_and_bad_values_refused() {
         let cfg = with(base.clone(), field, value.clone());
         assert_refused(&cfg, &format!("k3-{i}"), &[field, why]);
     }
-    assert_refused(&with(situ, "activation_situ_linear_beta", json!(0.0)), "k3-lb0", &["activation_situ_linear_beta", "non-zero"]);
+    assert_refused(
+        &with(situ, "activation_situ_linear_beta", json!(0.0)),
+        "k3-lb0",
+        &["activation_situ_linear_beta", "non-zero"],
+    );
 }
 
 #[test]

@@ -485,10 +485,16 @@ mod tests {
         assert!(a.apply(f32::NAN, 0.0).is_nan() && a.apply(0.5, f32::NAN).is_nan());
         assert_eq!(GluActivation::Silu.apply(2.0, 3.0), silu(2.0) * 3.0);
         // SiTU: both tanh clips, in f32 (Moonshot's SituAndMul).
-        let situ = GluActivation::Situ { beta: 4.0, linear_beta: Some(25.0) };
+        let situ = GluActivation::Situ {
+            beta: 4.0,
+            linear_beta: Some(25.0),
+        };
         let want = 4.0 * (9.0f32 / 4.0).tanh() * sigmoid(9.0) * (25.0 * (-60.0f32 / 25.0).tanh());
         assert_eq!(situ.apply(9.0, -60.0), want);
-        let unclipped = GluActivation::Situ { beta: 1.0, linear_beta: None };
+        let unclipped = GluActivation::Situ {
+            beta: 1.0,
+            linear_beta: None,
+        };
         assert_eq!(unclipped.apply(-2.0, 100.0), (-2.0f32).tanh() * sigmoid(-2.0) * 100.0);
         assert!(situ.apply(f32::NAN, 1.0).is_nan());
     }

@@ -75,7 +75,10 @@ pub fn plan_text(model: &Path, report: &ModelReport, p: &PlanOutput, routing: &s
     );
     out.push('\n');
     if report.skipped_bytes > 0 {
-        out += &format!("skipped: {} never read (a wrapper's vision tower)\n", format_size(report.skipped_bytes));
+        out += &format!(
+            "skipped: {} never read (a wrapper's vision tower)\n",
+            format_size(report.skipped_bytes)
+        );
     }
     out += &format!(
         "cache {} ({:.0}% of the bank), policy {}: hit rate {:.1}% ({routing}); reads {} per token",

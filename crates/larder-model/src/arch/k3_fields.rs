@@ -31,8 +31,6 @@ use crate::config::ConfigJson;
 use crate::error::ModelError;
 use crate::spec::{KdaOutputGate, LatentSpec};
 
-
-
 /// How the feed-forward units combine gate and up: `hidden_act` `silu` (or
 /// `swish`), or `situ` with its betas (Moonshot's
 /// `_get_situ_activation_params`: `beta or 1.0`, so 0 and null are 1.0; the
@@ -73,7 +71,10 @@ pub(super) fn latent(cfg: &ConfigJson) -> Result<Option<LatentSpec>, ModelError>
     const SIZE: &str = "routed_expert_hidden_size";
     let norm = cfg.opt_bool("latent_moe_use_norm")?.unwrap_or(false);
     match cfg.opt_usize(SIZE)? {
-        Some(0) => Err(cfg.err(SIZE, "0 is not a width (a positive latent size, or null for experts at hidden_size)")),
+        Some(0) => Err(cfg.err(
+            SIZE,
+            "0 is not a width (a positive latent size, or null for experts at hidden_size)",
+        )),
         Some(w) => Ok(Some(LatentSpec::new(w, norm))),
         None if norm => Err(cfg.err(
             "latent_moe_use_norm",

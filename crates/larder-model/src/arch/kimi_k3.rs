@@ -46,7 +46,10 @@ pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         Some(v) => return Err(cfg.err("vision_config", format!("expected an object, found {v}"))),
     }
     let mut value = Value::Object(text);
-    match (cfg.raw("quantization_config"), value.get("quantization_config").filter(|v| !v.is_null())) {
+    match (
+        cfg.raw("quantization_config"),
+        value.get("quantization_config").filter(|v| !v.is_null()),
+    ) {
         (Some(top), Some(inner)) if top != inner => {
             return Err(cfg.err(
                 "quantization_config",
@@ -68,9 +71,7 @@ pub(crate) fn spec(cfg: &ConfigJson) -> Result<ModelSpec, ModelError> {
         value,
     };
     let scoped = |e: ModelError| e.scoped("text_config.");
-    text_cfg
-        .check_keys("kimi_linear", &super::kimi_linear::KEYS)
-        .map_err(scoped)?;
+    text_cfg.check_keys("kimi_linear", &super::kimi_linear::KEYS).map_err(scoped)?;
     let mut spec = super::kimi_linear::spec_moonshot(&text_cfg).map_err(scoped)?;
     spec.model_type = "kimi_k3".into();
     spec.wrapped_text_model = true;

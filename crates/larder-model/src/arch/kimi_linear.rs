@@ -513,9 +513,7 @@ fn moe_spec(cfg: &ConfigJson, defaults: Defaults) -> Result<MoeSpec, ModelError>
         0 => None,
         k => Some(SharedExpertSpec::new(intermediate * k)),
     };
-    let scaling = cfg
-        .opt_f64("routed_scaling_factor")?
-        .unwrap_or(if moonshot { 1.0 } else { 2.446 });
+    let scaling = cfg.opt_f64("routed_scaling_factor")?.unwrap_or(if moonshot { 1.0 } else { 2.446 });
     if !scaling.is_finite() {
         return Err(cfg.err("routed_scaling_factor", format!("{scaling} is not a finite number")));
     }

@@ -225,4 +225,3 @@ fn kimi_linear(s: &SynthSpec, d: &DeepseekShape, k: &KdaShape) -> Value {
     }
     cfg
 }
-

@@ -301,7 +301,11 @@ pub fn shard_of(dir: &Path, name: &str) -> PathBuf {
         return single;
     }
     let index: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("model.safetensors.index.json")).unwrap()).unwrap();
-    dir.join(index["weight_map"][name].as_str().unwrap_or_else(|| panic!("no shard holds {name}")))
+    dir.join(
+        index["weight_map"][name]
+            .as_str()
+            .unwrap_or_else(|| panic!("no shard holds {name}")),
+    )
 }
 
 /// Rewrites `dir`'s checkpoint without the tensor `dropped`.
