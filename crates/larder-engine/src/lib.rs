@@ -61,6 +61,7 @@ pub mod recommend;
 pub mod sizing;
 
 mod chat;
+mod constraint;
 mod drafting;
 mod engine;
 mod error;
@@ -93,6 +94,8 @@ pub use stats::{ExpertStats, SpeculativeStats, Stats};
 // Requests and what they report.
 pub use request::{Job, Outcome, RequestEvent, RequestSink};
 pub use sampling::SamplingParams;
+// What a request may sample next (grammars, required tool calls).
+pub use constraint::{ConstraintError, TokenConstraint};
 // The scheduler: batched decoding, the KV budget, the prefix cache's disk tier.
 pub use scheduler::{
     check_state_dir, default_state_quota, DiskTierConfig, DiskTierStats, Failure, KvCosts, Scheduler, SchedulerConfig, StepReport,
