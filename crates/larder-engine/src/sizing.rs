@@ -12,7 +12,6 @@ use std::path::{Path, PathBuf};
 use larder_model::checkpoint::Checkpoint;
 use larder_model::config::MixerSpec;
 use larder_model::{MlaCache, ModelSpec};
-use larder_store::remote::FileSource;
 use larder_store::Manifest;
 use serde_json::{json, Value};
 
@@ -119,7 +118,8 @@ pub fn inspect(path: &Path) -> Result<ModelReport, EngineError> {
 /// Sizes a remote checkpoint exactly from its config.json and its shards'
 /// headers (fetched into `staging`, by range; checked as a load checks
 /// them); `label` names it (the hub id).
-pub fn inspect_remote(remote: &dyn FileSource, staging: &Path, label: &str) -> Result<ModelReport, EngineError> {
+#[cfg(feature = "remote")]
+pub fn inspect_remote(remote: &dyn larder_store::remote::FileSource, staging: &Path, label: &str) -> Result<ModelReport, EngineError> {
     let described = crate::pull::describe_remote(remote, staging)?;
     let spec = larder_model::arch::read_spec(staging)?;
     Ok(ModelReport {
