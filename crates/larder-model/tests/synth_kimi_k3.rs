@@ -6,6 +6,8 @@
 //! logits and spread routing, prefills as it decodes bit for bit; the
 //! routing knobs work through the attention residuals.
 
+mod synth_common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -16,16 +18,11 @@ use larder_model::{load_model, RouteTrace};
 use serde_json::Value;
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("larder-synth-k3-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    synth_common::scratch("k3", name)
 }
 
 fn tiny(seed: u64) -> SynthSpec {
-    let mut spec = SynthSpec::preset("kimi_k3", "tiny", None).unwrap();
-    spec.seed = seed;
-    spec
+    synth_common::tiny("kimi_k3", seed)
 }
 
 fn json(path: &Path) -> Value {
@@ -228,18 +225,7 @@ fn bf16_experts_and_fewer_layers_and_experts_load() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
-/// Mean consecutive-token expert overlap over 32 greedy tokens.
-fn overlap(dir: &Path) -> f64 {
-    let model = load_model(dir, None).unwrap();
-    let mut state = model.new_state();
-    let mut trace = RouteTrace::default();
-    let mut tok = 9u32;
-    for _ in 0..32 {
-        let logits = model.forward_last(&[tok], &mut state, Some(&mut trace)).unwrap();
-        tok = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
-    }
-    trace.consecutive_overlap().0
-}
+use synth_common::overlap;
 
 #[test]
 fn routing_knobs_apply_through_the_attention_residuals() {

@@ -6,6 +6,8 @@
 //! `latent_moe_use_norm`) are written at their width, under K3's names, and
 //! load.
 
+mod synth_common;
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
@@ -14,16 +16,11 @@ use larder_model::synth::{write, Routing, SynthSpec};
 use larder_model::{load_model, RouteTrace};
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("larder-synth-kimi-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    synth_common::scratch("kimi", name)
 }
 
 fn tiny(seed: u64) -> SynthSpec {
-    let mut spec = SynthSpec::preset("kimi_linear", "tiny", None).unwrap();
-    spec.seed = seed;
-    spec
+    synth_common::tiny("kimi_linear", seed)
 }
 
 /// Every file of a checkpoint folder, by name, with its bytes.
@@ -155,18 +152,7 @@ fn latent_experts_are_written_at_their_width_and_load() {
     }
 }
 
-/// Mean consecutive-token expert overlap over 32 greedy tokens.
-fn overlap(dir: &Path) -> f64 {
-    let model = load_model(dir, None).unwrap();
-    let mut state = model.new_state();
-    let mut trace = RouteTrace::default();
-    let mut tok = 9u32;
-    for _ in 0..32 {
-        let logits = model.forward_last(&[tok], &mut state, Some(&mut trace)).unwrap();
-        tok = (0..logits.len()).max_by(|&a, &b| logits[a].total_cmp(&logits[b])).unwrap() as u32;
-    }
-    trace.consecutive_overlap().0
-}
+use synth_common::overlap;
 
 #[test]
 fn skewed_routing_reuses_more_experts_than_uniform() {
