@@ -154,6 +154,24 @@ mod tests {
         assert_eq!(Alphabet::ByteLevel.bytes("\u{4e00}"), None);
     }
 
+    /// Over every fixture tokenizer, the spellings of a text's ids join to
+    /// the text, and special tokens are flagged.
+    #[test]
+    fn fixture_spellings_join_to_the_decoded_text() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures");
+        let text = "{\"naïve\": [1, 2.5e-3], \"城市\": \"Zürich 🙂\"}\n\ttab";
+        for name in ["qwen3_moe_tok", "deepseek_v3_tok", "tokenizer_gptoss", "tiktoken_kimi"] {
+            let tok = crate::TextTokenizer::from_dir(&root.join(name)).unwrap().unwrap();
+            let spellings = tok.token_spellings().unwrap();
+            assert!(spellings.len() >= tok.vocab_size(), "{name}");
+            let ids = tok.encode(text, false).unwrap();
+            let joined: Vec<u8> = ids.iter().flat_map(|&id| spellings[id as usize].bytes.clone()).collect();
+            assert_eq!(String::from_utf8(joined).unwrap(), text, "{name}");
+            assert!(ids.iter().all(|&id| !spellings[id as usize].special), "{name}");
+            assert!(spellings.iter().any(|s| s.special), "{name} has special tokens");
+        }
+    }
+
     #[test]
     fn unknown_decoders_are_refused() {
         let wordpiece = serde_json::json!({"type": "WordPiece", "prefix": "##"});
