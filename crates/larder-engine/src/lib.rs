@@ -28,6 +28,9 @@
 //! - `chat` renders `tokenizer_config.json` chat templates like
 //!   transformers ([`ChatTemplate`]); [`kimi_k3_chat`] builds Kimi K3's
 //!   chat (no template ships) as its `encoding_k3.py` does;
+//! - `grammar` compiles structured output (`response_format`'s JSON
+//!   schemas, tool calls, Lark grammars) with llguidance into a
+//!   [`TokenConstraint`] ([`GrammarEngine`], [`GrammarConstraint`]);
 //! - `sampling` picks tokens (greedy or seeded temperature/top-k/top-p,
 //!   [`SamplingParams`]);
 //! - `generation` reads `generation_config.json` (EOS ids, [`GenerationConfig`]);
@@ -68,6 +71,7 @@ mod error;
 mod experts;
 mod forecast;
 mod generation;
+mod grammar;
 mod handle;
 mod machine;
 mod memory_check;
@@ -96,6 +100,7 @@ pub use request::{Job, Outcome, RequestEvent, RequestSink};
 pub use sampling::SamplingParams;
 // What a request may sample next (grammars, required tool calls).
 pub use constraint::{ConstraintError, TokenConstraint};
+pub use grammar::{GrammarConstraint, GrammarEngine, GrammarError, GrammarSpec, ToolSchema, MAX_GRAMMAR_BYTES};
 // The scheduler: batched decoding, the KV budget, the prefix cache's disk tier.
 pub use scheduler::{
     check_state_dir, default_state_quota, DiskTierConfig, DiskTierStats, Failure, KvCosts, Scheduler, SchedulerConfig, StepReport,

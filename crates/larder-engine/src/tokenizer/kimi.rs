@@ -232,6 +232,21 @@ impl KimiTokenizer {
         self.ranks.len() + self.special_names.len()
     }
 
+    /// Each id's bytes and whether it is a special token (one marked
+    /// `"special": false` is text, like a rank); index = id.
+    pub(crate) fn token_spellings(&self) -> Vec<super::TokenSpelling> {
+        let ranks = (0..self.ranks.len() as u32).map(|rank| super::TokenSpelling {
+            bytes: self.ranks.bytes(rank).unwrap_or_default().to_vec(),
+            special: false,
+        });
+        let base = self.ranks.len() as u32;
+        let specials = self.special_names.iter().enumerate().map(|(i, name)| super::TokenSpelling {
+            bytes: name.as_bytes().to_vec(),
+            special: !self.text_specials.contains(&(base + i as u32)),
+        });
+        ranks.chain(specials).collect()
+    }
+
     fn is_special(&self, id: u32) -> bool {
         id >= self.ranks.len() as u32 && ((id - self.ranks.len() as u32) as usize) < self.special_names.len()
     }
@@ -368,7 +383,7 @@ static CHAR_OF_BYTE: LazyLock<[char; 256]> = LazyLock::new(|| {
     table
 });
 
-fn byte_of_char(c: char) -> Option<u8> {
+pub(super) fn byte_of_char(c: char) -> Option<u8> {
     CHAR_OF_BYTE.iter().position(|&stand_in| stand_in == c).map(|b| b as u8)
 }
 

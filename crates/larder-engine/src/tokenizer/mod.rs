@@ -7,9 +7,11 @@
 //!   after the ranks instead of K2's 258.
 //!
 //! [`TextTokenizer`] hides which; [`StreamDecoder`] turns a growing list of
-//! ids into text as characters complete.
+//! ids into text as characters complete; [`spelling`] gives each id's bytes
+//! (for structured output's grammar engine).
 
 mod kimi;
+mod spelling;
 mod tiktoken;
 
 use std::collections::HashMap;
@@ -19,6 +21,7 @@ use crate::error::EngineError;
 
 pub(crate) use kimi::{python_isspace, KimiTokenizer};
 pub use kimi::{KIMI_K3_SPECIAL_IDS, KIMI_SPECIAL_IDS};
+pub(crate) use spelling::TokenSpelling;
 
 /// The Hugging Face tokenizer file.
 pub(crate) const TOKENIZER_JSON: &str = "tokenizer.json";
@@ -164,6 +167,15 @@ impl TextTokenizer {
         match &self.backend {
             Backend::HuggingFace(inner) => inner.get_vocab(true),
             Backend::Kimi(kimi) => kimi.vocab(),
+        }
+    }
+
+    /// Each id's bytes and whether it is a special token (index = id), for
+    /// the grammar engine of structured output ([`spelling`]).
+    pub(crate) fn token_spellings(&self) -> Result<Vec<TokenSpelling>, EngineError> {
+        match &self.backend {
+            Backend::HuggingFace(inner) => spelling::hf_spellings(inner),
+            Backend::Kimi(kimi) => Ok(kimi.token_spellings()),
         }
     }
 
