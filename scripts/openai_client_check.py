@@ -3,7 +3,10 @@
 Usage: python openai_client_check.py BASE_URL MODEL
 Checks a chat completion, a text completion, a streamed chat (same text as
 the non-streamed one, greedy), and that an unsupported request surfaces as
-openai.BadRequestError. Prints one JSON line; exits non-zero on failure.
+openai.BadRequestError; then the Responses API: a response (the chat's
+text), the same streamed, a follow-up through previous_response_id, and a
+function tool refused (not wired yet) as openai.BadRequestError. Prints one
+JSON line; exits non-zero on failure.
 """
 import json
 import sys
@@ -53,7 +56,34 @@ def main() -> int:
     except openai.NotFoundError:
         pass
 
-    print(json.dumps({"ok": True, "openai": openai.__version__, "chat": text, "completion": comp.choices[0].text}))
+    resp = client.responses.create(model=model, input="Hello there", max_output_tokens=8, temperature=0)
+    assert resp.object == "response" and resp.status in ("completed", "incomplete"), resp
+    assert resp.output_text == text, (resp.output_text, text)
+    assert resp.usage.input_tokens == chat.usage.prompt_tokens, (resp.usage, chat.usage)
+
+    events = list(client.responses.create(model=model, input="Hello there", max_output_tokens=8, temperature=0, stream=True))
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == text, (deltas, text)
+    assert events[0].type == "response.created" and events[-1].type in ("response.completed", "response.incomplete"), events
+    assert events[-1].response.output_text == text, events[-1]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+
+    follow = client.responses.create(
+        model=model, input="And then?", previous_response_id=resp.id, max_output_tokens=4, temperature=0
+    )
+    assert follow.previous_response_id == resp.id and follow.usage.input_tokens > resp.usage.input_tokens, follow
+    assert client.responses.retrieve(follow.id).output_text == follow.output_text
+
+    weather = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+    try:
+        client.responses.create(model=model, input="Weather in Paris?", tools=[weather])
+        raise AssertionError("tools should be refused until tool calling is wired")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "tool" in str(e), e
+
+    print(json.dumps({"ok": True, "openai": openai.__version__, "chat": text, "completion": comp.choices[0].text,
+                      "response": resp.output_text}))
     return 0
 
 

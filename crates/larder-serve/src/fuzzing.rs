@@ -45,6 +45,7 @@ fn event(e: FuzzEvent) -> Event {
             finish_reason: FINISH_REASONS[usize::from(finish_reason) % FINISH_REASONS.len()],
             completion_tokens,
             cached_tokens,
+            stop_sequence: None,
         },
         FuzzEvent::Failed { status, message } => Event::Failed(ApiError::plain(status, "server_error", None, message)),
     }

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{parse_request, ApiError, Endpoint, GenerationRequest};
-use crate::worker::{Event, EventSource, Worker};
+use crate::worker::{Event, EventSource, JobEvents, Worker};
 use crate::ServerConfig;
 
 /// A response body: a whole buffer, or server-sent events as they come.
@@ -57,6 +57,8 @@ pub struct State {
     pub abort: watch::Receiver<bool>,
     /// Connections open now.
     pub connections: AtomicUsize,
+    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
+    pub responses: crate::responses::Store,
 }
 
 /// Counts one open connection in [`State::connections`] while alive.
@@ -75,7 +77,7 @@ impl Drop for ConnectionGuard {
     }
 }
 
-fn json_reply(status: u16, v: &Value) -> Response<ReplyBody> {
+pub(crate) fn json_reply(status: u16, v: &Value) -> Response<ReplyBody> {
     Response::builder()
         .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
         .header("content-type", "application/json")
@@ -84,7 +86,7 @@ fn json_reply(status: u16, v: &Value) -> Response<ReplyBody> {
 }
 
 /// The client's view of an error; 5xx are logged in full server-side.
-fn error_reply(e: &ApiError) -> Response<ReplyBody> {
+pub(crate) fn error_reply(e: &ApiError) -> Response<ReplyBody> {
     e.log();
     let mut r = json_reply(e.status, &e.body());
     if e.status == 429 || e.status == 503 {
@@ -101,8 +103,14 @@ const POST_ROUTE: &str = "POST, OPTIONS";
 fn route_methods(path: &str) -> Option<&'static str> {
     match path {
         "/health" | "/metrics" | "/v1/models" => Some(GET_ROUTE),
-        "/v1/chat/completions" | "/v1/completions" => Some(POST_ROUTE),
+        "/v1/chat/completions" | "/v1/completions" | "/v1/messages" | "/v1/messages/count_tokens" | "/v1/responses" => Some(POST_ROUTE),
         p if p.strip_prefix("/v1/models/").is_some_and(|id| !id.is_empty()) => Some(GET_ROUTE),
+        p if p
+            .strip_prefix("/v1/responses/")
+            .is_some_and(|id| !id.is_empty() && !id.contains('/')) =>
+        {
+            Some(GET_ROUTE)
+        }
         _ => None,
     }
 }
@@ -124,6 +132,14 @@ fn with_allow(mut r: Response<ReplyBody>, methods: &'static str) -> Response<Rep
 async fn route(state: &Arc<State>, methods: Option<&'static str>, req: Request<Incoming>) -> Response<ReplyBody> {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
+    // Anthropic's clients read Anthropic-shaped errors.
+    let error_reply = |e: &ApiError| {
+        if path.starts_with("/v1/messages") {
+            crate::messages::error_reply(e)
+        } else {
+            error_reply(e)
+        }
+    };
     let Some(methods) = methods else {
         return error_reply(&ApiError::plain(404, "invalid_request_error", None, format!("no route for {path}")));
     };
@@ -165,6 +181,12 @@ async fn route(state: &Arc<State>, methods: Option<&'static str>, req: Request<I
         ("/v1/models", Some(_)) => json_reply(200, &json!({"object": "list", "data": [model_card(state)]})),
         ("/v1/chat/completions", Some(w)) => generate(state, w, Endpoint::Chat, req).await,
         ("/v1/completions", Some(w)) => generate(state, w, Endpoint::Completion, req).await,
+        ("/v1/messages", Some(w)) => crate::messages::create(state, w, req).await,
+        ("/v1/messages/count_tokens", Some(w)) => crate::messages::count_tokens(state, w, req).await,
+        ("/v1/responses", Some(w)) => crate::responses::create(state, w, req).await,
+        (p, Some(_)) if p.starts_with("/v1/responses/") => {
+            crate::responses::get(state, p.strip_prefix("/v1/responses/").unwrap_or_default())
+        }
         (p, Some(_)) => model_by_id(state, p.strip_prefix("/v1/models/").unwrap_or_default()),
     }
 }
@@ -212,12 +234,13 @@ fn percent_decode(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// Whether the request carries the API key: `Authorization: Bearer KEY`,
+/// or `x-api-key: KEY` (how Anthropic's clients send it).
 fn authorized(config: &ServerConfig, req: &Request<Incoming>) -> bool {
     let Some(key) = &config.api_key else { return true };
-    req.headers()
-        .get("authorization")
-        .and_then(|v| bearer_token(v.as_bytes()))
-        .is_some_and(|got| constant_time_eq(got, key.as_bytes()))
+    let bearer = req.headers().get("authorization").and_then(|v| bearer_token(v.as_bytes()));
+    let x_api_key = req.headers().get("x-api-key").map(|v| v.as_bytes().trim_ascii());
+    bearer.or(x_api_key).is_some_and(|got| constant_time_eq(got, key.as_bytes()))
 }
 
 /// The credentials of an `Authorization: Bearer <token>` header value: the
@@ -241,7 +264,7 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
-fn now() -> u64 {
+pub(crate) fn now() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
 }
 
@@ -260,7 +283,7 @@ fn too_large(limit: usize) -> ApiError {
 
 /// Reads the body, refusing with 413 before reading when `Content-Length`
 /// is over the limit, and while reading when a chunked body grows past it.
-async fn read_body(config: &ServerConfig, req: Request<Incoming>) -> Result<Bytes, ApiError> {
+pub(crate) async fn read_body(config: &ServerConfig, req: Request<Incoming>) -> Result<Bytes, ApiError> {
     let declared = req
         .headers()
         .get(hyper::header::CONTENT_LENGTH)
@@ -285,7 +308,7 @@ async fn read_body(config: &ServerConfig, req: Request<Incoming>) -> Result<Byte
 
 /// A refused body: the connection closes after the reply, so the client
 /// sees it without the server reading what it still sends.
-fn body_error(e: &ApiError) -> Response<ReplyBody> {
+pub(crate) fn body_error(e: &ApiError) -> Response<ReplyBody> {
     let mut r = error_reply(e);
     if e.status == 413 || e.status == 408 {
         r.headers_mut().insert("connection", HeaderValue::from_static("close"));
@@ -294,20 +317,73 @@ fn body_error(e: &ApiError) -> Response<ReplyBody> {
 }
 
 /// The next engine event, or `Err` once the shutdown grace period is over.
-async fn next_event(rx: &mut impl EventSource, abort: &mut watch::Receiver<bool>) -> Result<Option<Event>, ()> {
+pub(crate) async fn next_event(rx: &mut impl EventSource, abort: &mut watch::Receiver<bool>) -> Result<Option<Event>, ()> {
     tokio::select! {
         ev = rx.recv() => Ok(ev),
         Ok(_) = abort.wait_for(|a| *a) => Err(()),
     }
 }
 
-fn shutting_down() -> ApiError {
+pub(crate) fn shutting_down() -> ApiError {
     ApiError::plain(
         503,
         "server_error",
         Some("server_shutdown"),
         "the server is shutting down and stopped this generation; retry on another server or later",
     )
+}
+
+/// Runs a validated request up to the start of generation, as every
+/// generating endpoint does: the context check, a place in the queue (429
+/// when full), preparation off the engine thread, the engine's own checks
+/// (the KV budget); every refusal comes before generation starts. Returns
+/// the prompt's token count and the job's events (dropping them cancels it).
+pub(crate) async fn admit(state: &Arc<State>, worker: &Worker, request: &GenerationRequest) -> Result<(usize, JobEvents), ApiError> {
+    if let Some(n) = request.max_tokens {
+        if n >= worker.context_len {
+            return Err(ApiError::invalid(
+                "max_tokens",
+                format!("max_tokens {n} exceeds the model's context of {} tokens", worker.context_len),
+            ));
+        }
+    }
+    let slot = worker.reserve()?;
+    let mut abort = state.abort.clone();
+    // Template, tokenization and prompt checks, off the engine thread.
+    let prepared = tokio::select! {
+        prepared = worker.prepare(request) => prepared?,
+        Ok(_) = abort.wait_for(|a| *a) => return Err(shutting_down()),
+    };
+    // The engine checks the job first (the KV budget may refuse it).
+    let mut rx = worker.submit(slot, prepared)?;
+    match next_event(&mut rx, &mut abort).await {
+        Ok(Some(Event::Started { prompt_tokens })) => Ok((prompt_tokens, rx)),
+        Ok(Some(Event::Failed(e))) => Err(e),
+        Err(()) => Err(shutting_down()),
+        _ => Err(engine_stopped()),
+    }
+}
+
+/// The token count of a validated request's prompt (rendered with the chat
+/// template, as generation would), prepared in its turn like any request
+/// (it holds a place in the queue while preparing); nothing is generated.
+pub(crate) async fn count_prompt(state: &Arc<State>, worker: &Worker, request: &GenerationRequest) -> Result<usize, ApiError> {
+    let _slot = worker.reserve()?;
+    let mut abort = state.abort.clone();
+    tokio::select! {
+        prepared = worker.prepare(request) => Ok(prepared?.prompt.len()),
+        Ok(_) = abort.wait_for(|a| *a) => Err(shutting_down()),
+    }
+}
+
+/// A server-sent-event reply reading its chunks from `body`.
+pub(crate) fn sse_reply(body: mpsc::UnboundedReceiver<Bytes>) -> Response<ReplyBody> {
+    Response::builder()
+        .status(200)
+        .header("content-type", "text/event-stream")
+        .header("cache-control", "no-cache")
+        .body(ReplyBody::Events(body))
+        .unwrap_or_else(|_| error_reply(&ApiError::plain(500, "server_error", None, "response")))
 }
 
 async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: Request<Incoming>) -> Response<ReplyBody> {
@@ -319,39 +395,11 @@ async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: 
         Ok(r) => r,
         Err(e) => return error_reply(&e),
     };
-    if let Some(n) = request.max_tokens {
-        if n >= worker.context_len {
-            return error_reply(&ApiError::invalid(
-                "max_tokens",
-                format!("max_tokens {n} exceeds the model's context of {} tokens", worker.context_len),
-            ));
-        }
-    }
-    let slot = match worker.reserve() {
-        Ok(slot) => slot,
+    let (prompt_tokens, mut rx) = match admit(state, worker, &request).await {
+        Ok(started) => started,
         Err(e) => return error_reply(&e),
     };
     let mut abort = state.abort.clone();
-    // Template, tokenization and prompt checks, off the engine thread.
-    let prepared = tokio::select! {
-        prepared = worker.prepare(&request) => prepared,
-        Ok(_) = abort.wait_for(|a| *a) => return error_reply(&shutting_down()),
-    };
-    let prepared = match prepared {
-        Ok(p) => p,
-        Err(e) => return error_reply(&e),
-    };
-    // The engine checks the job first (the KV budget may refuse it).
-    let mut rx = match worker.submit(slot, prepared) {
-        Ok(rx) => rx,
-        Err(e) => return error_reply(&e),
-    };
-    let prompt_tokens = match next_event(&mut rx, &mut abort).await {
-        Ok(Some(Event::Started { prompt_tokens })) => prompt_tokens,
-        Ok(Some(Event::Failed(e))) => return error_reply(&e),
-        Err(()) => return error_reply(&shutting_down()),
-        _ => return error_reply(&engine_stopped()),
-    };
     let id = format!(
         "{}-{}",
         if endpoint == Endpoint::Chat { "chatcmpl" } else { "cmpl" },
@@ -361,12 +409,7 @@ async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: 
     if request.stream {
         let (out, body) = mpsc::unbounded_channel::<Bytes>();
         tokio::spawn(stream_events(request, id, model, prompt_tokens, rx, out, abort));
-        return Response::builder()
-            .status(200)
-            .header("content-type", "text/event-stream")
-            .header("cache-control", "no-cache")
-            .body(ReplyBody::Events(body))
-            .unwrap_or_else(|_| error_reply(&ApiError::plain(500, "server_error", None, "response")));
+        return sse_reply(body);
     }
     let mut text = String::new();
     loop {
@@ -380,6 +423,7 @@ async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: 
                 finish_reason,
                 completion_tokens,
                 cached_tokens,
+                ..
             }) => {
                 let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
                 let choice = match endpoint {
@@ -460,6 +504,7 @@ pub(crate) async fn stream_events(
                 finish_reason,
                 completion_tokens,
                 cached_tokens,
+                ..
             } => {
                 let last = if chat {
                     json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
@@ -494,7 +539,7 @@ fn end_with_error(out: &mpsc::UnboundedSender<Bytes>, e: &ApiError) {
 }
 
 /// The engine thread dropped a request without ending it (it stopped).
-fn engine_stopped() -> ApiError {
+pub(crate) fn engine_stopped() -> ApiError {
     ApiError::plain(500, "server_error", None, "the engine thread stopped")
 }
 

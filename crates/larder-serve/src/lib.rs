@@ -1,8 +1,14 @@
 //! larder-serve: an OpenAI-compatible HTTP server over the engine
 //! (`GET /v1/models`, `GET /v1/models/{id}`, `POST /v1/chat/completions`,
-//! `POST /v1/completions`, `GET /health`, `GET /metrics`).
+//! `POST /v1/completions`, `POST /v1/responses`, `GET /v1/responses/{id}`,
+//! `GET /health`, `GET /metrics`), which also speaks Anthropic's Messages
+//! API (`POST /v1/messages`, `POST /v1/messages/count_tokens`).
 //!
 //! - [`api`] validates requests into generation jobs and shapes errors;
+//! - [`messages`] (Anthropic Messages) and [`responses`] (OpenAI
+//!   Responses, with its conversation store) parse their bodies into the
+//!   same jobs and shape their answers; [`agent`] is what they share (the
+//!   internal conversation, tools and tool calls, the stream driver);
 //! - [`prepare`] renders, tokenizes and checks prompts off the engine
 //!   thread (a bounded pool, small prompts in a lane of their own), so a
 //!   large prompt never stalls the requests already running;
@@ -23,13 +29,16 @@
 //! stop accepting, let running requests finish within a grace period, then
 //! end the streams still running with an error event and `[DONE]`.
 
+pub mod agent;
 pub mod api;
 pub mod cors;
 pub mod defaults;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+pub mod messages;
 pub mod prepare;
+pub mod responses;
 pub mod worker;
 
 use std::net::SocketAddr;
@@ -266,6 +275,7 @@ pub fn bind(config: ServerConfig) -> Result<RunningServer, ServeError> {
         ids: Default::default(),
         abort,
         connections: Default::default(),
+        responses: Default::default(),
     });
     let (stop, stop_rx) = watch::channel(None);
     let handle = runtime.handle().clone();
@@ -316,7 +326,7 @@ where
         });
         tracing::info!("listening on http://{}", server.addr);
         eprintln!(
-            "[larder] serving on http://{} (OpenAI-compatible: /v1/models, /v1/chat/completions, /v1/completions); loading the model",
+            "[larder] serving on http://{} (OpenAI-compatible: /v1/models, /v1/chat/completions, /v1/completions, /v1/responses; Anthropic: /v1/messages); loading the model",
             server.addr
         );
         if let Some(warning) = exposure_warning(server.addr, has_api_key) {
@@ -377,7 +387,7 @@ fn ready_line(engine: &Engine, name: &str, addr: SocketAddr, secs: f64) -> Strin
     };
     format!(
         "[larder] ready in {secs:.1}s: serving `{name}` ({}, {experts}) on http://{addr} \
-         (POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /health, GET /metrics)",
+         (POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, GET /v1/models, GET /health, GET /metrics)",
         engine.model().spec().model_type
     )
 }

@@ -37,6 +37,9 @@ pub enum Event {
         completion_tokens: usize,
         /// Prompt tokens whose KV state was reused from a kept conversation.
         cached_tokens: usize,
+        /// The stop string that ended generation, if one did (Anthropic's
+        /// `stop_sequence`).
+        stop_sequence: Option<String>,
     },
     Failed(ApiError),
 }
@@ -130,6 +133,7 @@ impl JobEvents {
                 },
                 completion_tokens: outcome.ids.len(),
                 cached_tokens: outcome.cached_tokens,
+                stop_sequence: outcome.stop_string,
             },
             larder_engine::Event::Failed(e) => Event::Failed(ApiError::generating(&e)),
         })

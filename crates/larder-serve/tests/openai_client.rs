@@ -1,5 +1,7 @@
 //! The official `openai` Python package against the real server: chat,
-//! completion, streaming and error cases (scripts/openai_client_check.py).
+//! completion, streaming and error cases, and the Responses API (plain,
+//! streamed, previous_response_id, a function tool refused until tool
+//! calling is wired) (scripts/openai_client_check.py).
 //!
 //! Needs a Python with `openai` installed: `LARDER_OPENAI_PYTHON` names it
 //! (.ci/run creates a venv and sets it), else `python3` is tried. Without

@@ -1,0 +1,455 @@
+//! What the agent-facing APIs share (Anthropic Messages, [`crate::messages`];
+//! OpenAI Responses, [`crate::responses`]): the internal conversation each
+//! parses its body into ([`Turn`]s, [`ToolSpec`]s, [`ToolCall`]s), the one
+//! function mapping it onto the server's [`GenerationRequest`]
+//! ([`to_request`], the seam where tool definitions and tool turns will be
+//! rendered once the engine's tool calling lands), the one function turning
+//! generated text into an answer's parts ([`split_output`], the seam where
+//! the engine's tool-call parser plugs in), and the stream driver both
+//! APIs' SSE replies run on ([`drive`]).
+//!
+//! Until the engine renders and parses tool calls, requests carrying tool
+//! definitions or tool turns (`tool_use` / `tool_result` blocks,
+//! `function_call` / `function_call_output` items) are parsed and checked in
+//! full, then refused with a 400 saying tools are not wired yet, before
+//! generation starts.
+
+use bytes::Bytes;
+use serde_json::{Map, Value};
+use tokio::sync::{mpsc, watch};
+
+use crate::api::{ApiError, Endpoint, GenerationRequest, Prompt};
+use crate::worker::{Event, EventSource};
+
+/// A tool the client offers the model: Anthropic's `{name, description,
+/// input_schema}` or a Responses function tool `{type: "function", name,
+/// description, parameters}`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    pub name: String,
+    pub description: Option<String>,
+    /// The JSON Schema of the tool's arguments (an object).
+    pub parameters: Value,
+}
+
+/// A call of a tool by the model: Anthropic's `tool_use` block, a Responses
+/// `function_call` item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolCall {
+    /// `tool_use.id` / `function_call.call_id`: what the result refers to.
+    pub id: String,
+    pub name: String,
+    /// The arguments, a JSON object.
+    pub arguments: Value,
+}
+
+/// One turn of a conversation, in the order the model sees them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Turn {
+    System(String),
+    User(String),
+    /// The model's earlier answer: its text and the tools it called.
+    Assistant {
+        text: String,
+        tool_calls: Vec<ToolCall>,
+    },
+    /// A tool's answer to the call `call_id`.
+    ToolResult {
+        call_id: String,
+        content: String,
+        is_error: bool,
+    },
+}
+
+impl Turn {
+    /// Bytes of text this turn holds (the conversation store's bound).
+    pub fn bytes(&self) -> usize {
+        match self {
+            Turn::System(t) | Turn::User(t) => t.len(),
+            Turn::Assistant { text, tool_calls } => {
+                text.len()
+                    + tool_calls
+                        .iter()
+                        .map(|c| c.id.len() + c.name.len() + c.arguments.to_string().len())
+                        .sum::<usize>()
+            }
+            Turn::ToolResult { call_id, content, .. } => call_id.len() + content.len(),
+        }
+    }
+}
+
+/// The sampling and limits of an agent request, in the server's terms.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Limits {
+    /// `None`: up to the context length.
+    pub max_tokens: Option<usize>,
+    pub temperature: Option<f32>,
+    pub top_p: Option<f32>,
+    pub top_k: Option<usize>,
+    pub stop: Vec<String>,
+    pub stream: bool,
+}
+
+/// A parsed agent request: the conversation, the tools offered, the limits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Conversation {
+    pub turns: Vec<Turn>,
+    pub tools: Vec<ToolSpec>,
+    pub limits: Limits,
+}
+
+/// The server's request for `conversation` (rendered with the model's chat
+/// template by [`crate::prepare`]). `tools_param` and `turns_param` name the
+/// request fields an error points at (`tools`, and `messages` or `input`).
+///
+/// The seam for tool calling: until larder-engine's chat messages carry
+/// tool calls and results (and its template renders the tool list),
+/// conversations with tools or tool turns are refused here.
+pub fn to_request(conversation: &Conversation, tools_param: &str, turns_param: &str) -> Result<GenerationRequest, ApiError> {
+    if !conversation.tools.is_empty() {
+        return Err(tools_not_wired(tools_param));
+    }
+    let mut messages = Vec::with_capacity(conversation.turns.len());
+    for turn in &conversation.turns {
+        messages.push(match turn {
+            Turn::System(t) => ("system".to_string(), t.clone()),
+            Turn::User(t) => ("user".to_string(), t.clone()),
+            Turn::Assistant { text, tool_calls } if tool_calls.is_empty() => ("assistant".to_string(), text.clone()),
+            Turn::Assistant { .. } | Turn::ToolResult { .. } => return Err(tools_not_wired(turns_param)),
+        });
+    }
+    if !messages.iter().any(|(role, _)| role != "system") {
+        return Err(ApiError::invalid(
+            turns_param,
+            format!("{turns_param} must hold at least one user or assistant turn"),
+        ));
+    }
+    let l = &conversation.limits;
+    Ok(GenerationRequest {
+        endpoint: Endpoint::Chat,
+        prompt: Prompt::Chat(messages),
+        max_tokens: l.max_tokens,
+        temperature: l.temperature,
+        top_p: l.top_p,
+        top_k: l.top_k,
+        seed: None,
+        stop: l.stop.clone(),
+        stream: l.stream,
+        include_usage: false,
+        ignore_eos: false,
+    })
+}
+
+fn tools_not_wired(param: &str) -> ApiError {
+    ApiError::invalid(
+        param,
+        "tool calling is not wired into this server yet: tool definitions and tool_use/tool_result \
+         (function_call/function_call_output) turns are refused; send text-only turns without tools",
+    )
+}
+
+/// What a finished generation answers: its text and the tools it called.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Output {
+    pub text: String,
+    pub tool_calls: Vec<ToolCall>,
+}
+
+/// The answer in `text`, the generated text (stop strings removed).
+///
+/// The seam for the engine's tool-call parser: it will split the calls the
+/// model wrote (in its chat template's syntax) out of the text. No tools
+/// reach generation yet ([`to_request`]), so all of it is text.
+pub fn split_output(text: String) -> Output {
+    Output {
+        text,
+        tool_calls: Vec::new(),
+    }
+}
+
+/// How generation ended, in the server's terms.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    /// `stop` (an EOS or a stop string) or `length`.
+    pub reason: &'static str,
+    /// The stop string that ended it, if one did.
+    pub stop_sequence: Option<String>,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+/// Reads events to the end of generation: the whole text and how it ended.
+pub async fn collect(
+    prompt_tokens: usize,
+    rx: &mut impl EventSource,
+    abort: &mut watch::Receiver<bool>,
+) -> Result<(String, Finish), ApiError> {
+    let mut text = String::new();
+    loop {
+        match crate::http::next_event(rx, abort).await {
+            Err(()) => return Err(crate::http::shutting_down()),
+            Ok(None) => return Err(crate::http::engine_stopped()),
+            Ok(Some(Event::Text(t))) => text.push_str(&t),
+            Ok(Some(Event::Started { .. })) => {}
+            Ok(Some(Event::Failed(e))) => return Err(e),
+            Ok(Some(Event::Done {
+                finish_reason,
+                completion_tokens,
+                cached_tokens,
+                stop_sequence,
+            })) => {
+                let finish = Finish {
+                    reason: finish_reason,
+                    stop_sequence,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                };
+                return Ok((text, finish));
+            }
+        }
+    }
+}
+
+/// One API's server-sent events: what each step of generation sends.
+pub trait StreamShape: Send + 'static {
+    /// Sent first, once generation has started.
+    fn started(&mut self) -> Vec<Bytes>;
+    /// A new piece of text (never empty).
+    fn text(&mut self, text: &str) -> Vec<Bytes>;
+    /// Generation ended; the last events.
+    fn done(&mut self, finish: Finish) -> Vec<Bytes>;
+    /// Generation failed midway (or the shutdown grace period ended it).
+    fn failed(&mut self, error: &ApiError) -> Vec<Bytes>;
+}
+
+/// One server-sent event: `event: NAME` and its JSON `data`.
+pub fn sse(name: &str, data: &Value) -> Bytes {
+    Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
+}
+
+/// Runs a stream: `shape`'s events for each engine event into `out`, until
+/// generation ends, fails, the shutdown grace period ends it, or the client
+/// leaves (dropping `rx`, which cancels the job).
+pub async fn drive<S: StreamShape>(
+    mut shape: S,
+    prompt_tokens: usize,
+    mut rx: impl EventSource,
+    out: mpsc::UnboundedSender<Bytes>,
+    mut abort: watch::Receiver<bool>,
+) {
+    let send = |chunks: Vec<Bytes>| chunks.into_iter().all(|c| out.send(c).is_ok());
+    if !send(shape.started()) {
+        return;
+    }
+    loop {
+        let ev = tokio::select! {
+            ev = rx.recv() => ev,
+            _ = out.closed() => return,
+            Ok(_) = abort.wait_for(|a| *a) => {
+                let e = crate::http::shutting_down();
+                e.log();
+                send(shape.failed(&e));
+                return;
+            }
+        };
+        let ok = match ev {
+            None => {
+                let e = crate::http::engine_stopped();
+                e.log();
+                send(shape.failed(&e));
+                return;
+            }
+            // Nothing to show for this token: an SSE comment keeps the
+            // socket written to, so a vanished client is noticed.
+            Some(Event::Text(t)) if t.is_empty() => out.send(Bytes::from_static(b": \n\n")).is_ok(),
+            Some(Event::Text(t)) => send(shape.text(&t)),
+            Some(Event::Started { .. }) => true,
+            Some(Event::Failed(e)) => {
+                e.log();
+                send(shape.failed(&e));
+                return;
+            }
+            Some(Event::Done {
+                finish_reason,
+                completion_tokens,
+                cached_tokens,
+                stop_sequence,
+            }) => {
+                send(shape.done(Finish {
+                    reason: finish_reason,
+                    stop_sequence,
+                    prompt_tokens,
+                    completion_tokens,
+                    cached_tokens,
+                }));
+                return;
+            }
+        };
+        if !ok {
+            return;
+        }
+    }
+}
+
+/// A fresh id: `prefix`, then 24 hex digits unique to this process's run.
+pub fn fresh_id(prefix: &str, counter: u64) -> String {
+    use std::hash::BuildHasher;
+    let salt = std::collections::hash_map::RandomState::new().hash_one(counter);
+    format!("{prefix}{salt:016x}{counter:08x}")
+}
+
+/// The JSON type of `v`, for error messages.
+pub fn kind_of(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Refuses a field of `obj` not in `known` (`param` names `obj`).
+pub fn only_fields(obj: &Map<String, Value>, known: &[&str], param: &str) -> Result<(), ApiError> {
+    match obj.keys().find(|k| !known.contains(&k.as_str())) {
+        Some(k) if param.is_empty() => Err(ApiError::invalid(k, format!("unsupported field `{k}`"))),
+        Some(k) => Err(ApiError::invalid(
+            &format!("{param}.{k}"),
+            format!("unsupported field `{k}` in {param}"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// A string field of `obj` (`None` when absent or null).
+pub fn opt_str<'a>(obj: &'a Map<String, Value>, k: &str, param: &str) -> Result<Option<&'a str>, ApiError> {
+    match obj.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(v) => Err(ApiError::invalid(
+            &join(param, k),
+            format!("{} must be a string, not {}", join(param, k), kind_of(v)),
+        )),
+    }
+}
+
+/// A required string field of `obj`.
+pub fn req_str<'a>(obj: &'a Map<String, Value>, k: &str, param: &str) -> Result<&'a str, ApiError> {
+    opt_str(obj, k, param)?.ok_or_else(|| ApiError::invalid(&join(param, k), format!("{} is required (a string)", join(param, k))))
+}
+
+/// `param.k`, or `k` at the top level.
+pub fn join(param: &str, k: &str) -> String {
+    if param.is_empty() {
+        k.to_string()
+    } else {
+        format!("{param}.{k}")
+    }
+}
+
+/// A number field within `lo..=hi` (`None` when absent or null).
+pub fn opt_number(obj: &Map<String, Value>, k: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
+    match obj.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_f64()
+            .filter(|x| x.is_finite() && (lo..=hi).contains(x))
+            .map(|x| Some(x as f32))
+            .ok_or_else(|| ApiError::invalid(k, format!("{k} must be a number between {lo} and {hi}"))),
+    }
+}
+
+/// A positive integer field (`None` when absent or null).
+pub fn opt_positive(obj: &Map<String, Value>, k: &str) -> Result<Option<usize>, ApiError> {
+    match obj.get(k) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v
+            .as_u64()
+            .filter(|&n| n >= 1 && n <= u32::MAX as u64)
+            .map(|n| Some(n as usize))
+            .ok_or_else(|| ApiError::invalid(k, format!("{k} must be a positive integer"))),
+    }
+}
+
+/// A boolean field (`false` when absent or null).
+pub fn opt_flag(obj: &Map<String, Value>, k: &str) -> Result<bool, ApiError> {
+    match obj.get(k) {
+        None | Some(Value::Null) => Ok(false),
+        Some(Value::Bool(b)) => Ok(*b),
+        Some(_) => Err(ApiError::invalid(k, format!("{k} must be a boolean"))),
+    }
+}
+
+/// The body as a JSON object, or a 400 naming what is wrong with it.
+pub fn body_object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+    let text = std::str::from_utf8(body).map_err(|_| ApiError::invalid("body", "the request body is not valid UTF-8"))?;
+    match serde_json::from_str(text) {
+        Ok(Value::Object(o)) => Ok(o),
+        Ok(_) => Err(ApiError::invalid("body", "the request body must be a JSON object")),
+        Err(e) => Err(ApiError::invalid("body", format!("invalid JSON in the request body: {e}"))),
+    }
+}
+
+/// Checks `model` against the served id: a 404 `model_not_found` otherwise.
+pub fn check_model(obj: &Map<String, Value>, model_id: &str) -> Result<(), ApiError> {
+    let model = req_str(obj, "model", "")?;
+    if model == model_id {
+        return Ok(());
+    }
+    Err(ApiError {
+        status: 404,
+        code: Some("model_not_found"),
+        param: Some("model".into()),
+        ..ApiError::plain(
+            404,
+            "invalid_request_error",
+            None,
+            format!("The model `{model}` does not exist; this server serves `{model_id}`"),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conv(turns: Vec<Turn>, tools: Vec<ToolSpec>) -> Conversation {
+        Conversation {
+            turns,
+            tools,
+            limits: Limits::default(),
+        }
+    }
+
+    #[test]
+    fn text_turns_become_a_chat_and_tools_are_refused_for_now() {
+        let r = to_request(
+            &conv(vec![Turn::System("s".into()), Turn::User("hi".into())], vec![]),
+            "tools",
+            "messages",
+        )
+        .unwrap();
+        assert_eq!(
+            r.prompt,
+            Prompt::Chat(vec![("system".into(), "s".into()), ("user".into(), "hi".into())])
+        );
+        let tool = ToolSpec {
+            name: "f".into(),
+            description: None,
+            parameters: serde_json::json!({"type": "object"}),
+        };
+        let e = to_request(&conv(vec![Turn::User("hi".into())], vec![tool]), "tools", "messages").unwrap_err();
+        assert_eq!((e.status, e.param.as_deref()), (400, Some("tools")));
+        let result = Turn::ToolResult {
+            call_id: "c".into(),
+            content: "x".into(),
+            is_error: false,
+        };
+        let e = to_request(&conv(vec![Turn::User("hi".into()), result], vec![]), "tools", "input").unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("input"));
+        assert!(to_request(&conv(vec![Turn::System("s".into())], vec![]), "tools", "input").is_err());
+    }
+}
