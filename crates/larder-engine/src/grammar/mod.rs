@@ -241,9 +241,9 @@ impl GrammarEngine {
                 TopLevelGrammar::from_lark(text.clone())
             }
         };
-        let parser = self
-            .factory
-            .create_parser(grammar)
+        // llguidance's own guard: a panic while compiling becomes an error.
+        let factory = &self.factory;
+        let parser = llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| factory.create_parser(grammar)))
             .map_err(|e| GrammarError::Compile(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
