@@ -262,7 +262,7 @@ fn check_call(call: &Value, tools: &[ToolSchema], seed: u64) {
 fn required_tool_calls_always_validate() {
     let s = kimi();
     let tools = tools();
-    let spec = GrammarSpec::tool_call(&tools, None).unwrap();
+    let spec = GrammarSpec::tool_call(&tools, None, true).unwrap();
     let mut names = std::collections::BTreeSet::new();
     for seed in 0..200 {
         let (ids, _) = walk(&s, &spec, seed);
@@ -277,7 +277,7 @@ fn required_tool_calls_always_validate() {
 fn tool_calls_between_text_markers() {
     let s = qwen();
     let tools = tools();
-    let spec = GrammarSpec::tool_call(&tools, Some(("<tool_call>\n", "\n</tool_call>"))).unwrap();
+    let spec = GrammarSpec::tool_call(&tools, Some(("<tool_call>\n", "\n</tool_call>")), false).unwrap();
     for seed in 0..20 {
         let (ids, _) = walk(&s, &spec, seed);
         let text = text_of(&s, &ids);
@@ -393,6 +393,7 @@ fn uncompilable_schemas_say_why() {
         strict: true,
     };
     assert!(matches!(s.engine.compile(&not_schema), Err(GrammarError::Malformed(_))));
+    assert!(matches!(GrammarSpec::tool_call(&[], None, true), Err(GrammarError::Malformed(_))));
     let bad_lark = GrammarSpec::Lark("start: (".into());
     assert!(matches!(s.engine.compile(&bad_lark), Err(GrammarError::Compile(_))));
 }
