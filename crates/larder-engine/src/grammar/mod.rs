@@ -108,8 +108,10 @@ impl GrammarSpec {
     /// "arguments": <an object validating against that tool's
     /// parameters>}` (one `anyOf` branch per tool), between `prefix` and
     /// `suffix` text when given (e.g. `"<tool_call>\n"`, `"\n</tool_call>"`).
-    /// Parameters are enforced as with `strict: true`.
-    pub fn tool_call(tools: &[ToolSchema], wrap: Option<(&str, &str)>) -> Result<GrammarSpec, GrammarError> {
+    /// `strict` as for a JSON schema (OpenAI's `function.strict`: with it, a
+    /// parameter keyword llguidance does not enforce is refused; without,
+    /// ignored).
+    pub fn tool_call(tools: &[ToolSchema], wrap: Option<(&str, &str)>, strict: bool) -> Result<GrammarSpec, GrammarError> {
         if tools.is_empty() {
             return Err(GrammarError::Malformed("a tool call needs at least one tool".into()));
         }
@@ -131,8 +133,8 @@ impl GrammarSpec {
             json!({"anyOf": branches})
         };
         Ok(match wrap {
-            None => GrammarSpec::JsonSchema { schema, strict: true },
-            Some((prefix, suffix)) => GrammarSpec::json_between(prefix, schema, suffix, true)?,
+            None => GrammarSpec::JsonSchema { schema, strict },
+            Some((prefix, suffix)) => GrammarSpec::json_between(prefix, schema, suffix, strict)?,
         })
     }
 
@@ -241,9 +243,9 @@ impl GrammarEngine {
                 TopLevelGrammar::from_lark(text.clone())
             }
         };
-        let parser = self
-            .factory
-            .create_parser(grammar)
+        // llguidance's own guard: a panic while compiling becomes an error.
+        let factory = &self.factory;
+        let parser = llguidance::panic_utils::catch_unwind(std::panic::AssertUnwindSafe(|| factory.create_parser(grammar)))
             .map_err(|e| GrammarError::Compile(e.to_string()))?;
         let matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
