@@ -61,6 +61,7 @@ pub mod recommend;
 pub mod sizing;
 
 mod chat;
+mod chat_json;
 mod constraint;
 mod drafting;
 mod engine;
@@ -108,7 +109,7 @@ pub use route_log::{RouteLog, RowTag};
 // Speculative decoding's drafter.
 pub use drafting::{DrafterChoice, Drafting};
 // Text: tokenizers, streaming decode, chat templates.
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, FunctionCall, RenderOptions, ToolCall};
 pub use tokenizer::{StreamDecoder, TextTokenizer, KIMI_K3_SPECIAL_IDS, KIMI_SPECIAL_IDS};
 // Output files the user names, checked before any work.
 pub use output::{OutputError, OutputFile, OutputKind, ReportKind, RunInputs};
