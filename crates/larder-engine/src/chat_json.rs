@@ -36,6 +36,14 @@ pub(crate) fn tojson(value: &Value, kwargs: Kwargs) -> Result<Value, Error> {
     Ok(Value::from_safe_string(out))
 }
 
+/// `json.dumps(v, ensure_ascii=False)`: how vLLM and SGLang write a call's
+/// arguments parsed out of a model's output.
+pub(crate) fn python_dumps(v: &Json) -> String {
+    let mut out = String::new();
+    dump(v, None, ", ", ": ", 0, &mut out);
+    out
+}
+
 /// `json.dumps` of `v` (`ensure_ascii=False`).
 fn dump(v: &Json, indent: Option<usize>, item: &str, key: &str, depth: usize, out: &mut String) {
     let newline = |out: &mut String, depth: usize| {

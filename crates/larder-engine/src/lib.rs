@@ -76,6 +76,7 @@ mod memory_limit;
 mod memory_watch;
 mod output;
 mod prefill;
+pub mod reasoning;
 mod request;
 mod return_points;
 mod route_log;
@@ -85,6 +86,7 @@ mod stats;
 mod store_folder;
 mod tensor_sizes;
 mod tokenizer;
+pub mod tool_calls;
 
 // The engine: loading a checkpoint and generating with it.
 pub use engine::{Engine, ExpertMode, FinishReason, GenerateOptions, Generation, LoadOptions, PREFILL_CHUNK};
