@@ -169,6 +169,11 @@ pub struct ChatTemplate {
     /// as the JSON string; else as the parsed mapping, the form
     /// transformers documents and `arguments|tojson` needs (gpt-oss).
     arguments_as_text: bool,
+    /// The tool-call family the template's text names (its preamble or its
+    /// rendering of past calls).
+    tool_family: Option<crate::tool_calls::ToolFamily>,
+    /// The template writes `<think>` (a thinking model's).
+    thinks: bool,
 }
 
 /// Template instructions one render may run: far above what real templates
@@ -258,12 +263,16 @@ impl ChatTemplate {
         env.add_function("strftime_now", strftime_now);
         env.add_filter("tojson", crate::chat_json::tojson);
         let arguments_as_text = crate::chat_json::concatenates_arguments(&source);
+        let tool_family = crate::tool_calls::ToolFamily::for_checkpoint(None, Some(&source));
+        let thinks = source.contains(crate::reasoning::THINK_OPEN);
         env.add_template_owned("chat", source)
             .map_err(|e| EngineError::Template(format!("cannot compile: {e}")))?;
         Ok(ChatTemplate {
             env,
             special_tokens,
             arguments_as_text,
+            tool_family,
+            thinks,
         })
     }
 
@@ -274,6 +283,21 @@ impl ChatTemplate {
         self.env
             .add_function("strftime_now", move |format: String| format_unix_time(unix_secs, &format));
         self
+    }
+
+    /// The reader of what a model with this template writes after `prompt`
+    /// (rendered by this template): `<think>` reasoning when the template
+    /// writes it (the output starts in it when `prompt` left it open), then
+    /// the tool-call family the template names, if any.
+    pub fn output_parser(&self, prompt: &str) -> Box<dyn crate::tool_calls::OutputParser> {
+        use crate::reasoning::{output_parser, prompt_opens, ReasoningFormat, THINK_CLOSE, THINK_OPEN};
+        let reasoning = match self.thinks {
+            true => ReasoningFormat::Think {
+                starts_open: prompt_opens(prompt, THINK_OPEN, THINK_CLOSE),
+            },
+            false => ReasoningFormat::None,
+        };
+        output_parser(self.tool_family, reasoning)
     }
 
     /// Renders `messages`; `add_generation_prompt` opens the assistant turn.

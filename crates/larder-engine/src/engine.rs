@@ -356,6 +356,19 @@ impl Engine {
         }
     }
 
+    /// The reader of the output generated after `prompt` (a render of this
+    /// checkpoint's chat format): reasoning, content and tool calls per the
+    /// checkpoint's family ([`ChatTemplate::output_parser`]; Kimi K3: its
+    /// think and response tags, thinking when `prompt` ends in an open
+    /// `think` tag).
+    pub fn output_parser(&self, prompt: &str) -> Result<Box<dyn crate::tool_calls::OutputParser>, EngineError> {
+        use crate::kimi_k3_chat::{OPEN, SEP};
+        Ok(match self.chat_format()? {
+            ChatFormat::Template(t) => t.output_parser(prompt),
+            ChatFormat::KimiK3 => crate::reasoning::kimi_k3(prompt.ends_with(&format!("{OPEN}think{SEP}"))),
+        })
+    }
+
     /// Token ids of a chat, as `apply_chat_template(tokenize=True)` gives
     /// them: a rendered template tokenized whole (it already holds its
     /// special tokens, so none are added); Kimi K3's segments each tokenized

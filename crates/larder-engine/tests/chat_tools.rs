@@ -72,3 +72,24 @@ fn reserved_kwargs_are_refused() {
     let e = template.render_with(&[ChatMessage::new("user", "hi")], &options).unwrap_err();
     assert!(e.to_string().contains("chat_template_kwargs"), "{e}");
 }
+
+#[test]
+fn output_parsers_follow_the_template() {
+    let qwen = ChatTemplate::from_dir(&fixture("qwen3_moe_tok")).unwrap().unwrap();
+    let prompt = qwen.render(&[ChatMessage::new("user", "hi")], true).unwrap();
+    let out = qwen
+        .output_parser(&prompt)
+        .parse("<think>\nhm\n</think>\n\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>");
+    assert_eq!(out.reasoning, "\nhm\n");
+    assert_eq!(out.tool_calls[0].arguments, r#"{"a": 1}"#);
+    let gptoss = ChatTemplate::from_dir(&fixture("tokenizer_gptoss")).unwrap().unwrap();
+    let out = gptoss
+        .output_parser("")
+        .parse("<|channel|>analysis<|message|>x<|end|><|start|>assistant<|channel|>final<|message|>y");
+    assert_eq!((out.reasoning.as_str(), out.content.as_str()), ("x", "y"));
+    let deepseek = ChatTemplate::from_dir(&fixture("deepseek_v3_tok")).unwrap().unwrap();
+    let out = deepseek.output_parser("").parse(
+        "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>f\n```json\n{}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+    );
+    assert_eq!(out.finish_reason(), "tool_calls");
+}
