@@ -20,27 +20,120 @@ use serde_json::Value as Json;
 
 use crate::error::EngineError;
 
-/// One chat message.
+/// One chat message, with what OpenAI messages carry besides text: an
+/// assistant's `tool_calls`, a tool result's `tool_call_id` and `name`, and
+/// reasoning.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
-    pub content: String,
+    /// The text; `None` is JSON `null` (an assistant message that only calls
+    /// tools). As transformers does, a `None` content is left out of the
+    /// template's message (undefined there, not `none`).
+    #[serde(default)]
+    pub content: Option<String>,
     /// An assistant message's reasoning (`reasoning_content`), for formats
-    /// that render it (Kimi K3's `think` tag; templates that read it). Left
-    /// out of the template context when `None`.
+    /// that render it (Kimi K3's `think` tag; templates that read it: Qwen3
+    /// reads `reasoning_content`, gpt-oss `thinking`, and the template
+    /// context carries both). Left out of the context when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
+    /// An assistant message's tool calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// A `tool` message: the id of the call it answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    /// A `tool` message: the function's name (some clients send it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+/// One tool call of an assistant message, as OpenAI writes it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    /// Always `function` today.
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+/// The function a [`ToolCall`] calls.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    /// The arguments as a JSON text (OpenAI's form).
+    pub arguments: String,
+}
+
+fn function_kind() -> String {
+    "function".into()
 }
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
         ChatMessage {
             role: role.to_string(),
-            content: content.to_string(),
+            content: Some(content.to_string()),
             reasoning_content: None,
+            tool_calls: Vec::new(),
+            tool_call_id: None,
+            name: None,
+        }
+    }
+
+    /// An assistant message calling tools, with `content` (often `None`).
+    pub fn assistant_tool_calls(content: Option<&str>, tool_calls: Vec<ToolCall>) -> Self {
+        ChatMessage {
+            content: content.map(str::to_string),
+            tool_calls,
+            ..ChatMessage::new("assistant", "")
+        }
+    }
+
+    /// A tool result answering call `tool_call_id`.
+    pub fn tool_result(tool_call_id: &str, name: Option<&str>, content: &str) -> Self {
+        ChatMessage {
+            tool_call_id: Some(tool_call_id.to_string()),
+            name: name.map(str::to_string),
+            ..ChatMessage::new("tool", content)
+        }
+    }
+
+    /// The text, `""` for `None`.
+    pub fn text(&self) -> &str {
+        self.content.as_deref().unwrap_or("")
+    }
+}
+
+/// What a render passes a template besides the messages: transformers'
+/// `apply_chat_template(messages, tools=tools, add_generation_prompt=...,
+/// **kwargs)`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RenderOptions {
+    /// Open the assistant's turn at the end.
+    pub add_generation_prompt: bool,
+    /// OpenAI tool declarations (`{"type": "function", "function": {...}}`),
+    /// passed as given; `None` is the template's `tools = None`.
+    pub tools: Option<Vec<Json>>,
+    /// Extra template variables (`chat_template_kwargs`, e.g.
+    /// `enable_thinking`, `reasoning_effort`).
+    pub kwargs: serde_json::Map<String, Json>,
+}
+
+impl RenderOptions {
+    /// No tools, no kwargs, the generation prompt added.
+    pub fn generation() -> Self {
+        RenderOptions {
+            add_generation_prompt: true,
+            ..Default::default()
         }
     }
 }
+
+/// Names a render sets itself; a kwarg of one of these names is refused
+/// (Python refuses a keyword given twice).
+const RESERVED_KWARGS: &[&str] = &["messages", "tools", "documents", "add_generation_prompt"];
 
 /// How a checkpoint turns a chat into prompt ids.
 pub(crate) enum ChatFormat {
@@ -71,6 +164,16 @@ pub struct ChatTemplate {
     env: Environment<'static>,
     /// `bos_token`, `eos_token`, ... as strings.
     special_tokens: serde_json::Map<String, Json>,
+    /// The template concatenates a call's `arguments` as text
+    /// (DeepSeek-V3's `+ tool['function']['arguments'] +`): they are passed
+    /// as the JSON string; else as the parsed mapping, the form
+    /// transformers documents and `arguments|tojson` needs (gpt-oss).
+    arguments_as_text: bool,
+    /// The tool-call family the template's text names (its preamble or its
+    /// rendering of past calls).
+    tool_family: Option<crate::tool_calls::ToolFamily>,
+    /// The template writes `<think>` (a thinking model's).
+    thinks: bool,
 }
 
 /// Template instructions one render may run: far above what real templates
@@ -158,9 +261,19 @@ impl ChatTemplate {
             Err(Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", strftime_now);
+        env.add_filter("tojson", crate::chat_json::tojson);
+        let arguments_as_text = crate::chat_json::concatenates_arguments(&source);
+        let tool_family = crate::tool_calls::ToolFamily::for_checkpoint(None, Some(&source));
+        let thinks = source.contains(crate::reasoning::THINK_OPEN);
         env.add_template_owned("chat", source)
             .map_err(|e| EngineError::Template(format!("cannot compile: {e}")))?;
-        Ok(ChatTemplate { env, special_tokens })
+        Ok(ChatTemplate {
+            env,
+            special_tokens,
+            arguments_as_text,
+            tool_family,
+            thinks,
+        })
     }
 
     /// The same template with `strftime_now` reading a fixed clock
@@ -172,20 +285,62 @@ impl ChatTemplate {
         self
     }
 
+    /// The reader of what a model with this template writes after `prompt`
+    /// (rendered by this template): `<think>` reasoning when the template
+    /// writes it (the output starts in it when `prompt` left it open), then
+    /// the tool-call family the template names, if any.
+    pub fn output_parser(&self, prompt: &str) -> Box<dyn crate::tool_calls::OutputParser> {
+        use crate::reasoning::{output_parser, prompt_opens, ReasoningFormat, THINK_CLOSE, THINK_OPEN};
+        let reasoning = match self.thinks {
+            true => ReasoningFormat::Think {
+                starts_open: prompt_opens(prompt, THINK_OPEN, THINK_CLOSE),
+            },
+            false => ReasoningFormat::None,
+        };
+        output_parser(self.tool_family, reasoning)
+    }
+
     /// Renders `messages`; `add_generation_prompt` opens the assistant turn.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String, EngineError> {
+        self.render_with(
+            messages,
+            &RenderOptions {
+                add_generation_prompt,
+                ..Default::default()
+            },
+        )
+    }
+
+    /// Renders `messages` with tools and template kwargs, the context
+    /// transformers builds: the special tokens, the kwargs, `messages`,
+    /// `tools` (`none` when absent), `documents` (`none`) and
+    /// `add_generation_prompt`.
+    pub fn render_with(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<String, EngineError> {
         if messages.is_empty() {
             return Err(EngineError::Invalid {
                 field: "messages",
                 message: "at least one message is needed".into(),
             });
         }
+        crate::chat_json::check_tool_results(messages)?;
         let mut ctx = self.special_tokens.clone();
-        ctx.insert(
-            "messages".into(),
-            serde_json::to_value(messages).map_err(|e| EngineError::Template(e.to_string()))?,
-        );
-        ctx.insert("add_generation_prompt".into(), Json::Bool(add_generation_prompt));
+        for (key, value) in &options.kwargs {
+            if RESERVED_KWARGS.contains(&key.as_str()) {
+                return Err(EngineError::Invalid {
+                    field: "chat_template_kwargs",
+                    message: format!("{key:?} is set by the request itself, not a template kwarg"),
+                });
+            }
+            ctx.insert(key.clone(), value.clone());
+        }
+        let listed: Vec<Json> = messages
+            .iter()
+            .map(|m| crate::chat_json::message_context(m, self.arguments_as_text))
+            .collect();
+        ctx.insert("messages".into(), Json::Array(listed));
+        ctx.insert("tools".into(), options.tools.clone().map_or(Json::Null, Json::Array));
+        ctx.insert("documents".into(), Json::Null);
+        ctx.insert("add_generation_prompt".into(), Json::Bool(options.add_generation_prompt));
         let tmpl = self.env.get_template("chat").map_err(|e| EngineError::Template(e.to_string()))?;
         let mut out = CappedWriter(Vec::new());
         match tmpl.render_captured_to(Value::from_serialize(&ctx), &mut out) {

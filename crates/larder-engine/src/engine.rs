@@ -15,7 +15,7 @@ use larder_store::{ExpertStore, Manifest, StoreOptions};
 use larder_tensor::Mat;
 use serde::Serialize;
 
-use crate::chat::{ChatFormat, ChatMessage};
+use crate::chat::{ChatFormat, ChatMessage, RenderOptions};
 use crate::error::store_err;
 use crate::error::EngineError;
 use crate::experts::{direct_index, StoreExperts};
@@ -342,10 +342,31 @@ impl Engine {
     /// added); for Kimi K3, its segments joined
     /// ([`crate::kimi_k3_chat::render`]).
     pub fn render_chat(&self, messages: &[ChatMessage]) -> Result<String, EngineError> {
+        self.render_chat_with(messages, &RenderOptions::generation())
+    }
+
+    /// Renders a chat with tools and template kwargs
+    /// ([`ChatTemplate::render_with`]). Kimi K3's encoder takes no tools
+    /// yet (refused) and reads its own switches; other kwargs are ignored
+    /// there.
+    pub fn render_chat_with(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<String, EngineError> {
         match self.chat_format()? {
-            ChatFormat::Template(t) => t.render(messages, true),
-            ChatFormat::KimiK3 => Ok(crate::kimi_k3_chat::render(&kimi_k3_segments(messages)?)),
+            ChatFormat::Template(t) => t.render_with(messages, options),
+            ChatFormat::KimiK3 => Ok(crate::kimi_k3_chat::render(&kimi_k3_segments(messages, options)?)),
         }
+    }
+
+    /// The reader of the output generated after `prompt` (a render of this
+    /// checkpoint's chat format): reasoning, content and tool calls per the
+    /// checkpoint's family ([`ChatTemplate::output_parser`]; Kimi K3: its
+    /// think and response tags, thinking when `prompt` ends in an open
+    /// `think` tag).
+    pub fn output_parser(&self, prompt: &str) -> Result<Box<dyn crate::tool_calls::OutputParser>, EngineError> {
+        use crate::kimi_k3_chat::{OPEN, SEP};
+        Ok(match self.chat_format()? {
+            ChatFormat::Template(t) => t.output_parser(prompt),
+            ChatFormat::KimiK3 => crate::reasoning::kimi_k3(prompt.ends_with(&format!("{OPEN}think{SEP}"))),
+        })
     }
 
     /// Token ids of a chat, as `apply_chat_template(tokenize=True)` gives
@@ -354,9 +375,14 @@ impl Engine {
     /// on its own, special tokens matched in its control segments only
     /// ([`crate::kimi_k3_chat::encode`]).
     pub fn encode_chat(&self, messages: &[ChatMessage]) -> Result<Vec<u32>, EngineError> {
+        self.encode_chat_with(messages, &RenderOptions::generation())
+    }
+
+    /// [`Engine::encode_chat`] with tools and template kwargs.
+    pub fn encode_chat_with(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<Vec<u32>, EngineError> {
         match self.chat_format()? {
-            ChatFormat::Template(t) => self.tokenizer()?.encode(&t.render(messages, true)?, false),
-            ChatFormat::KimiK3 => crate::kimi_k3_chat::encode(self.tokenizer()?, &kimi_k3_segments(messages)?),
+            ChatFormat::Template(t) => self.tokenizer()?.encode(&t.render_with(messages, options)?, false),
+            ChatFormat::KimiK3 => crate::kimi_k3_chat::encode(self.tokenizer()?, &kimi_k3_segments(messages, options)?),
         }
     }
 
@@ -372,16 +398,27 @@ impl Engine {
     }
 }
 
-/// Kimi K3's segments of a chat with `apply_chat_template`'s defaults; at
-/// least one message, as a template render requires.
-fn kimi_k3_segments(messages: &[ChatMessage]) -> Result<Vec<crate::kimi_k3_chat::Segment>, EngineError> {
+/// Kimi K3's segments of a chat with `apply_chat_template`'s defaults (the
+/// generation prompt as `options` says); at least one message, as a
+/// template render requires; tools refused (not built yet).
+fn kimi_k3_segments(messages: &[ChatMessage], options: &RenderOptions) -> Result<Vec<crate::kimi_k3_chat::Segment>, EngineError> {
     if messages.is_empty() {
         return Err(EngineError::Invalid {
             field: "messages",
             message: "at least one message is needed".into(),
         });
     }
-    crate::kimi_k3_chat::segments(messages, &crate::kimi_k3_chat::Options::default())
+    if options.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(EngineError::Invalid {
+            field: "tools",
+            message: "larder does not build Kimi K3's tool declarations yet (see docs/tools.md)".into(),
+        });
+    }
+    let k3 = crate::kimi_k3_chat::Options {
+        add_generation_prompt: options.add_generation_prompt,
+        ..Default::default()
+    };
+    crate::kimi_k3_chat::segments(messages, &k3)
 }
 
 /// Progress of a load: `(bytes read so far, total bytes to read)`.

@@ -151,10 +151,16 @@ pub fn segments(messages: &[ChatMessage], options: &Options) -> Result<Vec<Segme
         }
     }
     for (i, message) in messages.iter().enumerate() {
+        if !message.tool_calls.is_empty() {
+            return Err(EngineError::Invalid {
+                field: "messages",
+                message: format!("message {i} calls tools: larder does not build Kimi K3's tool-call format yet (see docs/tools.md)"),
+            });
+        }
         match message.role.as_str() {
             role @ ("system" | "user") => {
                 b.open("message", &[("role", role)]);
-                b.text(&message.content);
+                b.text(message.text());
                 b.end_message();
             }
             "assistant" => {
@@ -169,17 +175,14 @@ pub fn segments(messages: &[ChatMessage], options: &Options) -> Result<Vec<Segme
                     b.close("think");
                 }
                 b.open("response", &[]);
-                b.text(&message.content);
+                b.text(message.text());
                 b.close("response");
                 b.end_message();
             }
             "tool" => {
                 return Err(EngineError::Invalid {
                     field: "messages",
-                    message: format!(
-                        "message {i} is a tool result: Kimi K3's format names its tool from the assistant's tool calls, \
-                         which larder's chat messages do not carry yet"
-                    ),
+                    message: format!("message {i} is a tool result: larder does not build Kimi K3's tool formats yet (see docs/tools.md)"),
                 })
             }
             // The release's chain of roles has no else: other roles render nothing.

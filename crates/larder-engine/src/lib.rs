@@ -64,6 +64,7 @@ pub mod recommend;
 pub mod sizing;
 
 mod chat;
+mod chat_json;
 mod constraint;
 mod drafting;
 mod engine;
@@ -79,6 +80,7 @@ mod memory_limit;
 mod memory_watch;
 mod output;
 mod prefill;
+pub mod reasoning;
 mod request;
 mod return_points;
 mod route_log;
@@ -88,6 +90,7 @@ mod stats;
 mod store_folder;
 mod tensor_sizes;
 mod tokenizer;
+pub mod tool_calls;
 
 // The engine: loading a checkpoint and generating with it.
 pub use engine::{Engine, ExpertMode, FinishReason, GenerateOptions, Generation, LoadOptions, PREFILL_CHUNK};
@@ -113,7 +116,7 @@ pub use route_log::{RouteLog, RowTag};
 // Speculative decoding's drafter.
 pub use drafting::{DrafterChoice, Drafting};
 // Text: tokenizers, streaming decode, chat templates.
-pub use chat::{ChatMessage, ChatTemplate};
+pub use chat::{ChatMessage, ChatTemplate, FunctionCall, RenderOptions, ToolCall};
 pub use tokenizer::{StreamDecoder, TextTokenizer, KIMI_K3_SPECIAL_IDS, KIMI_SPECIAL_IDS};
 // Output files the user names, checked before any work.
 pub use output::{OutputError, OutputFile, OutputKind, ReportKind, RunInputs};
