@@ -61,6 +61,7 @@ pub mod recommend;
 pub mod sizing;
 
 mod chat;
+mod choice;
 mod constraint;
 mod drafting;
 mod engine;
@@ -95,6 +96,7 @@ pub use stats::{ExpertStats, SpeculativeStats, Stats};
 pub use request::{Job, Outcome, RequestEvent, RequestSink};
 pub use sampling::SamplingParams;
 // What a request may sample next (grammars, required tool calls).
+pub use choice::{log_softmax, LogitAdjustments, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use constraint::{ConstraintError, TokenConstraint};
 // The scheduler: batched decoding, the KV budget, the prefix cache's disk tier.
 pub use scheduler::{
