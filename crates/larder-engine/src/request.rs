@@ -3,8 +3,9 @@
 //! thread, the [`EngineHandle`](crate::EngineHandle) on the engine thread).
 //!
 //! A [`Job`] says what to generate: prompt ids, [`GenerateOptions`], stop
-//! strings, an optional drafter (speculative decoding) and whether to record
-//! its routes. While it runs it streams [`RequestEvent`]s to a
+//! strings, an optional drafter (speculative decoding), OpenAI's logit
+//! adjustments, an optional [`TokenConstraint`], whether to report logprobs
+//! and whether to record its routes. While it runs it streams [`RequestEvent`]s to a
 //! [`RequestSink`]: each token with the text now safe to show (stop strings
 //! removed, text held back while it may still start one), the text released
 //! at the end, then the [`Outcome`] (finish reason, usage, stats). The sink
