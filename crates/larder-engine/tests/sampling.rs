@@ -1,7 +1,8 @@
 //! Per-request sampling controls keep per-request identity: a request with
 //! a constraint, `logit_bias`, penalties and logprobs gives the same ids
-//! alone, in a batch of 8 through the [`Scheduler`], and (greedy) with an
-//! n-gram drafter, whose drafts the constraint forbids are rejected; every
+//! alone, in a batch of 8 through the [`Scheduler`] (also under a KV budget
+//! that preempts and feeds sequences again), and (greedy) with an n-gram
+//! drafter, whose drafts the constraint forbids are rejected; every
 //! reported logprob is bit-equal to the log-softmax of `forward`'s logits
 //! at its position; the constraint's mask is obeyed and its end stops the
 //! request; bias and penalties change what is sampled as OpenAI defines.
@@ -123,8 +124,17 @@ fn alone(engine: &Engine, job: Job) -> Outcome {
 /// Every job in one scheduler (all admitted together), each outcome with
 /// the logprobs its events carried.
 fn batched(engine: &Engine, jobs: Vec<Job>) -> Vec<Outcome> {
+    batched_within(engine, jobs, None)
+}
+
+/// [`batched`] with the KV budget room for `room` positions (`None`: no
+/// budget); asserts that a budget preempted some sequence.
+fn batched_within(engine: &Engine, jobs: Vec<Job>, room: Option<usize>) -> Vec<Outcome> {
+    let probe = Scheduler::new(engine, SchedulerConfig::default()).unwrap();
+    let kv_budget = room.map(|n| n * probe.bytes_per_token() + 8 * probe.bytes_per_sequence());
     let config = SchedulerConfig {
         max_batch: jobs.len(),
+        kv_budget,
         ..SchedulerConfig::default()
     };
     let mut sched = Scheduler::new(engine, config).unwrap();
@@ -157,6 +167,9 @@ fn batched(engine: &Engine, jobs: Vec<Job>) -> Vec<Outcome> {
             report.failed.iter().map(|f| f.error.to_string()).collect::<Vec<_>>()
         );
     }
+    if room.is_some() {
+        assert!(sched.preemptions() > 0, "the budget preempts");
+    }
     let out = results.lock().unwrap().iter().map(|o| o.clone().unwrap()).collect();
     out
 }
@@ -185,11 +198,15 @@ fn alone_batched_and_drafted_give_the_same_ids_and_exact_logprobs() {
     let solo: Vec<Outcome> = (0..8).map(|k| alone(&engine, job(k, None))).collect();
     let batch = batched(&engine, (0..8).map(|k| job(k, None)).collect());
     let drafted = batched(&engine, (0..8).map(|k| job(k, Some(&engine))).collect());
+    // Room for about three of the eight at their longest (26 prompt + 12 new).
+    let preempted = batched_within(&engine, (0..8).map(|k| job(k, None)).collect(), Some(3 * 38));
     for k in 0..8u32 {
         let (s, b, d) = (&solo[k as usize], &batch[k as usize], &drafted[k as usize]);
         assert_eq!(s.ids.len(), 12, "request {k}");
         assert_eq!(s.ids, b.ids, "request {k}: alone vs batch of 8");
         assert_eq!(s.logprobs, b.logprobs, "request {k}");
+        assert_eq!(s.ids, preempted[k as usize].ids, "request {k}: alone vs preempted");
+        assert_eq!(s.logprobs, preempted[k as usize].logprobs, "request {k}");
         assert!(!s.ids.contains(&2), "request {k}: a bias of -100 keeps token 2 out");
         if k % 3 != 2 {
             assert!(
