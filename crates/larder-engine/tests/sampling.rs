@@ -272,6 +272,11 @@ fn a_constraint_ends_or_fails_its_request() {
     let o = alone(&engine, fixed);
     assert_eq!(o.ids, vec![41, 7, 300]);
     assert_eq!(o.finish_reason, FinishReason::Stop);
+    let empty = Job::new(prompt(1))
+        .options(opts.clone())
+        .constraint(Box::new(Fixed { ids: vec![], at: 0 }));
+    let o = alone(&engine, empty);
+    assert_eq!((o.ids.len(), o.finish_reason), (0, FinishReason::Stop));
     let broken = Job::new(prompt(1)).options(opts).constraint(Box::new(Broken(0)));
     let e = engine
         .run(broken, &mut |_: RequestEvent<'_>| true)

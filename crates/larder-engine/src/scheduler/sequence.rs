@@ -265,6 +265,10 @@ impl<'e> Seq<'e> {
 /// returns why it ends, or `None` to go on with the token as its next
 /// input; an error (from its constraint) fails it.
 pub(super) fn sample_one(engine: &Engine, s: &mut Seq<'_>, logits: &[f32]) -> Result<Option<FinishReason>, EngineError> {
+    // A constraint complete before any token (an empty grammar) is never asked.
+    if s.chooser.is_done() {
+        return Ok(Some(FinishReason::Stop));
+    }
     let next = s.chooser.sample(logits)?;
     // A decode pass without drafts (not the prompt's last pass).
     if let (Some(spec), Some(_)) = (&mut s.spec, s.next) {
