@@ -60,6 +60,10 @@ pub enum EngineError {
         prompt_tokens: usize,
         max_new: usize,
     },
+    /// The request's [`TokenConstraint`](crate::TokenConstraint) cannot go
+    /// on (it failed, or allows no token); the request fails with it.
+    #[error("constraint: {0}")]
+    Constraint(#[from] crate::constraint::ConstraintError),
     /// An [`EngineHandle`](crate::EngineHandle)'s engine thread is not
     /// running: it stopped, could not start, or panicked (the message says).
     #[error("the engine thread {0}")]

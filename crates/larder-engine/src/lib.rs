@@ -65,6 +65,7 @@ pub mod sizing;
 
 mod chat;
 mod chat_json;
+mod choice;
 mod constraint;
 mod drafting;
 mod engine;
@@ -102,6 +103,7 @@ pub use stats::{ExpertStats, SpeculativeStats, Stats};
 pub use request::{Job, Outcome, RequestEvent, RequestSink};
 pub use sampling::SamplingParams;
 // What a request may sample next (grammars, required tool calls).
+pub use choice::{log_softmax, LogitAdjustments, TokenLogprob, MAX_TOP_LOGPROBS};
 pub use constraint::{ConstraintError, TokenConstraint};
 pub use grammar::{GrammarConstraint, GrammarEngine, GrammarError, GrammarSpec, ToolSchema, MAX_GRAMMAR_BYTES};
 // The scheduler: batched decoding, the KV budget, the prefix cache's disk tier.

@@ -3,8 +3,9 @@
 //! thread, the [`EngineHandle`](crate::EngineHandle) on the engine thread).
 //!
 //! A [`Job`] says what to generate: prompt ids, [`GenerateOptions`], stop
-//! strings, an optional drafter (speculative decoding) and whether to record
-//! its routes. While it runs it streams [`RequestEvent`]s to a
+//! strings, an optional drafter (speculative decoding), OpenAI's logit
+//! adjustments, an optional [`TokenConstraint`], whether to report logprobs
+//! and whether to record its routes. While it runs it streams [`RequestEvent`]s to a
 //! [`RequestSink`]: each token with the text now safe to show (stop strings
 //! removed, text held back while it may still start one), the text released
 //! at the end, then the [`Outcome`] (finish reason, usage, stats). The sink
@@ -15,6 +16,9 @@
 
 use larder_model::RouteTrace;
 use larder_spec::Drafter;
+
+use crate::choice::{LogitAdjustments, TokenLogprob};
+use crate::constraint::TokenConstraint;
 
 use crate::engine::{Engine, FinishReason, GenerateOptions};
 use crate::error::EngineError;
@@ -39,6 +43,17 @@ pub struct Job {
     /// rest, decode, drafted rows), with router lookahead to this many MoE
     /// layers, into [`Outcome::routes`] (`None`: no recording).
     pub record_routes: Option<usize>,
+    /// OpenAI's `logit_bias` and frequency / presence penalties, applied to
+    /// the copy of the logits sampling sees.
+    pub adjust: LogitAdjustments,
+    /// What the request may sample (a grammar, a required tool call):
+    /// forbidden tokens get probability 0, a drafted token it forbids is
+    /// rejected, and generation stops with `Stop` once it is done.
+    pub constraint: Option<Box<dyn TokenConstraint>>,
+    /// Report each generated token's logprob with this many best
+    /// alternatives (at most [`MAX_TOP_LOGPROBS`](crate::MAX_TOP_LOGPROBS);
+    /// `None`: no logprobs).
+    pub logprobs: Option<usize>,
 }
 
 impl Job {
@@ -54,6 +69,24 @@ impl Job {
         self
     }
 
+    /// Constrained by `constraint` (see [`Job::constraint`]).
+    pub fn constraint(mut self, constraint: Box<dyn TokenConstraint>) -> Job {
+        self.constraint = Some(constraint);
+        self
+    }
+
+    /// With these logit adjustments (see [`Job::adjust`]).
+    pub fn adjust(mut self, adjust: LogitAdjustments) -> Job {
+        self.adjust = adjust;
+        self
+    }
+
+    /// Reporting logprobs with `top` alternatives per token (see [`Job::logprobs`]).
+    pub fn logprobs(mut self, top: usize) -> Job {
+        self.logprobs = Some(top);
+        self
+    }
+
     /// With speculative decoding by `drafter` (`None`: plain decoding).
     pub fn drafter(mut self, drafter: Option<Box<dyn Drafter>>) -> Job {
         self.drafter = drafter;
@@ -64,9 +97,14 @@ impl Job {
 /// What a running request reports.
 #[derive(Debug)]
 pub enum RequestEvent<'a> {
-    /// A chosen token and the text now safe to show (often empty: held back
-    /// while it may start a stop string, or an incomplete UTF-8 character).
-    Token { id: u32, text: &'a str },
+    /// A chosen token, the text now safe to show (often empty: held back
+    /// while it may start a stop string, or an incomplete UTF-8 character)
+    /// and its logprob when the job asked for them ([`Job::logprobs`]).
+    Token {
+        id: u32,
+        text: &'a str,
+        logprob: Option<&'a TokenLogprob>,
+    },
     /// Text held back until the end, released because no stop string followed.
     Text(&'a str),
     /// The request ended (sent once, last; the sink's answer is ignored).
@@ -109,6 +147,9 @@ pub struct Outcome {
     /// they were computed (prompt rest, then each decode or verification
     /// pass, drafted rows included).
     pub routes: Option<RouteTrace>,
+    /// Each new token's logprob, in order, when the job asked for them
+    /// ([`Job::logprobs`]).
+    pub logprobs: Option<Vec<TokenLogprob>>,
 }
 
 impl Engine {

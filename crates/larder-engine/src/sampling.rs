@@ -70,23 +70,47 @@ impl Sampler {
     }
 
     /// The next token id.
+    #[cfg(test)]
     pub(crate) fn sample(&mut self, logits: &[f32]) -> u32 {
-        if self.params.is_greedy() {
-            return argmax(logits);
-        }
-        let dist = self.distribution(logits);
+        let dist = self.distribution_over(logits, None);
         self.draw(&dist)
     }
 
     /// The distribution tokens are drawn from: `(token, probability)` in a
     /// fixed order (descending logit, ties to the lower id), after
     /// temperature, top-k and top-p; greedy is the argmax with probability 1.
-    pub(crate) fn distribution(&self, logits: &[f32]) -> Vec<(u32, f64)> {
+    /// With `allowed` (one entry per token, at least one `true`) only the
+    /// allowed tokens are candidates: masked before the filters, as a logit
+    /// of minus infinity would be, so the filters and the renormalisation
+    /// see only what may be sampled.
+    pub(crate) fn distribution_over(&self, logits: &[f32], allowed: Option<&[bool]>) -> Vec<(u32, f64)> {
+        let may = |i: usize| allowed.is_none_or(|a| a.get(i).copied().unwrap_or(false));
         if self.params.is_greedy() {
-            return vec![(argmax(logits), 1.0)];
+            let best = match allowed {
+                None => argmax(logits),
+                // The first maximum among allowed tokens (ties to the lower id).
+                Some(_) => logits
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| may(i))
+                    .fold(None, |best: Option<(usize, f32)>, (i, &l)| match best {
+                        Some((_, b)) if l <= b => best,
+                        _ => Some((i, l)),
+                    })
+                    .map_or(0, |(i, _)| i as u32),
+            };
+            return vec![(best, 1.0)];
         }
         let t = self.params.temperature;
-        let mut cand: Vec<(u32, f32)> = logits.iter().enumerate().map(|(i, &l)| (i as u32, l / t)).collect();
+        let mut cand: Vec<(u32, f32)> = logits
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| may(i))
+            .map(|(i, &l)| (i as u32, l / t))
+            .collect();
+        if cand.is_empty() {
+            return Vec::new();
+        }
         // Descending by logit, ties to the lower id: a total, reproducible order.
         cand.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
         if self.params.top_k > 0 && self.params.top_k < cand.len() {

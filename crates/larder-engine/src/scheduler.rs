@@ -199,6 +199,13 @@ impl KvCosts {
         }
         let max_new = engine.check_prompt(&job.prompt, Some(job.options.max_new))?;
         job.options.sampling.validate()?;
+        job.adjust.validate(engine.model().spec().vocab_size)?;
+        if let Some(top) = job.logprobs.filter(|&n| n > crate::MAX_TOP_LOGPROBS) {
+            return Err(EngineError::Invalid {
+                field: "top_logprobs",
+                message: format!("{top} is over the most, {}", crate::MAX_TOP_LOGPROBS),
+            });
+        }
         StopFilter::new(&job.stop)?;
         let needed = self.bytes_per_sequence + (job.prompt.len() + max_new) * self.bytes_per_token;
         if let Some(budget) = kv_budget.filter(|&b| needed > b) {
@@ -391,7 +398,7 @@ impl<'e> Scheduler<'e> {
                 PassOut::Fed => Ok(None),
                 PassOut::Last(_) if s.max_new == 0 => Ok(Some(FinishReason::Length)),
                 PassOut::Last(_) if s.resume_pending() => Ok(None),
-                PassOut::Last(l) => Ok(sample_one(self.engine, &mut s, &l)),
+                PassOut::Last(l) => sample_one(self.engine, &mut s, &l),
                 PassOut::Verify(m) => verify::verify(self.engine, &mut s, &m),
             };
             report.tokens += s.ids.len() - before;

@@ -40,7 +40,7 @@ fn drain(mut events: Events) -> (String, Vec<u32>, Outcome) {
     let (mut text, mut ids) = (String::new(), Vec::new());
     while let Some(event) = events.blocking_recv() {
         match event {
-            Event::Token { id, text: t } => {
+            Event::Token { id, text: t, .. } => {
                 ids.push(id);
                 text.push_str(&t);
             }

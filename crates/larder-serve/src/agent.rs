@@ -137,6 +137,11 @@ pub fn to_request(conversation: &Conversation, tools_param: &str, turns_param: &
         stream: l.stream,
         include_usage: false,
         ignore_eos: false,
+        logit_bias: Default::default(),
+        frequency_penalty: 0.0,
+        presence_penalty: 0.0,
+        logprobs: None,
+        n: 1,
     })
 }
 
@@ -190,7 +195,8 @@ pub async fn collect(
         match crate::http::next_event(rx, abort).await {
             Err(()) => return Err(crate::http::shutting_down()),
             Ok(None) => return Err(crate::http::engine_stopped()),
-            Ok(Some(Event::Text(t))) => text.push_str(&t),
+            // (These APIs ask for no logprobs: a scored token is its text.)
+            Ok(Some(Event::Text(t) | Event::Scored { text: t, .. })) => text.push_str(&t),
             Ok(Some(Event::Started { .. })) => {}
             Ok(Some(Event::Failed(e))) => return Err(e),
             Ok(Some(Event::Done {
@@ -263,8 +269,8 @@ pub async fn drive<S: StreamShape>(
             }
             // Nothing to show for this token: an SSE comment keeps the
             // socket written to, so a vanished client is noticed.
-            Some(Event::Text(t)) if t.is_empty() => out.send(Bytes::from_static(b": \n\n")).is_ok(),
-            Some(Event::Text(t)) => send(shape.text(&t)),
+            Some(Event::Text(t) | Event::Scored { text: t, .. }) if t.is_empty() => out.send(Bytes::from_static(b": \n\n")).is_ok(),
+            Some(Event::Text(t) | Event::Scored { text: t, .. }) => send(shape.text(&t)),
             Some(Event::Started { .. }) => true,
             Some(Event::Failed(e)) => {
                 e.log();

@@ -3,9 +3,12 @@
 //! OpenAI-shaped error body (`{"error": {"message", "type", "param", "code"}}`).
 //!
 //! Everything is checked **before** generation starts: fields the server
-//! cannot honour exactly (logit_bias, tools, n > 1, images, non-zero
-//! penalties, unknown fields) are refused, harmless defaults clients send are
-//! accepted.
+//! cannot honour exactly (tools, images, unknown fields) are
+//! refused, harmless defaults clients send are accepted. `logit_bias`,
+//! `frequency_penalty`, `presence_penalty` and `logprobs` (chat: with
+//! `top_logprobs`) are checked as OpenAI checks them.
+
+use std::collections::BTreeMap;
 
 use serde_json::{json, Map, Value};
 
@@ -140,7 +143,27 @@ pub struct GenerationRequest {
     pub include_usage: bool,
     /// Extension: do not stop at EOS tokens.
     pub ignore_eos: bool,
+    /// Token id to a bias in [-100, 100] (`logit_bias`).
+    pub logit_bias: BTreeMap<u32, f32>,
+    /// In [-2, 2] (default 0).
+    pub frequency_penalty: f32,
+    /// In [-2, 2] (default 0).
+    pub presence_penalty: f32,
+    /// Report logprobs with this many alternatives per token (chat:
+    /// `logprobs: true` and `top_logprobs`; completions: `logprobs: N`);
+    /// `None`: no logprobs.
+    pub logprobs: Option<usize>,
+    /// Choices to generate, 1..=[`MAX_CHOICES`] (decoded as a batch).
+    pub n: usize,
 }
+
+/// Most choices (`n`) one request may ask for.
+pub const MAX_CHOICES: u64 = 16;
+
+/// Most `top_logprobs` of a chat request (OpenAI's bound).
+pub const MAX_CHAT_TOP_LOGPROBS: u64 = 20;
+/// Most `logprobs` of a completions request (OpenAI's bound).
+pub const MAX_COMPLETION_LOGPROBS: u64 = 5;
 
 const COMMON: &[&str] = &[
     "model",
@@ -261,6 +284,29 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
         }
         Some(_) => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
     };
+    let logit_bias = logit_bias(obj.get("logit_bias"))?;
+    let frequency_penalty = number(obj, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0);
+    let presence_penalty = number(obj, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0);
+    let logprobs = match endpoint {
+        Endpoint::Chat => chat_logprobs(obj)?,
+        Endpoint::Completion => match obj.get("logprobs") {
+            None | Some(Value::Null) => None,
+            Some(v) => Some(v.as_u64().filter(|&n| n <= MAX_COMPLETION_LOGPROBS).ok_or_else(|| {
+                ApiError::invalid(
+                    "logprobs",
+                    format!("logprobs must be an integer between 0 and {MAX_COMPLETION_LOGPROBS}"),
+                )
+            })? as usize),
+        },
+    };
+    let n = match obj.get("n") {
+        None | Some(Value::Null) => 1,
+        Some(v) => {
+            v.as_u64()
+                .filter(|n| (1..=MAX_CHOICES).contains(n))
+                .ok_or_else(|| ApiError::invalid("n", format!("n must be an integer between 1 and {MAX_CHOICES}")))? as usize
+        }
+    };
     if include_usage && !stream {
         return Err(ApiError::invalid(
             "stream_options",
@@ -279,7 +325,57 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
         stream,
         include_usage,
         ignore_eos,
+        logit_bias,
+        frequency_penalty,
+        presence_penalty,
+        logprobs,
+        n,
     })
+}
+
+/// `logit_bias`: an object from token ids (decimal strings) to numbers in [-100, 100].
+fn logit_bias(v: Option<&Value>) -> Result<BTreeMap<u32, f32>, ApiError> {
+    let invalid = |m: String| ApiError::invalid("logit_bias", m);
+    let map = match v {
+        None | Some(Value::Null) => return Ok(BTreeMap::new()),
+        Some(Value::Object(map)) => map,
+        Some(_) => return Err(invalid("logit_bias must be an object from token ids to biases".into())),
+    };
+    map.iter()
+        .map(|(k, b)| {
+            let id = k
+                .parse::<u32>()
+                .map_err(|_| invalid(format!("logit_bias key {k:?} is not a token id")))?;
+            let bias = b
+                .as_f64()
+                .filter(|b| (-100.0..=100.0).contains(b))
+                .ok_or_else(|| invalid(format!("logit_bias of token {k} must be a number between -100 and 100")))?;
+            Ok((id, bias as f32))
+        })
+        .collect()
+}
+
+/// A chat request's `logprobs` (a boolean) and `top_logprobs` (0..=20, only with `logprobs: true`).
+fn chat_logprobs(obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
+    let on = flag(obj, "logprobs")?;
+    let top = match obj.get("top_logprobs") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(v.as_u64().filter(|&n| n <= MAX_CHAT_TOP_LOGPROBS).ok_or_else(|| {
+            ApiError::invalid(
+                "top_logprobs",
+                format!("top_logprobs must be an integer between 0 and {MAX_CHAT_TOP_LOGPROBS}"),
+            )
+        })? as usize),
+    };
+    match (on, top) {
+        // A zero some clients send by default asks for nothing.
+        (false, Some(0)) | (false, None) => Ok(None),
+        (false, Some(_)) => Err(ApiError::invalid(
+            "top_logprobs",
+            "logprobs must be set to true if top_logprobs is used",
+        )),
+        (true, top) => Ok(Some(top.unwrap_or(0))),
+    }
 }
 
 /// Refuses every field whose value the server cannot honour exactly.
@@ -290,12 +386,6 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
             _ => Ok(()),
         }
     };
-    is("n", &|v| v.as_u64() == Some(1))?;
-    is("frequency_penalty", &|v| v.as_f64() == Some(0.0))?;
-    is("presence_penalty", &|v| v.as_f64() == Some(0.0))?;
-    is("logit_bias", &|v| v.as_object().is_some_and(|o| o.is_empty()))?;
-    is("logprobs", &|v| v == &Value::Bool(false))?;
-    is("top_logprobs", &|v| v.as_u64() == Some(0))?;
     is("tools", &|v| v.as_array().is_some_and(|a| a.is_empty()))?;
     is("tool_choice", &|v| v == "none" || v == "auto")?;
     is("parallel_tool_calls", &|v| v.is_boolean())?;
@@ -430,6 +520,17 @@ mod tests {
         assert_eq!(r.stop, vec!["x".to_string()]);
         let c = parse_request(Endpoint::Completion, br#"{"model":"m","prompt":[1,2,3]}"#, "m").unwrap();
         assert_eq!(c.prompt, Prompt::Ids(vec![1, 2, 3]));
+        assert_eq!(c.logprobs, None);
+        let c = parse_request(Endpoint::Completion, br#"{"model":"m","prompt":"x","logprobs":6}"#, "m").unwrap_err();
+        assert_eq!(c.param.as_deref(), Some("logprobs"));
+        let s = chat(
+            json!({"model": "m", "messages": [{"role": "user", "content": "hi"}], "logprobs": true, "top_logprobs": 20,
+            "logit_bias": {"7": -100, "12": 2.5}, "frequency_penalty": -2, "presence_penalty": 1.5}),
+        )
+        .unwrap();
+        assert_eq!(s.logprobs, Some(20));
+        assert_eq!(s.logit_bias, BTreeMap::from([(7, -100.0), (12, 2.5)]));
+        assert_eq!((s.frequency_penalty, s.presence_penalty), (-2.0, 1.5));
     }
 
     #[test]
@@ -440,10 +541,19 @@ mod tests {
             b[k] = v;
             chat(b).unwrap_err()
         };
-        assert_eq!(with("n", json!(2)).param.as_deref(), Some("n"));
-        assert_eq!(with("logit_bias", json!({"1": 5})).param.as_deref(), Some("logit_bias"));
+        assert_eq!(with("n", json!(17)).param.as_deref(), Some("n"));
+        assert_eq!(with("n", json!(0)).param.as_deref(), Some("n"));
+        assert_eq!(with("logit_bias", json!({"x": 5})).param.as_deref(), Some("logit_bias"));
+        assert_eq!(with("logit_bias", json!({"1": 101})).param.as_deref(), Some("logit_bias"));
+        assert_eq!(with("logit_bias", json!([1])).param.as_deref(), Some("logit_bias"));
         assert_eq!(with("tools", json!([{"type": "function"}])).param.as_deref(), Some("tools"));
-        assert_eq!(with("frequency_penalty", json!(0.5)).status, 400);
+        assert_eq!(with("frequency_penalty", json!(2.5)).param.as_deref(), Some("frequency_penalty"));
+        assert_eq!(with("presence_penalty", json!(-3)).param.as_deref(), Some("presence_penalty"));
+        assert_eq!(
+            with("top_logprobs", json!(3)).message,
+            "logprobs must be set to true if top_logprobs is used"
+        );
+        assert_eq!(with("logprobs", json!(2)).param.as_deref(), Some("logprobs"));
         assert_eq!(with("max_tokens", json!(-1)).param.as_deref(), Some("max_tokens"));
         assert_eq!(with("max_tokens", json!(1e30)).param.as_deref(), Some("max_tokens"));
         assert_eq!(with("temperature", json!("hot")).param.as_deref(), Some("temperature"));

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{parse_request, ApiError, Endpoint, GenerationRequest};
-use crate::worker::{Event, EventSource, JobEvents, Worker};
+use crate::worker::{Choices, Event, EventSource, Logprob, Worker};
 use crate::ServerConfig;
 
 /// A response body: a whole buffer, or server-sent events as they come.
@@ -324,6 +324,15 @@ pub(crate) async fn next_event(rx: &mut impl EventSource, abort: &mut watch::Rec
     }
 }
 
+/// The next engine event and its choice's index, or `Err` once the
+/// shutdown grace period is over.
+async fn next_choice_event(rx: &mut impl EventSource, abort: &mut watch::Receiver<bool>) -> Result<Option<(usize, Event)>, ()> {
+    tokio::select! {
+        ev = rx.recv_choice() => Ok(ev),
+        Ok(_) = abort.wait_for(|a| *a) => Err(()),
+    }
+}
+
 pub(crate) fn shutting_down() -> ApiError {
     ApiError::plain(
         503,
@@ -338,7 +347,7 @@ pub(crate) fn shutting_down() -> ApiError {
 /// when full), preparation off the engine thread, the engine's own checks
 /// (the KV budget); every refusal comes before generation starts. Returns
 /// the prompt's token count and the job's events (dropping them cancels it).
-pub(crate) async fn admit(state: &Arc<State>, worker: &Worker, request: &GenerationRequest) -> Result<(usize, JobEvents), ApiError> {
+pub(crate) async fn admit(state: &Arc<State>, worker: &Worker, request: &GenerationRequest) -> Result<(usize, Choices), ApiError> {
     if let Some(n) = request.max_tokens {
         if n >= worker.context_len {
             return Err(ApiError::invalid(
@@ -355,7 +364,7 @@ pub(crate) async fn admit(state: &Arc<State>, worker: &Worker, request: &Generat
         Ok(_) = abort.wait_for(|a| *a) => return Err(shutting_down()),
     };
     // The engine checks the job first (the KV budget may refuse it).
-    let mut rx = worker.submit(slot, prepared)?;
+    let mut rx = worker.submit(slot, prepared, request.n)?;
     match next_event(&mut rx, &mut abort).await {
         Ok(Some(Event::Started { prompt_tokens })) => Ok((prompt_tokens, rx)),
         Ok(Some(Event::Failed(e))) => Err(e),
@@ -411,39 +420,62 @@ async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: 
         tokio::spawn(stream_events(request, id, model, prompt_tokens, rx, out, abort));
         return sse_reply(body);
     }
-    let mut text = String::new();
+    let n = request.n;
+    let mut texts = vec![String::new(); n];
+    let mut scored: Vec<Vec<Logprob>> = vec![Vec::new(); n];
+    let mut choices: Vec<Value> = vec![Value::Null; n];
+    let (mut done, mut completion, mut cached) = (0, 0, 0);
     loop {
-        let ev = match next_event(&mut rx, &mut abort).await {
+        let ev = match next_choice_event(&mut rx, &mut abort).await {
             Ok(ev) => ev,
             Err(()) => return error_reply(&shutting_down()),
         };
         match ev {
-            Some(Event::Text(t)) => text.push_str(&t),
-            Some(Event::Done {
-                finish_reason,
-                completion_tokens,
-                cached_tokens,
-                ..
-            }) => {
-                let usage = usage(prompt_tokens, completion_tokens, cached_tokens);
-                let choice = match endpoint {
-                    Endpoint::Chat => {
-                        json!({"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": null, "finish_reason": finish_reason})
-                    }
-                    Endpoint::Completion => json!({"index": 0, "text": text, "logprobs": null, "finish_reason": finish_reason}),
+            Some((i, Event::Text(t))) => texts[i].push_str(&t),
+            Some((i, Event::Scored { text: t, logprob })) => {
+                texts[i].push_str(&t);
+                scored[i].push(logprob);
+            }
+            Some((
+                i,
+                Event::Done {
+                    finish_reason,
+                    completion_tokens,
+                    cached_tokens,
+                    ..
+                },
+            )) => {
+                completion += completion_tokens;
+                cached = cached.max(cached_tokens);
+                let logprobs = match (request.logprobs, endpoint) {
+                    (None, _) => Value::Null,
+                    (Some(_), Endpoint::Chat) => crate::logprobs::chat(&scored[i]),
+                    (Some(_), Endpoint::Completion) => crate::logprobs::completion(&scored[i], 0),
                 };
+                let text = std::mem::take(&mut texts[i]);
+                choices[i] = match endpoint {
+                    Endpoint::Chat => {
+                        json!({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason})
+                    }
+                    Endpoint::Completion => json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}),
+                };
+                done += 1;
+                if done < n {
+                    continue;
+                }
                 let object = if endpoint == Endpoint::Chat {
                     "chat.completion"
                 } else {
                     "text_completion"
                 };
+                let usage = usage(prompt_tokens, completion, cached);
                 return json_reply(
                     200,
-                    &json!({"id": id, "object": object, "created": now(), "model": model, "choices": [choice], "usage": usage}),
+                    &json!({"id": id, "object": object, "created": now(), "model": model, "choices": choices, "usage": usage}),
                 );
             }
-            Some(Event::Failed(e)) => return error_reply(&e),
-            Some(Event::Started { .. }) => {}
+            Some((_, Event::Failed(e))) => return error_reply(&e),
+            Some((_, Event::Started { .. })) => {}
             None => return error_reply(&engine_stopped()),
         }
     }
@@ -473,32 +505,46 @@ pub(crate) async fn stream_events(
     let object = if chat { "chat.completion.chunk" } else { "text_completion" };
     let chunk = |choice: Value| json!({"id": id, "object": object, "created": created, "model": model, "choices": [choice]});
     let send = |v: &Value| out.send(Bytes::from(format!("data: {v}\n\n"))).is_ok();
-    if chat
-        && !send(&chunk(
-            json!({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}),
-        ))
-    {
-        return;
+    let n = request.n.max(1);
+    for i in 0..n {
+        let role = json!({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null});
+        if chat && !send(&chunk(role)) {
+            return;
+        }
     }
+    // Completions' `text_offset` per choice: characters of the tokens streamed so far.
+    let mut offsets = vec![0; n];
+    let (mut done, mut completion, mut cached) = (0, 0, 0);
     loop {
         let ev = tokio::select! {
-            ev = rx.recv() => ev,
+            ev = rx.recv_choice() => ev,
             // The client went away: dropping `rx` cancels the job.
             _ = out.closed() => return,
             // The shutdown grace period is over: end the stream cleanly.
             Ok(_) = abort.wait_for(|a| *a) => return end_with_error(&out, &shutting_down()),
         };
-        let Some(ev) = ev else {
+        let Some((i, ev)) = ev else {
             return end_with_error(&out, &engine_stopped());
         };
         let ok = match ev {
+            // A token with its logprob: a chunk even when it shows no text yet.
+            Event::Scored { text: t, logprob } => {
+                let tokens = std::slice::from_ref(&logprob);
+                let choice = if chat {
+                    json!({"index": i, "delta": {"content": t}, "logprobs": crate::logprobs::chat(tokens), "finish_reason": null})
+                } else {
+                    json!({"index": i, "text": t, "logprobs": crate::logprobs::completion(tokens, offsets[i]), "finish_reason": null})
+                };
+                offsets[i] += logprob.token.chars().count();
+                send(&chunk(choice))
+            }
             // Nothing to show for this token: an SSE comment keeps the
             // socket written to, so a vanished client is noticed.
             Event::Text(t) if t.is_empty() => out.send(Bytes::from_static(b": \n\n")).is_ok(),
             Event::Text(t) => send(&chunk(if chat {
-                json!({"index": 0, "delta": {"content": t}, "logprobs": null, "finish_reason": null})
+                json!({"index": i, "delta": {"content": t}, "logprobs": null, "finish_reason": null})
             } else {
-                json!({"index": 0, "text": t, "logprobs": null, "finish_reason": null})
+                json!({"index": i, "text": t, "logprobs": null, "finish_reason": null})
             })),
             Event::Done {
                 finish_reason,
@@ -507,15 +553,23 @@ pub(crate) async fn stream_events(
                 ..
             } => {
                 let last = if chat {
-                    json!({"index": 0, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
+                    json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
                 } else {
-                    json!({"index": 0, "text": "", "logprobs": null, "finish_reason": finish_reason})
+                    json!({"index": i, "text": "", "logprobs": null, "finish_reason": finish_reason})
                 };
-                send(&chunk(last));
+                completion += completion_tokens;
+                cached = cached.max(cached_tokens);
+                done += 1;
+                if !send(&chunk(last)) {
+                    return;
+                }
+                if done < n {
+                    continue;
+                }
                 if request.include_usage {
                     send(
                         &json!({"id": id, "object": object, "created": created, "model": model, "choices": [],
-                                 "usage": usage(prompt_tokens, completion_tokens, cached_tokens)}),
+                                 "usage": usage(prompt_tokens, completion, cached)}),
                     );
                 }
                 let _ = out.send(Bytes::from_static(b"data: [DONE]\n\n"));

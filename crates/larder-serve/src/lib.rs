@@ -15,9 +15,12 @@
 //! - [`worker`] maps prepared requests to jobs of larder-engine's
 //!   [`EngineHandle`](larder_engine::EngineHandle) (the engine thread: up
 //!   to `max_batch` requests decoding together, drafting or not, the KV
-//!   budget, prefix reuse, the route trace) and their events back, behind a
+//!   budget, prefix reuse, the route trace) and their events back (a
+//!   request with `n` choices as `n` jobs, their events merged), behind a
 //!   queue of bounded depth (429 beyond it); a client that leaves cancels
-//!   its job;
+//!   its jobs;
+//! - [`logprobs`] spells generated tokens' logprobs in OpenAI's chat and
+//!   completions shapes;
 //! - [`http`] is the hyper 1 service: routing, API key, body limits and
 //!   timeouts, JSON and server-sent-event responses; [`cors`] its opt-in
 //!   CORS headers;
@@ -36,6 +39,7 @@ pub mod defaults;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
+pub mod logprobs;
 pub mod messages;
 pub mod prepare;
 pub mod responses;

@@ -25,7 +25,7 @@
 
 use std::sync::{mpsc, Arc, Mutex};
 
-use larder_engine::{ChatMessage, Engine, EngineError, GenerateOptions, SamplingParams};
+use larder_engine::{ChatMessage, Engine, EngineError, GenerateOptions, LogitAdjustments, SamplingParams};
 use tokio::sync::oneshot;
 
 use crate::api::{ApiError, GenerationRequest, Prompt};
@@ -49,6 +49,10 @@ pub struct Prepared {
     pub prompt: Vec<u32>,
     pub options: GenerateOptions,
     pub stop: Vec<String>,
+    /// `logit_bias` and the penalties.
+    pub adjust: LogitAdjustments,
+    /// Logprobs with this many alternatives per token, when asked for.
+    pub logprobs: Option<usize>,
 }
 
 /// What a lane's thread prepares, and where the result goes.
@@ -199,6 +203,12 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
         prompt,
         options,
         stop: request.stop.clone(),
+        adjust: LogitAdjustments {
+            logit_bias: request.logit_bias.clone(),
+            frequency_penalty: request.frequency_penalty,
+            presence_penalty: request.presence_penalty,
+        },
+        logprobs: request.logprobs,
     })
 }
 

@@ -13,6 +13,12 @@
 //! its client left: dropping them also cancels the job at the engine's
 //! next step). Engine errors reach the client without server file paths
 //! (the server log has them, [`ApiError::generating`]).
+//!
+//! A request with `n` > 1 is `n` jobs decoded in the same batches
+//! ([`Choices`]: their events merged, tagged by choice index), holding one
+//! place in the queue; choice `i` samples with the request's seed plus `i`
+//! (wrapping), so a seeded request is reproducible choice by choice, and
+//! greedy choices are identical.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -20,6 +26,7 @@ use std::sync::Arc;
 use larder_engine::{Drafting, Engine, EngineError, EngineHandle, Events, FinishReason, HandleConfig, Job};
 
 use crate::api::{ApiError, GenerationRequest};
+pub use crate::logprobs::Logprob;
 use crate::prepare::{request_error, Prepared, Preparer};
 
 /// What a request reports to the HTTP side.
@@ -32,6 +39,12 @@ pub enum Event {
     /// New text (stop strings already removed; empty for a token that adds
     /// no text yet, so a streaming reply still writes to its socket).
     Text(String),
+    /// A token's text (as `Text`) and its logprob, for a request that asked
+    /// for logprobs.
+    Scored {
+        text: String,
+        logprob: Logprob,
+    },
     Done {
         finish_reason: &'static str,
         completion_tokens: usize,
@@ -87,11 +100,59 @@ pub struct Worker {
     drafting: Drafting,
 }
 
-/// Where a reply reads its request's events from: a job's [`JobEvents`],
-/// or any channel of [`Event`]s (the SSE fuzz target feeds one).
+/// Where a reply reads its request's events from: a request's [`Choices`],
+/// a job's [`JobEvents`], or any channel of [`Event`]s (the SSE fuzz target
+/// feeds one).
 pub trait EventSource: Send {
     /// The next event; `None` when no more will come.
     fn recv(&mut self) -> impl std::future::Future<Output = Option<Event>> + Send;
+
+    /// The next event and the index of the choice it belongs to (always 0
+    /// for a source of one choice).
+    fn recv_choice(&mut self) -> impl std::future::Future<Output = Option<(usize, Event)>> + Send {
+        async move { self.recv().await.map(|e| (0, e)) }
+    }
+}
+
+/// The events of a request's `n` jobs, merged as they come, each tagged by
+/// its choice index; dropping them cancels every job.
+pub struct Choices {
+    events: tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>,
+}
+
+impl Choices {
+    /// Forwards each job's events (a task per job, which drops the job,
+    /// cancelling it, once these are dropped).
+    fn merge(jobs: Vec<JobEvents>) -> Choices {
+        let (sender, events) = tokio::sync::mpsc::unbounded_channel();
+        for (index, mut job) in jobs.into_iter().enumerate() {
+            let sender = sender.clone();
+            tokio::spawn(async move {
+                loop {
+                    let ev = tokio::select! {
+                        ev = job.next_event() => ev,
+                        _ = sender.closed() => return,
+                    };
+                    let Some(ev) = ev else { return };
+                    let last = matches!(ev, Event::Done { .. } | Event::Failed(_));
+                    if sender.send((index, ev)).is_err() || last {
+                        return;
+                    }
+                }
+            });
+        }
+        Choices { events }
+    }
+}
+
+impl EventSource for Choices {
+    async fn recv(&mut self) -> Option<Event> {
+        self.events.recv().await.map(|(_, e)| e)
+    }
+
+    async fn recv_choice(&mut self) -> Option<(usize, Event)> {
+        self.events.recv().await
+    }
 }
 
 impl EventSource for tokio::sync::mpsc::UnboundedReceiver<Event> {
@@ -104,8 +165,11 @@ impl EventSource for tokio::sync::mpsc::UnboundedReceiver<Event> {
 /// job and gives its queue slot back.
 pub struct JobEvents {
     events: Events,
+    /// The engine, whose tokenizer spells the tokens of logprobs.
+    engine: Arc<Engine>,
     started: bool,
-    _slot: QueueSlot,
+    /// The request's place in the queue (shared by its choices).
+    _slot: Arc<QueueSlot>,
 }
 
 impl EventSource for JobEvents {
@@ -125,6 +189,14 @@ impl JobEvents {
             });
         }
         Some(match self.events.recv().await? {
+            larder_engine::Event::Token {
+                text,
+                logprob: Some(logprob),
+                ..
+            } => Event::Scored {
+                text,
+                logprob: Logprob::spelled(&self.engine, &logprob),
+            },
             larder_engine::Event::Token { text, .. } | larder_engine::Event::Text(text) => Event::Text(text),
             larder_engine::Event::Done(outcome) => Event::Done {
                 finish_reason: match outcome.finish_reason {
@@ -186,11 +258,29 @@ impl Worker {
         self.preparer.prepare(request).await
     }
 
-    /// Hands a prepared request to the engine as a job (with a fresh
-    /// drafter when drafting); a request the engine refuses (the KV
-    /// budget, say) is a 400 before generation.
-    pub fn submit(&self, slot: QueueSlot, prepared: Prepared) -> Result<JobEvents, ApiError> {
-        let Prepared { prompt, options, stop } = prepared;
+    /// Hands a prepared request to the engine as `n` jobs (choice `i`
+    /// seeded with the seed plus `i`); a request the engine refuses (the
+    /// KV budget, say) is a 400 before generation.
+    pub fn submit(&self, slot: QueueSlot, prepared: Prepared, n: usize) -> Result<Choices, ApiError> {
+        let slot = Arc::new(slot);
+        let mut jobs = Vec::with_capacity(n);
+        for i in 0..n {
+            let mut p = prepared.clone();
+            p.options.sampling.seed = p.options.sampling.seed.wrapping_add(i as u64);
+            jobs.push(self.submit_one(slot.clone(), p)?);
+        }
+        Ok(Choices::merge(jobs))
+    }
+
+    /// Hands one job to the engine (with a fresh drafter when drafting).
+    fn submit_one(&self, slot: Arc<QueueSlot>, prepared: Prepared) -> Result<JobEvents, ApiError> {
+        let Prepared {
+            prompt,
+            options,
+            stop,
+            adjust,
+            logprobs,
+        } = prepared;
         let drafter = self
             .drafting
             .drafter()
@@ -200,6 +290,8 @@ impl Worker {
             options,
             stop,
             drafter,
+            adjust,
+            logprobs,
             ..Job::default()
         };
         let events = self.handle.submit(job).map_err(|e| match e {
@@ -208,6 +300,7 @@ impl Worker {
         })?;
         Ok(JobEvents {
             events,
+            engine: self.handle.engine().clone(),
             started: false,
             _slot: slot,
         })

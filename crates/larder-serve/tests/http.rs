@@ -141,8 +141,8 @@ fn refusals_are_openai_shaped_and_before_generation() {
         post(a, "/v1/chat/completions", &b)
     };
     check(send(a, "POST", "/v1/chat/completions", &[], "{oops"), 400, Some("body"));
-    check(with("n", json!(2)), 400, Some("n"));
-    check(with("logit_bias", json!({"5": 1})), 400, Some("logit_bias"));
+    check(with("n", json!(17)), 400, Some("n"));
+    check(with("logit_bias", json!({"5": 101})), 400, Some("logit_bias"));
     check(
         with("tools", json!([{"type": "function", "function": {"name": "f"}}])),
         400,

@@ -183,6 +183,7 @@ fn job(args: &Args, engine: &Engine, prompt: Vec<u32>) -> anyhow::Result<Job> {
         stop: args.stop.clone(),
         drafter: drafting.drafter()?,
         record_routes: args.trace.as_ref().map(|_| super::trace::LOOKAHEAD),
+        ..Job::default()
     })
 }
 

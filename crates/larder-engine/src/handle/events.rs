@@ -8,6 +8,7 @@ use std::sync::Arc;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
 use super::CancelFlag;
+use crate::choice::TokenLogprob;
 use crate::error::EngineError;
 use crate::request::Outcome;
 
@@ -15,9 +16,14 @@ use crate::request::Outcome;
 /// exactly one `Done` or `Failed`.
 #[derive(Debug)]
 pub enum Event {
-    /// A chosen token and the text it releases (often empty: held back while
-    /// it may start a stop string, or an incomplete UTF-8 character).
-    Token { id: u32, text: String },
+    /// A chosen token, the text it releases (often empty: held back while
+    /// it may start a stop string, or an incomplete UTF-8 character) and its
+    /// logprob when the job asked for them.
+    Token {
+        id: u32,
+        text: String,
+        logprob: Option<TokenLogprob>,
+    },
     /// Text held back until the end, released because no stop string followed.
     Text(String),
     /// The job ended (finished, stopped, or cancelled).

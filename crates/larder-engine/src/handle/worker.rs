@@ -38,10 +38,11 @@ impl RequestSink for JobSink {
         match event {
             // Sent even when empty: a streaming reader then hears of every
             // token, which is how a vanished client is noticed.
-            RequestEvent::Token { id, text } => {
+            RequestEvent::Token { id, text, logprob } => {
                 let sent = self.events.send(Event::Token {
                     id,
                     text: text.to_string(),
+                    logprob: logprob.cloned(),
                 });
                 sent.is_ok() && !self.cancelled()
             }

@@ -1,5 +1,5 @@
 //! One sequence the scheduler owns ([`Seq`]): its request, model state,
-//! sampler, stop filter, snapshots to return to, drafter (when it decodes
+//! token chooser (sampler, adjustments, constraint), stop filter, snapshots to return to, drafter (when it decodes
 //! speculatively) and progress; how it is preempted (state dropped, to be
 //! fed again), how a chosen token is emitted, how it samples a token and
 //! how it ends.
@@ -10,7 +10,9 @@ use larder_model::{RouteTrace, SequenceState, Wanted};
 use larder_store::StoreStats;
 
 use super::speculation::Speculation;
+use crate::choice::{TokenChooser, TokenLogprob};
 use crate::engine::{Engine, FinishReason};
+use crate::error::EngineError;
 use crate::prefill::passes;
 use crate::request::{Job, Outcome, RequestEvent, RequestSink, StopFilter};
 use crate::return_points::ReturnPoints;
@@ -28,7 +30,7 @@ pub(super) struct Seq<'e> {
     pub state: SequenceState,
     /// Snapshots of `state` to return to (only when it cannot roll back).
     pub points: ReturnPoints,
-    pub sampler: Sampler,
+    pub chooser: TokenChooser,
     pub stops: StopFilter,
     pub decoder: StreamDecoder,
     /// Speculative decoding, when the request has a drafter.
@@ -43,6 +45,8 @@ pub(super) struct Seq<'e> {
     /// The token to feed next once decoding.
     pub next: Option<u32>,
     pub ids: Vec<u32>,
+    /// Each new token's logprob, when the request asks for them.
+    pub logprobs: Option<Vec<TokenLogprob>>,
     pub text: String,
     pub started: Instant,
     pub stats: Stats,
@@ -63,6 +67,9 @@ impl<'e> Seq<'e> {
             options,
             drafter,
             record_routes,
+            adjust,
+            constraint,
+            logprobs,
             ..
         } = job;
         Seq {
@@ -80,7 +87,7 @@ impl<'e> Seq<'e> {
             // recurrent layer's would take its fixed size at once).
             state: SequenceState::default(),
             points: ReturnPoints::new(),
-            sampler,
+            chooser: TokenChooser::new(sampler, adjust, constraint, logprobs),
             stops,
             decoder: StreamDecoder::new(),
             spec: drafter.map(|d| Speculation::new(d, options.draft_max)),
@@ -88,6 +95,7 @@ impl<'e> Seq<'e> {
             fed: 0,
             next: None,
             ids: Vec::new(),
+            logprobs: logprobs.map(|_| Vec::new()),
             text: String::new(),
             started: Instant::now(),
             store_before: None,
@@ -147,7 +155,7 @@ impl<'e> Seq<'e> {
     }
 
     /// Drops its state (`fresh`, an empty one, takes its place) so that,
-    /// readmitted, it feeds its prompt and generated ids again; its sampler,
+    /// readmitted, it feeds its prompt and generated ids again; its chooser,
     /// stop filter, stream decoder and drafter stay as they are. A plain
     /// sequence feeds every generated id and samples from the last row's
     /// logits (what its next decode step would have computed); a drafting
@@ -206,9 +214,14 @@ impl<'e> Seq<'e> {
         self.sink.cancelled()
     }
 
-    /// Records chosen token `t`: the text it releases goes to the sink; says
-    /// why it ends there (a stop string, cancelled, EOS, `max_new`), if it does.
-    pub(super) fn emit(&mut self, engine: &Engine, t: u32) -> Option<FinishReason> {
+    /// Records chosen token `t` (chosen from the model's `logits` at its
+    /// position): commits it to the chooser, the text it releases goes to
+    /// the sink with its logprob; says why it ends there (a stop string,
+    /// cancelled, EOS, the constraint done, `max_new`), if it does. An error
+    /// (the constraint refused the token) fails the request.
+    pub(super) fn emit(&mut self, engine: &Engine, t: u32, logits: &[f32]) -> Result<Option<FinishReason>, EngineError> {
+        self.chooser.commit(t)?;
+        let logprob = self.chooser.logprob(logits, t);
         self.ids.push(t);
         if self.ids.len() == 1 {
             self.stats.time_to_first_token_s = self.started.elapsed().as_secs_f64();
@@ -219,17 +232,27 @@ impl<'e> Seq<'e> {
         };
         let (shown, hit) = self.stops.push(&piece);
         self.text.push_str(&shown);
-        let go = self.sink.event(RequestEvent::Token { id: t, text: &shown });
+        let go = self.sink.event(RequestEvent::Token {
+            id: t,
+            text: &shown,
+            logprob: logprob.as_ref(),
+        });
+        if let (Some(all), Some(lp)) = (&mut self.logprobs, logprob) {
+            all.push(lp);
+        }
         if hit {
-            return Some(FinishReason::Stop);
+            return Ok(Some(FinishReason::Stop));
         }
         if !go || self.cancelled() {
-            return Some(FinishReason::Cancelled);
+            return Ok(Some(FinishReason::Cancelled));
         }
         if self.stop_at_eos && engine.generation_config().eos_token_ids.contains(&t) {
-            return Some(FinishReason::Stop);
+            return Ok(Some(FinishReason::Stop));
         }
-        (self.ids.len() >= self.max_new).then_some(FinishReason::Length)
+        if self.chooser.is_done() {
+            return Ok(Some(FinishReason::Stop));
+        }
+        Ok((self.ids.len() >= self.max_new).then_some(FinishReason::Length))
     }
 
     /// Whether the context has no room for its pending token.
@@ -239,21 +262,26 @@ impl<'e> Seq<'e> {
 }
 
 /// Samples `s`'s next token from `logits` as the single-sequence loop does;
-/// returns why it ends, or `None` to go on with the token as its next input.
-pub(super) fn sample_one(engine: &Engine, s: &mut Seq<'_>, logits: &[f32]) -> Option<FinishReason> {
-    let next = s.sampler.sample(logits);
+/// returns why it ends, or `None` to go on with the token as its next
+/// input; an error (from its constraint) fails it.
+pub(super) fn sample_one(engine: &Engine, s: &mut Seq<'_>, logits: &[f32]) -> Result<Option<FinishReason>, EngineError> {
+    // A constraint complete before any token (an empty grammar) is never asked.
+    if s.chooser.is_done() {
+        return Ok(Some(FinishReason::Stop));
+    }
+    let next = s.chooser.sample(logits)?;
     // A decode pass without drafts (not the prompt's last pass).
     if let (Some(spec), Some(_)) = (&mut s.spec, s.next) {
         spec.plain_step();
     }
-    if let Some(reason) = s.emit(engine, next) {
-        return Some(reason);
+    if let Some(reason) = s.emit(engine, next, logits)? {
+        return Ok(Some(reason));
     }
     if s.context_full(engine) {
-        return Some(FinishReason::Length);
+        return Ok(Some(FinishReason::Length));
     }
     s.next = Some(next);
-    None
+    Ok(None)
 }
 
 /// Ends `s`: releases held text, sends `Finished`; returns the tokens its
@@ -287,6 +315,7 @@ pub(super) fn finish(engine: &Engine, mut s: Seq<'_>, reason: FinishReason) -> (
         text: std::mem::take(&mut s.text),
         stats: s.stats.clone(),
         routes: s.routes.take(),
+        logprobs: s.logprobs.take(),
     };
     s.sink.event(RequestEvent::Finished(&outcome));
     let tokens = s.prompt.iter().chain(&outcome.ids).copied().take(s.state.len()).collect();

@@ -38,19 +38,21 @@ fn verify_with(engine: &Engine, s: &mut Seq<'_>, spec: &mut Speculation, logits:
     };
     let (mut kept, mut stop, mut next) = (0, None, pending);
     for i in 0..=drafts.len() {
-        let dist = s.sampler.distribution(logits.row(i));
+        // Over what the constraint allows: a forbidden draft has
+        // probability 0 and is rejected like any other mismatch.
+        let dist = s.chooser.distribution(logits.row(i))?;
         let (token, accepted) = if i == drafts.len() {
-            (s.sampler.draw(&dist), false)
+            (s.chooser.draw(&dist), false)
         } else {
-            let u = s.sampler.uniform();
-            let sampler = &mut s.sampler;
-            match accept_draft(&dist, drafts[i], u, &mut |r| sampler.draw(r)) {
+            let u = s.chooser.uniform();
+            let chooser = &mut s.chooser;
+            match accept_draft(&dist, drafts[i], u, &mut |r| chooser.draw(r)) {
                 Decision::Accept => (drafts[i], true),
                 Decision::Replace(t) => (t, false),
             }
         };
         kept += usize::from(accepted);
-        if let Some(reason) = s.emit(engine, token) {
+        if let Some(reason) = s.emit(engine, token, logits.row(i))? {
             stop = Some(reason);
             break;
         }
