@@ -9,7 +9,7 @@ use minijinja::value::{Kwargs, Value};
 use minijinja::{Error, ErrorKind};
 use serde_json::Value as Json;
 
-use crate::chat::ChatMessage;
+use crate::chat_message::ChatMessage;
 use crate::error::EngineError;
 
 /// `value | tojson(indent=None, separators=None)`.

@@ -111,6 +111,9 @@ pub struct Engine {
     prefill: PrefillChunk,
     /// `--ram-budget auto`: resizes the expert cache under memory pressure.
     memory_watch: Option<crate::memory_watch::MemoryWatch>,
+    /// Structured output's grammar engine over the tokenizer, built on
+    /// first use (about a second for a 150k vocabulary), or why it cannot be.
+    grammar: std::sync::OnceLock<Result<crate::GrammarEngine, String>>,
     /// A lazy cache's backend and folder lock, held while the engine lives.
     #[cfg(feature = "remote")]
     pub(crate) lazy: Option<(Arc<larder_store::lazy::LazyBackend>, larder_store::fsutil::FileLock)>,
@@ -227,6 +230,7 @@ impl Engine {
             store,
             tokenizer,
             chat,
+            grammar: std::sync::OnceLock::new(),
             generation,
             prefill: PrefillChunk::default(),
             memory_watch: None,
@@ -306,6 +310,19 @@ impl Engine {
     }
 
     /// The tokenizer, or an error saying the checkpoint has none.
+    /// The grammar engine structured output compiles with (over this
+    /// model's tokenizer, its EOS ids and vocabulary), built once.
+    pub fn grammar(&self) -> Result<&crate::GrammarEngine, EngineError> {
+        let built = self.grammar.get_or_init(|| {
+            let tokenizer = self.tokenizer().map_err(|e| e.to_string())?;
+            crate::GrammarEngine::new(tokenizer, &self.generation.eos_token_ids, self.model.spec().vocab_size).map_err(|e| e.to_string())
+        });
+        built.as_ref().map_err(|message| EngineError::Invalid {
+            field: "response_format",
+            message: format!("structured output needs the model's tokenizer: {message}"),
+        })
+    }
+
     pub fn tokenizer(&self) -> Result<&TextTokenizer, EngineError> {
         self.tokenizer
             .as_ref()

@@ -46,7 +46,7 @@
 
 use std::str::FromStr;
 
-use crate::chat::ChatMessage;
+use crate::chat_message::ChatMessage;
 use crate::error::EngineError;
 use crate::tokenizer::{python_isspace, TextTokenizer};
 

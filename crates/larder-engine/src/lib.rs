@@ -65,6 +65,7 @@ pub mod sizing;
 
 mod chat;
 mod chat_json;
+mod chat_message;
 mod choice;
 mod constraint;
 mod drafting;

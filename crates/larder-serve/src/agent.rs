@@ -141,6 +141,7 @@ pub fn to_request(conversation: &Conversation, tools_param: &str, turns_param: &
         frequency_penalty: 0.0,
         presence_penalty: 0.0,
         logprobs: None,
+        response_format: None,
         n: 1,
     })
 }
@@ -192,9 +193,9 @@ pub async fn collect(
 ) -> Result<(String, Finish), ApiError> {
     let mut text = String::new();
     loop {
-        match crate::http::next_event(rx, abort).await {
-            Err(()) => return Err(crate::http::shutting_down()),
-            Ok(None) => return Err(crate::http::engine_stopped()),
+        match crate::exchange::next_event(rx, abort).await {
+            Err(()) => return Err(crate::exchange::shutting_down()),
+            Ok(None) => return Err(crate::exchange::engine_stopped()),
             // (These APIs ask for no logprobs: a scored token is its text.)
             Ok(Some(Event::Text(t) | Event::Scored { text: t, .. })) => text.push_str(&t),
             Ok(Some(Event::Started { .. })) => {}
@@ -254,7 +255,7 @@ pub async fn drive<S: StreamShape>(
             ev = rx.recv() => ev,
             _ = out.closed() => return,
             Ok(_) = abort.wait_for(|a| *a) => {
-                let e = crate::http::shutting_down();
+                let e = crate::exchange::shutting_down();
                 e.log();
                 send(shape.failed(&e));
                 return;
@@ -262,7 +263,7 @@ pub async fn drive<S: StreamShape>(
         };
         let ok = match ev {
             None => {
-                let e = crate::http::engine_stopped();
+                let e = crate::exchange::engine_stopped();
                 e.log();
                 send(shape.failed(&e));
                 return;

@@ -154,6 +154,8 @@ pub struct GenerationRequest {
     /// `None`: no logprobs.
     pub logprobs: Option<usize>,
     /// Choices to generate, 1..=[`MAX_CHOICES`] (decoded as a batch).
+    /// `response_format`: JSON output enforced by a grammar (`None`: text).
+    pub response_format: Option<ResponseFormat>,
     pub n: usize,
 }
 
@@ -299,6 +301,7 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
             })? as usize),
         },
     };
+    let response_format = response_format(obj.get("response_format"))?;
     let n = match obj.get("n") {
         None | Some(Value::Null) => 1,
         Some(v) => {
@@ -328,6 +331,7 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
         logit_bias,
         frequency_penalty,
         presence_penalty,
+        response_format,
         logprobs,
         n,
     })
@@ -378,6 +382,50 @@ fn chat_logprobs(obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
     }
 }
 
+/// `response_format` (chat): what the output must be, enforced by masking
+/// what may be sampled (larder-engine's grammar engine; docs/server.md).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ResponseFormat {
+    /// `{"type": "json_object"}`: any JSON object.
+    JsonObject,
+    /// `{"type": "json_schema", "json_schema": {"name", "schema", "strict"}}`.
+    JsonSchema { schema: Value, strict: bool },
+}
+
+/// Parses `response_format`; `text` (or none) is `None`.
+fn response_format(v: Option<&Value>) -> Result<Option<ResponseFormat>, ApiError> {
+    let bad = |m: String| ApiError::invalid("response_format", m);
+    let Some(v) = v.filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let obj = v.as_object().ok_or_else(|| bad("response_format must be an object".into()))?;
+    match obj.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(ResponseFormat::JsonObject)),
+        Some("json_schema") => {
+            let js = obj
+                .get("json_schema")
+                .and_then(Value::as_object)
+                .ok_or_else(|| bad("response_format.json_schema must be an object holding the `schema`".into()))?;
+            if let Some(k) = js
+                .keys()
+                .find(|k| !["name", "schema", "strict", "description"].contains(&k.as_str()))
+            {
+                return Err(bad(format!("unsupported response_format.json_schema field `{k}`")));
+            }
+            let strict = match js.get("strict") {
+                None | Some(Value::Null) => false,
+                Some(Value::Bool(b)) => *b,
+                Some(_) => return Err(bad("response_format.json_schema.strict must be a boolean".into())),
+            };
+            // OpenAI's `schema` is optional: without one, any JSON value.
+            let schema = js.get("schema").cloned().unwrap_or_else(|| json!({}));
+            Ok(Some(ResponseFormat::JsonSchema { schema, strict }))
+        }
+        _ => Err(bad("response_format.type must be text, json_object or json_schema".into())),
+    }
+}
+
 /// Refuses every field whose value the server cannot honour exactly.
 fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     let is = |k: &str, ok: &dyn Fn(&Value) -> bool| -> Result<(), ApiError> {
@@ -389,9 +437,6 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     is("tools", &|v| v.as_array().is_some_and(|a| a.is_empty()))?;
     is("tool_choice", &|v| v == "none" || v == "auto")?;
     is("parallel_tool_calls", &|v| v.is_boolean())?;
-    is("response_format", &|v| {
-        v.get("type").and_then(Value::as_str) == Some("text") && v.as_object().is_some_and(|o| o.len() == 1)
-    })?;
     is("echo", &|v| v == &Value::Bool(false))?;
     is("best_of", &|v| v.as_u64() == Some(1))?;
     is("suffix", &|v| v.as_str() == Some(""))?;

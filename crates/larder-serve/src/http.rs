@@ -10,91 +10,25 @@
 //! engine thread stops) or the shutdown grace period ends.
 
 use std::convert::Infallible;
-use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Body, Frame, Incoming};
+use http_body_util::Full;
+use hyper::body::Incoming;
 use hyper::header::HeaderValue;
-use hyper::{Method, Request, Response, StatusCode};
+use hyper::{Method, Request, Response};
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{parse_request, ApiError, Endpoint, GenerationRequest};
-use crate::worker::{Choices, Event, EventSource, Logprob, Worker};
+pub use crate::exchange::ReplyBody;
+use crate::exchange::{
+    admit, body_error, engine_stopped, error_reply, json_reply, next_choice_event, now, read_body, shutting_down, sse_reply,
+};
+pub use crate::state::{ConnectionGuard, State};
+use crate::worker::{Event, EventSource, Logprob, Worker};
 use crate::ServerConfig;
-
-/// A response body: a whole buffer, or server-sent events as they come.
-pub enum ReplyBody {
-    Full(Full<Bytes>),
-    Events(mpsc::UnboundedReceiver<Bytes>),
-}
-
-impl Body for ReplyBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        match self.get_mut() {
-            ReplyBody::Full(f) => Pin::new(f).poll_frame(cx),
-            ReplyBody::Events(rx) => rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b)))),
-        }
-    }
-}
-
-/// What every connection shares.
-pub struct State {
-    pub config: ServerConfig,
-    /// The engine thread, once the model has loaded.
-    pub worker: OnceLock<Worker>,
-    pub ids: std::sync::atomic::AtomicU64,
-    /// Turns true when the shutdown grace period ends: running requests
-    /// stop (streams get an error event and `[DONE]`).
-    pub abort: watch::Receiver<bool>,
-    /// Connections open now.
-    pub connections: AtomicUsize,
-    /// Responses kept for `previous_response_id` and `GET /v1/responses/{id}`.
-    pub responses: crate::responses::Store,
-}
-
-/// Counts one open connection in [`State::connections`] while alive.
-pub struct ConnectionGuard(Arc<State>);
-
-impl ConnectionGuard {
-    pub fn new(state: Arc<State>) -> Self {
-        state.connections.fetch_add(1, Ordering::SeqCst);
-        ConnectionGuard(state)
-    }
-}
-
-impl Drop for ConnectionGuard {
-    fn drop(&mut self) {
-        self.0.connections.fetch_sub(1, Ordering::SeqCst);
-    }
-}
-
-pub(crate) fn json_reply(status: u16, v: &Value) -> Response<ReplyBody> {
-    Response::builder()
-        .status(StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR))
-        .header("content-type", "application/json")
-        .body(ReplyBody::Full(Full::new(Bytes::from(v.to_string()))))
-        .unwrap_or_else(|_| Response::new(ReplyBody::Full(Full::new(Bytes::new()))))
-}
-
-/// The client's view of an error; 5xx are logged in full server-side.
-pub(crate) fn error_reply(e: &ApiError) -> Response<ReplyBody> {
-    e.log();
-    let mut r = json_reply(e.status, &e.body());
-    if e.status == 429 || e.status == 503 {
-        let wait = HeaderValue::from(e.retry_after_s.unwrap_or(1));
-        r.headers_mut().insert("retry-after", wait);
-    }
-    r
-}
 
 const GET_ROUTE: &str = "GET, HEAD, OPTIONS";
 const POST_ROUTE: &str = "POST, OPTIONS";
@@ -264,137 +198,6 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 
-pub(crate) fn now() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
-}
-
-fn too_large(limit: usize) -> ApiError {
-    ApiError {
-        param: Some("body".into()),
-        code: Some("request_too_large"),
-        ..ApiError::plain(
-            413,
-            "invalid_request_error",
-            None,
-            format!("the request body is larger than {limit} bytes (the server's --max-request-bytes)"),
-        )
-    }
-}
-
-/// Reads the body, refusing with 413 before reading when `Content-Length`
-/// is over the limit, and while reading when a chunked body grows past it.
-pub(crate) async fn read_body(config: &ServerConfig, req: Request<Incoming>) -> Result<Bytes, ApiError> {
-    let declared = req
-        .headers()
-        .get(hyper::header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u64>().ok());
-    if declared.is_some_and(|n| n > config.max_request_bytes as u64) {
-        return Err(too_large(config.max_request_bytes));
-    }
-    let limited = Limited::new(req.into_body(), config.max_request_bytes);
-    match tokio::time::timeout(config.body_timeout, limited.collect()).await {
-        Err(_) => Err(ApiError::plain(
-            408,
-            "invalid_request_error",
-            None,
-            "the request body took too long to arrive",
-        )),
-        Ok(Err(e)) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => Err(too_large(config.max_request_bytes)),
-        Ok(Err(e)) => Err(ApiError::invalid("body", format!("cannot read the request body: {e}"))),
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-    }
-}
-
-/// A refused body: the connection closes after the reply, so the client
-/// sees it without the server reading what it still sends.
-pub(crate) fn body_error(e: &ApiError) -> Response<ReplyBody> {
-    let mut r = error_reply(e);
-    if e.status == 413 || e.status == 408 {
-        r.headers_mut().insert("connection", HeaderValue::from_static("close"));
-    }
-    r
-}
-
-/// The next engine event, or `Err` once the shutdown grace period is over.
-pub(crate) async fn next_event(rx: &mut impl EventSource, abort: &mut watch::Receiver<bool>) -> Result<Option<Event>, ()> {
-    tokio::select! {
-        ev = rx.recv() => Ok(ev),
-        Ok(_) = abort.wait_for(|a| *a) => Err(()),
-    }
-}
-
-/// The next engine event and its choice's index, or `Err` once the
-/// shutdown grace period is over.
-async fn next_choice_event(rx: &mut impl EventSource, abort: &mut watch::Receiver<bool>) -> Result<Option<(usize, Event)>, ()> {
-    tokio::select! {
-        ev = rx.recv_choice() => Ok(ev),
-        Ok(_) = abort.wait_for(|a| *a) => Err(()),
-    }
-}
-
-pub(crate) fn shutting_down() -> ApiError {
-    ApiError::plain(
-        503,
-        "server_error",
-        Some("server_shutdown"),
-        "the server is shutting down and stopped this generation; retry on another server or later",
-    )
-}
-
-/// Runs a validated request up to the start of generation, as every
-/// generating endpoint does: the context check, a place in the queue (429
-/// when full), preparation off the engine thread, the engine's own checks
-/// (the KV budget); every refusal comes before generation starts. Returns
-/// the prompt's token count and the job's events (dropping them cancels it).
-pub(crate) async fn admit(state: &Arc<State>, worker: &Worker, request: &GenerationRequest) -> Result<(usize, Choices), ApiError> {
-    if let Some(n) = request.max_tokens {
-        if n >= worker.context_len {
-            return Err(ApiError::invalid(
-                "max_tokens",
-                format!("max_tokens {n} exceeds the model's context of {} tokens", worker.context_len),
-            ));
-        }
-    }
-    let slot = worker.reserve()?;
-    let mut abort = state.abort.clone();
-    // Template, tokenization and prompt checks, off the engine thread.
-    let prepared = tokio::select! {
-        prepared = worker.prepare(request) => prepared?,
-        Ok(_) = abort.wait_for(|a| *a) => return Err(shutting_down()),
-    };
-    // The engine checks the job first (the KV budget may refuse it).
-    let mut rx = worker.submit(slot, prepared, request.n)?;
-    match next_event(&mut rx, &mut abort).await {
-        Ok(Some(Event::Started { prompt_tokens })) => Ok((prompt_tokens, rx)),
-        Ok(Some(Event::Failed(e))) => Err(e),
-        Err(()) => Err(shutting_down()),
-        _ => Err(engine_stopped()),
-    }
-}
-
-/// The token count of a validated request's prompt (rendered with the chat
-/// template, as generation would), prepared in its turn like any request
-/// (it holds a place in the queue while preparing); nothing is generated.
-pub(crate) async fn count_prompt(state: &Arc<State>, worker: &Worker, request: &GenerationRequest) -> Result<usize, ApiError> {
-    let _slot = worker.reserve()?;
-    let mut abort = state.abort.clone();
-    tokio::select! {
-        prepared = worker.prepare(request) => Ok(prepared?.prompt.len()),
-        Ok(_) = abort.wait_for(|a| *a) => Err(shutting_down()),
-    }
-}
-
-/// A server-sent-event reply reading its chunks from `body`.
-pub(crate) fn sse_reply(body: mpsc::UnboundedReceiver<Bytes>) -> Response<ReplyBody> {
-    Response::builder()
-        .status(200)
-        .header("content-type", "text/event-stream")
-        .header("cache-control", "no-cache")
-        .body(ReplyBody::Events(body))
-        .unwrap_or_else(|_| error_reply(&ApiError::plain(500, "server_error", None, "response")))
-}
-
 async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: Request<Incoming>) -> Response<ReplyBody> {
     let body = match read_body(&state.config, req).await {
         Ok(b) => b,
@@ -404,7 +207,7 @@ async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: 
         Ok(r) => r,
         Err(e) => return error_reply(&e),
     };
-    let (prompt_tokens, mut rx) = match admit(state, worker, &request).await {
+    let (prompt_tokens, mut rx) = match admit(&state.abort, worker, &request).await {
         Ok(started) => started,
         Err(e) => return error_reply(&e),
     };
@@ -593,10 +396,6 @@ fn end_with_error(out: &mpsc::UnboundedSender<Bytes>, e: &ApiError) {
 }
 
 /// The engine thread dropped a request without ending it (it stopped).
-pub(crate) fn engine_stopped() -> ApiError {
-    ApiError::plain(500, "server_error", None, "the engine thread stopped")
-}
-
 fn metrics(worker: Option<&Worker>) -> Response<ReplyBody> {
     let Some(worker) = worker else {
         let text = "# TYPE larder_model_loaded gauge\nlarder_model_loaded 0\n";

@@ -36,13 +36,16 @@ pub mod agent;
 pub mod api;
 pub mod cors;
 pub mod defaults;
+pub mod exchange;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;
 pub mod logprobs;
 pub mod messages;
 pub mod prepare;
+pub mod response_store;
 pub mod responses;
+pub mod state;
 pub mod worker;
 
 use std::net::SocketAddr;

@@ -30,7 +30,8 @@ use tokio::sync::mpsc;
 
 use crate::agent::{self, opt_str, req_str, Conversation, Finish, Limits, StreamShape, ToolCall, ToolSpec, Turn};
 use crate::api::ApiError;
-use crate::http::{json_reply, ReplyBody, State};
+use crate::exchange::{json_reply, ReplyBody};
+use crate::state::State;
 use crate::worker::Worker;
 
 /// Most `stop_sequences` a request may give.
@@ -76,7 +77,7 @@ pub fn error_body(e: &ApiError) -> Value {
 /// An error reply in Anthropic's shape (5xx logged in full; `retry-after`
 /// on 429 and 503, the connection closed after a refused body).
 pub fn error_reply(e: &ApiError) -> Response<ReplyBody> {
-    let mut r = crate::http::body_error(e);
+    let mut r = crate::exchange::body_error(e);
     let body = error_body(e).to_string();
     *r.body_mut() = ReplyBody::Full(http_body_util::Full::new(Bytes::from(body)));
     r.headers_mut().remove(hyper::header::CONTENT_LENGTH);
@@ -380,7 +381,7 @@ pub fn message(id: &str, model: &str, text: String, finish: &Finish) -> Value {
 
 /// `POST /v1/messages`.
 pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>) -> Response<ReplyBody> {
-    let body = match crate::http::read_body(&state.config, req).await {
+    let body = match crate::exchange::read_body(&state.config, req).await {
         Ok(b) => b,
         Err(e) => return error_reply(&e),
     };
@@ -388,7 +389,7 @@ pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>)
         Ok(r) => r,
         Err(e) => return error_reply(&e),
     };
-    let (prompt_tokens, mut rx) = match crate::http::admit(state, worker, &request).await {
+    let (prompt_tokens, mut rx) = match crate::exchange::admit(&state.abort, worker, &request).await {
         Ok(started) => started,
         Err(e) => return error_reply(&e),
     };
@@ -404,7 +405,7 @@ pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>)
             text: String::new(),
         };
         tokio::spawn(agent::drive(shape, prompt_tokens, rx, out, abort));
-        return crate::http::sse_reply(body);
+        return crate::exchange::sse_reply(body);
     }
     let mut abort = abort;
     match agent::collect(prompt_tokens, &mut rx, &mut abort).await {
@@ -416,7 +417,7 @@ pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>)
 /// `POST /v1/messages/count_tokens`: `{"input_tokens": n}`, the rendered
 /// prompt's length in tokens.
 pub async fn count_tokens(state: &Arc<State>, worker: &Worker, req: Request<Incoming>) -> Response<ReplyBody> {
-    let body = match crate::http::read_body(&state.config, req).await {
+    let body = match crate::exchange::read_body(&state.config, req).await {
         Ok(b) => b,
         Err(e) => return error_reply(&e),
     };
@@ -424,7 +425,7 @@ pub async fn count_tokens(state: &Arc<State>, worker: &Worker, req: Request<Inco
         Ok(r) => r,
         Err(e) => return error_reply(&e),
     };
-    match crate::http::count_prompt(state, worker, &request).await {
+    match crate::exchange::count_prompt(&state.abort, worker, &request).await {
         Ok(n) => json_reply(200, &json!({"input_tokens": n})),
         Err(e) => error_reply(&e),
     }

@@ -25,10 +25,10 @@
 
 use std::sync::{mpsc, Arc, Mutex};
 
-use larder_engine::{ChatMessage, Engine, EngineError, GenerateOptions, LogitAdjustments, SamplingParams};
+use larder_engine::{ChatMessage, Engine, EngineError, GenerateOptions, GrammarConstraint, GrammarSpec, LogitAdjustments, SamplingParams};
 use tokio::sync::oneshot;
 
-use crate::api::{ApiError, GenerationRequest, Prompt};
+use crate::api::{ApiError, GenerationRequest, Prompt, ResponseFormat};
 
 /// Prompts with at most this many bytes of text prepare in the small lane.
 /// Tokenizing them takes milliseconds, so they cannot keep the engine thread
@@ -53,6 +53,8 @@ pub struct Prepared {
     pub adjust: LogitAdjustments,
     /// Logprobs with this many alternatives per token, when asked for.
     pub logprobs: Option<usize>,
+    /// `response_format`'s grammar, compiled (each choice gets a copy).
+    pub constraint: Option<GrammarConstraint>,
 }
 
 /// What a lane's thread prepares, and where the result goes.
@@ -199,9 +201,25 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
         stop_at_eos: !request.ignore_eos,
         ..GenerateOptions::default()
     };
+    let constraint = match &request.response_format {
+        None => None,
+        Some(format) => {
+            let spec = match format {
+                ResponseFormat::JsonObject => GrammarSpec::JsonObject,
+                ResponseFormat::JsonSchema { schema, strict } => GrammarSpec::JsonSchema {
+                    schema: schema.clone(),
+                    strict: *strict,
+                },
+            };
+            let invalid = |m: String| ApiError::invalid("response_format", m);
+            let grammar = engine.grammar().map_err(|e| invalid(e.to_string()))?;
+            Some(grammar.compile(&spec).map_err(|e| invalid(e.to_string()))?)
+        }
+    };
     Ok(Prepared {
         prompt,
         options,
+        constraint,
         stop: request.stop.clone(),
         adjust: LogitAdjustments {
             logit_bias: request.logit_bias.clone(),

@@ -22,9 +22,8 @@
 //! and output turns come before the new input; `instructions` are not
 //! carried over, as OpenAI does).
 
-use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use hyper::body::Incoming;
@@ -34,13 +33,13 @@ use tokio::sync::mpsc;
 
 use crate::agent::{self, opt_str, req_str, Conversation, Finish, Limits, StreamShape, ToolCall, ToolSpec, Turn};
 use crate::api::ApiError;
-use crate::http::{error_reply, json_reply, ReplyBody, State};
+use crate::exchange::{error_reply, json_reply, ReplyBody};
+use crate::state::State;
 use crate::worker::Worker;
 
+pub use crate::response_store::STORE_BYTES;
 /// Most responses the store keeps.
-pub const STORE_RESPONSES: usize = 1024;
-/// Most bytes of conversation text the store keeps (all responses together).
-pub const STORE_BYTES: usize = 64 << 20;
+pub use crate::response_store::STORE_RESPONSES;
 
 const FIELDS: &[&str] = &[
     "model",
@@ -72,50 +71,6 @@ const FIELDS: &[&str] = &[
 
 /// A stored response: the conversation up to and including its output, and
 /// the response object `GET /v1/responses/{id}` answers.
-#[derive(Debug, Clone)]
-struct Stored {
-    turns: Vec<Turn>,
-    response: Value,
-    bytes: usize,
-}
-
-/// The responses kept for `previous_response_id`, in memory, at most
-/// [`STORE_RESPONSES`] and [`STORE_BYTES`], the oldest dropped first.
-#[derive(Default)]
-pub struct Store {
-    inner: Mutex<StoreInner>,
-}
-
-#[derive(Default)]
-struct StoreInner {
-    by_id: HashMap<String, Stored>,
-    order: VecDeque<String>,
-    bytes: usize,
-}
-
-impl Store {
-    fn put(&self, id: String, turns: Vec<Turn>, response: Value) {
-        let bytes = turns.iter().map(Turn::bytes).sum::<usize>() + id.len();
-        if bytes > STORE_BYTES {
-            return;
-        }
-        let Ok(mut s) = self.inner.lock() else { return };
-        while s.by_id.len() >= STORE_RESPONSES || s.bytes + bytes > STORE_BYTES {
-            let Some(old) = s.order.pop_front() else { break };
-            if let Some(gone) = s.by_id.remove(&old) {
-                s.bytes -= gone.bytes;
-            }
-        }
-        s.bytes += bytes;
-        s.order.push_back(id.clone());
-        s.by_id.insert(id, Stored { turns, response, bytes });
-    }
-
-    fn get(&self, id: &str) -> Option<Stored> {
-        self.inner.lock().ok()?.by_id.get(id).cloned()
-    }
-}
-
 /// A parsed Responses request: the conversation (without the earlier
 /// turns of `previous_response_id`) and what the response object echoes.
 #[derive(Debug, Clone)]
@@ -463,9 +418,9 @@ impl Meta {
 
 /// `POST /v1/responses`.
 pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>) -> Response<ReplyBody> {
-    let body = match crate::http::read_body(&state.config, req).await {
+    let body = match crate::exchange::read_body(&state.config, req).await {
         Ok(b) => b,
-        Err(e) => return crate::http::body_error(&e),
+        Err(e) => return crate::exchange::body_error(&e),
     };
     let parsed = match parse(&body, &state.config.served_name) {
         Ok(p) => p,
@@ -494,7 +449,7 @@ pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>)
         Ok(r) => r,
         Err(e) => return error_reply(&e),
     };
-    let (prompt_tokens, mut rx) = match crate::http::admit(state, worker, &request).await {
+    let (prompt_tokens, mut rx) = match crate::exchange::admit(&state.abort, worker, &request).await {
         Ok(started) => started,
         Err(e) => return error_reply(&e),
     };
@@ -503,7 +458,7 @@ pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>)
         id: agent::fresh_id("resp_", n),
         item_id: agent::fresh_id("msg_", n),
         model: state.config.served_name.clone(),
-        created_at: crate::http::now(),
+        created_at: crate::exchange::now(),
         parsed: Arc::new(parsed),
     };
     let mut abort = state.abort.clone();
@@ -517,7 +472,7 @@ pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>)
             seq: 0,
         };
         tokio::spawn(agent::drive(shape, prompt_tokens, rx, out, abort));
-        return crate::http::sse_reply(body);
+        return crate::exchange::sse_reply(body);
     }
     match agent::collect(prompt_tokens, &mut rx, &mut abort).await {
         Ok((text, finish)) => json_reply(200, &meta.finish(state, history, text, &finish)),
@@ -618,6 +573,7 @@ impl StreamShape for Stream {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::response_store::Store;
 
     fn parse_json(v: Value) -> Result<Parsed, ApiError> {
         parse(v.to_string().as_bytes(), "m")

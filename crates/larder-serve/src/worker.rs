@@ -23,7 +23,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use larder_engine::{Drafting, Engine, EngineError, EngineHandle, Events, FinishReason, HandleConfig, Job};
+use larder_engine::{Drafting, Engine, EngineError, EngineHandle, Events, FinishReason, HandleConfig, Job, TokenConstraint};
 
 use crate::api::{ApiError, GenerationRequest};
 pub use crate::logprobs::Logprob;
@@ -280,6 +280,7 @@ impl Worker {
             stop,
             adjust,
             logprobs,
+            constraint,
         } = prepared;
         let drafter = self
             .drafting
@@ -292,6 +293,7 @@ impl Worker {
             drafter,
             adjust,
             logprobs,
+            constraint: constraint.map(|c| Box::new(c) as Box<dyn TokenConstraint>),
             ..Job::default()
         };
         let events = self.handle.submit(job).map_err(|e| match e {

@@ -92,19 +92,24 @@ impl Header {
     }
 }
 
+/// Names and keys sorted explicitly (`BTreeMap`s), whatever order
+/// `serde_json::Map` keeps (another crate may turn on its `preserve_order`).
 fn sorted_json(tensors: &[TensorHeader], metadata: &[(&str, &str)]) -> Result<Vec<u8>, SafetensorsWriteError> {
-    let mut map = serde_json::Map::new();
+    use std::collections::BTreeMap;
+    let mut map: BTreeMap<String, BTreeMap<&str, serde_json::Value>> = BTreeMap::new();
     let mut at = 0u64;
     for t in tensors {
-        map.insert(
-            t.name.clone(),
-            serde_json::json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [at, at + t.len]}),
-        );
+        let entry = BTreeMap::from([
+            ("dtype", serde_json::json!(t.dtype)),
+            ("shape", serde_json::json!(t.shape)),
+            ("data_offsets", serde_json::json!([at, at + t.len])),
+        ]);
+        map.insert(t.name.clone(), entry);
         at += t.len;
     }
-    let meta: serde_json::Map<String, serde_json::Value> = metadata.iter().map(|(k, v)| (k.to_string(), (*v).into())).collect();
-    map.insert("__metadata__".into(), serde_json::Value::Object(meta));
-    serde_json::to_vec(&serde_json::Value::Object(map)).map_err(|e| SafetensorsWriteError::Header(e.to_string()))
+    let meta: BTreeMap<&str, serde_json::Value> = metadata.iter().map(|(k, v)| (*k, (*v).into())).collect();
+    map.insert("__metadata__".into(), meta);
+    serde_json::to_vec(&map).map_err(|e| SafetensorsWriteError::Header(e.to_string()))
 }
 
 fn as_given_json(tensors: &[TensorHeader], metadata: &[(&str, &str)]) -> Vec<u8> {

@@ -313,3 +313,9 @@ impl TokenConstraint for GrammarConstraint {
         self.eos_committed || self.matcher.is_stopped()
     }
 }
+
+impl std::fmt::Debug for GrammarConstraint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("GrammarConstraint")
+    }
+}

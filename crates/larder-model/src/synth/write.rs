@@ -61,7 +61,7 @@ pub fn write(spec: &SynthSpec, out: &Path, progress: &mut dyn FnMut(u64)) -> Res
     let write_json = |name: &str, v: &serde_json::Value| -> Result<(), ModelError> {
         let path = out.join(name);
         let tmp = out.join(format!("{name}.partial"));
-        let text = serde_json::to_vec_pretty(v).map_err(|e| ModelError::Experts(e.to_string()))?;
+        let text = serde_json::to_vec_pretty(&sorted_keys(v)).map_err(|e| ModelError::Experts(e.to_string()))?;
         std::fs::write(&tmp, text).map_err(|e| io(&tmp, e))?;
         std::fs::rename(&tmp, &path).map_err(|e| io(&path, e))
     };
@@ -346,4 +346,18 @@ fn generate(spec: &SynthSpec, kind: Init, dtype: Dtype, rows: usize, cols: usize
         }
     });
     out
+}
+
+/// `v` with every object's keys in sorted order, as transformers writes
+/// config files (`sort_keys=True`), whatever order `serde_json::Map` keeps
+/// (another crate may turn on its `preserve_order`).
+fn sorted_keys(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => {
+            let sorted: std::collections::BTreeMap<&String, serde_json::Value> = m.iter().map(|(k, v)| (k, sorted_keys(v))).collect();
+            serde_json::Value::Object(sorted.into_iter().map(|(k, v)| (k.clone(), v)).collect())
+        }
+        serde_json::Value::Array(a) => serde_json::Value::Array(a.iter().map(sorted_keys).collect()),
+        v => v.clone(),
+    }
 }
