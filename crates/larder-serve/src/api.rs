@@ -6,7 +6,8 @@
 //! cannot honour exactly (tools, images, unknown fields) are
 //! refused, harmless defaults clients send are accepted. `logit_bias`,
 //! `frequency_penalty`, `presence_penalty` and `logprobs` (chat: with
-//! `top_logprobs`) are checked as OpenAI checks them.
+//! `top_logprobs`) are checked as OpenAI checks them; `response_format`
+//! (chat) is parsed here and compiled while the request is prepared.
 
 use std::collections::BTreeMap;
 
