@@ -10,6 +10,7 @@ JSON line; exits non-zero on failure.
 """
 import json
 import sys
+import typing
 
 import openai
 
@@ -44,9 +45,30 @@ def main() -> int:
     assert usage is not None and usage.completion_tokens == chat.usage.completion_tokens, usage
     assert finish == chat.choices[0].finish_reason
 
+    # n choices decoded together (greedy: identical), with logprobs.
+    two = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=4, temperature=0, n=2, logprobs=True, top_logprobs=2
+    )
+    assert [c.index for c in two.choices] == [0, 1], two
+    assert two.choices[0].message.content == two.choices[1].message.content, two
+    assert two.choices[0].logprobs is not None and len(two.choices[0].logprobs.content) > 0, two
+    assert all(len(t.top_logprobs) == 2 for t in two.choices[0].logprobs.content), two
+
+    # Structured output: a pydantic model through client.chat.completions.parse.
+    import pydantic
+
+    class Pet(pydantic.BaseModel):
+        kind: typing.Literal["cat", "dog"]
+        legs: typing.Annotated[int, pydantic.Field(ge=0, le=8)]
+
+    parsed = client.chat.completions.parse(
+        model=model, messages=messages, max_tokens=64, temperature=0, response_format=Pet
+    )
+    assert isinstance(parsed.choices[0].message.parsed, Pet), parsed
+
     try:
-        client.chat.completions.create(model=model, messages=messages, n=2)
-        raise AssertionError("n=2 should be refused")
+        client.chat.completions.create(model=model, messages=messages, n=99)
+        raise AssertionError("n=99 should be refused")
     except openai.BadRequestError as e:
         assert e.status_code == 400 and "n" in str(e), e
 

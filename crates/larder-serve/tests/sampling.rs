@@ -7,23 +7,14 @@
 //! naming `param`.
 
 use larder_engine::{log_softmax, ChatMessage, Engine};
-use larder_serve::{start, RunningServer, ServerConfig};
+use larder_serve::RunningServer;
 use serde_json::{json, Value};
 
 mod common;
 use common::*;
 
 fn server() -> RunningServer {
-    let engine = Engine::load(&fixture("qwen3_moe_tok")).unwrap();
-    start(
-        engine,
-        ServerConfig {
-            port: 0,
-            served_name: "tiny".into(),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap()
+    tiny_server()
 }
 
 fn chunks(body: &str) -> Vec<Value> {

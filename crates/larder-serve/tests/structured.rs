@@ -5,24 +5,14 @@
 //! batch, and schemas the grammar engine cannot take are refused with a
 //! 400 naming `response_format` before anything is generated.
 
-use larder_engine::Engine;
-use larder_serve::{start, RunningServer, ServerConfig};
+use larder_serve::RunningServer;
 use serde_json::{json, Value};
 
 mod common;
 use common::*;
 
 fn server() -> RunningServer {
-    let engine = Engine::load(&fixture("qwen3_moe_tok")).unwrap();
-    start(
-        engine,
-        ServerConfig {
-            port: 0,
-            served_name: "tiny".into(),
-            ..ServerConfig::default()
-        },
-    )
-    .unwrap()
+    tiny_server()
 }
 
 /// A schema whose every value is bounded (a random model stops inside `max_tokens`).

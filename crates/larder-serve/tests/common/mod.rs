@@ -1,6 +1,7 @@
-//! Helpers shared by the black-box server tests: fixtures, a raw HTTP/1.1
-//! client (whole replies, chunked bodies decoded), SSE parsing, and the
-//! batching check (concurrent streams against each request's solo text).
+//! Helpers shared by the black-box server tests: fixtures, a server on the
+//! tokenizer fixture, a raw HTTP/1.1 client (whole replies, chunked bodies
+//! decoded), SSE parsing, the batching check (concurrent streams against
+//! each request's solo text), and the official Python clients' checks.
 
 #![allow(dead_code)]
 
@@ -10,7 +11,49 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use larder_engine::{Engine, GenerateOptions, Job, RequestEvent};
+use larder_serve::{start, RunningServer, ServerConfig};
 use serde_json::Value;
+
+/// A server on `qwen3_moe_tok` (a Qwen3 tokenizer and chat template, random
+/// weights), served as `tiny` on a free port.
+pub fn tiny_server() -> RunningServer {
+    let engine = Engine::load(&fixture("qwen3_moe_tok")).unwrap();
+    let config = ServerConfig {
+        port: 0,
+        served_name: "tiny".into(),
+        ..ServerConfig::default()
+    };
+    start(engine, config).unwrap()
+}
+
+/// A Python that imports `module`: the one `var` names, else `python3`;
+/// `None` (the test is then skipped, saying why) when neither does.
+pub fn python_with(var: &str, module: &str) -> Option<String> {
+    let candidates = std::env::var(var).ok().into_iter().chain(["python3".to_string()]);
+    candidates.into_iter().find(|py| {
+        std::process::Command::new(py)
+            .args(["-c", &format!("import {module}")])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    })
+}
+
+/// Runs `scripts/{script} BASE_URL tiny` with `python` against a
+/// [`tiny_server`]; the script must exit 0 and print `"ok": true`.
+pub fn run_client_check(python: &str, script: &str, base_path: &str) {
+    let srv = tiny_server();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = std::process::Command::new(python)
+        .arg(root.join("scripts").join(script))
+        .arg(format!("http://{}{base_path}", srv.addr))
+        .arg("tiny")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{script} failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("\"ok\": true"), "{stdout}");
+}
 
 pub fn fixture(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures").join(name)
