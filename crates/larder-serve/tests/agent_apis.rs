@@ -15,13 +15,7 @@ mod common;
 use common::*;
 
 fn server() -> RunningServer {
-    let engine = Engine::load(&fixture("qwen3_moe_tok")).unwrap();
-    let config = ServerConfig {
-        port: 0,
-        served_name: "tiny".into(),
-        ..ServerConfig::default()
-    };
-    start(engine, config).unwrap()
+    tiny_server()
 }
 
 /// The greedy chat-completion text for `messages` (the reference).
