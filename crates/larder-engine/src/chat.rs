@@ -204,6 +204,12 @@ impl ChatTemplate {
     /// writes it (the output starts in it when `prompt` left it open), then
     /// the tool-call family the template names, if any.
     pub fn output_parser(&self, prompt: &str) -> Box<dyn crate::tool_calls::OutputParser> {
+        self.reader(prompt, true)
+    }
+
+    /// [`ChatTemplate::output_parser`], tool calls read only when `tools`
+    /// (else the content is taken as written).
+    pub fn reader(&self, prompt: &str, tools: bool) -> Box<dyn crate::tool_calls::OutputParser> {
         use crate::reasoning::{output_parser, prompt_opens, ReasoningFormat, THINK_CLOSE, THINK_OPEN};
         let reasoning = match self.thinks {
             true => ReasoningFormat::Think {
@@ -211,7 +217,12 @@ impl ChatTemplate {
             },
             false => ReasoningFormat::None,
         };
-        output_parser(self.tool_family, reasoning)
+        output_parser(self.tool_family.filter(|_| tools), reasoning)
+    }
+
+    /// The tool-call family the template names, if any.
+    pub fn tool_family(&self) -> Option<crate::tool_calls::ToolFamily> {
+        self.tool_family
     }
 
     /// Renders `messages`; `add_generation_prompt` opens the assistant turn.

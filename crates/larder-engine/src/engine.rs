@@ -25,7 +25,9 @@ use crate::prefill::PrefillChunk;
 use crate::sampling::SamplingParams;
 use crate::stats::Stats;
 
+mod chat_output;
 mod generate;
+pub use chat_output::OutputReader;
 use crate::tokenizer::TextTokenizer;
 
 /// Rows per pass of the fixed chunking larder used before read-once
@@ -364,8 +366,9 @@ impl Engine {
 
     /// Renders a chat with tools and template kwargs
     /// ([`ChatTemplate::render_with`]). Kimi K3's encoder takes no tools
-    /// yet (refused) and reads its own switches; other kwargs are ignored
-    /// there.
+    /// yet (refused) and reads its own switches from the kwargs
+    /// (`thinking`, `thinking_effort` or `reasoning_effort`); other kwargs
+    /// are ignored there.
     pub fn render_chat_with(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<String, EngineError> {
         match self.chat_format()? {
             ChatFormat::Template(t) => t.render_with(messages, options),
@@ -431,10 +434,34 @@ fn kimi_k3_segments(messages: &[ChatMessage], options: &RenderOptions) -> Result
             message: "larder does not build Kimi K3's tool declarations yet (see docs/tools.md)".into(),
         });
     }
-    let k3 = crate::kimi_k3_chat::Options {
+    let mut k3 = crate::kimi_k3_chat::Options {
         add_generation_prompt: options.add_generation_prompt,
         ..Default::default()
     };
+    // The release's switches, as `apply_chat_template` kwargs
+    // (`reasoning_effort` is OpenAI's name for `thinking_effort`).
+    let kw = &options.kwargs;
+    match kw.get("thinking") {
+        None | Some(serde_json::Value::Null) => {}
+        Some(serde_json::Value::Bool(on)) => k3.thinking = *on,
+        Some(v) => {
+            return Err(EngineError::Invalid {
+                field: "chat_template_kwargs",
+                message: format!("Kimi K3's `thinking` is a boolean, not {v}"),
+            })
+        }
+    }
+    match kw.get("thinking_effort").or_else(|| kw.get("reasoning_effort")) {
+        None => {}
+        Some(serde_json::Value::Null) => k3.thinking_effort = None,
+        Some(serde_json::Value::String(e)) => k3.thinking_effort = Some(e.parse()?),
+        Some(v) => {
+            return Err(EngineError::Invalid {
+                field: "thinking_effort",
+                message: format!("Kimi K3's thinking effort is low, high or max, not {v}"),
+            })
+        }
+    }
     crate::kimi_k3_chat::segments(messages, &k3)
 }
 

@@ -95,7 +95,7 @@ mod tokenizer;
 pub mod tool_calls;
 
 // The engine: loading a checkpoint and generating with it.
-pub use engine::{Engine, ExpertMode, FinishReason, GenerateOptions, Generation, LoadOptions, PREFILL_CHUNK};
+pub use engine::{Engine, ExpertMode, FinishReason, GenerateOptions, Generation, LoadOptions, OutputReader, PREFILL_CHUNK};
 pub use error::EngineError;
 pub use generation::GenerationConfig;
 pub use prefill::{mem_available, PrefillChunk};

@@ -54,6 +54,11 @@ pub struct Job {
     /// alternatives (at most [`MAX_TOP_LOGPROBS`](crate::MAX_TOP_LOGPROBS);
     /// `None`: no logprobs).
     pub logprobs: Option<usize>,
+    /// Spell special tokens in the streamed text (not the EOS that ends
+    /// it): tool-call and reasoning markers that are special tokens
+    /// (DeepSeek-V3, Kimi, gpt-oss) reach the output parsers. Default: left
+    /// out, as `skip_special_tokens` does.
+    pub keep_special_tokens: bool,
 }
 
 impl Job {

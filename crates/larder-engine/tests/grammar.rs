@@ -463,3 +463,37 @@ fn engine_and_constraints_cross_threads() {
     shared::<GrammarEngine>();
     sent::<larder_engine::GrammarConstraint>();
 }
+
+/// A forced call in each family's own syntax (`tool_choice: "required"`):
+/// every walk's text, special tokens spelled, reads back through the
+/// family's parser as exactly one call whose arguments validate.
+#[test]
+fn family_tool_calls_read_back_as_one_valid_call() {
+    use larder_engine::tool_calls::ToolFamily;
+    let cases = [
+        (ToolFamily::Hermes, qwen()),
+        (ToolFamily::KimiK2, kimi()),
+        (ToolFamily::Harmony, setup("tokenizer_gptoss", &["<|return|>", "<|call|>"])),
+        (ToolFamily::DeepSeekV3, setup("deepseek_v3_tok", &["<｜end▁of▁sentence｜>"])),
+    ];
+    let tools = tools();
+    for (family, s) in cases {
+        let special = |m: &str| {
+            let id = s.tok.token_to_id(m)?;
+            s.tok.decode(&[id], true).unwrap().is_empty().then_some(id)
+        };
+        let spec = GrammarSpec::family_tool_call(family, &tools, true, &special).unwrap();
+        let parser = family.parser();
+        for seed in 0..12 {
+            let (mut ids, _) = walk(&s, &spec, seed);
+            ids.retain(|id| !s.eos.contains(id));
+            let text = s.tok.decode(&ids, false).unwrap();
+            let out = parser.parse(&text);
+            assert_eq!(out.tool_calls.len(), 1, "{family:?} seed {seed}: {text:?} read as {out:?}");
+            assert_eq!(out.content.trim(), "", "{family:?} seed {seed}: {text:?}");
+            let call = &out.tool_calls[0];
+            let args: Value = serde_json::from_str(&call.arguments).unwrap();
+            check_call(&json!({"name": call.name, "arguments": args}), &tools, seed);
+        }
+    }
+}

@@ -14,11 +14,17 @@
 //! full, then refused with a 400 saying tools are not wired yet, before
 //! generation starts.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use bytes::Bytes;
-use serde_json::{Map, Value};
+use larder_engine::tool_calls::{Delta, OutputParser, StreamParser};
+use larder_engine::{ChatMessage, ToolSchema, MAX_GRAMMAR_BYTES};
+use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, watch};
 
 use crate::api::{ApiError, Endpoint, GenerationRequest, Prompt};
+pub use crate::tools::ToolChoice;
+use crate::tools::{ChatReader, Tools};
 use crate::worker::{Event, EventSource};
 
 /// A tool the client offers the model: Anthropic's `{name, description,
@@ -95,35 +101,86 @@ pub struct Limits {
 pub struct Conversation {
     pub turns: Vec<Turn>,
     pub tools: Vec<ToolSpec>,
+    /// What the model may call (`None`: no calls, the tools are not shown).
+    pub tool_choice: Option<ToolChoice>,
+    /// More than one call may be returned.
+    pub parallel_tool_calls: bool,
+    /// Chat template variables the request's switches set (thinking,
+    /// reasoning effort).
+    pub template_kwargs: Map<String, Value>,
     pub limits: Limits,
 }
 
-/// The server's request for `conversation` (rendered with the model's chat
-/// template by [`crate::prepare`]). `tools_param` and `turns_param` name the
-/// request fields an error points at (`tools`, and `messages` or `input`).
-///
-/// The seam for tool calling: until larder-engine's chat messages carry
-/// tool calls and results (and its template renders the tool list),
-/// conversations with tools or tool turns are refused here.
-pub fn to_request(conversation: &Conversation, tools_param: &str, turns_param: &str) -> Result<GenerationRequest, ApiError> {
-    if !conversation.tools.is_empty() {
-        return Err(tools_not_wired(tools_param));
+impl Conversation {
+    /// A conversation of `turns` offering `tools` (`tool_choice` auto,
+    /// parallel calls allowed, no template variables).
+    pub fn new(turns: Vec<Turn>, tools: Vec<ToolSpec>, limits: Limits) -> Self {
+        Conversation {
+            turns,
+            tools,
+            tool_choice: Some(ToolChoice::Auto),
+            parallel_tool_calls: true,
+            template_kwargs: Map::new(),
+            limits,
+        }
     }
+}
+
+/// The server's request for `conversation`, rendered with the model's chat
+/// template by [`crate::prepare`]: tool calls and results become the
+/// OpenAI-shaped messages templates read, the tools OpenAI function
+/// declarations. `turns_param` names the request field an error points at
+/// (`messages` or `input`).
+pub fn to_request(conversation: &Conversation, tools_param: &str, turns_param: &str) -> Result<GenerationRequest, ApiError> {
     let mut messages = Vec::with_capacity(conversation.turns.len());
     for turn in &conversation.turns {
         messages.push(match turn {
-            Turn::System(t) => ("system".to_string(), t.clone()),
-            Turn::User(t) => ("user".to_string(), t.clone()),
-            Turn::Assistant { text, tool_calls } if tool_calls.is_empty() => ("assistant".to_string(), text.clone()),
-            Turn::Assistant { .. } | Turn::ToolResult { .. } => return Err(tools_not_wired(turns_param)),
+            Turn::System(t) => ChatMessage::new("system", t),
+            Turn::User(t) => ChatMessage::new("user", t),
+            Turn::Assistant { text, tool_calls } if tool_calls.is_empty() => ChatMessage::new("assistant", text),
+            Turn::Assistant { text, tool_calls } => {
+                let calls = tool_calls
+                    .iter()
+                    .map(|c| larder_engine::ToolCall {
+                        id: c.id.clone(),
+                        kind: "function".into(),
+                        function: larder_engine::FunctionCall {
+                            name: c.name.clone(),
+                            arguments: c.arguments.to_string(),
+                        },
+                    })
+                    .collect();
+                // An empty text is "", not absent (see crate::chat_messages).
+                ChatMessage::assistant_tool_calls(Some(text), calls)
+            }
+            Turn::ToolResult { call_id, content, .. } => {
+                let name = conversation.turns.iter().find_map(|t| match t {
+                    Turn::Assistant { tool_calls, .. } => tool_calls.iter().find(|c| &c.id == call_id).map(|c| c.name.as_str()),
+                    _ => None,
+                });
+                if name.is_none() {
+                    return Err(ApiError::invalid(
+                        turns_param,
+                        format!("a tool result answers call {call_id:?}, which no earlier assistant turn makes"),
+                    ));
+                }
+                ChatMessage::tool_result(call_id, name, content)
+            }
         });
     }
-    if !messages.iter().any(|(role, _)| role != "system") {
+    if !messages.iter().any(|m| m.role != "system") {
         return Err(ApiError::invalid(
             turns_param,
             format!("{turns_param} must hold at least one user or assistant turn"),
         ));
     }
+    let tools = match (&conversation.tool_choice, conversation.tools.is_empty()) {
+        (Some(choice), false) => Some(tools(conversation, choice.clone(), tools_param)?),
+        (Some(ToolChoice::Required | ToolChoice::Function(_)), true) => {
+            return Err(ApiError::invalid("tool_choice", "tool_choice asks for a call, but no tools were given"))
+        }
+        _ => None,
+    };
     let l = &conversation.limits;
     Ok(GenerationRequest {
         endpoint: Endpoint::Chat,
@@ -143,33 +200,94 @@ pub fn to_request(conversation: &Conversation, tools_param: &str, turns_param: &
         logprobs: None,
         response_format: None,
         n: 1,
+        tools,
+        template_kwargs: conversation.template_kwargs.clone(),
     })
 }
 
-fn tools_not_wired(param: &str) -> ApiError {
-    ApiError::invalid(
-        param,
-        "tool calling is not wired into this server yet: tool definitions and tool_use/tool_result \
-         (function_call/function_call_output) turns are refused; send text-only turns without tools",
-    )
+/// The conversation's tools as a chat request's (OpenAI function
+/// declarations); a named choice must name one of them.
+fn tools(conversation: &Conversation, choice: ToolChoice, param: &str) -> Result<Tools, ApiError> {
+    if let ToolChoice::Function(name) = &choice {
+        if !conversation.tools.iter().any(|t| &t.name == name) {
+            return Err(ApiError::invalid(
+                "tool_choice",
+                format!("tool_choice names the tool {name:?}, which is not among the tools"),
+            ));
+        }
+    }
+    let mut declarations = Vec::with_capacity(conversation.tools.len());
+    let mut schemas: Vec<ToolSchema> = Vec::with_capacity(conversation.tools.len());
+    for (i, t) in conversation.tools.iter().enumerate() {
+        if schemas.iter().any(|s| s.name == t.name) {
+            return Err(ApiError::invalid(&format!("{param}[{i}]"), format!("two tools are named {:?}", t.name)));
+        }
+        let size = t.parameters.to_string().len();
+        if size > MAX_GRAMMAR_BYTES {
+            return Err(ApiError::invalid(
+                &format!("{param}[{i}]"),
+                format!("the tool's schema is {size} bytes, over the limit of {MAX_GRAMMAR_BYTES} bytes"),
+            ));
+        }
+        let mut function = json!({"name": t.name});
+        if let Some(d) = &t.description {
+            function["description"] = json!(d);
+        }
+        function["parameters"] = t.parameters.clone();
+        declarations.push(json!({"type": "function", "function": function}));
+        schemas.push(ToolSchema {
+            name: t.name.clone(),
+            parameters: Some(t.parameters.clone()),
+        });
+    }
+    Ok(Tools {
+        declarations,
+        strict: vec![false; schemas.len()],
+        schemas,
+        choice,
+        parallel: conversation.parallel_tool_calls,
+    })
 }
 
-/// What a finished generation answers: its text and the tools it called.
+/// What a finished generation answers: its reasoning, its text and the
+/// tools it called.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Output {
+    pub reasoning: String,
     pub text: String,
     pub tool_calls: Vec<ToolCall>,
 }
 
-/// The answer in `text`, the generated text (stop strings removed).
-///
-/// The seam for the engine's tool-call parser: it will split the calls the
-/// model wrote (in its chat template's syntax) out of the text. No tools
-/// reach generation yet ([`to_request`]), so all of it is text.
-pub fn split_output(text: String) -> Output {
+/// The answer in `text`, the generated text (stop strings removed), read
+/// by the model's own parser when there is one (`reader`): reasoning,
+/// content and the tools it called (each with a fresh id where the model's
+/// format has none; only the first unless `parallel`). Without a reader,
+/// all of it is text.
+pub fn split_output(reader: Option<&ChatReader>, text: String, parallel: bool, ids: &AtomicU64) -> Output {
+    let Some(reader) = reader else {
+        return Output {
+            text,
+            ..Output::default()
+        };
+    };
+    let parsed = reader.parse(&text);
+    let mut tool_calls: Vec<ToolCall> = parsed
+        .tool_calls
+        .into_iter()
+        .map(|c| ToolCall {
+            id: c.id.unwrap_or_else(|| fresh_id("call_", ids.fetch_add(1, Ordering::Relaxed))),
+            name: c.name,
+            // The parser checked the arguments are JSON.
+            arguments: serde_json::from_str(&c.arguments).unwrap_or(Value::Null),
+        })
+        .collect();
+    if !parallel {
+        tool_calls.truncate(1);
+    }
     Output {
-        text,
-        tool_calls: Vec::new(),
+        reasoning: parsed.reasoning,
+        text: parsed.content,
+        tool_calls,
     }
 }
 
@@ -223,10 +341,16 @@ pub async fn collect(
 pub trait StreamShape: Send + 'static {
     /// Sent first, once generation has started.
     fn started(&mut self) -> Vec<Bytes>;
-    /// A new piece of text (never empty).
+    /// A new piece of the answer's text (never empty).
     fn text(&mut self, text: &str) -> Vec<Bytes>;
-    /// Generation ended; the last events.
-    fn done(&mut self, finish: Finish) -> Vec<Bytes>;
+    /// A new piece of reasoning (never empty); dropped unless the API
+    /// streams reasoning.
+    fn reasoning(&mut self, _text: &str) -> Vec<Bytes> {
+        Vec::new()
+    }
+    /// Generation ended; the last events. `output` is the whole answer
+    /// (its text already streamed; its tool calls not yet).
+    fn done(&mut self, finish: Finish, output: Output) -> Vec<Bytes>;
     /// Generation failed midway (or the shutdown grace period ended it).
     fn failed(&mut self, error: &ApiError) -> Vec<Bytes>;
 }
@@ -236,13 +360,63 @@ pub fn sse(name: &str, data: &Value) -> Bytes {
     Bytes::from(format!("event: {name}\ndata: {data}\n\n"))
 }
 
+/// Reads a stream's text through the model's parser (when there is one):
+/// content and reasoning as they become certain, the whole answer at the end.
+struct Reading {
+    stream: Option<StreamParser<ChatReader>>,
+    reader: Option<ChatReader>,
+    text: String,
+    parallel: bool,
+}
+
+impl Reading {
+    /// The shape's events for a piece of generated text.
+    fn push(&mut self, shape: &mut impl StreamShape, piece: &str) -> Vec<Bytes> {
+        self.text.push_str(piece);
+        match &mut self.stream {
+            None => shape.text(piece),
+            Some(p) => {
+                let deltas = p.push(piece);
+                shape_deltas(shape, deltas)
+            }
+        }
+    }
+
+    /// The last events: the rest of the text, then `done` with the answer.
+    fn finish(mut self, shape: &mut impl StreamShape, finish: Finish) -> Vec<Bytes> {
+        let mut out = match self.stream.take() {
+            Some(p) => shape_deltas(shape, p.finish().0),
+            None => Vec::new(),
+        };
+        let output = split_output(self.reader.as_ref(), self.text, self.parallel, &AtomicU64::new(0));
+        out.extend(shape.done(finish, output));
+        out
+    }
+}
+
+/// Content and reasoning deltas as the shape's events (calls come whole at the end).
+fn shape_deltas(shape: &mut impl StreamShape, deltas: Vec<Delta>) -> Vec<Bytes> {
+    let mut out = Vec::new();
+    for d in deltas {
+        match d {
+            Delta::Content(t) if !t.is_empty() => out.extend(shape.text(&t)),
+            Delta::Reasoning(t) if !t.is_empty() => out.extend(shape.reasoning(&t)),
+            _ => {}
+        }
+    }
+    out
+}
+
 /// Runs a stream: `shape`'s events for each engine event into `out`, until
 /// generation ends, fails, the shutdown grace period ends it, or the client
-/// leaves (dropping `rx`, which cancels the job).
+/// leaves (dropping `rx`, which cancels the job). The text is read by the
+/// request's parser (`rx`'s reader), only the first call kept unless
+/// `parallel`.
 pub async fn drive<S: StreamShape>(
     mut shape: S,
     prompt_tokens: usize,
-    mut rx: impl EventSource,
+    mut rx: crate::worker::Choices,
+    parallel: bool,
     out: mpsc::UnboundedSender<Bytes>,
     mut abort: watch::Receiver<bool>,
 ) {
@@ -250,6 +424,13 @@ pub async fn drive<S: StreamShape>(
     if !send(shape.started()) {
         return;
     }
+    let reader = rx.reader.take();
+    let mut reading = Reading {
+        stream: reader.clone().map(StreamParser::new),
+        reader,
+        text: String::new(),
+        parallel,
+    };
     loop {
         let ev = tokio::select! {
             ev = rx.recv() => ev,
@@ -271,7 +452,14 @@ pub async fn drive<S: StreamShape>(
             // Nothing to show for this token: an SSE comment keeps the
             // socket written to, so a vanished client is noticed.
             Some(Event::Text(t) | Event::Scored { text: t, .. }) if t.is_empty() => out.send(Bytes::from_static(b": \n\n")).is_ok(),
-            Some(Event::Text(t) | Event::Scored { text: t, .. }) => send(shape.text(&t)),
+            Some(Event::Text(t) | Event::Scored { text: t, .. }) => {
+                let events = reading.push(&mut shape, &t);
+                // Text held back by the parser: keep the socket written to.
+                match events.is_empty() {
+                    true => out.send(Bytes::from_static(b": \n\n")).is_ok(),
+                    false => send(events),
+                }
+            }
             Some(Event::Started { .. }) => true,
             Some(Event::Failed(e)) => {
                 e.log();
@@ -284,13 +472,14 @@ pub async fn drive<S: StreamShape>(
                 cached_tokens,
                 stop_sequence,
             }) => {
-                send(shape.done(Finish {
+                let finish = Finish {
                     reason: finish_reason,
                     stop_sequence,
                     prompt_tokens,
                     completion_tokens,
                     cached_tokens,
-                }));
+                };
+                send(reading.finish(&mut shape, finish));
                 return;
             }
         };
@@ -424,15 +613,11 @@ mod tests {
     use super::*;
 
     fn conv(turns: Vec<Turn>, tools: Vec<ToolSpec>) -> Conversation {
-        Conversation {
-            turns,
-            tools,
-            limits: Limits::default(),
-        }
+        Conversation::new(turns, tools, Limits::default())
     }
 
     #[test]
-    fn text_turns_become_a_chat_and_tools_are_refused_for_now() {
+    fn turns_and_tools_become_a_chat_request() {
         let r = to_request(
             &conv(vec![Turn::System("s".into()), Turn::User("hi".into())], vec![]),
             "tools",
@@ -441,15 +626,23 @@ mod tests {
         .unwrap();
         assert_eq!(
             r.prompt,
-            Prompt::Chat(vec![("system".into(), "s".into()), ("user".into(), "hi".into())])
+            Prompt::Chat(vec![ChatMessage::new("system", "s"), ChatMessage::new("user", "hi")])
         );
+        assert!(r.tools.is_none());
         let tool = ToolSpec {
             name: "f".into(),
-            description: None,
-            parameters: serde_json::json!({"type": "object"}),
+            description: Some("does f".into()),
+            parameters: json!({"type": "object"}),
         };
-        let e = to_request(&conv(vec![Turn::User("hi".into())], vec![tool]), "tools", "messages").unwrap_err();
-        assert_eq!((e.status, e.param.as_deref()), (400, Some("tools")));
+        let r = to_request(&conv(vec![Turn::User("hi".into())], vec![tool.clone()]), "tools", "messages").unwrap();
+        let tools = r.tools.unwrap();
+        assert_eq!(
+            tools.declarations,
+            vec![json!({"type": "function", "function": {"name": "f", "description": "does f", "parameters": {"type": "object"}}})]
+        );
+        let mut named = conv(vec![Turn::User("hi".into())], vec![tool]);
+        named.tool_choice = Some(ToolChoice::Function("g".into()));
+        assert_eq!(to_request(&named, "tools", "messages").unwrap_err().param.as_deref(), Some("tool_choice"));
         let result = Turn::ToolResult {
             call_id: "c".into(),
             content: "x".into(),
@@ -458,5 +651,16 @@ mod tests {
         let e = to_request(&conv(vec![Turn::User("hi".into()), result], vec![]), "tools", "input").unwrap_err();
         assert_eq!(e.param.as_deref(), Some("input"));
         assert!(to_request(&conv(vec![Turn::System("s".into())], vec![]), "tools", "input").is_err());
+    }
+
+    #[test]
+    fn output_is_read_by_the_models_parser() {
+        let reader = ChatReader(std::sync::Arc::from(larder_engine::tool_calls::ToolFamily::Hermes.parser()));
+        let text = "ok<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>".to_string();
+        let out = split_output(Some(&reader), text.clone(), true, &AtomicU64::new(0));
+        assert_eq!(out.text, "ok");
+        assert_eq!((out.tool_calls[0].name.as_str(), &out.tool_calls[0].arguments), ("f", &json!({"a": 1})));
+        assert!(out.tool_calls[0].id.starts_with("call_"));
+        assert_eq!(split_output(None, text.clone(), true, &AtomicU64::new(0)).text, text);
     }
 }

@@ -3,15 +3,19 @@
 //! OpenAI-shaped error body (`{"error": {"message", "type", "param", "code"}}`).
 //!
 //! Everything is checked **before** generation starts: fields the server
-//! cannot honour exactly (tools, images, unknown fields) are
-//! refused, harmless defaults clients send are accepted. `logit_bias`,
+//! cannot honour exactly (images, unknown fields) are refused, harmless
+//! defaults clients send are accepted. Messages are parsed by
+//! [`crate::chat_messages`], `tools` and `tool_choice` by [`crate::tools`]. `logit_bias`,
 //! `frequency_penalty`, `presence_penalty` and `logprobs` (chat: with
 //! `top_logprobs`) are checked as OpenAI checks them; `response_format`
 //! (chat) is parsed here and compiled while the request is prepared.
 
 use std::collections::BTreeMap;
 
+use larder_engine::ChatMessage;
 use serde_json::{json, Map, Value};
+
+use crate::tools::Tools;
 
 /// An error answered to the client.
 #[derive(Debug, Clone, PartialEq)]
@@ -121,7 +125,7 @@ pub enum Endpoint {
 /// The prompt of a request, before tokenization.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Prompt {
-    Chat(Vec<(String, String)>),
+    Chat(Vec<ChatMessage>),
     Text(String),
     Ids(Vec<u32>),
 }
@@ -158,6 +162,12 @@ pub struct GenerationRequest {
     /// `response_format`: JSON output enforced by a grammar (`None`: text).
     pub response_format: Option<ResponseFormat>,
     pub n: usize,
+    /// `tools` with `tool_choice` and `parallel_tool_calls` (`None`: no
+    /// tools, or `tool_choice: "none"`).
+    pub tools: Option<Tools>,
+    /// Extra chat template variables: `chat_template_kwargs`, and
+    /// `reasoning_effort` (as the template variable of that name).
+    pub template_kwargs: Map<String, Value>,
 }
 
 /// Most choices (`n`) one request may ask for.
@@ -197,6 +207,8 @@ const CHAT_ONLY: &[&str] = &[
     "tool_choice",
     "parallel_tool_calls",
     "top_logprobs",
+    "chat_template_kwargs",
+    "reasoning_effort",
 ];
 const COMPLETION_ONLY: &[&str] = &["prompt", "echo", "best_of", "suffix"];
 
@@ -229,7 +241,7 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
     }
     refuse_unsupported(obj)?;
     let prompt = match endpoint {
-        Endpoint::Chat => Prompt::Chat(messages(obj.get("messages"))?),
+        Endpoint::Chat => Prompt::Chat(crate::chat_messages::parse_messages(obj.get("messages"))?),
         Endpoint::Completion => completion_prompt(obj.get("prompt"))?,
     };
     let max_tokens = match (obj.get("max_completion_tokens"), obj.get("max_tokens")) {
@@ -311,6 +323,11 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
                 .ok_or_else(|| ApiError::invalid("n", format!("n must be an integer between 1 and {MAX_CHOICES}")))? as usize
         }
     };
+    let tools = match endpoint {
+        Endpoint::Chat => crate::tools::parse_tools(obj)?,
+        Endpoint::Completion => None,
+    };
+    let template_kwargs = template_kwargs(obj)?;
     if include_usage && !stream {
         return Err(ApiError::invalid(
             "stream_options",
@@ -335,7 +352,33 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
         response_format,
         logprobs,
         n,
+        tools,
+        template_kwargs,
     })
+}
+
+/// `chat_template_kwargs` (an object of template variables, e.g.
+/// `enable_thinking`) and `reasoning_effort` (`low`, `medium` or `high`,
+/// the template variable of that name unless the kwargs set it).
+fn template_kwargs(obj: &Map<String, Value>) -> Result<Map<String, Value>, ApiError> {
+    let mut kwargs = match obj.get("chat_template_kwargs") {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(o)) => o.clone(),
+        Some(_) => return Err(ApiError::invalid("chat_template_kwargs", "chat_template_kwargs must be an object")),
+    };
+    match obj.get("reasoning_effort") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(e)) if ["minimal", "low", "medium", "high"].contains(&e.as_str()) => {
+            kwargs.entry("reasoning_effort").or_insert_with(|| Value::String(e.clone()));
+        }
+        Some(v) => {
+            return Err(ApiError::invalid(
+                "reasoning_effort",
+                format!("reasoning_effort must be minimal, low, medium or high, not {v}"),
+            ))
+        }
+    }
+    Ok(kwargs)
 }
 
 /// `logit_bias`: an object from token ids (decimal strings) to numbers in [-100, 100].
@@ -435,9 +478,6 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
             _ => Ok(()),
         }
     };
-    is("tools", &|v| v.as_array().is_some_and(|a| a.is_empty()))?;
-    is("tool_choice", &|v| v == "none" || v == "auto")?;
-    is("parallel_tool_calls", &|v| v.is_boolean())?;
     is("echo", &|v| v == &Value::Bool(false))?;
     is("best_of", &|v| v.as_u64() == Some(1))?;
     is("suffix", &|v| v.as_str() == Some(""))?;
@@ -445,57 +485,6 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     is("metadata", &|v| v.is_object())?;
     is("store", &|v| v == &Value::Bool(false))?;
     Ok(())
-}
-
-fn messages(v: Option<&Value>) -> Result<Vec<(String, String)>, ApiError> {
-    let list = v
-        .and_then(Value::as_array)
-        .filter(|a| !a.is_empty())
-        .ok_or_else(|| ApiError::invalid("messages", "messages must be a non-empty list"))?;
-    list.iter()
-        .enumerate()
-        .map(|(i, m)| {
-            let param = format!("messages[{i}]");
-            let o = m
-                .as_object()
-                .ok_or_else(|| ApiError::invalid(&param, "each message must be an object"))?;
-            if let Some(k) = o.keys().find(|k| !["role", "content", "name"].contains(&k.as_str())) {
-                return Err(ApiError::invalid(&param, format!("message field `{k}` is not supported")));
-            }
-            let role = o.get("role").and_then(Value::as_str).unwrap_or("");
-            let role = match role {
-                "system" | "user" | "assistant" => role.to_string(),
-                // OpenAI's newer name for system instructions.
-                "developer" => "system".to_string(),
-                other => return Err(ApiError::invalid(&format!("{param}.role"), format!("unsupported role {other:?}"))),
-            };
-            let content = match o.get("content") {
-                Some(Value::String(s)) => s.clone(),
-                Some(Value::Array(parts)) => {
-                    let mut text = String::new();
-                    for p in parts {
-                        match (p.get("type").and_then(Value::as_str), p.get("text").and_then(Value::as_str)) {
-                            (Some("text"), Some(t)) => text.push_str(t),
-                            (kind, _) => {
-                                return Err(ApiError::invalid(
-                                    &format!("{param}.content"),
-                                    format!("content part of type {:?} is not supported (text only)", kind.unwrap_or("?")),
-                                ))
-                            }
-                        }
-                    }
-                    text
-                }
-                _ => {
-                    return Err(ApiError::invalid(
-                        &format!("{param}.content"),
-                        "content must be a string or a list of text parts",
-                    ))
-                }
-            };
-            Ok((role, content))
-        })
-        .collect()
 }
 
 fn completion_prompt(v: Option<&Value>) -> Result<Prompt, ApiError> {
@@ -557,7 +546,7 @@ mod tests {
         .unwrap();
         assert_eq!(
             r.prompt,
-            Prompt::Chat(vec![("system".into(), "s".into()), ("user".into(), "hi".into())])
+            Prompt::Chat(vec![ChatMessage::new("system", "s"), ChatMessage::new("user", "hi")])
         );
         assert_eq!(
             (r.max_tokens, r.temperature, r.stream, r.include_usage),
@@ -592,7 +581,9 @@ mod tests {
         assert_eq!(with("logit_bias", json!({"x": 5})).param.as_deref(), Some("logit_bias"));
         assert_eq!(with("logit_bias", json!({"1": 101})).param.as_deref(), Some("logit_bias"));
         assert_eq!(with("logit_bias", json!([1])).param.as_deref(), Some("logit_bias"));
-        assert_eq!(with("tools", json!([{"type": "function"}])).param.as_deref(), Some("tools"));
+        assert_eq!(with("tools", json!([{"type": "function"}])).param.as_deref(), Some("tools[0].function"));
+        assert_eq!(with("tool_choice", json!("required")).param.as_deref(), Some("tool_choice"));
+        assert_eq!(with("reasoning_effort", json!("max")).param.as_deref(), Some("reasoning_effort"));
         assert_eq!(with("frequency_penalty", json!(2.5)).param.as_deref(), Some("frequency_penalty"));
         assert_eq!(with("presence_penalty", json!(-3)).param.as_deref(), Some("presence_penalty"));
         assert_eq!(

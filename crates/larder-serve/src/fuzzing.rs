@@ -78,6 +78,7 @@ pub fn sse_chunks(chat: bool, include_usage: bool, prompt_tokens: usize, events:
         "larder".into(),
         prompt_tokens,
         rx,
+        None,
         out,
         tokio::sync::watch::channel(false).1,
     ));

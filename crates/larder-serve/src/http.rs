@@ -27,6 +27,7 @@ use crate::exchange::{
     admit, body_error, engine_stopped, error_reply, json_reply, next_choice_event, now, read_body, shutting_down, sse_reply,
 };
 pub use crate::state::{ConnectionGuard, State};
+use crate::tools::{ChatReader, ChatStream};
 use crate::worker::{Event, EventSource, Logprob, Worker};
 use crate::ServerConfig;
 
@@ -218,11 +219,14 @@ async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: 
         state.ids.fetch_add(1, Ordering::Relaxed)
     );
     let model = state.config.served_name.clone();
+    let reader = rx.reader.take();
     if request.stream {
         let (out, body) = mpsc::unbounded_channel::<Bytes>();
-        tokio::spawn(stream_events(request, id, model, prompt_tokens, rx, out, abort));
+        tokio::spawn(stream_events(request, id, model, prompt_tokens, rx, reader, out, abort));
         return sse_reply(body);
     }
+    let parallel = request.tools.as_ref().is_none_or(|t| t.parallel);
+    let mut new_id = || crate::agent::fresh_id("call_", state.ids.fetch_add(1, Ordering::Relaxed));
     let n = request.n;
     let mut texts = vec![String::new(); n];
     let mut scored: Vec<Vec<Logprob>> = vec![Vec::new(); n];
@@ -258,7 +262,11 @@ async fn generate(state: &Arc<State>, worker: &Worker, endpoint: Endpoint, req: 
                 let text = std::mem::take(&mut texts[i]);
                 choices[i] = match endpoint {
                     Endpoint::Chat => {
-                        json!({"index": i, "message": {"role": "assistant", "content": text}, "logprobs": logprobs, "finish_reason": finish_reason})
+                        let (message, finish_reason) = match &reader {
+                            Some(r) => crate::tools::whole_message(r, &text, finish_reason, parallel, &mut new_id),
+                            None => (json!({"role": "assistant", "content": text}), finish_reason),
+                        };
+                        json!({"index": i, "message": message, "logprobs": logprobs, "finish_reason": finish_reason})
                     }
                     Endpoint::Completion => json!({"index": i, "text": text, "logprobs": logprobs, "finish_reason": finish_reason}),
                 };
@@ -293,13 +301,16 @@ fn usage(prompt: usize, completion: usize, cached: usize) -> Value {
 /// generation) when the client goes away. However generation ends (done,
 /// failed, the engine thread gone, the shutdown grace period over), the
 /// last chunk is `data: [DONE]`, after an error event when it did not
-/// finish.
+/// finish. A chat's text is read by its `reader` (reasoning, content and
+/// tool calls as deltas; text it holds back is sent once certain).
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn stream_events(
     request: GenerationRequest,
     id: String,
     model: String,
     prompt_tokens: usize,
     mut rx: impl EventSource,
+    reader: Option<ChatReader>,
     out: mpsc::UnboundedSender<Bytes>,
     mut abort: watch::Receiver<bool>,
 ) {
@@ -317,6 +328,14 @@ pub(crate) async fn stream_events(
     }
     // Completions' `text_offset` per choice: characters of the tokens streamed so far.
     let mut offsets = vec![0; n];
+    let parallel = request.tools.as_ref().is_none_or(|t| t.parallel);
+    let mut readers: Vec<Option<ChatStream>> = (0..n).map(|_| reader.clone().map(|r| ChatStream::new(r, parallel))).collect();
+    let mut call_ids = 0u64;
+    let mut new_id = || {
+        call_ids += 1;
+        crate::agent::fresh_id("call_", call_ids)
+    };
+
     let (mut done, mut completion, mut cached) = (0, 0, 0);
     loop {
         let ev = tokio::select! {
@@ -334,7 +353,11 @@ pub(crate) async fn stream_events(
             Event::Scored { text: t, logprob } => {
                 let tokens = std::slice::from_ref(&logprob);
                 let choice = if chat {
-                    json!({"index": i, "delta": {"content": t}, "logprobs": crate::logprobs::chat(tokens), "finish_reason": null})
+                    let mut delta = json!({"content": ""});
+                    for d in deltas(&mut readers[i], &t, &mut new_id) {
+                        merge(&mut delta, d);
+                    }
+                    json!({"index": i, "delta": delta, "logprobs": crate::logprobs::chat(tokens), "finish_reason": null})
                 } else {
                     json!({"index": i, "text": t, "logprobs": crate::logprobs::completion(tokens, offsets[i]), "finish_reason": null})
                 };
@@ -343,18 +366,34 @@ pub(crate) async fn stream_events(
             }
             // Nothing to show for this token: an SSE comment keeps the
             // socket written to, so a vanished client is noticed.
+            Event::Text(t) if chat => {
+                let pieces = deltas(&mut readers[i], &t, &mut new_id);
+                if pieces.is_empty() {
+                    out.send(Bytes::from_static(b": \n\n")).is_ok()
+                } else {
+                    pieces.into_iter().all(|d| {
+                        send(&chunk(json!({"index": i, "delta": d, "logprobs": null, "finish_reason": null})))
+                    })
+                }
+            }
             Event::Text(t) if t.is_empty() => out.send(Bytes::from_static(b": \n\n")).is_ok(),
-            Event::Text(t) => send(&chunk(if chat {
-                json!({"index": i, "delta": {"content": t}, "logprobs": null, "finish_reason": null})
-            } else {
-                json!({"index": i, "text": t, "logprobs": null, "finish_reason": null})
-            })),
+            Event::Text(t) => send(&chunk(json!({"index": i, "text": t, "logprobs": null, "finish_reason": null}))),
             Event::Done {
                 finish_reason,
                 completion_tokens,
                 cached_tokens,
                 ..
             } => {
+                let mut finish_reason = finish_reason;
+                if let Some(r) = readers[i].take() {
+                    let (rest, reason) = r.finish(finish_reason, &mut new_id);
+                    finish_reason = reason;
+                    for d in rest {
+                        if !send(&chunk(json!({"index": i, "delta": d, "logprobs": null, "finish_reason": null}))) {
+                            return;
+                        }
+                    }
+                }
                 let last = if chat {
                     json!({"index": i, "delta": {}, "logprobs": null, "finish_reason": finish_reason})
                 } else {
@@ -383,6 +422,27 @@ pub(crate) async fn stream_events(
         };
         if !ok {
             return; // client disconnected: dropping `rx` cancels the job
+        }
+    }
+}
+
+/// A chat choice's deltas for a piece of text: read by its reader, or the
+/// text as content.
+fn deltas(reader: &mut Option<ChatStream>, t: &str, new_id: &mut dyn FnMut() -> String) -> Vec<Value> {
+    match reader {
+        Some(r) => r.push(t, new_id),
+        None if t.is_empty() => Vec::new(),
+        None => vec![json!({"content": t})],
+    }
+}
+
+/// Adds a delta's fields to `into` (text fields joined).
+fn merge(into: &mut Value, delta: Value) {
+    let Value::Object(fields) = delta else { return };
+    for (k, v) in fields {
+        match (into.get_mut(&k), &v) {
+            (Some(Value::String(have)), Value::String(more)) => have.push_str(more),
+            _ => into[&k] = v,
         }
     }
 }

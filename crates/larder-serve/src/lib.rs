@@ -34,6 +34,7 @@
 
 pub mod agent;
 pub mod api;
+pub mod chat_messages;
 pub mod cors;
 pub mod defaults;
 pub mod exchange;
@@ -46,6 +47,7 @@ pub mod prepare;
 pub mod response_store;
 pub mod responses;
 pub mod state;
+pub mod tools;
 pub mod worker;
 
 use std::net::SocketAddr;

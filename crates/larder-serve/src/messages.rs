@@ -8,16 +8,22 @@
 //! `redacted_thinking` in assistant turns, which are dropped from the
 //! prompt as chat templates drop earlier reasoning), `system` (a string or
 //! text blocks), `max_tokens` (required), `stop_sequences`, `temperature`,
-//! `top_p`, `top_k`, `metadata`, `stream`, `tools`, `tool_choice`,
-//! `thinking` (`disabled` only), `service_tier`; the `anthropic-version`
-//! and `anthropic-beta` headers are accepted and not needed. Tools and tool
-//! turns are parsed and checked, then refused until the engine's tool
-//! calling is wired ([`crate::agent::to_request`]); so is enabled thinking.
+//! `top_p`, `top_k`, `metadata`, `stream`, `tools`, `tool_choice` (`auto`,
+//! `any`, `tool` with a name, `none`; `disable_parallel_tool_use`),
+//! `thinking`, `service_tier`; the `anthropic-version` and `anthropic-beta`
+//! headers are accepted and not needed. Tools and tool turns are rendered
+//! by the model's chat template ([`crate::agent::to_request`]); its output
+//! is read by its own parser into `thinking`, `text` and `tool_use` blocks
+//! (`stop_reason: "tool_use"` when it called tools). `thinking` switches
+//! the template's thinking on or off (`enable_thinking`, Kimi K3's
+//! `thinking`); without it the template's default holds. `budget_tokens`
+//! is checked, not enforced.
 //!
-//! A stream sends `message_start`, `content_block_start`, `ping`,
-//! `content_block_delta` (`text_delta`) per piece of text,
-//! `content_block_stop`, `message_delta` (stop reason, output tokens) and
-//! `message_stop`; a failure midway sends an `error` event and ends.
+//! A stream sends `message_start`, `ping`, then per block
+//! `content_block_start`, its deltas (`thinking_delta`, `text_delta`,
+//! `input_json_delta` with a call's whole arguments) and
+//! `content_block_stop`, then `message_delta` (stop reason, output tokens)
+//! and `message_stop`; a failure midway sends an `error` event and ends.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -90,14 +96,17 @@ pub fn parse(body: &[u8], model_id: &str, count: bool) -> Result<Conversation, A
     let obj = agent::body_object(body)?;
     agent::only_fields(&obj, if count { COUNT_FIELDS } else { FIELDS }, "")?;
     agent::check_model(&obj, model_id)?;
-    match obj.get("thinking") {
-        None | Some(Value::Null) => {}
-        Some(t) if t.get("type").and_then(Value::as_str) == Some("disabled") => {}
+    let thinking = match obj.get("thinking") {
+        None | Some(Value::Null) => None,
+        Some(t) if t.get("type").and_then(Value::as_str) == Some("disabled") => Some(false),
         Some(t) if t.get("type").and_then(Value::as_str) == Some("enabled") => {
-            return Err(ApiError::invalid(
-                "thinking",
-                "extended thinking is not wired into this server yet: send thinking {\"type\": \"disabled\"} or leave it out",
-            ))
+            if !t.get("budget_tokens").and_then(Value::as_u64).is_some_and(|b| b >= 1024) {
+                return Err(ApiError::invalid(
+                    "thinking.budget_tokens",
+                    "thinking.budget_tokens must be an integer of at least 1024",
+                ));
+            }
+            Some(true)
         }
         Some(_) => {
             return Err(ApiError::invalid(
@@ -105,18 +114,14 @@ pub fn parse(body: &[u8], model_id: &str, count: bool) -> Result<Conversation, A
                 "thinking must be {\"type\": \"enabled\" | \"disabled\", ...}",
             ))
         }
-    }
+    };
     if let Some(v) = obj.get("metadata").filter(|v| !v.is_null() && !v.is_object()) {
         return Err(ApiError::invalid(
             "metadata",
             format!("metadata must be an object, not {}", agent::kind_of(v)),
         ));
     }
-    match obj.get("tool_choice") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(c)) if c.get("type").and_then(Value::as_str).is_some() => {}
-        Some(_) => return Err(ApiError::invalid("tool_choice", "tool_choice must be an object with a `type`")),
-    }
+    let (tool_choice, parallel_tool_calls) = tool_choice(obj.get("tool_choice"))?;
     opt_str(&obj, "service_tier", "")?;
     let mut turns = system(obj.get("system"))?;
     turns.extend(messages(obj.get("messages"))?);
@@ -146,11 +151,44 @@ pub fn parse(body: &[u8], model_id: &str, count: bool) -> Result<Conversation, A
             stream: agent::opt_flag(&obj, "stream")?,
         }
     };
-    Ok(Conversation {
-        turns,
-        tools: tools(obj.get("tools"))?,
-        limits,
-    })
+    let mut conversation = Conversation::new(turns, tools(obj.get("tools"))?, limits);
+    conversation.tool_choice = tool_choice;
+    conversation.parallel_tool_calls = parallel_tool_calls;
+    if let Some(on) = thinking {
+        // Qwen3's and DeepSeek's templates read `enable_thinking`, Kimi K3's `thinking`.
+        conversation.template_kwargs.insert("enable_thinking".into(), json!(on));
+        conversation.template_kwargs.insert("thinking".into(), json!(on));
+    }
+    Ok(conversation)
+}
+
+/// `tool_choice`: `{"type": "auto" | "any" | "tool" | "none", "name",
+/// "disable_parallel_tool_use"}` (default auto, parallel calls allowed).
+fn tool_choice(v: Option<&Value>) -> Result<(Option<agent::ToolChoice>, bool), ApiError> {
+    let o = match v {
+        None | Some(Value::Null) => return Ok((Some(agent::ToolChoice::Auto), true)),
+        Some(Value::Object(o)) => o,
+        Some(_) => return Err(ApiError::invalid("tool_choice", "tool_choice must be an object with a `type`")),
+    };
+    agent::only_fields(o, &["type", "name", "disable_parallel_tool_use"], "tool_choice")?;
+    let parallel = match o.get("disable_parallel_tool_use") {
+        None | Some(Value::Null) => true,
+        Some(Value::Bool(b)) => !b,
+        Some(_) => {
+            return Err(ApiError::invalid(
+                "tool_choice.disable_parallel_tool_use",
+                "disable_parallel_tool_use must be a boolean",
+            ))
+        }
+    };
+    let choice = match o.get("type").and_then(Value::as_str) {
+        Some("auto") => Some(agent::ToolChoice::Auto),
+        Some("any") => Some(agent::ToolChoice::Required),
+        Some("none") => None,
+        Some("tool") => Some(agent::ToolChoice::Function(req_str(o, "name", "tool_choice")?.to_string())),
+        _ => return Err(ApiError::invalid("tool_choice.type", "tool_choice.type must be auto, any, tool or none")),
+    };
+    Ok((choice, parallel))
 }
 
 fn stop_sequences(v: Option<&Value>) -> Result<Vec<String>, ApiError> {
@@ -357,9 +395,16 @@ fn stop_reason(finish: &Finish, calls: bool) -> &'static str {
     }
 }
 
-/// The `content` blocks of an answer: its text, then its tool calls.
+/// The `content` blocks of an answer: its reasoning, its text (when there
+/// is some, or nothing else), then its tool calls.
 fn content(output: &agent::Output) -> Vec<Value> {
-    let mut blocks = vec![json!({"type": "text", "text": output.text})];
+    let mut blocks = Vec::new();
+    if !output.reasoning.is_empty() {
+        blocks.push(json!({"type": "thinking", "thinking": output.reasoning, "signature": ""}));
+    }
+    if !output.text.is_empty() || output.tool_calls.is_empty() {
+        blocks.push(json!({"type": "text", "text": output.text}));
+    }
     for c in &output.tool_calls {
         blocks.push(json!({"type": "tool_use", "id": c.id, "name": c.name, "input": c.arguments}));
     }
@@ -367,11 +412,10 @@ fn content(output: &agent::Output) -> Vec<Value> {
 }
 
 /// The whole answer of a finished generation.
-pub fn message(id: &str, model: &str, text: String, finish: &Finish) -> Value {
-    let output = agent::split_output(text);
+pub fn message(id: &str, model: &str, output: &agent::Output, finish: &Finish) -> Value {
     json!({
         "id": id, "type": "message", "role": "assistant", "model": model,
-        "content": content(&output),
+        "content": content(output),
         "stop_reason": stop_reason(finish, !output.tool_calls.is_empty()),
         "stop_sequence": finish.stop_sequence,
         "usage": {"input_tokens": finish.prompt_tokens, "output_tokens": finish.completion_tokens,
@@ -402,14 +446,20 @@ pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>)
             id,
             model,
             prompt_tokens,
-            text: String::new(),
+            open: None,
+            blocks: 0,
         };
-        tokio::spawn(agent::drive(shape, prompt_tokens, rx, out, abort));
+        let parallel = request.tools.as_ref().is_none_or(|t| t.parallel);
+        tokio::spawn(agent::drive(shape, prompt_tokens, rx, parallel, out, abort));
         return crate::exchange::sse_reply(body);
     }
     let mut abort = abort;
     match agent::collect(prompt_tokens, &mut rx, &mut abort).await {
-        Ok((text, finish)) => json_reply(200, &message(&id, &model, text, &finish)),
+        Ok((text, finish)) => {
+            let parallel = request.tools.as_ref().is_none_or(|t| t.parallel);
+            let output = agent::split_output(rx.reader.as_ref(), text, parallel, &state.ids);
+            json_reply(200, &message(&id, &model, &output, &finish))
+        }
         Err(e) => error_reply(&e),
     }
 }
@@ -431,13 +481,52 @@ pub async fn count_tokens(state: &Arc<State>, worker: &Worker, req: Request<Inco
     }
 }
 
-/// A Messages stream: one text block, then the stop reason.
+/// A Messages stream: a thinking block while the model reasons, a text
+/// block while it answers, a `tool_use` block per call at the end, then the
+/// stop reason.
 struct Stream {
     id: String,
     model: String,
     prompt_tokens: usize,
-    /// The text so far (the tool-call parser will need it whole).
-    text: String,
+    /// The block open now (`thinking` or `text`), if any.
+    open: Option<&'static str>,
+    /// Blocks started so far (the next block's index).
+    blocks: usize,
+}
+
+impl Stream {
+    /// Events ending the open block, if any.
+    fn close(&mut self) -> Vec<Bytes> {
+        match self.open.take() {
+            Some(_) => vec![agent::sse(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": self.blocks - 1}),
+            )],
+            None => Vec::new(),
+        }
+    }
+
+    /// Events for a delta of a `kind` block (opened first when needed).
+    fn delta(&mut self, kind: &'static str, delta: Value) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        if self.open != Some(kind) {
+            out.extend(self.close());
+            let block = if kind == "thinking" {
+                json!({"type": "thinking", "thinking": "", "signature": ""})
+            } else {
+                json!({"type": "text", "text": ""})
+            };
+            out.push(agent::sse(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": self.blocks, "content_block": block}),
+            ));
+            self.open = Some(kind);
+            self.blocks += 1;
+        }
+        let index = self.blocks - 1;
+        out.push(agent::sse("content_block_delta", &json!({"type": "content_block_delta", "index": index, "delta": delta})));
+        out
+    }
 }
 
 impl StreamShape for Stream {
@@ -447,30 +536,43 @@ impl StreamShape for Stream {
             "usage": {"input_tokens": self.prompt_tokens, "output_tokens": 0}});
         vec![
             agent::sse("message_start", &json!({"type": "message_start", "message": message})),
-            agent::sse(
-                "content_block_start",
-                &json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}),
-            ),
             agent::sse("ping", &json!({"type": "ping"})),
         ]
     }
 
     fn text(&mut self, text: &str) -> Vec<Bytes> {
-        self.text.push_str(text);
-        let delta = json!({"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}});
-        vec![agent::sse("content_block_delta", &delta)]
+        self.delta("text", json!({"type": "text_delta", "text": text}))
     }
 
-    fn done(&mut self, finish: Finish) -> Vec<Bytes> {
-        let output = agent::split_output(std::mem::take(&mut self.text));
+    fn reasoning(&mut self, text: &str) -> Vec<Bytes> {
+        self.delta("thinking", json!({"type": "thinking_delta", "thinking": text}))
+    }
+
+    fn done(&mut self, finish: Finish, output: agent::Output) -> Vec<Bytes> {
+        let mut out = Vec::new();
+        if self.blocks == 0 && output.tool_calls.is_empty() {
+            // An empty answer is still one (empty) text block.
+            out.extend(self.delta("text", json!({"type": "text_delta", "text": ""})));
+        }
+        out.extend(self.close());
+        for c in &output.tool_calls {
+            let index = self.blocks;
+            self.blocks += 1;
+            let block = json!({"type": "tool_use", "id": c.id, "name": c.name, "input": {}});
+            out.push(agent::sse(
+                "content_block_start",
+                &json!({"type": "content_block_start", "index": index, "content_block": block}),
+            ));
+            let delta = json!({"type": "input_json_delta", "partial_json": c.arguments.to_string()});
+            out.push(agent::sse("content_block_delta", &json!({"type": "content_block_delta", "index": index, "delta": delta})));
+            out.push(agent::sse("content_block_stop", &json!({"type": "content_block_stop", "index": index})));
+        }
         let delta = json!({"type": "message_delta",
             "delta": {"stop_reason": stop_reason(&finish, !output.tool_calls.is_empty()), "stop_sequence": finish.stop_sequence},
             "usage": {"output_tokens": finish.completion_tokens}});
-        vec![
-            agent::sse("content_block_stop", &json!({"type": "content_block_stop", "index": 0})),
-            agent::sse("message_delta", &delta),
-            agent::sse("message_stop", &json!({"type": "message_stop"})),
-        ]
+        out.push(agent::sse("message_delta", &delta));
+        out.push(agent::sse("message_stop", &json!({"type": "message_stop"})));
+        out
     }
 
     fn failed(&mut self, error: &ApiError) -> Vec<Bytes> {
@@ -519,10 +621,12 @@ mod tests {
         .unwrap();
         assert_eq!(tools.tools[0].name, "f");
         assert!(matches!(&tools.turns[2], Turn::ToolResult { call_id, content, .. } if call_id == "t1" && content == "42"));
-        assert_eq!(
-            agent::to_request(&tools, "tools", "messages").unwrap_err().param.as_deref(),
-            Some("tools")
-        );
+        let request = agent::to_request(&tools, "tools", "messages").unwrap();
+        assert_eq!(request.tools.as_ref().map(|t| t.schemas.len()), Some(1));
+        let crate::api::Prompt::Chat(messages) = &request.prompt else { panic!() };
+        assert_eq!(messages[1].tool_calls[0].function.arguments, r#"{"a":1}"#);
+        assert_eq!(messages[2].tool_call_id.as_deref(), Some("t1"));
+        assert_eq!(messages[2].name.as_deref(), Some("f"));
     }
 
     #[test]
@@ -534,9 +638,10 @@ mod tests {
             parse_json(b).unwrap_err()
         };
         assert_eq!(
-            with("thinking", json!({"type": "enabled", "budget_tokens": 1024})).param.as_deref(),
-            Some("thinking")
+            with("thinking", json!({"type": "enabled", "budget_tokens": 10})).param.as_deref(),
+            Some("thinking.budget_tokens")
         );
+        assert_eq!(with("tool_choice", json!({"type": "some"})).param.as_deref(), Some("tool_choice.type"));
         assert_eq!(with("max_tokens", json!(null)).param.as_deref(), Some("max_tokens"));
         assert_eq!(with("bogus", json!(1)).param.as_deref(), Some("bogus"));
         assert_eq!(with("model", json!("other")).status, 404);

@@ -25,10 +25,11 @@
 
 use std::sync::{mpsc, Arc, Mutex};
 
-use larder_engine::{ChatMessage, Engine, EngineError, GenerateOptions, GrammarConstraint, GrammarSpec, LogitAdjustments, SamplingParams};
+use larder_engine::{Engine, EngineError, GenerateOptions, GrammarConstraint, GrammarSpec, LogitAdjustments, RenderOptions, SamplingParams};
 use tokio::sync::oneshot;
 
 use crate::api::{ApiError, GenerationRequest, Prompt, ResponseFormat};
+use crate::tools::ChatReader;
 
 /// Prompts with at most this many bytes of text prepare in the small lane.
 /// Tokenizing them takes milliseconds, so they cannot keep the engine thread
@@ -53,8 +54,13 @@ pub struct Prepared {
     pub adjust: LogitAdjustments,
     /// Logprobs with this many alternatives per token, when asked for.
     pub logprobs: Option<usize>,
-    /// `response_format`'s grammar, compiled (each choice gets a copy).
+    /// `response_format`'s grammar, or a forced tool call's, compiled
+    /// (each choice gets a copy).
     pub constraint: Option<GrammarConstraint>,
+    /// A chat's output reader (reasoning, content, tool calls).
+    pub reader: Option<ChatReader>,
+    /// The generated text spells special tokens (the reader's markers are).
+    pub keep_special_tokens: bool,
 }
 
 /// What a lane's thread prepares, and where the result goes.
@@ -83,7 +89,13 @@ pub fn concurrency() -> usize {
 /// Bytes of text `prompt` asks to render and tokenize (token ids need neither).
 pub fn prompt_bytes(prompt: &Prompt) -> usize {
     match prompt {
-        Prompt::Chat(messages) => messages.iter().map(|(role, content)| role.len() + content.len()).sum(),
+        Prompt::Chat(messages) => messages
+            .iter()
+            .map(|m| {
+                let calls: usize = m.tool_calls.iter().map(|c| c.function.name.len() + c.function.arguments.len()).sum();
+                m.role.len() + m.text().len() + m.reasoning_content.as_deref().map_or(0, str::len) + calls
+            })
+            .sum(),
         Prompt::Text(text) => text.len(),
         Prompt::Ids(_) => 0,
     }
@@ -185,15 +197,14 @@ fn stopped() -> ApiError {
 /// The prompt's token ids, the generation options and the stop strings of
 /// `request`, on the calling thread.
 pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &SamplingParams) -> Result<Prepared, ApiError> {
-    let prompt = match &request.prompt {
+    let (prompt, reader) = match &request.prompt {
         Prompt::Chat(messages) => {
-            let messages: Vec<ChatMessage> = messages.iter().map(|(role, content)| ChatMessage::new(role, content)).collect();
-            engine.encode_chat(&messages)
+            let (ids, reader) = encode_chat(engine, request, messages).map_err(|e| prompt_error(&e))?;
+            (ids, Some(reader))
         }
-        Prompt::Text(text) => engine.encode_prompt(text),
-        Prompt::Ids(ids) => Ok(ids.clone()),
+        Prompt::Text(text) => (engine.encode_prompt(text).map_err(|e| prompt_error(&e))?, None),
+        Prompt::Ids(ids) => (ids.clone(), None),
     };
-    let prompt = prompt.map_err(|e| prompt_error(&e))?;
     let max_new = engine.check_prompt(&prompt, request.max_tokens).map_err(|e| request_error(&e))?;
     let options = GenerateOptions {
         max_new,
@@ -201,8 +212,18 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
         stop_at_eos: !request.ignore_eos,
         ..GenerateOptions::default()
     };
+    let forced = request.tools.as_ref().and_then(|t| t.forced());
+    if forced.is_some() && request.response_format.is_some() {
+        return Err(ApiError::invalid(
+            "response_format",
+            "response_format cannot be combined with a required or named tool_choice",
+        ));
+    }
     let constraint = match &request.response_format {
-        None => None,
+        None => match forced {
+            None => None,
+            Some((tools, strict)) => Some(engine.tool_call_constraint(&tools, strict).map_err(|e| request_error(&e))?),
+        },
         Some(format) => {
             let spec = match format {
                 ResponseFormat::JsonObject => GrammarSpec::JsonObject,
@@ -216,10 +237,13 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
             Some(grammar.compile(&spec).map_err(|e| invalid(e.to_string()))?)
         }
     };
+    let keep_special_tokens = reader.as_ref().is_some_and(|r| r.keep_special_tokens);
     Ok(Prepared {
         prompt,
         options,
         constraint,
+        reader: reader.map(|r| ChatReader(r.parser.into())),
+        keep_special_tokens,
         stop: request.stop.clone(),
         adjust: LogitAdjustments {
             logit_bias: request.logit_bias.clone(),
@@ -228,6 +252,31 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
         },
         logprobs: request.logprobs,
     })
+}
+
+/// A chat's prompt ids (tools and template kwargs rendered) and the reader
+/// of what the model writes after it.
+fn encode_chat(
+    engine: &Engine,
+    request: &GenerationRequest,
+    messages: &[larder_engine::ChatMessage],
+) -> Result<(Vec<u32>, larder_engine::OutputReader), EngineError> {
+    let options = RenderOptions {
+        add_generation_prompt: true,
+        tools: request.tools.as_ref().map(|t| t.declarations.clone()),
+        kwargs: request.template_kwargs.clone(),
+    };
+    if request.tools.is_some() && engine.tool_family().is_none() {
+        return Err(EngineError::Invalid {
+            field: "tools",
+            message: "larder knows no tool-call format for this model (docs/tools.md lists the families), \
+                      so it cannot read its calls; send the request without tools"
+                .into(),
+        });
+    }
+    let rendered = engine.render_chat_with(messages, &options)?;
+    let reader = engine.output_reader(&rendered, request.tools.is_some())?;
+    Ok((engine.encode_chat_with(messages, &options)?, reader))
 }
 
 /// The sampling a request runs with: its own fields, else the model's
@@ -264,7 +313,8 @@ fn prompt_error(e: &EngineError) -> ApiError {
             tracing::warn!("refused a chat request: {e}");
             ApiError::invalid("messages", "this model has no chat template; use /v1/completions with a prompt")
         }
-        EngineError::Tokenizer(_) | EngineError::Template(_) | EngineError::Invalid { .. } => ApiError::invalid("messages", e.to_string()),
+        EngineError::Invalid { field, message } => ApiError::invalid(field, message.clone()),
+        EngineError::Tokenizer(_) | EngineError::Template(_) => ApiError::invalid("messages", e.to_string()),
         _ => ApiError::internal("preparing the prompt", e),
     }
 }
@@ -287,7 +337,7 @@ mod tests {
     fn token_ids_and_short_texts_are_small_and_long_texts_large() {
         assert_eq!(prompt_bytes(&Prompt::Ids(vec![1; 100_000])), 0);
         assert_eq!(prompt_bytes(&Prompt::Text("abc".into())), 3);
-        let chat = Prompt::Chat(vec![("user".into(), "x".repeat(SMALL_PROMPT_BYTES))]);
+        let chat = Prompt::Chat(vec![larder_engine::ChatMessage::new("user", &"x".repeat(SMALL_PROMPT_BYTES))]);
         assert!(prompt_bytes(&chat) > SMALL_PROMPT_BYTES);
         assert!(concurrency() >= 1);
     }

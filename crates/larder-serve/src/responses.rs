@@ -10,11 +10,16 @@
 //! as chat templates drop earlier reasoning), `instructions`,
 //! `max_output_tokens`, `temperature`, `top_p`, `stream`, `store`,
 //! `previous_response_id`, `metadata`, `user`, `tools` (function tools),
-//! `tool_choice`, `parallel_tool_calls`, and the defaults clients send
-//! (`truncation: "disabled"`, `text: {format: {type: "text"}}`, empty
-//! `include`, ...). Tools and tool items are parsed and checked, then
-//! refused until the engine's tool calling is wired
-//! ([`crate::agent::to_request`]); so is `reasoning` with an effort.
+//! `tool_choice` (`auto`, `none`, `required`, a named function),
+//! `parallel_tool_calls`, `reasoning` (`effort`: the template's
+//! `reasoning_effort`), and the defaults clients send (`truncation:
+//! "disabled"`, `text: {format: {type: "text"}}`, empty `include`, ...).
+//! Tools and tool items are rendered by the model's chat template
+//! ([`crate::agent::to_request`]); its output is read by its own parser.
+//! The output items are the message (always first, its text possibly
+//! empty), then a `function_call` item per call, then a `reasoning` item
+//! holding the reasoning text when the model reasoned; streamed, the calls
+//! and the reasoning come whole at the end.
 //!
 //! [`Store`] keeps stored responses (`store`, true by default) in memory,
 //! bounded by count and bytes, oldest out first: a request naming one as
@@ -120,17 +125,43 @@ pub fn parse(body: &[u8], model_id: &str) -> Result<Parsed, ApiError> {
     ] {
         echo.insert(k.to_string(), obj.get(k).cloned().unwrap_or(Value::Null));
     }
+    let mut conversation = Conversation::new(input(obj.get("input"))?, tools(obj.get("tools"))?, limits);
+    conversation.tool_choice = tool_choice(obj.get("tool_choice"))?;
+    conversation.parallel_tool_calls = obj.get("parallel_tool_calls").and_then(Value::as_bool).unwrap_or(true);
+    if let Some(effort) = obj.get("reasoning").and_then(|r| r.get("effort")).filter(|e| !e.is_null()) {
+        match effort.as_str() {
+            Some(e @ ("minimal" | "low" | "medium" | "high")) => {
+                conversation.template_kwargs.insert("reasoning_effort".into(), json!(e));
+            }
+            _ => return Err(ApiError::invalid("reasoning.effort", "reasoning.effort must be minimal, low, medium or high")),
+        }
+    }
     Ok(Parsed {
-        conversation: Conversation {
-            turns: input(obj.get("input"))?,
-            tools: tools(obj.get("tools"))?,
-            limits,
-        },
+        conversation,
         instructions,
         previous_response_id,
         store,
         echo,
     })
+}
+
+/// `tool_choice`: `auto` (default), `none`, `required`, or `{"type":
+/// "function", "name"}`.
+fn tool_choice(v: Option<&Value>) -> Result<Option<agent::ToolChoice>, ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(Some(agent::ToolChoice::Auto)),
+        Some(Value::String(s)) if s == "auto" => Ok(Some(agent::ToolChoice::Auto)),
+        Some(Value::String(s)) if s == "required" => Ok(Some(agent::ToolChoice::Required)),
+        Some(Value::String(s)) if s == "none" => Ok(None),
+        Some(Value::Object(o)) if o.get("type").and_then(Value::as_str) == Some("function") => {
+            agent::only_fields(o, &["type", "name"], "tool_choice")?;
+            Ok(Some(agent::ToolChoice::Function(req_str(o, "name", "tool_choice")?.to_string())))
+        }
+        Some(v) => Err(ApiError::invalid(
+            "tool_choice",
+            format!("tool_choice must be auto, none, required or {{\"type\": \"function\", \"name\": ...}}, not {v}"),
+        )),
+    }
 }
 
 /// Refuses the values of accepted fields the server cannot honour.
@@ -141,7 +172,6 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
             _ => Ok(()),
         }
     };
-    let empty_object = |v: &Value| v.as_object().is_some_and(|o| o.values().all(Value::is_null));
     is("truncation", &|v| v == "disabled", "")?;
     is(
         "text",
@@ -156,14 +186,17 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
         },
         " (text output only)",
     )?;
-    is("reasoning", &empty_object, ": reasoning is not wired into this server yet")?;
+    is(
+        "reasoning",
+        &|v| v.as_object().is_some_and(|o| o.keys().all(|k| ["effort", "summary", "generate_summary"].contains(&k.as_str()))),
+        "",
+    )?;
     is("include", &|v| v.as_array().is_some_and(|a| a.is_empty()), "")?;
     is("background", &|v| v == &Value::Bool(false), "")?;
     is("top_logprobs", &|v| v.as_u64() == Some(0), "")?;
     is("metadata", &Value::is_object, "")?;
     is("parallel_tool_calls", &Value::is_boolean, "")?;
     is("max_tool_calls", &Value::is_u64, "")?;
-    is("tool_choice", &|v| v.is_string() || v.is_object(), "")?;
     is("stream_options", &Value::is_object, "")?;
     for k in ["user", "service_tier", "prompt_cache_key", "safety_identifier"] {
         is(k, &Value::is_string, "")?;
@@ -393,15 +426,13 @@ impl Meta {
     }
 
     /// The finished response; stored (with its conversation) when asked.
-    fn finish(&self, state: &State, history: Vec<Turn>, text: String, finish: &Finish) -> Value {
-        let output = agent::split_output(text);
+    fn finish(&self, state: &State, history: Vec<Turn>, output: agent::Output, finish: &Finish) -> Value {
         let status = if finish.reason == "length" { "incomplete" } else { "completed" };
         let mut items = vec![self.message(&output.text, status)];
-        for c in &output.tool_calls {
-            items.push(
-                json!({"type": "function_call", "id": format!("fc_{}", c.id), "call_id": c.id, "name": c.name,
-                              "arguments": c.arguments.to_string(), "status": "completed"}),
-            );
+        items.extend(output.tool_calls.iter().map(function_call_item));
+        if !output.reasoning.is_empty() {
+            items.push(json!({"type": "reasoning", "id": format!("rs_{}", &self.item_id["msg_".len()..]), "summary": [],
+                              "content": [{"type": "reasoning_text", "text": output.reasoning}], "status": "completed"}));
         }
         let response = self.response(status, items, Some(finish));
         if self.parsed.store {
@@ -414,6 +445,12 @@ impl Meta {
         }
         response
     }
+}
+
+/// A `function_call` output item.
+fn function_call_item(c: &ToolCall) -> Value {
+    json!({"type": "function_call", "id": format!("fc_{}", c.id), "call_id": c.id, "name": c.name,
+           "arguments": c.arguments.to_string(), "status": "completed"})
 }
 
 /// `POST /v1/responses`.
@@ -440,10 +477,8 @@ pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>)
         },
     };
     history.extend(parsed.conversation.turns.iter().cloned());
-    let mut conversation = Conversation {
-        turns: parsed.instructions.iter().map(|i| Turn::System(i.clone())).collect(),
-        ..parsed.conversation.clone()
-    };
+    let mut conversation = parsed.conversation.clone();
+    conversation.turns = parsed.instructions.iter().map(|i| Turn::System(i.clone())).collect();
     conversation.turns.extend(history.iter().cloned());
     let request = match agent::to_request(&conversation, "tools", "input") {
         Ok(r) => r,
@@ -468,14 +503,18 @@ pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>)
             meta,
             state: state.clone(),
             history,
-            text: String::new(),
             seq: 0,
         };
-        tokio::spawn(agent::drive(shape, prompt_tokens, rx, out, abort));
+        let parallel = request.tools.as_ref().is_none_or(|t| t.parallel);
+        tokio::spawn(agent::drive(shape, prompt_tokens, rx, parallel, out, abort));
         return crate::exchange::sse_reply(body);
     }
     match agent::collect(prompt_tokens, &mut rx, &mut abort).await {
-        Ok((text, finish)) => json_reply(200, &meta.finish(state, history, text, &finish)),
+        Ok((text, finish)) => {
+            let parallel = request.tools.as_ref().is_none_or(|t| t.parallel);
+            let output = agent::split_output(rx.reader.as_ref(), text, parallel, &state.ids);
+            json_reply(200, &meta.finish(state, history, output, &finish))
+        }
         Err(e) => error_reply(&e),
     }
 }
@@ -496,7 +535,6 @@ struct Stream {
     meta: Meta,
     state: Arc<State>,
     history: Vec<Turn>,
-    text: String,
     seq: u64,
 }
 
@@ -529,16 +567,15 @@ impl StreamShape for Stream {
     }
 
     fn text(&mut self, text: &str) -> Vec<Bytes> {
-        self.text.push_str(text);
         let mut delta = self.at();
         delta["delta"] = json!(text);
         delta["logprobs"] = json!([]);
         vec![self.event("response.output_text.delta", delta)]
     }
 
-    fn done(&mut self, finish: Finish) -> Vec<Bytes> {
+    fn done(&mut self, finish: Finish, output: agent::Output) -> Vec<Bytes> {
         let history = std::mem::take(&mut self.history);
-        let response = self.meta.finish(&self.state, history, std::mem::take(&mut self.text), &finish);
+        let response = self.meta.finish(&self.state, history, output, &finish);
         let item = response["output"][0].clone();
         let text = item["content"][0]["text"].as_str().unwrap_or_default().to_string();
         let mut text_done = self.at();
@@ -551,12 +588,34 @@ impl StreamShape for Stream {
         } else {
             "response.completed"
         };
-        vec![
+        let mut events = vec![
             self.event("response.output_text.done", text_done),
             self.event("response.content_part.done", part_done),
             self.event("response.output_item.done", json!({"output_index": 0, "item": item})),
-            self.event(last, json!({"response": response})),
-        ]
+        ];
+        // The calls (and the reasoning item), each whole.
+        let items: Vec<Value> = response["output"].as_array().map(|a| a[1..].to_vec()).unwrap_or_default();
+        for (i, item) in items.into_iter().enumerate() {
+            let index = i + 1;
+            let mut added = item.clone();
+            if item["type"] == "function_call" {
+                added["arguments"] = json!("");
+                added["status"] = json!("in_progress");
+            }
+            events.push(self.event("response.output_item.added", json!({"output_index": index, "item": added})));
+            if item["type"] == "function_call" {
+                let at = json!({"item_id": item["id"], "output_index": index});
+                let mut delta = at.clone();
+                delta["delta"] = item["arguments"].clone();
+                events.push(self.event("response.function_call_arguments.delta", delta));
+                let mut done = at;
+                done["arguments"] = item["arguments"].clone();
+                events.push(self.event("response.function_call_arguments.done", done));
+            }
+            events.push(self.event("response.output_item.done", json!({"output_index": index, "item": item})));
+        }
+        events.push(self.event(last, json!({"response": response})));
+        events
     }
 
     fn failed(&mut self, error: &ApiError) -> Vec<Bytes> {
@@ -604,6 +663,9 @@ mod tests {
             matches!(&p.conversation.turns[2], Turn::Assistant { text, tool_calls } if text == "yo" && tool_calls[0].arguments["a"] == 1)
         );
         assert_eq!(p.conversation.tools[0].name, "f");
+        let p = parse_json(json!({"model": "m", "input": "hi", "reasoning": {"effort": "low"}, "tool_choice": "required"})).unwrap();
+        assert_eq!(p.conversation.template_kwargs["reasoning_effort"], "low");
+        assert_eq!(p.conversation.tool_choice, Some(agent::ToolChoice::Required));
     }
 
     #[test]
@@ -613,7 +675,9 @@ mod tests {
             b[k] = v;
             parse_json(b).unwrap_err()
         };
-        assert_eq!(with("reasoning", json!({"effort": "high"})).param.as_deref(), Some("reasoning"));
+        assert_eq!(with("reasoning", json!({"effort": "max"})).param.as_deref(), Some("reasoning.effort"));
+        assert_eq!(with("reasoning", json!({"mode": "x"})).param.as_deref(), Some("reasoning"));
+        assert_eq!(with("tool_choice", json!("sometimes")).param.as_deref(), Some("tool_choice"));
         assert_eq!(
             with("text", json!({"format": {"type": "json_object"}})).param.as_deref(),
             Some("text")

@@ -28,6 +28,7 @@ use larder_engine::{Drafting, Engine, EngineError, EngineHandle, Events, FinishR
 use crate::api::{ApiError, GenerationRequest};
 pub use crate::logprobs::Logprob;
 use crate::prepare::{request_error, Prepared, Preparer};
+use crate::tools::ChatReader;
 
 /// What a request reports to the HTTP side.
 #[derive(Debug, Clone, PartialEq)]
@@ -118,12 +119,15 @@ pub trait EventSource: Send {
 /// its choice index; dropping them cancels every job.
 pub struct Choices {
     events: tokio::sync::mpsc::UnboundedReceiver<(usize, Event)>,
+    /// A chat's output reader (reasoning, content, tool calls), shared by
+    /// its choices.
+    pub reader: Option<ChatReader>,
 }
 
 impl Choices {
     /// Forwards each job's events (a task per job, which drops the job,
     /// cancelling it, once these are dropped).
-    fn merge(jobs: Vec<JobEvents>) -> Choices {
+    fn merge(jobs: Vec<JobEvents>, reader: Option<ChatReader>) -> Choices {
         let (sender, events) = tokio::sync::mpsc::unbounded_channel();
         for (index, mut job) in jobs.into_iter().enumerate() {
             let sender = sender.clone();
@@ -141,7 +145,7 @@ impl Choices {
                 }
             });
         }
-        Choices { events }
+        Choices { events, reader }
     }
 }
 
@@ -263,13 +267,14 @@ impl Worker {
     /// KV budget, say) is a 400 before generation.
     pub fn submit(&self, slot: QueueSlot, prepared: Prepared, n: usize) -> Result<Choices, ApiError> {
         let slot = Arc::new(slot);
+        let reader = prepared.reader.clone();
         let mut jobs = Vec::with_capacity(n);
         for i in 0..n {
             let mut p = prepared.clone();
             p.options.sampling.seed = p.options.sampling.seed.wrapping_add(i as u64);
             jobs.push(self.submit_one(slot.clone(), p)?);
         }
-        Ok(Choices::merge(jobs))
+        Ok(Choices::merge(jobs, reader))
     }
 
     /// Hands one job to the engine (with a fresh drafter when drafting).
@@ -281,6 +286,8 @@ impl Worker {
             adjust,
             logprobs,
             constraint,
+            keep_special_tokens,
+            ..
         } = prepared;
         let drafter = self
             .drafting
@@ -294,6 +301,7 @@ impl Worker {
             adjust,
             logprobs,
             constraint: constraint.map(|c| Box::new(c) as Box<dyn TokenConstraint>),
+            keep_special_tokens,
             ..Job::default()
         };
         let events = self.handle.submit(job).map_err(|e| match e {

@@ -70,6 +70,7 @@ impl<'e> Seq<'e> {
             adjust,
             constraint,
             logprobs,
+            keep_special_tokens,
             ..
         } = job;
         Seq {
@@ -89,7 +90,10 @@ impl<'e> Seq<'e> {
             points: ReturnPoints::new(),
             chooser: TokenChooser::new(sampler, adjust, constraint, logprobs),
             stops,
-            decoder: StreamDecoder::new(),
+            decoder: match keep_special_tokens {
+                true => StreamDecoder::keeping_special_tokens(),
+                false => StreamDecoder::new(),
+            },
             spec: drafter.map(|d| Speculation::new(d, options.draft_max)),
             routes: record_routes.map(RouteTrace::with_lookahead),
             fed: 0,
@@ -226,9 +230,12 @@ impl<'e> Seq<'e> {
         if self.ids.len() == 1 {
             self.stats.time_to_first_token_s = self.started.elapsed().as_secs_f64();
         }
+        // The EOS that ends it is never text (spelled only when special
+        // tokens are kept).
+        let ends = self.stop_at_eos && engine.generation_config().eos_token_ids.contains(&t);
         let piece = match engine.tokenizer() {
-            Ok(tok) => self.decoder.push(tok, t).ok().flatten().unwrap_or_default(),
-            Err(_) => String::new(),
+            Ok(tok) if !ends => self.decoder.push(tok, t).ok().flatten().unwrap_or_default(),
+            _ => String::new(),
         };
         let (shown, hit) = self.stops.push(&piece);
         self.text.push_str(&shown);

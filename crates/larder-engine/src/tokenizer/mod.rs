@@ -197,6 +197,9 @@ pub struct StreamDecoder {
     prefix_offset: usize,
     /// End of the text already emitted, in ids.
     read_offset: usize,
+    /// Spell special tokens too (tool-call and reasoning markers that are
+    /// special tokens, for the output parsers); default: left out.
+    keep_special_tokens: bool,
 }
 
 impl StreamDecoder {
@@ -204,11 +207,20 @@ impl StreamDecoder {
         Self::default()
     }
 
+    /// A decoder that spells special tokens too.
+    pub fn keeping_special_tokens() -> Self {
+        StreamDecoder {
+            keep_special_tokens: true,
+            ..Self::default()
+        }
+    }
+
     /// Adds one id; returns the newly completed text, if any.
     pub fn push(&mut self, tok: &TextTokenizer, id: u32) -> Result<Option<String>, EngineError> {
         self.ids.push(id);
-        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], true)?;
-        let full = tok.decode(&self.ids[self.prefix_offset..], true)?;
+        let skip = !self.keep_special_tokens;
+        let prefix = tok.decode(&self.ids[self.prefix_offset..self.read_offset], skip)?;
+        let full = tok.decode(&self.ids[self.prefix_offset..], skip)?;
         if full.len() > prefix.len() && !full.ends_with('\u{FFFD}') && full.is_char_boundary(prefix.len()) {
             let piece = full[prefix.len()..].to_string();
             self.prefix_offset = self.read_offset;

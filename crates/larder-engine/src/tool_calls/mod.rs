@@ -258,6 +258,29 @@ impl ToolFamily {
         }
     }
 
+    /// The markers its calls are written with (special tokens in some
+    /// tokenizers: the text must then spell them for the parser).
+    pub fn markers(self) -> &'static [&'static str] {
+        match self {
+            ToolFamily::Hermes => &[hermes::START, hermes::END],
+            ToolFamily::DeepSeekV3 => &[
+                deepseek_v3::CALLS_BEGIN,
+                deepseek_v3::CALL_BEGIN,
+                deepseek_v3::SEP,
+                deepseek_v3::CALL_END,
+                deepseek_v3::CALLS_END,
+            ],
+            ToolFamily::KimiK2 => &[
+                kimi_k2::SECTION_BEGIN,
+                kimi_k2::CALL_BEGIN,
+                kimi_k2::ARGUMENT_BEGIN,
+                kimi_k2::CALL_END,
+                kimi_k2::SECTION_END,
+            ],
+            ToolFamily::Harmony => &["<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|start|>"],
+        }
+    }
+
     /// The family's parser (tool calls only; [`crate::reasoning`] composes
     /// it with a reasoning split).
     pub fn parser(self) -> Box<dyn OutputParser> {

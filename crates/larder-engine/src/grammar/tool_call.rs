@@ -1,0 +1,118 @@
+//! The grammar of one tool call written in a family's own syntax, for
+//! `tool_choice: "required"` or a named function: the model must write a
+//! call the family's parser ([`crate::tool_calls`]) reads back, to one of
+//! the given tools, with arguments that validate against that tool's
+//! parameters.
+//!
+//! A family's call is its opening markers, one branch per tool (the name as
+//! the family spells it, then the arguments as `%json` of the tool's
+//! parameters, written compactly), and its closing markers:
+//!
+//! - Hermes (Qwen3): `<tool_call>\n{"name": "NAME", "arguments": ARGS}\n</tool_call>`
+//! - DeepSeek-V3: `<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>NAME\n```json\nARGS\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>`
+//! - Kimi-K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS<|tool_call_end|><|tool_calls_section_end|>`
+//! - gpt-oss: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS`
+//!   (an EOS such as `<|call|>` then ends it)
+//!
+//! A marker that is one special token of the tokenizer is named by its id
+//! (`<[ID]>`, llguidance's syntax: grammar text never matches a special
+//! token); any other marker is text. One call, however many the model might
+//! have made: a forced call always ends.
+
+use serde_json::Value as Json;
+
+use super::{quoted, with_options, GrammarError, GrammarSpec, ToolSchema};
+use crate::tool_calls::{deepseek_v3, hermes, kimi_k2, ToolFamily};
+
+/// One piece of a call's syntax.
+enum Piece {
+    /// A marker: a special token's id when it is one, else its text.
+    Marker(&'static str),
+    Text(String),
+    /// Kimi-K2's call index (a number).
+    Index,
+    /// The arguments (`%json` of the tool's parameters).
+    Arguments,
+}
+
+/// The pieces of `family`'s call to `name`: opening, the call, closing.
+fn call_pieces(family: ToolFamily, name: &str) -> Vec<Piece> {
+    use Piece::*;
+    match family {
+        ToolFamily::Hermes => vec![
+            Marker(hermes::START),
+            Text(format!("\n{{\"name\": {}, \"arguments\": ", Json::from(name))),
+            Arguments,
+            Text("}\n".into()),
+            Marker(hermes::END),
+        ],
+        ToolFamily::DeepSeekV3 => vec![
+            Marker(deepseek_v3::CALLS_BEGIN),
+            Marker(deepseek_v3::CALL_BEGIN),
+            Text("function".into()),
+            Marker(deepseek_v3::SEP),
+            Text(format!("{name}\n```json\n")),
+            Arguments,
+            Text("\n```".into()),
+            Marker(deepseek_v3::CALL_END),
+            Marker(deepseek_v3::CALLS_END),
+        ],
+        ToolFamily::KimiK2 => vec![
+            Marker(kimi_k2::SECTION_BEGIN),
+            Marker(kimi_k2::CALL_BEGIN),
+            Text(format!("functions.{name}:")),
+            Index,
+            Marker(kimi_k2::ARGUMENT_BEGIN),
+            Arguments,
+            Marker(kimi_k2::CALL_END),
+            Marker(kimi_k2::SECTION_END),
+        ],
+        ToolFamily::Harmony => vec![
+            Marker("<|channel|>"),
+            Text(format!("commentary to=functions.{name} ")),
+            Marker("<|constrain|>"),
+            Text("json".into()),
+            Marker("<|message|>"),
+            Arguments,
+        ],
+    }
+}
+
+impl GrammarSpec {
+    /// One call, in `family`'s syntax, to one of `tools` (see the module
+    /// docs). `special_id(marker)` is the id of the special token `marker`
+    /// is, if it is one. `strict` as for a JSON schema.
+    pub fn family_tool_call(
+        family: ToolFamily,
+        tools: &[ToolSchema],
+        strict: bool,
+        special_id: &dyn Fn(&str) -> Option<u32>,
+    ) -> Result<GrammarSpec, GrammarError> {
+        if tools.is_empty() {
+            return Err(GrammarError::Malformed("a tool call needs at least one tool".into()));
+        }
+        let mut lark = String::from("start: ");
+        let branches: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
+        lark.push_str(&branches.join(" | "));
+        lark.push('\n');
+        for (i, tool) in tools.iter().enumerate() {
+            let mut rule = format!("call_{i}:");
+            for piece in call_pieces(family, &tool.name) {
+                rule.push(' ');
+                match piece {
+                    Piece::Marker(m) => match special_id(m) {
+                        Some(id) => rule.push_str(&format!("<[{id}]>")),
+                        None => rule.push_str(&quoted(m)),
+                    },
+                    Piece::Text(t) => rule.push_str(&quoted(&t)),
+                    Piece::Index => rule.push_str("/[0-9]{1,4}/"),
+                    Piece::Arguments => rule.push_str(&format!("args_{i}")),
+                }
+            }
+            let parameters = tool.parameters.clone().unwrap_or_else(|| serde_json::json!({"type": "object"}));
+            let schema = with_options(parameters, strict)?;
+            lark.push_str(&format!("{rule}\nargs_{i}: %json {schema}\n"));
+        }
+        Ok(GrammarSpec::Lark(lark))
+    }
+}
