@@ -3,8 +3,9 @@
 Usage: python anthropic_client_check.py BASE_URL MODEL
 Checks a message (greedy), the same conversation streamed through
 `client.messages.stream` (same text, same usage), count_tokens (the
-message's input tokens), a stop sequence, and that a tool definition (not
-wired yet) and a missing max_tokens surface as anthropic.BadRequestError.
+message's input tokens), tool use (tool_choice any: a tool_use block,
+whole and streamed, then the conversation continued with a tool_result),
+and that an unknown tool in tool_choice and a wrong model are refused.
 Prints one JSON line; exits non-zero on failure.
 """
 import json
@@ -36,10 +37,27 @@ def main() -> int:
     assert count.input_tokens == msg.usage.input_tokens, (count, msg.usage)
 
     weather = {"name": "get_weather", "description": "Weather in a city",
-               "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
+               "input_schema": {"type": "object", "additionalProperties": False, "required": ["city"],
+                                "properties": {"city": {"type": "string", "maxLength": 8}}}}
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
+    used = client.messages.create(model=model, max_tokens=100, temperature=0, messages=ask, tools=[weather],
+                                  tool_choice={"type": "any"})
+    assert used.stop_reason == "tool_use", used
+    calls = [b for b in used.content if b.type == "tool_use"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and isinstance(calls[0].input["city"], str), used.content
+    with client.messages.stream(model=model, max_tokens=100, temperature=0, messages=ask, tools=[weather],
+                                tool_choice={"type": "any"}) as stream:
+        streamed = stream.get_final_message()
+    assert [(b.name, b.input) for b in streamed.content if b.type == "tool_use"] == [(calls[0].name, calls[0].input)], streamed
+    assert streamed.stop_reason == "tool_use", streamed
+    turns = ask + [{"role": "assistant", "content": [b.model_dump(exclude_none=True) for b in used.content]},
+                   {"role": "user", "content": [{"type": "tool_result", "tool_use_id": calls[0].id, "content": "21 C"}]}]
+    after = client.messages.create(model=model, max_tokens=4, temperature=0, messages=turns, tools=[weather])
+    assert after.usage.input_tokens > used.usage.input_tokens, after.usage
     try:
-        client.messages.create(model=model, max_tokens=8, messages=messages, tools=[weather])
-        raise AssertionError("tools should be refused until tool calling is wired")
+        client.messages.create(model=model, max_tokens=8, messages=ask, tools=[weather],
+                               tool_choice={"type": "tool", "name": "nope"})
+        raise AssertionError("an unknown tool in tool_choice should be refused")
     except anthropic.BadRequestError as e:
         assert e.status_code == 400 and "tool" in str(e), e
 

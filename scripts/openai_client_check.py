@@ -4,15 +4,80 @@ Usage: python openai_client_check.py BASE_URL MODEL
 Checks a chat completion, a text completion, a streamed chat (same text as
 the non-streamed one, greedy), and that an unsupported request surfaces as
 openai.BadRequestError; then the Responses API: a response (the chat's
-text), the same streamed, a follow-up through previous_response_id, and a
-function tool refused (not wired yet) as openai.BadRequestError. Prints one
-JSON line; exits non-zero on failure.
+text), the same streamed, a follow-up through previous_response_id. Tools:
+see tool_checks. Prints one JSON line; exits non-zero on failure.
 """
 import json
 import sys
 import typing
 
 import openai
+import pydantic
+
+
+class Weather(pydantic.BaseModel):
+    """Weather in a city (a bounded schema: a random model finishes it)."""
+
+    model_config = pydantic.ConfigDict(extra="forbid")
+    city: typing.Annotated[str, pydantic.StringConstraints(max_length=8)]
+    unit: typing.Literal["c", "f"]
+
+
+def tool_checks(client, model):
+    """Tools: a required call (whole, streamed, parsed into pydantic), the
+    conversation continued with the tool's result, and the Responses API's
+    function tool and function_call_output."""
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    tool = openai.pydantic_function_tool(Weather, name="get_weather")
+    whole = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=100, temperature=0, tools=[tool], tool_choice="required"
+    )
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    call = choice.message.tool_calls[0]
+    assert call.function.name == "get_weather", call
+    Weather.model_validate_json(call.function.arguments)
+
+    streamed = {}
+    for chunk in client.chat.completions.create(
+        model=model, messages=messages, max_tokens=100, temperature=0, tools=[tool], tool_choice="required", stream=True
+    ):
+        for c in chunk.choices:
+            for d in c.delta.tool_calls or []:
+                streamed[d.index] = (d.function.name, d.function.arguments)
+    assert streamed == {0: (call.function.name, call.function.arguments)}, (streamed, call)
+
+    parsed = client.chat.completions.parse(
+        model=model, messages=messages, max_tokens=100, temperature=0, tools=[tool], tool_choice="required"
+    )
+    assert isinstance(parsed.choices[0].message.tool_calls[0].function.parsed_arguments, Weather), parsed
+
+    history = messages + [choice.message.model_dump(exclude_none=True),
+                          {"role": "tool", "tool_call_id": call.id, "content": "21 C"}]
+    after = client.chat.completions.create(model=model, messages=history, max_tokens=4, temperature=0, tools=[tool])
+    assert after.usage.prompt_tokens > whole.usage.prompt_tokens, after.usage
+
+    try:
+        client.chat.completions.create(model=model, messages=messages, tools=[tool],
+                                       tool_choice={"type": "function", "function": {"name": "nope"}})
+        raise AssertionError("an unknown tool in tool_choice should be refused")
+    except openai.BadRequestError as e:
+        assert e.status_code == 400 and "tool_choice" in str(e), e
+
+    weather = {"type": "function", "name": "get_weather", "description": "Weather in a city",
+               "parameters": Weather.model_json_schema()}
+    resp = client.responses.create(model=model, input="Weather in Paris?", tools=[weather], tool_choice="required",
+                                   max_output_tokens=100, temperature=0)
+    calls = [o for o in resp.output if o.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather", resp.output
+    Weather.model_validate_json(calls[0].arguments)
+    events = list(client.responses.create(model=model, input="Weather in Paris?", tools=[weather], tool_choice="required",
+                                          max_output_tokens=100, temperature=0, stream=True))
+    done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    assert [(c.name, c.arguments) for c in done] == [(calls[0].name, calls[0].arguments)], done
+    follow = client.responses.create(model=model, previous_response_id=resp.id, tools=[weather], max_output_tokens=4,
+                                     input=[{"type": "function_call_output", "call_id": calls[0].call_id, "output": "21 C"}])
+    assert follow.usage.input_tokens > resp.usage.input_tokens, follow.usage
 
 
 def main() -> int:
@@ -55,7 +120,6 @@ def main() -> int:
     assert all(len(t.top_logprobs) == 2 for t in two.choices[0].logprobs.content), two
 
     # Structured output: a pydantic model through client.chat.completions.parse.
-    import pydantic
 
     class Pet(pydantic.BaseModel):
         kind: typing.Literal["cat", "dog"]
@@ -96,13 +160,7 @@ def main() -> int:
     assert follow.previous_response_id == resp.id and follow.usage.input_tokens > resp.usage.input_tokens, follow
     assert client.responses.retrieve(follow.id).output_text == follow.output_text
 
-    weather = {"type": "function", "name": "get_weather", "description": "Weather in a city",
-               "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
-    try:
-        client.responses.create(model=model, input="Weather in Paris?", tools=[weather])
-        raise AssertionError("tools should be refused until tool calling is wired")
-    except openai.BadRequestError as e:
-        assert e.status_code == 400 and "tool" in str(e), e
+    tool_checks(client, model)
 
     print(json.dumps({"ok": True, "openai": openai.__version__, "chat": text, "completion": comp.choices[0].text,
                       "response": resp.output_text}))

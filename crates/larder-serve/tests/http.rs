@@ -144,10 +144,11 @@ fn refusals_are_openai_shaped_and_before_generation() {
     check(with("n", json!(17)), 400, Some("n"));
     check(with("logit_bias", json!({"5": 101})), 400, Some("logit_bias"));
     check(
-        with("tools", json!([{"type": "function", "function": {"name": "f"}}])),
+        with("tools", json!([{"type": "function", "function": {"name": "f g"}}])),
         400,
-        Some("tools"),
+        Some("tools[0].function.name"),
     );
+    check(with("tool_choice", json!("required")), 400, Some("tool_choice"));
     check(with("max_tokens", json!(-3)), 400, Some("max_tokens"));
     check(with("max_tokens", json!(10_000_000)), 400, Some("max_tokens"));
     check(with("wat", json!(1)), 400, Some("wat"));

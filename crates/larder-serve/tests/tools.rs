@@ -19,36 +19,16 @@
 
 use std::thread;
 
-use larder_engine::{DrafterChoice, Engine};
-use larder_serve::{Loaded, RunningServer, ServerConfig};
-
+use larder_engine::DrafterChoice;
+use larder_serve::RunningServer;
 use serde_json::{json, Value};
 
 mod common;
 use common::*;
 
-/// `qwen3_moe_tok` with a 2048-token context, in a temp folder.
-fn long_tok(tag: &str) -> std::path::PathBuf {
-    let dir = fixture_copy("qwen3_moe_tok", tag);
-    let path = dir.join("config.json");
-    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    config["max_position_embeddings"] = json!(2048);
-    std::fs::write(&path, config.to_string()).unwrap();
-    dir
-}
-
-/// A server on [`long_tok`], drafting as `drafter` says.
+/// A server with room for the tools preamble ([`long_tok_server`]).
 fn server(tag: &str, drafter: DrafterChoice) -> RunningServer {
-    let engine = Engine::load(&long_tok(tag)).unwrap();
-    let drafting = engine.drafting(&drafter).unwrap();
-    let config = ServerConfig {
-        port: 0,
-        served_name: "tiny".into(),
-        ..ServerConfig::default()
-    };
-    let srv = larder_serve::bind(config).unwrap();
-    srv.attach(Loaded { engine, drafting });
-    srv
+    long_tok_server(tag, drafter)
 }
 
 fn tools() -> Value {

@@ -38,10 +38,37 @@ pub fn python_with(var: &str, module: &str) -> Option<String> {
     })
 }
 
+/// `qwen3_moe_tok` with a 2048-token context, in a temp folder: room for
+/// Qwen3's tools preamble (RoPE positions past the fixture's 256 compute as
+/// any other).
+pub fn long_tok(tag: &str) -> PathBuf {
+    let dir = fixture_copy("qwen3_moe_tok", tag);
+    let path = dir.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["max_position_embeddings"] = serde_json::json!(2048);
+    std::fs::write(&path, config.to_string()).unwrap();
+    dir
+}
+
+/// A server on [`long_tok`] served as `tiny`, drafting as `drafter` says.
+pub fn long_tok_server(tag: &str, drafter: larder_engine::DrafterChoice) -> RunningServer {
+    let engine = Engine::load(&long_tok(tag)).unwrap();
+    let drafting = engine.drafting(&drafter).unwrap();
+    let config = ServerConfig {
+        port: 0,
+        served_name: "tiny".into(),
+        ..ServerConfig::default()
+    };
+    let srv = larder_serve::bind(config).unwrap();
+    srv.attach(larder_serve::Loaded { engine, drafting });
+    srv
+}
+
 /// Runs `scripts/{script} BASE_URL tiny` with `python` against a
-/// [`tiny_server`]; the script must exit 0 and print `"ok": true`.
+/// [`long_tok_server`] (tools fit its context); the script must exit 0 and
+/// print `"ok": true`.
 pub fn run_client_check(python: &str, script: &str, base_path: &str) {
-    let srv = tiny_server();
+    let srv = long_tok_server(&format!("client-{}", script.len()), larder_engine::DrafterChoice::Off);
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
     let out = std::process::Command::new(python)
         .arg(root.join("scripts").join(script))
