@@ -220,6 +220,11 @@ impl ChatTemplate {
         output_parser(self.tool_family.filter(|_| tools), reasoning)
     }
 
+    /// Whether the template writes `<think>` (a thinking model's).
+    pub fn thinks(&self) -> bool {
+        self.thinks
+    }
+
     /// The tool-call family the template names, if any.
     pub fn tool_family(&self) -> Option<crate::tool_calls::ToolFamily> {
         self.tool_family

@@ -27,8 +27,8 @@ use crate::stats::Stats;
 
 mod chat_output;
 mod generate;
-pub use chat_output::OutputReader;
 use crate::tokenizer::TextTokenizer;
+pub use chat_output::OutputReader;
 
 /// Rows per pass of the fixed chunking larder used before read-once
 /// prefill ([`PrefillChunk::Rows`]), kept for comparisons.

@@ -2,7 +2,8 @@
 //! `reasoning_content` and `content` (then content into tool calls by the
 //! family's [`crate::tool_calls`] parser), whole or streamed through
 //! [`crate::tool_calls::StreamParser`]; and [`ReasoningBudget`], which counts
-//! reasoning tokens for a `max_reasoning_tokens` budget.
+//! reasoning tokens for a `max_reasoning_tokens` budget, enforced by
+//! [`BudgetConstraint`] (`Engine::reasoning_budget` builds one per prompt).
 //!
 //! Formats ([`ReasoningFormat`]):
 //! - `<think>REASONING</think>CONTENT` (Qwen3; DeepSeek-R1 and Kimi-K2's
@@ -23,6 +24,7 @@
 //!
 //! Not built: Kimi-VL's `◁think▷` (no MoE checkpoint larder runs writes it).
 
+use crate::constraint::{ConstraintError, TokenConstraint};
 use crate::kimi_k3_chat::{CLOSE, END_OF_MSG, OPEN, SEP};
 use crate::tool_calls::{held_back, OutputParser, ParsedOutput, ToolFamily};
 
@@ -275,9 +277,73 @@ impl ReasoningBudget {
     }
 }
 
+/// A `max_reasoning_tokens` budget as a [`TokenConstraint`]: any token may
+/// come next, except once the budget is spent inside the reasoning: then
+/// only the close marker's ids, one by one, so the model goes on to answer.
+/// The model's logits are never changed; the mask only narrows what may be
+/// sampled, as any constraint does.
+#[derive(Debug, Clone)]
+pub struct BudgetConstraint {
+    budget: ReasoningBudget,
+    /// Ids of the close marker already forced.
+    forced: usize,
+}
+
+impl BudgetConstraint {
+    pub fn new(budget: ReasoningBudget) -> Self {
+        BudgetConstraint { budget, forced: 0 }
+    }
+}
+
+impl TokenConstraint for BudgetConstraint {
+    fn allowed(&mut self, allowed: &mut [bool]) -> Result<(), ConstraintError> {
+        match self.budget.forced().and_then(|close| close.get(self.forced)) {
+            Some(&id) => match allowed.get_mut(id as usize) {
+                Some(slot) => *slot = true,
+                None => {
+                    return Err(ConstraintError(format!(
+                        "the reasoning close marker's id {id} is past the vocabulary"
+                    )))
+                }
+            },
+            None => allowed.fill(true),
+        }
+        Ok(())
+    }
+
+    fn commit(&mut self, token: u32) -> Result<(), ConstraintError> {
+        let forcing = self.budget.forced().is_some();
+        self.budget.observe(token);
+        self.forced = match (forcing, self.budget.forced().is_some()) {
+            (true, true) => self.forced + 1,
+            _ => 0,
+        };
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spent_budget_forces_the_close_marker_id_by_id() {
+        let mut c = BudgetConstraint::new(ReasoningBudget::new(vec![1], vec![4, 5], true, Some(2)));
+        let mut mask = vec![false; 8];
+        let mut step = |c: &mut BudgetConstraint, id: u32| {
+            mask.fill(false);
+            c.allowed(&mut mask).unwrap();
+            let allowed: Vec<usize> = (0..8).filter(|&i| mask[i]).collect();
+            c.commit(id).unwrap();
+            allowed
+        };
+        assert_eq!(step(&mut c, 7).len(), 8);
+        assert_eq!(step(&mut c, 7).len(), 8);
+        assert_eq!(step(&mut c, 4), vec![4]);
+        assert_eq!(step(&mut c, 5), vec![5]);
+        assert_eq!(step(&mut c, 6).len(), 8, "answering: free again");
+        assert_eq!(step(&mut c, 1).len(), 8, "no second reasoning block is budgeted");
+    }
 
     #[test]
     fn budget_counts_and_forces_the_close() {

@@ -108,6 +108,8 @@ pub struct Conversation {
     /// Chat template variables the request's switches set (thinking,
     /// reasoning effort).
     pub template_kwargs: Map<String, Value>,
+    /// A reasoning budget (Anthropic's `thinking.budget_tokens`).
+    pub max_reasoning_tokens: Option<usize>,
     pub limits: Limits,
 }
 
@@ -121,6 +123,7 @@ impl Conversation {
             tool_choice: Some(ToolChoice::Auto),
             parallel_tool_calls: true,
             template_kwargs: Map::new(),
+            max_reasoning_tokens: None,
             limits,
         }
     }
@@ -177,7 +180,10 @@ pub fn to_request(conversation: &Conversation, tools_param: &str, turns_param: &
     let tools = match (&conversation.tool_choice, conversation.tools.is_empty()) {
         (Some(choice), false) => Some(tools(conversation, choice.clone(), tools_param)?),
         (Some(ToolChoice::Required | ToolChoice::Function(_)), true) => {
-            return Err(ApiError::invalid("tool_choice", "tool_choice asks for a call, but no tools were given"))
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice asks for a call, but no tools were given",
+            ))
         }
         _ => None,
     };
@@ -202,6 +208,7 @@ pub fn to_request(conversation: &Conversation, tools_param: &str, turns_param: &
         n: 1,
         tools,
         template_kwargs: conversation.template_kwargs.clone(),
+        max_reasoning_tokens: conversation.max_reasoning_tokens,
     })
 }
 
@@ -220,7 +227,10 @@ fn tools(conversation: &Conversation, choice: ToolChoice, param: &str) -> Result
     let mut schemas: Vec<ToolSchema> = Vec::with_capacity(conversation.tools.len());
     for (i, t) in conversation.tools.iter().enumerate() {
         if schemas.iter().any(|s| s.name == t.name) {
-            return Err(ApiError::invalid(&format!("{param}[{i}]"), format!("two tools are named {:?}", t.name)));
+            return Err(ApiError::invalid(
+                &format!("{param}[{i}]"),
+                format!("two tools are named {:?}", t.name),
+            ));
         }
         let size = t.parameters.to_string().len();
         if size > MAX_GRAMMAR_BYTES {
@@ -265,10 +275,7 @@ pub struct Output {
 /// all of it is text.
 pub fn split_output(reader: Option<&ChatReader>, text: String, parallel: bool, ids: &AtomicU64) -> Output {
     let Some(reader) = reader else {
-        return Output {
-            text,
-            ..Output::default()
-        };
+        return Output { text, ..Output::default() };
     };
     let parsed = reader.parse(&text);
     let mut tool_calls: Vec<ToolCall> = parsed
@@ -642,7 +649,10 @@ mod tests {
         );
         let mut named = conv(vec![Turn::User("hi".into())], vec![tool]);
         named.tool_choice = Some(ToolChoice::Function("g".into()));
-        assert_eq!(to_request(&named, "tools", "messages").unwrap_err().param.as_deref(), Some("tool_choice"));
+        assert_eq!(
+            to_request(&named, "tools", "messages").unwrap_err().param.as_deref(),
+            Some("tool_choice")
+        );
         let result = Turn::ToolResult {
             call_id: "c".into(),
             content: "x".into(),
@@ -659,7 +669,10 @@ mod tests {
         let text = "ok<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>".to_string();
         let out = split_output(Some(&reader), text.clone(), true, &AtomicU64::new(0));
         assert_eq!(out.text, "ok");
-        assert_eq!((out.tool_calls[0].name.as_str(), &out.tool_calls[0].arguments), ("f", &json!({"a": 1})));
+        assert_eq!(
+            (out.tool_calls[0].name.as_str(), &out.tool_calls[0].arguments),
+            ("f", &json!({"a": 1}))
+        );
         assert!(out.tool_calls[0].id.starts_with("call_"));
         assert_eq!(split_output(None, text.clone(), true, &AtomicU64::new(0)).text, text);
     }

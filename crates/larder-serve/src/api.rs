@@ -168,6 +168,9 @@ pub struct GenerationRequest {
     /// Extra chat template variables: `chat_template_kwargs`, and
     /// `reasoning_effort` (as the template variable of that name).
     pub template_kwargs: Map<String, Value>,
+    /// Most reasoning tokens before the close of the reasoning is forced
+    /// (`max_reasoning_tokens`; `None`: no budget).
+    pub max_reasoning_tokens: Option<usize>,
 }
 
 /// Most choices (`n`) one request may ask for.
@@ -209,6 +212,7 @@ const CHAT_ONLY: &[&str] = &[
     "top_logprobs",
     "chat_template_kwargs",
     "reasoning_effort",
+    "max_reasoning_tokens",
 ];
 const COMPLETION_ONLY: &[&str] = &["prompt", "echo", "best_of", "suffix"];
 
@@ -328,6 +332,10 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
         Endpoint::Completion => None,
     };
     let template_kwargs = template_kwargs(obj)?;
+    let max_reasoning_tokens = match obj.get("max_reasoning_tokens") {
+        None | Some(Value::Null) => None,
+        Some(v) => Some(positive(v, "max_reasoning_tokens")?),
+    };
     if include_usage && !stream {
         return Err(ApiError::invalid(
             "stream_options",
@@ -354,6 +362,7 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
         n,
         tools,
         template_kwargs,
+        max_reasoning_tokens,
     })
 }
 
@@ -581,7 +590,10 @@ mod tests {
         assert_eq!(with("logit_bias", json!({"x": 5})).param.as_deref(), Some("logit_bias"));
         assert_eq!(with("logit_bias", json!({"1": 101})).param.as_deref(), Some("logit_bias"));
         assert_eq!(with("logit_bias", json!([1])).param.as_deref(), Some("logit_bias"));
-        assert_eq!(with("tools", json!([{"type": "function"}])).param.as_deref(), Some("tools[0].function"));
+        assert_eq!(
+            with("tools", json!([{"type": "function"}])).param.as_deref(),
+            Some("tools[0].function")
+        );
         assert_eq!(with("tool_choice", json!("required")).param.as_deref(), Some("tool_choice"));
         assert_eq!(with("reasoning_effort", json!("max")).param.as_deref(), Some("reasoning_effort"));
         assert_eq!(with("frequency_penalty", json!(2.5)).param.as_deref(), Some("frequency_penalty"));

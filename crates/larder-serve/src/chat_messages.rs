@@ -45,7 +45,10 @@ fn message(o: &Map<String, Value>, param: &str) -> Result<ChatMessage, ApiError>
         other => return Err(ApiError::invalid(&format!("{param}.role"), format!("unsupported role {other:?}"))),
     };
     if let Some(k) = o.keys().find(|k| !fields.contains(&k.as_str())) {
-        return Err(ApiError::invalid(param, format!("message field `{k}` is not supported for role {role}")));
+        return Err(ApiError::invalid(
+            param,
+            format!("message field `{k}` is not supported for role {role}"),
+        ));
     }
     let tool_calls = match o.get("tool_calls") {
         None | Some(Value::Null) => Vec::new(),
@@ -66,7 +69,12 @@ fn message(o: &Map<String, Value>, param: &str) -> Result<ChatMessage, ApiError>
     let reasoning = match o.get("reasoning_content").or_else(|| o.get("reasoning")) {
         None | Some(Value::Null) => None,
         Some(Value::String(s)) => Some(s.clone()),
-        Some(_) => return Err(ApiError::invalid(&format!("{param}.reasoning_content"), "reasoning_content must be a string")),
+        Some(_) => {
+            return Err(ApiError::invalid(
+                &format!("{param}.reasoning_content"),
+                "reasoning_content must be a string",
+            ))
+        }
     };
     let tool_call_id = match (role, o.get("tool_call_id")) {
         ("tool", Some(Value::String(id))) => Some(id.clone()),
@@ -128,7 +136,10 @@ fn tool_call(v: &Value, param: &str) -> Result<ToolCall, ApiError> {
     if o.get("type").is_some_and(|t| t != "function") {
         return Err(bad("only function tool calls are supported"));
     }
-    let id = o.get("id").and_then(Value::as_str).ok_or_else(|| bad("a tool call needs its id (a string)"))?;
+    let id = o
+        .get("id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("a tool call needs its id (a string)"))?;
     let f = o
         .get("function")
         .and_then(Value::as_object)

@@ -371,9 +371,9 @@ pub(crate) async fn stream_events(
                 if pieces.is_empty() {
                     out.send(Bytes::from_static(b": \n\n")).is_ok()
                 } else {
-                    pieces.into_iter().all(|d| {
-                        send(&chunk(json!({"index": i, "delta": d, "logprobs": null, "finish_reason": null})))
-                    })
+                    pieces
+                        .into_iter()
+                        .all(|d| send(&chunk(json!({"index": i, "delta": d, "logprobs": null, "finish_reason": null}))))
                 }
             }
             Event::Text(t) if t.is_empty() => out.send(Bytes::from_static(b": \n\n")).is_ok(),

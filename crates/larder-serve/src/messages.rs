@@ -17,7 +17,8 @@
 //! (`stop_reason: "tool_use"` when it called tools). `thinking` switches
 //! the template's thinking on or off (`enable_thinking`, Kimi K3's
 //! `thinking`); without it the template's default holds. `budget_tokens`
-//! is checked, not enforced.
+//! is enforced as the reasoning budget (`max_reasoning_tokens`: once spent,
+//! the close of the reasoning is forced).
 //!
 //! A stream sends `message_start`, `ping`, then per block
 //! `content_block_start`, its deltas (`thinking_delta`, `text_delta`,
@@ -98,15 +99,21 @@ pub fn parse(body: &[u8], model_id: &str, count: bool) -> Result<Conversation, A
     agent::check_model(&obj, model_id)?;
     let thinking = match obj.get("thinking") {
         None | Some(Value::Null) => None,
-        Some(t) if t.get("type").and_then(Value::as_str) == Some("disabled") => Some(false),
+        Some(t) if t.get("type").and_then(Value::as_str) == Some("disabled") => Some((false, None)),
         Some(t) if t.get("type").and_then(Value::as_str) == Some("enabled") => {
-            if !t.get("budget_tokens").and_then(Value::as_u64).is_some_and(|b| b >= 1024) {
-                return Err(ApiError::invalid(
-                    "thinking.budget_tokens",
-                    "thinking.budget_tokens must be an integer of at least 1024",
-                ));
+            match t
+                .get("budget_tokens")
+                .and_then(Value::as_u64)
+                .filter(|&b| (1024..=u32::MAX as u64).contains(&b))
+            {
+                Some(budget) => Some((true, Some(budget as usize))),
+                None => {
+                    return Err(ApiError::invalid(
+                        "thinking.budget_tokens",
+                        "thinking.budget_tokens must be an integer of at least 1024",
+                    ))
+                }
             }
-            Some(true)
         }
         Some(_) => {
             return Err(ApiError::invalid(
@@ -154,10 +161,11 @@ pub fn parse(body: &[u8], model_id: &str, count: bool) -> Result<Conversation, A
     let mut conversation = Conversation::new(turns, tools(obj.get("tools"))?, limits);
     conversation.tool_choice = tool_choice;
     conversation.parallel_tool_calls = parallel_tool_calls;
-    if let Some(on) = thinking {
+    if let Some((on, budget)) = thinking {
         // Qwen3's and DeepSeek's templates read `enable_thinking`, Kimi K3's `thinking`.
         conversation.template_kwargs.insert("enable_thinking".into(), json!(on));
         conversation.template_kwargs.insert("thinking".into(), json!(on));
+        conversation.max_reasoning_tokens = budget;
     }
     Ok(conversation)
 }
@@ -186,7 +194,12 @@ fn tool_choice(v: Option<&Value>) -> Result<(Option<agent::ToolChoice>, bool), A
         Some("any") => Some(agent::ToolChoice::Required),
         Some("none") => None,
         Some("tool") => Some(agent::ToolChoice::Function(req_str(o, "name", "tool_choice")?.to_string())),
-        _ => return Err(ApiError::invalid("tool_choice.type", "tool_choice.type must be auto, any, tool or none")),
+        _ => {
+            return Err(ApiError::invalid(
+                "tool_choice.type",
+                "tool_choice.type must be auto, any, tool or none",
+            ))
+        }
     };
     Ok((choice, parallel))
 }
@@ -524,7 +537,10 @@ impl Stream {
             self.blocks += 1;
         }
         let index = self.blocks - 1;
-        out.push(agent::sse("content_block_delta", &json!({"type": "content_block_delta", "index": index, "delta": delta})));
+        out.push(agent::sse(
+            "content_block_delta",
+            &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+        ));
         out
     }
 }
@@ -564,8 +580,14 @@ impl StreamShape for Stream {
                 &json!({"type": "content_block_start", "index": index, "content_block": block}),
             ));
             let delta = json!({"type": "input_json_delta", "partial_json": c.arguments.to_string()});
-            out.push(agent::sse("content_block_delta", &json!({"type": "content_block_delta", "index": index, "delta": delta})));
-            out.push(agent::sse("content_block_stop", &json!({"type": "content_block_stop", "index": index})));
+            out.push(agent::sse(
+                "content_block_delta",
+                &json!({"type": "content_block_delta", "index": index, "delta": delta}),
+            ));
+            out.push(agent::sse(
+                "content_block_stop",
+                &json!({"type": "content_block_stop", "index": index}),
+            ));
         }
         let delta = json!({"type": "message_delta",
             "delta": {"stop_reason": stop_reason(&finish, !output.tool_calls.is_empty()), "stop_sequence": finish.stop_sequence},
@@ -623,7 +645,9 @@ mod tests {
         assert!(matches!(&tools.turns[2], Turn::ToolResult { call_id, content, .. } if call_id == "t1" && content == "42"));
         let request = agent::to_request(&tools, "tools", "messages").unwrap();
         assert_eq!(request.tools.as_ref().map(|t| t.schemas.len()), Some(1));
-        let crate::api::Prompt::Chat(messages) = &request.prompt else { panic!() };
+        let crate::api::Prompt::Chat(messages) = &request.prompt else {
+            panic!()
+        };
         assert_eq!(messages[1].tool_calls[0].function.arguments, r#"{"a":1}"#);
         assert_eq!(messages[2].tool_call_id.as_deref(), Some("t1"));
         assert_eq!(messages[2].name.as_deref(), Some("f"));
@@ -641,7 +665,10 @@ mod tests {
             with("thinking", json!({"type": "enabled", "budget_tokens": 10})).param.as_deref(),
             Some("thinking.budget_tokens")
         );
-        assert_eq!(with("tool_choice", json!({"type": "some"})).param.as_deref(), Some("tool_choice.type"));
+        assert_eq!(
+            with("tool_choice", json!({"type": "some"})).param.as_deref(),
+            Some("tool_choice.type")
+        );
         assert_eq!(with("max_tokens", json!(null)).param.as_deref(), Some("max_tokens"));
         assert_eq!(with("bogus", json!(1)).param.as_deref(), Some("bogus"));
         assert_eq!(with("model", json!("other")).status, 404);

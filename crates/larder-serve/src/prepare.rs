@@ -25,7 +25,10 @@
 
 use std::sync::{mpsc, Arc, Mutex};
 
-use larder_engine::{Engine, EngineError, GenerateOptions, GrammarConstraint, GrammarSpec, LogitAdjustments, RenderOptions, SamplingParams};
+use larder_engine::reasoning::BudgetConstraint;
+use larder_engine::{
+    Engine, EngineError, GenerateOptions, GrammarConstraint, GrammarSpec, LogitAdjustments, RenderOptions, SamplingParams, TokenConstraint,
+};
 use tokio::sync::oneshot;
 
 use crate::api::{ApiError, GenerationRequest, Prompt, ResponseFormat};
@@ -54,13 +57,30 @@ pub struct Prepared {
     pub adjust: LogitAdjustments,
     /// Logprobs with this many alternatives per token, when asked for.
     pub logprobs: Option<usize>,
-    /// `response_format`'s grammar, or a forced tool call's, compiled
-    /// (each choice gets a copy).
-    pub constraint: Option<GrammarConstraint>,
+    /// What each choice may sample (each choice gets a copy).
+    pub constraint: Option<Constraint>,
     /// A chat's output reader (reasoning, content, tool calls).
     pub reader: Option<ChatReader>,
     /// The generated text spells special tokens (the reader's markers are).
     pub keep_special_tokens: bool,
+}
+
+/// What a request may sample: `response_format`'s grammar or a forced tool
+/// call's, or a reasoning budget.
+#[derive(Debug, Clone)]
+pub enum Constraint {
+    Grammar(GrammarConstraint),
+    Budget(BudgetConstraint),
+}
+
+impl Constraint {
+    /// The engine's form of it.
+    pub fn boxed(self) -> Box<dyn TokenConstraint> {
+        match self {
+            Constraint::Grammar(g) => Box::new(g),
+            Constraint::Budget(b) => Box::new(b),
+        }
+    }
 }
 
 /// What a lane's thread prepares, and where the result goes.
@@ -92,7 +112,11 @@ pub fn prompt_bytes(prompt: &Prompt) -> usize {
         Prompt::Chat(messages) => messages
             .iter()
             .map(|m| {
-                let calls: usize = m.tool_calls.iter().map(|c| c.function.name.len() + c.function.arguments.len()).sum();
+                let calls: usize = m
+                    .tool_calls
+                    .iter()
+                    .map(|c| c.function.name.len() + c.function.arguments.len())
+                    .sum();
                 m.role.len() + m.text().len() + m.reasoning_content.as_deref().map_or(0, str::len) + calls
             })
             .sum(),
@@ -197,13 +221,13 @@ fn stopped() -> ApiError {
 /// The prompt's token ids, the generation options and the stop strings of
 /// `request`, on the calling thread.
 pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &SamplingParams) -> Result<Prepared, ApiError> {
-    let (prompt, reader) = match &request.prompt {
+    let (prompt, reader, budget) = match &request.prompt {
         Prompt::Chat(messages) => {
-            let (ids, reader) = encode_chat(engine, request, messages).map_err(|e| prompt_error(&e))?;
-            (ids, Some(reader))
+            let (ids, reader, budget) = encode_chat(engine, request, messages).map_err(|e| prompt_error(&e))?;
+            (ids, Some(reader), budget)
         }
-        Prompt::Text(text) => (engine.encode_prompt(text).map_err(|e| prompt_error(&e))?, None),
-        Prompt::Ids(ids) => (ids.clone(), None),
+        Prompt::Text(text) => (engine.encode_prompt(text).map_err(|e| prompt_error(&e))?, None, None),
+        Prompt::Ids(ids) => (ids.clone(), None, None),
     };
     let max_new = engine.check_prompt(&prompt, request.max_tokens).map_err(|e| request_error(&e))?;
     let options = GenerateOptions {
@@ -217,6 +241,13 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
         return Err(ApiError::invalid(
             "response_format",
             "response_format cannot be combined with a required or named tool_choice",
+        ));
+    }
+    if budget.is_some() && (forced.is_some() || request.response_format.is_some()) {
+        return Err(ApiError::invalid(
+            "max_reasoning_tokens",
+            "max_reasoning_tokens cannot be combined with response_format or a required or named tool_choice \
+             (their grammar applies from the first token, leaving no reasoning to budget)",
         ));
     }
     let constraint = match &request.response_format {
@@ -238,6 +269,11 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
         }
     };
     let keep_special_tokens = reader.as_ref().is_some_and(|r| r.keep_special_tokens);
+    let constraint = match (constraint, budget) {
+        (Some(grammar), _) => Some(Constraint::Grammar(grammar)),
+        (None, Some(budget)) => Some(Constraint::Budget(budget)),
+        (None, None) => None,
+    };
     Ok(Prepared {
         prompt,
         options,
@@ -254,13 +290,13 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
     })
 }
 
-/// A chat's prompt ids (tools and template kwargs rendered) and the reader
-/// of what the model writes after it.
+/// A chat's prompt ids (tools and template kwargs rendered), the reader
+/// of what the model writes after it, and its reasoning budget if asked.
 fn encode_chat(
     engine: &Engine,
     request: &GenerationRequest,
     messages: &[larder_engine::ChatMessage],
-) -> Result<(Vec<u32>, larder_engine::OutputReader), EngineError> {
+) -> Result<(Vec<u32>, larder_engine::OutputReader, Option<BudgetConstraint>), EngineError> {
     let options = RenderOptions {
         add_generation_prompt: true,
         tools: request.tools.as_ref().map(|t| t.declarations.clone()),
@@ -276,7 +312,11 @@ fn encode_chat(
     }
     let rendered = engine.render_chat_with(messages, &options)?;
     let reader = engine.output_reader(&rendered, request.tools.is_some())?;
-    Ok((engine.encode_chat_with(messages, &options)?, reader))
+    let budget = match request.max_reasoning_tokens {
+        Some(max) => Some(engine.reasoning_budget(&rendered, max)?),
+        None => None,
+    };
+    Ok((engine.encode_chat_with(messages, &options)?, reader, budget))
 }
 
 /// The sampling a request runs with: its own fields, else the model's

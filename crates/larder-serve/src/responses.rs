@@ -133,7 +133,12 @@ pub fn parse(body: &[u8], model_id: &str) -> Result<Parsed, ApiError> {
             Some(e @ ("minimal" | "low" | "medium" | "high")) => {
                 conversation.template_kwargs.insert("reasoning_effort".into(), json!(e));
             }
-            _ => return Err(ApiError::invalid("reasoning.effort", "reasoning.effort must be minimal, low, medium or high")),
+            _ => {
+                return Err(ApiError::invalid(
+                    "reasoning.effort",
+                    "reasoning.effort must be minimal, low, medium or high",
+                ))
+            }
         }
     }
     Ok(Parsed {
@@ -188,7 +193,10 @@ fn refuse_unsupported(obj: &Map<String, Value>) -> Result<(), ApiError> {
     )?;
     is(
         "reasoning",
-        &|v| v.as_object().is_some_and(|o| o.keys().all(|k| ["effort", "summary", "generate_summary"].contains(&k.as_str()))),
+        &|v| {
+            v.as_object()
+                .is_some_and(|o| o.keys().all(|k| ["effort", "summary", "generate_summary"].contains(&k.as_str())))
+        },
         "",
     )?;
     is("include", &|v| v.as_array().is_some_and(|a| a.is_empty()), "")?;
@@ -431,8 +439,10 @@ impl Meta {
         let mut items = vec![self.message(&output.text, status)];
         items.extend(output.tool_calls.iter().map(function_call_item));
         if !output.reasoning.is_empty() {
-            items.push(json!({"type": "reasoning", "id": format!("rs_{}", &self.item_id["msg_".len()..]), "summary": [],
-                              "content": [{"type": "reasoning_text", "text": output.reasoning}], "status": "completed"}));
+            items.push(
+                json!({"type": "reasoning", "id": format!("rs_{}", &self.item_id["msg_".len()..]), "summary": [],
+                              "content": [{"type": "reasoning_text", "text": output.reasoning}], "status": "completed"}),
+            );
         }
         let response = self.response(status, items, Some(finish));
         if self.parsed.store {
@@ -675,7 +685,10 @@ mod tests {
             b[k] = v;
             parse_json(b).unwrap_err()
         };
-        assert_eq!(with("reasoning", json!({"effort": "max"})).param.as_deref(), Some("reasoning.effort"));
+        assert_eq!(
+            with("reasoning", json!({"effort": "max"})).param.as_deref(),
+            Some("reasoning.effort")
+        );
         assert_eq!(with("reasoning", json!({"mode": "x"})).param.as_deref(), Some("reasoning"));
         assert_eq!(with("tool_choice", json!("sometimes")).param.as_deref(), Some("tool_choice"));
         assert_eq!(

@@ -81,7 +81,10 @@ pub fn parse_tools(obj: &Map<String, Value>) -> Result<Option<Tools>, ApiError> 
     for (i, tool) in list.iter().enumerate() {
         let (schema, is_strict) = tool_schema(tool, &format!("tools[{i}]"))?;
         if schemas.iter().any(|t| t.name == schema.name) {
-            return Err(ApiError::invalid(&format!("tools[{i}]"), format!("two tools are named {:?}", schema.name)));
+            return Err(ApiError::invalid(
+                &format!("tools[{i}]"),
+                format!("two tools are named {:?}", schema.name),
+            ));
         }
         schemas.push(schema);
         strict.push(is_strict);
@@ -106,7 +109,10 @@ pub fn parse_tools(obj: &Map<String, Value>) -> Result<Option<Tools>, ApiError> 
     };
     match &choice {
         Some(ToolChoice::Required | ToolChoice::Function(_)) if schemas.is_empty() => {
-            return Err(ApiError::invalid("tool_choice", "tool_choice asks for a call, but no tools were given"))
+            return Err(ApiError::invalid(
+                "tool_choice",
+                "tool_choice asks for a call, but no tools were given",
+            ))
         }
         Some(ToolChoice::Function(name)) if !schemas.iter().any(|t| &t.name == name) => {
             return Err(ApiError::invalid(
@@ -156,7 +162,10 @@ fn tool_schema(tool: &Value, param: &str) -> Result<(ToolSchema, bool), ApiError
         .get("function")
         .and_then(Value::as_object)
         .ok_or_else(|| bad(".function", "a function tool needs its `function` object".into()))?;
-    if let Some(k) = f.keys().find(|k| !["name", "description", "parameters", "strict"].contains(&k.as_str())) {
+    if let Some(k) = f
+        .keys()
+        .find(|k| !["name", "description", "parameters", "strict"].contains(&k.as_str()))
+    {
         return Err(bad(".function", format!("unsupported function field `{k}`")));
     }
     let name = f.get("name").and_then(Value::as_str).unwrap_or("");
@@ -386,7 +395,9 @@ mod tests {
         assert_eq!(e.param.as_deref(), Some("tools[0].type"));
         let e = parse(json!({"tools": [tool], "parallel_tool_calls": 1})).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("parallel_tool_calls"));
-        let many: Vec<Value> = (0..129).map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}})).collect();
+        let many: Vec<Value> = (0..129)
+            .map(|i| json!({"type": "function", "function": {"name": format!("f{i}")}}))
+            .collect();
         assert_eq!(parse(json!({"tools": many})).unwrap_err().param.as_deref(), Some("tools"));
     }
 }

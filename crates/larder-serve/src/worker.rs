@@ -23,7 +23,7 @@
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use larder_engine::{Drafting, Engine, EngineError, EngineHandle, Events, FinishReason, HandleConfig, Job, TokenConstraint};
+use larder_engine::{Drafting, Engine, EngineError, EngineHandle, Events, FinishReason, HandleConfig, Job};
 
 use crate::api::{ApiError, GenerationRequest};
 pub use crate::logprobs::Logprob;
@@ -300,7 +300,7 @@ impl Worker {
             drafter,
             adjust,
             logprobs,
-            constraint: constraint.map(|c| Box::new(c) as Box<dyn TokenConstraint>),
+            constraint: constraint.map(|c| c.boxed()),
             keep_special_tokens,
             ..Job::default()
         };

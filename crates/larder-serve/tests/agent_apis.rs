@@ -157,7 +157,10 @@ fn messages_refusals_are_anthropic_shaped_and_before_generation() {
     assert_eq!((s, t.as_str()), (400, "invalid_request_error"));
     assert!(msg.contains("max_tokens"), "{msg}");
     let tool = json!([{"name": "get_weather", "description": "d", "input_schema": {"type": "object", "properties": {}}}]);
-    let (s, _, msg) = refused(json!({"tools": tool, "tool_choice": {"type": "tool", "name": "nope"}}), "/v1/messages");
+    let (s, _, msg) = refused(
+        json!({"tools": tool, "tool_choice": {"type": "tool", "name": "nope"}}),
+        "/v1/messages",
+    );
     assert_eq!(s, 400);
     assert!(msg.contains("nope"), "{msg}");
     let (s, _, msg) = refused(json!({"tool_choice": {"type": "any"}}), "/v1/messages");

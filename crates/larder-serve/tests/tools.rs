@@ -136,7 +136,11 @@ fn streamed_calls_equal_the_whole_answer() {
         let r = post(srv.addr, "/v1/chat/completions", &body);
         assert_eq!(r.status, 200, "{}", r.body);
         let (calls, finishes) = streamed_calls(&r.body);
-        assert_eq!(calls, vec![json!({"name": call["name"], "arguments": call["arguments"]})], "seed {seed}");
+        assert_eq!(
+            calls,
+            vec![json!({"name": call["name"], "arguments": call["arguments"]})],
+            "seed {seed}"
+        );
         assert_eq!(finishes, vec!["tool_calls".to_string()]);
     }
 }
@@ -154,17 +158,27 @@ fn greedy_calls_are_the_same_alone_in_a_batch_of_8_and_drafted() {
         })
         .collect();
     for h in handles {
-        assert_eq!(h.join().unwrap()["choices"][0]["message"]["tool_calls"][0]["function"], expected["tool_calls"][0]["function"]);
+        assert_eq!(
+            h.join().unwrap()["choices"][0]["message"]["tool_calls"][0]["function"],
+            expected["tool_calls"][0]["function"]
+        );
     }
     let drafted = server("tools-drafted", DrafterChoice::Ngram);
     let r = post(drafted.addr, "/v1/chat/completions", &request(json!("required"), 0, 1, 0.0)).json();
-    assert_eq!(r["choices"][0]["message"]["tool_calls"][0]["function"], expected["tool_calls"][0]["function"]);
+    assert_eq!(
+        r["choices"][0]["message"]["tool_calls"][0]["function"],
+        expected["tool_calls"][0]["function"]
+    );
 }
 
 #[test]
 fn tools_and_tool_turns_reach_the_template() {
     let srv = server("tools_and_tool_turns_rea", DrafterChoice::Off);
-    let usage = |body: &Value| post(srv.addr, "/v1/chat/completions", body).json()["usage"]["prompt_tokens"].as_u64().unwrap();
+    let usage = |body: &Value| {
+        post(srv.addr, "/v1/chat/completions", body).json()["usage"]["prompt_tokens"]
+            .as_u64()
+            .unwrap()
+    };
     let plain = json!({"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1});
     let mut with_tools = plain.clone();
     with_tools["tools"] = tools();
@@ -206,7 +220,8 @@ fn bad_tool_requests_are_refused_before_generation() {
     bad_name["tools"][0]["function"]["name"] = json!("has space");
     refuse(bad_name, "tools[0].function.name");
     let mut uncompilable = request(json!("required"), 0, 1, 0.0);
-    uncompilable["tools"][1]["function"]["parameters"] = json!({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]});
+    uncompilable["tools"][1]["function"]["parameters"] =
+        json!({"type": "object", "properties": {"a": {"type": "integer", "minimum": 5, "maximum": 1}}, "required": ["a"]});
     refuse(uncompilable, "tools");
     let mut both = request(json!("required"), 0, 1, 0.0);
     both["response_format"] = json!({"type": "json_object"});

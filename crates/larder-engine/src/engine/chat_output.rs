@@ -2,11 +2,13 @@
 //! the output ([`OutputReader`]: reasoning, content and tool calls, and
 //! whether the text must spell special tokens for it), the checkpoint's
 //! tool-call family, and the grammar that forces a tool call in that
-//! family's syntax (`tool_choice: "required"` or a named function).
+//! family's syntax (`tool_choice: "required"` or a named function), and the
+//! constraint that enforces a `max_reasoning_tokens` budget.
 
 use crate::chat::ChatFormat;
 use crate::error::EngineError;
 use crate::grammar::{GrammarConstraint, GrammarSpec, ToolSchema};
+use crate::reasoning::BudgetConstraint;
 use crate::tokenizer::TextTokenizer;
 use crate::tool_calls::{OutputParser, ToolFamily};
 
@@ -56,6 +58,39 @@ impl Engine {
                 keep_special_tokens: true,
             },
         })
+    }
+
+    /// A `max_reasoning_tokens` budget of `max` tokens for the output
+    /// generated after `prompt` (a render of this checkpoint's chat
+    /// format): `<think>` ... `</think>` for templates that write it,
+    /// gpt-oss's analysis channel (closed by `<|end|>`), Kimi K3's `think`
+    /// tag; an error naming `max_reasoning_tokens` for a model that does not
+    /// reason in a form larder reads.
+    pub fn reasoning_budget(&self, prompt: &str, max: usize) -> Result<BudgetConstraint, EngineError> {
+        use crate::kimi_k3_chat::{CLOSE, OPEN, SEP};
+        use crate::reasoning::{prompt_opens, ReasoningBudget, THINK_CLOSE, THINK_OPEN};
+        let tok = self.tokenizer()?;
+        let ids = |text: &str| tok.encode(text, false);
+        let (open, close, starts_open) = match self.chat_format()? {
+            ChatFormat::KimiK3 => {
+                let open = format!("{OPEN}think{SEP}");
+                let close = tok.encode_segment(&format!("{CLOSE}think{SEP}"), true)?;
+                (tok.encode_segment(&open, true)?, close, prompt.ends_with(&open))
+            }
+            ChatFormat::Template(t) if t.tool_family() == Some(ToolFamily::Harmony) => {
+                (ids("<|channel|>analysis<|message|>")?, ids("<|end|>")?, false)
+            }
+            ChatFormat::Template(t) if t.thinks() => {
+                (ids(THINK_OPEN)?, ids(THINK_CLOSE)?, prompt_opens(prompt, THINK_OPEN, THINK_CLOSE))
+            }
+            ChatFormat::Template(_) => {
+                return Err(EngineError::Invalid {
+                    field: "max_reasoning_tokens",
+                    message: "this model's chat template writes no reasoning larder can read (<think>, gpt-oss's analysis channel, Kimi K3's think tag)".into(),
+                })
+            }
+        };
+        Ok(BudgetConstraint::new(ReasoningBudget::new(open, close, starts_open, Some(max))))
     }
 
     /// A constraint forcing one call, in this checkpoint's tool-call
