@@ -44,6 +44,13 @@ pub(crate) fn python_dumps(v: &Json) -> String {
     out
 }
 
+/// `json.dumps(v, ensure_ascii=False, separators=(item, key))`.
+pub(crate) fn python_dumps_with(v: &Json, item: &str, key: &str) -> String {
+    let mut out = String::new();
+    dump(v, None, item, key, 0, &mut out);
+    out
+}
+
 /// `json.dumps` of `v` (`ensure_ascii=False`).
 fn dump(v: &Json, indent: Option<usize>, item: &str, key: &str, depth: usize, out: &mut String) {
     let newline = |out: &mut String, depth: usize| {

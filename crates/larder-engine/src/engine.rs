@@ -365,10 +365,9 @@ impl Engine {
     }
 
     /// Renders a chat with tools and template kwargs
-    /// ([`ChatTemplate::render_with`]). Kimi K3's encoder takes no tools
-    /// yet (refused) and reads its own switches from the kwargs
-    /// (`thinking`, `thinking_effort` or `reasoning_effort`); other kwargs
-    /// are ignored there.
+    /// ([`ChatTemplate::render_with`]). Kimi K3's encoder reads its own
+    /// switches from the kwargs (`thinking`, `thinking_effort` or
+    /// `reasoning_effort`, `tool_choice`); other kwargs are ignored there.
     pub fn render_chat_with(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<String, EngineError> {
         match self.chat_format()? {
             ChatFormat::Template(t) => t.render_with(messages, options),
@@ -385,7 +384,7 @@ impl Engine {
         use crate::kimi_k3_chat::{OPEN, SEP};
         Ok(match self.chat_format()? {
             ChatFormat::Template(t) => t.output_parser(prompt),
-            ChatFormat::KimiK3 => crate::reasoning::kimi_k3(prompt.ends_with(&format!("{OPEN}think{SEP}"))),
+            ChatFormat::KimiK3 => crate::reasoning::kimi_k3(prompt.ends_with(&format!("{OPEN}think{SEP}")), true),
         })
     }
 
@@ -420,7 +419,8 @@ impl Engine {
 
 /// Kimi K3's segments of a chat with `apply_chat_template`'s defaults (the
 /// generation prompt as `options` says); at least one message, as a
-/// template render requires; tools refused (not built yet).
+/// template render requires; tools, `tool_choice` and the thinking
+/// switches from `options`.
 fn kimi_k3_segments(messages: &[ChatMessage], options: &RenderOptions) -> Result<Vec<crate::kimi_k3_chat::Segment>, EngineError> {
     if messages.is_empty() {
         return Err(EngineError::Invalid {
@@ -428,14 +428,10 @@ fn kimi_k3_segments(messages: &[ChatMessage], options: &RenderOptions) -> Result
             message: "at least one message is needed".into(),
         });
     }
-    if options.tools.as_ref().is_some_and(|t| !t.is_empty()) {
-        return Err(EngineError::Invalid {
-            field: "tools",
-            message: "larder does not build Kimi K3's tool declarations yet (see docs/tools.md)".into(),
-        });
-    }
     let mut k3 = crate::kimi_k3_chat::Options {
         add_generation_prompt: options.add_generation_prompt,
+        tools: options.tools.clone(),
+        tool_choice: options.kwargs.get("tool_choice").and_then(|c| c.as_str()).map(str::to_string),
         ..Default::default()
     };
     // The release's switches, as `apply_chat_template` kwargs

@@ -38,11 +38,16 @@
 //! ` key="value"` one segment; the release's segments and ids (a name ending
 //! in `;` before the closing `"`) show four, which is what is built here.
 //!
-//! Not built, because larder's chat messages carry only a role, text and
-//! reasoning (issue 40 adds tools): tool declarations, tool calls and tool
-//! results, `tool_choice`, `response_format`, the `name` attribute, images.
-//! A `tool` message is refused rather than rendered without its tool name;
-//! a message of any other role renders nothing, as in the release.
+//! Tools ([`tools`]): the `tool-declare` system message first (before the
+//! thinking effort), an assistant message's calls in a `tools` tag after
+//! its response, tool results as `message role="tool"` tags, and the
+//! `tool-choice` note (`required`, `none`) after the conversation.
+//!
+//! Not built: `response_format` notes, the `name` attribute, images, the
+//! lazy `tools` of a system message. A message of any other role renders
+//! nothing, as in the release.
+
+mod tools;
 
 use std::str::FromStr;
 
@@ -102,8 +107,12 @@ impl FromStr for ThinkingEffort {
 }
 
 /// The switches of `apply_chat_template` that shape a K3 prompt.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Options {
+    /// OpenAI function declarations (`tools`), declared first.
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// `tool_choice` (`required` and `none` add a note).
+    pub tool_choice: Option<String>,
     /// Think before responding (`thinking`, default true): assistant
     /// messages hold a `think` tag and the generation prompt opens one.
     pub thinking: bool,
@@ -118,6 +127,8 @@ impl Default for Options {
     /// `apply_chat_template`'s defaults: thinking, effort `max`, generation prompt.
     fn default() -> Self {
         Options {
+            tools: None,
+            tool_choice: None,
             thinking: true,
             thinking_effort: Some(ThinkingEffort::Max),
             add_generation_prompt: true,
@@ -135,10 +146,13 @@ pub struct Segment {
 }
 
 /// The segments of `messages` under `options`, as `build_chat_segments`
-/// builds them. Errors: a `tool` message (its tool name comes from tool
-/// calls, which these messages do not carry).
+/// builds them. Errors: a tool result no name can be found for, call
+/// arguments that are JSON but not an object.
 pub fn segments(messages: &[ChatMessage], options: &Options) -> Result<Vec<Segment>, EngineError> {
     let mut b = Builder::default();
+    if let Some(declared) = options.tools.as_deref().filter(|t| !t.is_empty()) {
+        tools::declare(&mut b, declared);
+    }
     if options.thinking {
         if let Some(effort) = options.thinking_effort {
             let body = format!(
@@ -150,13 +164,9 @@ pub fn segments(messages: &[ChatMessage], options: &Options) -> Result<Vec<Segme
             b.system_message("thinking-effort", &body);
         }
     }
-    for (i, message) in messages.iter().enumerate() {
-        if !message.tool_calls.is_empty() {
-            return Err(EngineError::Invalid {
-                field: "messages",
-                message: format!("message {i} calls tools: larder does not build Kimi K3's tool-call format yet (see docs/tools.md)"),
-            });
-        }
+    let (mut calls, mut results): (&[crate::chat_message::ToolCall], usize) = (&[], 0);
+    for (i, named) in tools::ordered(messages) {
+        let message = &messages[i];
         match message.role.as_str() {
             role @ ("system" | "user") => {
                 b.open("message", &[("role", role)]);
@@ -164,6 +174,7 @@ pub fn segments(messages: &[ChatMessage], options: &Options) -> Result<Vec<Segme
                 b.end_message();
             }
             "assistant" => {
+                (calls, results) = (&message.tool_calls, 0);
                 b.open("message", &[("role", "assistant")]);
                 if options.thinking {
                     b.open("think", &[]);
@@ -177,18 +188,20 @@ pub fn segments(messages: &[ChatMessage], options: &Options) -> Result<Vec<Segme
                 b.open("response", &[]);
                 b.text(message.text());
                 b.close("response");
+                if !message.tool_calls.is_empty() {
+                    tools::calls(&mut b, message, i)?;
+                }
                 b.end_message();
             }
             "tool" => {
-                return Err(EngineError::Invalid {
-                    field: "messages",
-                    message: format!("message {i} is a tool result: larder does not build Kimi K3's tool formats yet (see docs/tools.md)"),
-                })
+                results += 1;
+                tools::result(&mut b, message, named, results, calls, i)?;
             }
             // The release's chain of roles has no else: other roles render nothing.
             _ => {}
         }
     }
+    tools::choice_note(&mut b, options.tool_choice.as_deref());
     if options.add_generation_prompt {
         b.open("message", &[("role", "assistant")]);
         b.open(if options.thinking { "think" } else { "response" }, &[]);

@@ -51,8 +51,7 @@ pub fn output_parser(tools: Option<ToolFamily>, reasoning: ReasoningFormat) -> B
     match reasoning {
         ReasoningFormat::None => then.unwrap_or_else(|| Box::new(Plain)),
         ReasoningFormat::Think { starts_open } => Box::new(ThinkSplit::think(starts_open, then)),
-        // K3's tool-call format is not built: content as is.
-        ReasoningFormat::KimiK3 { thinking } => kimi_k3(thinking),
+        ReasoningFormat::KimiK3 { thinking } => kimi_k3(thinking, tools == Some(ToolFamily::KimiK3)),
     }
 }
 
@@ -151,10 +150,13 @@ impl OutputParser for ThinkSplit {
 }
 
 /// Kimi K3's `response` tag around the content (opened by the output, or
-/// by the prompt when thinking is off); text not in that form is content
-/// as written.
+/// by the prompt when thinking is off), then, when `calls`, its `tools`
+/// tag ([`crate::tool_calls::kimi_k3`]), then the close of the message;
+/// text not in that form is content as written.
 pub struct K3Response {
     pub opened: bool,
+    /// Read tool calls after the response.
+    pub calls: bool,
 }
 
 impl K3Response {
@@ -171,11 +173,23 @@ impl K3Response {
             return ParsedOutput::content(text);
         };
         if let Some((content, tail)) = body.split_once(close.as_str()) {
-            let tail = tail.strip_prefix(END_OF_MSG).unwrap_or(tail);
-            // Text after the closed response (not K3's form) is content too.
-            return match finished {
-                true => ParsedOutput::content(&format!("{content}{tail}")),
-                false => ParsedOutput::content(content),
+            if !finished {
+                return ParsedOutput::content(content);
+            }
+            let message_end = format!("{CLOSE}message{SEP}");
+            let rest = tail.strip_suffix(END_OF_MSG).unwrap_or(tail).trim_end();
+            let rest = rest.strip_suffix(message_end.as_str()).unwrap_or(rest).trim_end();
+            if rest.is_empty() {
+                return ParsedOutput::content(content);
+            }
+            return match crate::tool_calls::kimi_k3::parse_section(rest).filter(|_| self.calls) {
+                Some(tool_calls) => ParsedOutput {
+                    content: content.to_string(),
+                    tool_calls,
+                    ..Default::default()
+                },
+                // Text after the closed response (not K3's form) is content too.
+                None => ParsedOutput::content(&format!("{content}{tail}")),
             };
         }
         let keep = if finished { 0 } else { held_back(body, &[&close]) };
@@ -194,17 +208,17 @@ impl OutputParser for K3Response {
 }
 
 /// Kimi K3's output parser: thinking on, the prompt opened `think`; off,
-/// it opened `response`.
-pub fn kimi_k3(thinking: bool) -> Box<dyn OutputParser> {
+/// it opened `response`; tool calls read when `calls`.
+pub fn kimi_k3(thinking: bool, calls: bool) -> Box<dyn OutputParser> {
     if thinking {
         Box::new(ThinkSplit {
             open: format!("{OPEN}think{SEP}"),
             close: format!("{CLOSE}think{SEP}"),
             starts_open: true,
-            then: Some(Box::new(K3Response { opened: false })),
+            then: Some(Box::new(K3Response { opened: false, calls })),
         })
     } else {
-        Box::new(K3Response { opened: true })
+        Box::new(K3Response { opened: true, calls })
     }
 }
 

@@ -482,7 +482,7 @@ fn family_tool_calls_read_back_as_one_valid_call() {
             let id = s.tok.token_to_id(m)?;
             s.tok.decode(&[id], true).unwrap().is_empty().then_some(id)
         };
-        let spec = GrammarSpec::family_tool_call(family, &tools, true, &special).unwrap();
+        let spec = GrammarSpec::family_tool_call(family, &tools, true, &special, false).unwrap();
         let parser = family.parser();
         for seed in 0..12 {
             let (mut ids, _) = walk(&s, &spec, seed);

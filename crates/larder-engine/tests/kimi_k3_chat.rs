@@ -45,6 +45,7 @@ fn options(case: &Value) -> Options {
         thinking: o["thinking"].as_bool().unwrap(),
         thinking_effort: o["thinking_effort"].as_str().map(|e| e.parse().unwrap()),
         add_generation_prompt: o["add_generation_prompt"].as_bool().unwrap(),
+        ..Options::default()
     }
 }
 
@@ -314,4 +315,147 @@ fn k3_is_recognised_by_model_type_and_other_templateless_checkpoints_still_have_
     assert_eq!(tok.vocab_size(), 2861 + 256);
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_file(&no_template).unwrap();
+}
+
+/// Kimi K3's tool formats, built as the release's `encoding_k3.py` builds
+/// them (transcribed from public ports of it; see docs/tools.md): the
+/// declaration first, calls after the response, results in call order and
+/// named after their calls, the `tool-choice` note last; and the calls read
+/// back by K3's parser.
+#[test]
+fn tools_render_as_the_release_builds_them_and_read_back() {
+    use larder_engine::{FunctionCall, ToolCall};
+    let call = |id: &str, name: &str, args: &str| ToolCall {
+        id: id.into(),
+        kind: "function".into(),
+        function: FunctionCall {
+            name: name.into(),
+            arguments: args.into(),
+        },
+    };
+    let messages = vec![
+        ChatMessage::new("user", "Weather?"),
+        ChatMessage::assistant_tool_calls(
+            Some(""),
+            vec![
+                call("c1", "get_weather", r#"{"city": "Tokyo", "days": 2, "ok": true}"#),
+                call("c2", "time", "not json"),
+            ],
+        ),
+        // Sent out of call order: rendered in call order, named by their calls.
+        ChatMessage::tool_result("c2", None, "noon"),
+        ChatMessage::tool_result("c1", Some("stale"), "22C"),
+    ];
+    let tools = serde_json::json!([{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}, "description": "Wé"}}]);
+    let options = Options {
+        tools: Some(tools.as_array().unwrap().clone()),
+        tool_choice: Some("required".into()),
+        thinking_effort: None,
+        ..Options::default()
+    };
+    let text = kimi_k3_chat::render(&kimi_k3_chat::segments(&messages, &options).unwrap());
+    let expected = concat!(
+        "<|open|>message role=\"system\" type=\"tool-declare\"<|sep|># Tools\nHere are the available tools, described in JSONSchema.\n\n",
+        "```json\n[{\"function\":{\"description\":\"Wé\",\"name\":\"get_weather\",\"parameters\":{\"properties\":{\"city\":{\"type\":\"string\"}},\"type\":\"object\"}},\"type\":\"function\"}]\n```",
+        "<|close|>message<|sep|><|end_of_msg|>",
+        "<|open|>message role=\"user\"<|sep|>Weather?<|close|>message<|sep|><|end_of_msg|>",
+        "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|><|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|>",
+        "<|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>",
+        "<|open|>argument key=\"city\" type=\"string\"<|sep|>Tokyo<|close|>argument<|sep|>",
+        "<|open|>argument key=\"days\" type=\"number\"<|sep|>2<|close|>argument<|sep|>",
+        "<|open|>argument key=\"ok\" type=\"boolean\"<|sep|>true<|close|>argument<|sep|><|close|>call<|sep|>",
+        "<|open|>call tool=\"time\" index=\"2\"<|sep|><|open|>json type=\"object\"<|sep|>not json<|close|>json<|sep|><|close|>call<|sep|>",
+        "<|close|>tools<|sep|><|close|>message<|sep|><|end_of_msg|>",
+        "<|open|>message role=\"tool\" tool=\"get_weather\" index=\"1\"<|sep|>22C<|close|>message<|sep|><|end_of_msg|>",
+        "<|open|>message role=\"tool\" tool=\"time\" index=\"2\"<|sep|>noon<|close|>message<|sep|><|end_of_msg|>",
+        "<|open|>message role=\"system\" type=\"tool-choice\"<|sep|>The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.<|close|>message<|sep|><|end_of_msg|>",
+        "<|open|>message role=\"assistant\"<|sep|><|open|>think<|sep|>",
+    );
+    assert_eq!(text, expected);
+
+    // What the model writes after the prompt reads back as the same calls.
+    let output = "I should call.<|close|>think<|sep|><|open|>response<|sep|><|close|>response<|sep|>\
+        <|open|>tools<|sep|><|open|>call tool=\"get_weather\" index=\"1\"<|sep|>\
+        <|open|>argument key=\"city\" type=\"string\"<|sep|>Tokyo<|close|>argument<|sep|>\
+        <|open|>argument key=\"days\" type=\"number\"<|sep|>2<|close|>argument<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>";
+    let parsed = larder_engine::reasoning::kimi_k3(true, true).parse(output);
+    assert_eq!(parsed.reasoning, "I should call.");
+    assert_eq!(parsed.content, "");
+    assert_eq!(parsed.tool_calls.len(), 1);
+    assert_eq!(parsed.tool_calls[0].arguments, r#"{"city": "Tokyo", "days": 2}"#);
+    // Without tools, the section is content as written; the message close is not content.
+    assert!(larder_engine::reasoning::kimi_k3(true, false)
+        .parse(output)
+        .content
+        .contains("tools"));
+    let plain = "hm<|close|>think<|sep|><|open|>response<|sep|>Hi.<|close|>response<|sep|><|close|>message<|sep|>";
+    assert_eq!(larder_engine::reasoning::kimi_k3(true, true).parse(plain).content, "Hi.");
+
+    let bad = vec![
+        ChatMessage::new("user", "x"),
+        ChatMessage::assistant_tool_calls(None, vec![call("c", "f", "[1]")]),
+    ];
+    assert!(kimi_k3_chat::segments(&bad, &Options::default()).is_err());
+    let orphan = vec![ChatMessage::new("user", "x"), ChatMessage::tool_result("c", None, "r")];
+    assert!(kimi_k3_chat::segments(&orphan, &Options::default()).is_err());
+}
+
+/// `tool_choice: "required"` on Kimi K3: seeded random walks under the
+/// forced-call grammar (after a prompt that opened the think tag) read back
+/// through the engine's K3 reader as exactly one call whose arguments
+/// validate.
+#[test]
+fn a_forced_k3_call_reads_back_as_one_valid_call() {
+    use larder_engine::{RenderOptions, TokenConstraint, ToolSchema};
+    use rand::{Rng, SeedableRng};
+    let dir = k3_checkpoint("forced", &fixture("tiktoken_k3").join("tokenizer_config.json"));
+    let engine = Engine::load(&dir).unwrap();
+    let tok = engine.tokenizer().unwrap();
+    let parameters = serde_json::json!({"type": "object", "properties": {"city": {"type": "string", "maxLength": 6}, "n": {"type": "integer", "minimum": 0, "maximum": 9}},
+        "required": ["city", "n"], "additionalProperties": false});
+    let tools = [ToolSchema {
+        name: "get_weather".into(),
+        parameters: Some(parameters.clone()),
+    }];
+    let mut kwargs = serde_json::Map::new();
+    kwargs.insert("tool_choice".into(), "required".into());
+    let options = RenderOptions {
+        add_generation_prompt: true,
+        tools: Some(vec![
+            serde_json::json!({"type": "function", "function": {"name": "get_weather", "parameters": parameters}}),
+        ]),
+        kwargs,
+    };
+    let prompt = engine.render_chat_with(&[ChatMessage::new("user", "Weather?")], &options).unwrap();
+    assert!(
+        prompt.contains("tool-declare") && prompt.contains("tool_choice=required"),
+        "{prompt}"
+    );
+    let reader = engine.output_reader(&prompt, true).unwrap();
+    assert!(reader.keep_special_tokens);
+    let eos = &engine.generation_config().eos_token_ids;
+    let validator = jsonschema::validator_for(&parameters).unwrap();
+    for seed in 0..12 {
+        let mut c = engine.tool_call_constraint(&prompt, &tools, true).unwrap();
+        let mut rng = rand_chacha::ChaCha8Rng::seed_from_u64(seed);
+        let mut mask = vec![false; engine.model().spec().vocab_size];
+        let mut ids = Vec::new();
+        while !c.is_done() && ids.len() < 400 {
+            mask.fill(false);
+            c.allowed(&mut mask).unwrap();
+            let allowed: Vec<u32> = (0..mask.len() as u32).filter(|&t| mask[t as usize]).collect();
+            let id = allowed[rng.random_range(0..allowed.len())];
+            c.commit(id).unwrap();
+            if eos.contains(&id) {
+                break;
+            }
+            ids.push(id);
+        }
+        let text = tok.decode(&ids, false).unwrap();
+        let out = reader.parser.parse(&text);
+        assert_eq!(out.tool_calls.len(), 1, "seed {seed}: {text:?} read as {out:?}");
+        assert_eq!((out.content.as_str(), out.reasoning.as_str()), ("", ""), "seed {seed}: {text:?}");
+        let args: Value = serde_json::from_str(&out.tool_calls[0].arguments).unwrap();
+        assert!(validator.is_valid(&args), "seed {seed}: {args}");
+    }
 }

@@ -221,13 +221,13 @@ fn stopped() -> ApiError {
 /// The prompt's token ids, the generation options and the stop strings of
 /// `request`, on the calling thread.
 pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &SamplingParams) -> Result<Prepared, ApiError> {
-    let (prompt, reader, budget) = match &request.prompt {
+    let (prompt, rendered, reader, budget) = match &request.prompt {
         Prompt::Chat(messages) => {
-            let (ids, reader, budget) = encode_chat(engine, request, messages).map_err(|e| prompt_error(&e))?;
-            (ids, Some(reader), budget)
+            let chat = encode_chat(engine, request, messages).map_err(|e| prompt_error(&e))?;
+            (chat.ids, chat.rendered, Some(chat.reader), chat.budget)
         }
-        Prompt::Text(text) => (engine.encode_prompt(text).map_err(|e| prompt_error(&e))?, None, None),
-        Prompt::Ids(ids) => (ids.clone(), None, None),
+        Prompt::Text(text) => (engine.encode_prompt(text).map_err(|e| prompt_error(&e))?, String::new(), None, None),
+        Prompt::Ids(ids) => (ids.clone(), String::new(), None, None),
     };
     let max_new = engine.check_prompt(&prompt, request.max_tokens).map_err(|e| request_error(&e))?;
     let options = GenerateOptions {
@@ -253,7 +253,11 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
     let constraint = match &request.response_format {
         None => match forced {
             None => None,
-            Some((tools, strict)) => Some(engine.tool_call_constraint(&tools, strict).map_err(|e| request_error(&e))?),
+            Some((tools, strict)) => Some(
+                engine
+                    .tool_call_constraint(&rendered, &tools, strict)
+                    .map_err(|e| request_error(&e))?,
+            ),
         },
         Some(format) => {
             let spec = match format {
@@ -290,17 +294,29 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
     })
 }
 
-/// A chat's prompt ids (tools and template kwargs rendered), the reader
-/// of what the model writes after it, and its reasoning budget if asked.
-fn encode_chat(
-    engine: &Engine,
-    request: &GenerationRequest,
-    messages: &[larder_engine::ChatMessage],
-) -> Result<(Vec<u32>, larder_engine::OutputReader, Option<BudgetConstraint>), EngineError> {
+/// A chat, rendered and tokenized.
+struct ChatPrompt {
+    ids: Vec<u32>,
+    /// The prompt as text (what the output readers look at).
+    rendered: String,
+    /// The reader of what the model writes after it.
+    reader: larder_engine::OutputReader,
+    /// Its reasoning budget, if asked.
+    budget: Option<BudgetConstraint>,
+}
+
+/// A chat's prompt (tools and template kwargs rendered; a forced call's
+/// `tool_choice` as the template variable `"required"`, which Kimi K3's
+/// encoder reads).
+fn encode_chat(engine: &Engine, request: &GenerationRequest, messages: &[larder_engine::ChatMessage]) -> Result<ChatPrompt, EngineError> {
+    let mut kwargs = request.template_kwargs.clone();
+    if request.tools.as_ref().is_some_and(|t| t.forced().is_some()) {
+        kwargs.entry("tool_choice").or_insert_with(|| "required".into());
+    }
     let options = RenderOptions {
         add_generation_prompt: true,
         tools: request.tools.as_ref().map(|t| t.declarations.clone()),
-        kwargs: request.template_kwargs.clone(),
+        kwargs,
     };
     if request.tools.is_some() && engine.tool_family().is_none() {
         return Err(EngineError::Invalid {
@@ -316,7 +332,12 @@ fn encode_chat(
         Some(max) => Some(engine.reasoning_budget(&rendered, max)?),
         None => None,
     };
-    Ok((engine.encode_chat_with(messages, &options)?, reader, budget))
+    Ok(ChatPrompt {
+        ids: engine.encode_chat_with(messages, &options)?,
+        rendered,
+        reader,
+        budget,
+    })
 }
 
 /// The sampling a request runs with: its own fields, else the model's

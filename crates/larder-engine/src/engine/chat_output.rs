@@ -26,11 +26,11 @@ pub struct OutputReader {
 
 impl Engine {
     /// The tool-call family this checkpoint writes (`None`: larder knows
-    /// none for it, Kimi K3 among them).
+    /// none for it).
     pub fn tool_family(&self) -> Option<ToolFamily> {
         match self.chat_format().ok()? {
             ChatFormat::Template(t) => t.tool_family(),
-            ChatFormat::KimiK3 => None,
+            ChatFormat::KimiK3 => Some(ToolFamily::KimiK3),
         }
     }
 
@@ -54,7 +54,7 @@ impl Engine {
                 }
             }
             ChatFormat::KimiK3 => OutputReader {
-                parser: crate::reasoning::kimi_k3(prompt.ends_with(&format!("{OPEN}think{SEP}"))),
+                parser: crate::reasoning::kimi_k3(prompt.ends_with(&format!("{OPEN}think{SEP}")), tools),
                 keep_special_tokens: true,
             },
         })
@@ -95,15 +95,19 @@ impl Engine {
 
     /// A constraint forcing one call, in this checkpoint's tool-call
     /// syntax, to one of `tools` (its arguments valid against that tool's
-    /// parameters); an error naming `tools` when the checkpoint has no
-    /// known family or the grammar does not compile.
-    pub fn tool_call_constraint(&self, tools: &[ToolSchema], strict: bool) -> Result<GrammarConstraint, EngineError> {
+    /// parameters), in the output after `prompt` (a render of this
+    /// checkpoint's chat format); an error naming `tools` when the
+    /// checkpoint has no known family or the grammar does not compile.
+    pub fn tool_call_constraint(&self, prompt: &str, tools: &[ToolSchema], strict: bool) -> Result<GrammarConstraint, EngineError> {
+        use crate::kimi_k3_chat::{OPEN, SEP};
         let family = self.tool_family().ok_or_else(|| EngineError::Invalid {
             field: "tool_choice",
             message: "larder knows no tool-call format for this model, so it cannot force a call".into(),
         })?;
         let tok = self.tokenizer()?;
-        let spec = GrammarSpec::family_tool_call(family, tools, strict, &|m| special_id(tok, m)).map_err(|e| e.for_field("tools"))?;
+        let opened_think = prompt.ends_with(&format!("{OPEN}think{SEP}"));
+        let spec = GrammarSpec::family_tool_call(family, tools, strict, &|m| special_id(tok, m), opened_think)
+            .map_err(|e| e.for_field("tools"))?;
         let grammar = self.grammar().map_err(|e| match e {
             EngineError::Invalid { message, .. } => EngineError::Invalid { field: "tools", message },
             e => e,

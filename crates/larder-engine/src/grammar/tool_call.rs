@@ -13,6 +13,14 @@
 //! - Kimi-K2: `<|tool_calls_section_begin|><|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS<|tool_call_end|><|tool_calls_section_end|>`
 //! - gpt-oss: `<|channel|>commentary to=functions.NAME <|constrain|>json<|message|>ARGS`
 //!   (an EOS such as `<|call|>` then ends it)
+//! - Kimi K3: (`<|close|>think<|sep|><|open|>response<|sep|>` when the
+//!   prompt opened its think tag) `<|close|>response<|sep|><|open|>tools<|sep|>`
+//!   `<|open|>call tool="NAME" index="1"<|sep|><|open|>json type="object"<|sep|>ARGS`
+//!   `<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>`:
+//!   the arguments as one `json` tag, the form the release renders for
+//!   arguments it cannot type (its usual form, one typed `argument` tag per
+//!   key, is not built for forced calls); no reasoning and no text before
+//!   the call
 //!
 //! A marker that is one special token of the tokenizer is named by its id
 //! (`<[ID]>`, llguidance's syntax: grammar text never matches a special
@@ -35,10 +43,36 @@ enum Piece {
     Arguments,
 }
 
-/// The pieces of `family`'s call to `name`: opening, the call, closing.
-fn call_pieces(family: ToolFamily, name: &str) -> Vec<Piece> {
+/// The pieces of `family`'s call to `name`: opening, the call, closing
+/// (`opened_think`: Kimi K3's prompt opened its think tag).
+fn call_pieces(family: ToolFamily, name: &str, opened_think: bool) -> Vec<Piece> {
+    use crate::kimi_k3_chat::{CLOSE, OPEN, SEP};
     use Piece::*;
     match family {
+        ToolFamily::KimiK3 => {
+            let name = name.replace('&', "&amp;").replace('"', "&quot;");
+            let mut pieces = Vec::new();
+            let mut tag = |marker: &'static str, text: String| {
+                pieces.push(Marker(marker));
+                pieces.push(Text(text));
+                pieces.push(Marker(SEP));
+            };
+            if opened_think {
+                tag(CLOSE, "think".into());
+                tag(OPEN, "response".into());
+            }
+            tag(CLOSE, "response".into());
+            tag(OPEN, "tools".into());
+            tag(OPEN, format!("call tool=\"{name}\" index=\"1\""));
+            tag(OPEN, "json type=\"object\"".into());
+            pieces.push(Arguments);
+            for closing in ["json", "call", "tools", "message"] {
+                pieces.push(Marker(CLOSE));
+                pieces.push(Text(closing.into()));
+                pieces.push(Marker(SEP));
+            }
+            pieces
+        }
         ToolFamily::Hermes => vec![
             Marker(hermes::START),
             Text(format!("\n{{\"name\": {}, \"arguments\": ", Json::from(name))),
@@ -81,12 +115,14 @@ fn call_pieces(family: ToolFamily, name: &str) -> Vec<Piece> {
 impl GrammarSpec {
     /// One call, in `family`'s syntax, to one of `tools` (see the module
     /// docs). `special_id(marker)` is the id of the special token `marker`
-    /// is, if it is one. `strict` as for a JSON schema.
+    /// is, if it is one. `strict` as for a JSON schema. `opened_think`
+    /// (Kimi K3 only): the prompt opened its think tag.
     pub fn family_tool_call(
         family: ToolFamily,
         tools: &[ToolSchema],
         strict: bool,
         special_id: &dyn Fn(&str) -> Option<u32>,
+        opened_think: bool,
     ) -> Result<GrammarSpec, GrammarError> {
         if tools.is_empty() {
             return Err(GrammarError::Malformed("a tool call needs at least one tool".into()));
@@ -97,7 +133,7 @@ impl GrammarSpec {
         lark.push('\n');
         for (i, tool) in tools.iter().enumerate() {
             let mut rule = format!("call_{i}:");
-            for piece in call_pieces(family, &tool.name) {
+            for piece in call_pieces(family, &tool.name, opened_think) {
                 rule.push(' ');
                 match piece {
                     Piece::Marker(m) => match special_id(m) {

@@ -28,6 +28,7 @@ pub mod deepseek_v3;
 pub mod harmony;
 pub mod hermes;
 pub mod kimi_k2;
+pub mod kimi_k3;
 
 use serde::{Deserialize, Serialize};
 
@@ -235,15 +236,17 @@ pub enum ToolFamily {
     KimiK2,
     /// gpt-oss's harmony channels.
     Harmony,
+    /// Kimi K3's XTML `tools` tag after its response.
+    KimiK3,
 }
 
 impl ToolFamily {
     /// The family of a checkpoint; `None` when larder knows no tool-call
-    /// format for it (Kimi K3 among them, see docs/tools.md).
+    /// format for it (see docs/tools.md).
     pub fn for_checkpoint(model_type: Option<&str>, template: Option<&str>) -> Option<Self> {
         let t = template.unwrap_or("");
         if model_type == Some("kimi_k3") {
-            return None;
+            return Some(ToolFamily::KimiK3);
         }
         if model_type == Some("gpt_oss") || t.contains("<|channel|>") {
             Some(ToolFamily::Harmony)
@@ -278,6 +281,7 @@ impl ToolFamily {
                 kimi_k2::SECTION_END,
             ],
             ToolFamily::Harmony => &["<|channel|>", "<|message|>", "<|constrain|>", "<|end|>", "<|start|>"],
+            ToolFamily::KimiK3 => &[crate::kimi_k3_chat::OPEN, crate::kimi_k3_chat::CLOSE, crate::kimi_k3_chat::SEP],
         }
     }
 
@@ -289,6 +293,11 @@ impl ToolFamily {
             ToolFamily::DeepSeekV3 => Box::new(Sectioned(deepseek_v3::DeepSeekV3)),
             ToolFamily::KimiK2 => Box::new(Sectioned(kimi_k2::KimiK2)),
             ToolFamily::Harmony => Box::new(harmony::Harmony),
+            // The content after any reasoning: the response tag, then calls.
+            ToolFamily::KimiK3 => Box::new(crate::reasoning::K3Response {
+                opened: false,
+                calls: true,
+            }),
         }
     }
 }
@@ -314,7 +323,10 @@ mod tests {
         assert_eq!(ToolFamily::for_checkpoint(Some("gpt_oss"), None), Some(ToolFamily::Harmony));
         assert_eq!(ToolFamily::for_checkpoint(Some("deepseek_v3"), None), Some(ToolFamily::DeepSeekV3));
         assert_eq!(ToolFamily::for_checkpoint(Some("kimi_k2"), None), Some(ToolFamily::KimiK2));
-        assert_eq!(ToolFamily::for_checkpoint(Some("kimi_k3"), Some("<tool_call>")), None);
+        assert_eq!(
+            ToolFamily::for_checkpoint(Some("kimi_k3"), Some("<tool_call>")),
+            Some(ToolFamily::KimiK3)
+        );
         assert_eq!(ToolFamily::for_checkpoint(Some("llama"), Some("{{ x }}")), None);
     }
 }
