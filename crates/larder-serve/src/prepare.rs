@@ -69,7 +69,7 @@ pub struct Prepared {
 /// call's, or a reasoning budget.
 #[derive(Debug, Clone)]
 pub enum Constraint {
-    Grammar(GrammarConstraint),
+    Grammar(Box<GrammarConstraint>),
     Budget(BudgetConstraint),
 }
 
@@ -77,7 +77,7 @@ impl Constraint {
     /// The engine's form of it.
     pub fn boxed(self) -> Box<dyn TokenConstraint> {
         match self {
-            Constraint::Grammar(g) => Box::new(g),
+            Constraint::Grammar(g) => g,
             Constraint::Budget(b) => Box::new(b),
         }
     }
@@ -274,7 +274,7 @@ pub fn prepare(engine: &Engine, request: &GenerationRequest, defaults: &Sampling
     };
     let keep_special_tokens = reader.as_ref().is_some_and(|r| r.keep_special_tokens);
     let constraint = match (constraint, budget) {
-        (Some(grammar), _) => Some(Constraint::Grammar(grammar)),
+        (Some(grammar), _) => Some(Constraint::Grammar(Box::new(grammar))),
         (None, Some(budget)) => Some(Constraint::Budget(budget)),
         (None, None) => None,
     };

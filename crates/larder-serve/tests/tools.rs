@@ -227,3 +227,71 @@ fn bad_tool_requests_are_refused_before_generation() {
     both["response_format"] = json!({"type": "json_object"});
     refuse(both, "response_format");
 }
+
+#[test]
+fn malformed_calls_come_back_as_text() {
+    let srv = server("tools-malformed", DrafterChoice::Off);
+    let tok = larder_engine::TextTokenizer::from_dir(&fixture("qwen3_moe_tok")).unwrap().unwrap();
+    let open = tok.token_to_id("<tool_call>").unwrap();
+    // The bias makes the random model write `<tool_call>` over and over:
+    // a section that never parses.
+    let mut body = request(json!("auto"), 0, 1, 0.0);
+    body["max_tokens"] = json!(12);
+    body["logit_bias"] = json!({open.to_string(): 100});
+    let r = post(srv.addr, "/v1/chat/completions", &body);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let c = &r.json()["choices"][0];
+    assert!(c["message"]["content"].as_str().unwrap().starts_with("<tool_call>"), "{c}");
+    assert!(c["message"].get("tool_calls").is_none(), "{c}");
+    assert_eq!(c["finish_reason"], "length");
+    body["stream"] = json!(true);
+    let s = post(srv.addr, "/v1/chat/completions", &body);
+    assert_eq!(streamed_text(&s.body), c["message"]["content"].as_str().unwrap());
+}
+
+/// The agent APIs' tool answers over raw HTTP (the official clients check
+/// the same in `.ci/run`): a forced call becomes a `tool_use` block or a
+/// `function_call` item, whole and streamed alike.
+#[test]
+fn agent_apis_answer_with_tool_use_and_function_calls() {
+    let srv = server("tools-agents", DrafterChoice::Off);
+    let schema = tools()[0]["function"]["parameters"].clone();
+    let messages = json!({"model": "tiny", "max_tokens": 120, "temperature": 0, "tool_choice": {"type": "any"},
+        "tools": [{"name": "get_weather", "input_schema": schema}],
+        "messages": [{"role": "user", "content": "Weather in Paris?"}]});
+    let m = post(srv.addr, "/v1/messages", &messages).json();
+    assert_eq!(m["stop_reason"], "tool_use", "{m}");
+    let blocks = m["content"].as_array().unwrap();
+    let used = blocks.iter().find(|b| b["type"] == "tool_use").unwrap_or_else(|| panic!("{m}"));
+    assert_eq!(used["name"], "get_weather");
+    assert!(jsonschema::validator_for(&schema).unwrap().is_valid(&used["input"]), "{used}");
+    let mut streamed = messages.clone();
+    streamed["stream"] = json!(true);
+    let body = post(srv.addr, "/v1/messages", &streamed).body;
+    let partial: String = body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter_map(|d| serde_json::from_str::<Value>(d).ok())
+        .filter(|v| v["delta"]["type"] == "input_json_delta")
+        .map(|v| v["delta"]["partial_json"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(serde_json::from_str::<Value>(&partial).unwrap(), used["input"], "{body}");
+    assert!(body.contains("\"stop_reason\":\"tool_use\""), "{body}");
+
+    let responses = json!({"model": "tiny", "max_output_tokens": 120, "temperature": 0, "tool_choice": "required",
+        "tools": [{"type": "function", "name": "get_weather", "parameters": schema}], "input": "Weather in Paris?"});
+    let r = post(srv.addr, "/v1/responses", &responses).json();
+    let call = r["output"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|o| o["type"] == "function_call")
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(call["name"], "get_weather");
+    let args: Value = serde_json::from_str(call["arguments"].as_str().unwrap()).unwrap();
+    assert_eq!(args, used["input"], "the same greedy call through both APIs");
+    let follow = json!({"model": "tiny", "max_output_tokens": 2, "previous_response_id": r["id"], "tools": responses["tools"],
+        "input": [{"type": "function_call_output", "call_id": call["call_id"], "output": "21 C"}]});
+    let f = post(srv.addr, "/v1/responses", &follow);
+    assert_eq!(f.status, 200, "{}", f.body);
+}
