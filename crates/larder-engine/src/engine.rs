@@ -367,7 +367,8 @@ impl Engine {
     /// Renders a chat with tools and template kwargs
     /// ([`ChatTemplate::render_with`]). Kimi K3's encoder reads its own
     /// switches from the kwargs (`thinking`, `thinking_effort` or
-    /// `reasoning_effort`, `tool_choice`); other kwargs are ignored there.
+    /// `reasoning_effort`, `tool_choice`, `response_format`); other kwargs
+    /// are ignored there.
     pub fn render_chat_with(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<String, EngineError> {
         match self.chat_format()? {
             ChatFormat::Template(t) => t.render_with(messages, options),
@@ -432,6 +433,7 @@ fn kimi_k3_segments(messages: &[ChatMessage], options: &RenderOptions) -> Result
         add_generation_prompt: options.add_generation_prompt,
         tools: options.tools.clone(),
         tool_choice: options.kwargs.get("tool_choice").and_then(|c| c.as_str()).map(str::to_string),
+        response_format: options.kwargs.get("response_format").filter(|f| f.is_object()).cloned(),
         ..Default::default()
     };
     // The release's switches, as `apply_chat_template` kwargs

@@ -43,8 +43,11 @@
 //! its response, tool results as `message role="tool"` tags, and the
 //! `tool-choice` note (`required`, `none`) after the conversation.
 //!
-//! Not built: `response_format` notes, the `name` attribute, images, the
-//! lazy `tools` of a system message. A message of any other role renders
+//! `response_format` (`json_object`, `json_schema`) adds the release's
+//! `response-format` note after the `tool-choice` one.
+//!
+//! Not built: the `name` attribute, images, the lazy `tools` of a system
+//! message. A message of any other role renders
 //! nothing, as in the release.
 
 mod tools;
@@ -113,6 +116,8 @@ pub struct Options {
     pub tools: Option<Vec<serde_json::Value>>,
     /// `tool_choice` (`required` and `none` add a note).
     pub tool_choice: Option<String>,
+    /// OpenAI's `response_format` (`json_object` and `json_schema` add a note).
+    pub response_format: Option<serde_json::Value>,
     /// Think before responding (`thinking`, default true): assistant
     /// messages hold a `think` tag and the generation prompt opens one.
     pub thinking: bool,
@@ -129,6 +134,7 @@ impl Default for Options {
         Options {
             tools: None,
             tool_choice: None,
+            response_format: None,
             thinking: true,
             thinking_effort: Some(ThinkingEffort::Max),
             add_generation_prompt: true,
@@ -202,6 +208,7 @@ pub fn segments(messages: &[ChatMessage], options: &Options) -> Result<Vec<Segme
         }
     }
     tools::choice_note(&mut b, options.tool_choice.as_deref());
+    tools::format_note(&mut b, options.response_format.as_ref());
     if options.add_generation_prompt {
         b.open("message", &[("role", "assistant")]);
         b.open(if options.thinking { "think" } else { "response" }, &[]);

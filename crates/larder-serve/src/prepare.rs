@@ -306,12 +306,20 @@ struct ChatPrompt {
 }
 
 /// A chat's prompt (tools and template kwargs rendered; a forced call's
-/// `tool_choice` as the template variable `"required"`, which Kimi K3's
-/// encoder reads).
+/// `tool_choice` as the template variable `"required"` and the
+/// `response_format`, which Kimi K3's encoder reads as notes; templates
+/// that do not use them ignore them).
 fn encode_chat(engine: &Engine, request: &GenerationRequest, messages: &[larder_engine::ChatMessage]) -> Result<ChatPrompt, EngineError> {
     let mut kwargs = request.template_kwargs.clone();
     if request.tools.as_ref().is_some_and(|t| t.forced().is_some()) {
         kwargs.entry("tool_choice").or_insert_with(|| "required".into());
+    }
+    if let Some(format) = &request.response_format {
+        let value = match format {
+            ResponseFormat::JsonObject => serde_json::json!({"type": "json_object"}),
+            ResponseFormat::JsonSchema { schema, .. } => serde_json::json!({"type": "json_schema", "json_schema": {"schema": schema}}),
+        };
+        kwargs.entry("response_format").or_insert(value);
     }
     let options = RenderOptions {
         add_generation_prompt: true,

@@ -13,6 +13,8 @@
 //!   when the arguments are not JSON, the text as written in one
 //!   `json type="object"` tag; empty arguments are none; arguments that
 //!   are JSON but not an object are refused (`normalize_tool_arguments`);
+//! - notes after the conversation: `tool-choice` (`required`, `none`), then
+//!   `response-format` (`json_object`, `json_schema` with its schema);
 //! - tool results: each run of consecutive `tool` messages is sorted by the
 //!   position of the call each answers (`tool_call_id`) in the last
 //!   assistant message's calls and named after it; a run with a message
@@ -164,6 +166,27 @@ pub(super) fn result(
     b.text(message.text());
     b.end_message();
     Ok(())
+}
+
+/// The `response-format` note the release adds after the conversation for
+/// `response_format` `json_object` and `json_schema` (the schema found as
+/// its `extract_response_schema` finds it, keys sorted, compact).
+pub(super) fn format_note(b: &mut Builder, response_format: Option<&Json>) {
+    let Some(format) = response_format else { return };
+    const RAW: &str = "Your response must be raw JSON data without markdown code blocks (```json) or any additional formatting.";
+    let body = match format.get("type").and_then(Json::as_str) {
+        Some("json_object") => format!("The system is invoked with `response_format=json_object`.\n{RAW}"),
+        Some("json_schema") => {
+            let holder = format.get("json_schema").unwrap_or(&Json::Null);
+            let schema = holder.get("schema").or_else(|| holder.get("json_schema")).unwrap_or(holder);
+            let schema = crate::chat_json::python_dumps_with(&deep_sort(schema), ",", ":");
+            format!(
+                "The system is invoked with `response_format=json_schema`.\n{RAW}\nThe JSON data must match the following schema:\n```json\n{schema}\n```"
+            )
+        }
+        _ => return,
+    };
+    b.system_message("response-format", &body);
 }
 
 /// The `tool-choice` note the release adds after the conversation for
