@@ -461,6 +461,7 @@ pub async fn create(state: &Arc<State>, worker: &Worker, req: Request<Incoming>)
             prompt_tokens,
             open: None,
             blocks: 0,
+            texted: false,
         };
         let parallel = request.tools.as_ref().is_none_or(|t| t.parallel);
         tokio::spawn(agent::drive(shape, prompt_tokens, rx, parallel, out, abort));
@@ -505,6 +506,8 @@ struct Stream {
     open: Option<&'static str>,
     /// Blocks started so far (the next block's index).
     blocks: usize,
+    /// A text block was started.
+    texted: bool,
 }
 
 impl Stream {
@@ -557,6 +560,7 @@ impl StreamShape for Stream {
     }
 
     fn text(&mut self, text: &str) -> Vec<Bytes> {
+        self.texted = true;
         self.delta("text", json!({"type": "text_delta", "text": text}))
     }
 
@@ -566,9 +570,10 @@ impl StreamShape for Stream {
 
     fn done(&mut self, finish: Finish, output: agent::Output) -> Vec<Bytes> {
         let mut out = Vec::new();
-        if self.blocks == 0 && output.tool_calls.is_empty() {
-            // An empty answer is still one (empty) text block.
-            out.extend(self.delta("text", json!({"type": "text_delta", "text": ""})));
+        if !self.texted && output.tool_calls.is_empty() {
+            // No text and no calls: still one (empty) text block, as the
+            // whole answer has.
+            out.extend(self.text(""));
         }
         out.extend(self.close());
         for c in &output.tool_calls {

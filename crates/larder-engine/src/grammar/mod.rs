@@ -31,6 +31,7 @@
 //! keywords (llguidance's `lenient`) and enforces the rest.
 
 mod env;
+mod k3_arguments;
 mod tool_call;
 
 use std::sync::Arc;

@@ -15,12 +15,12 @@
 //!   (an EOS such as `<|call|>` then ends it)
 //! - Kimi K3: (`<|close|>think<|sep|><|open|>response<|sep|>` when the
 //!   prompt opened its think tag) `<|close|>response<|sep|><|open|>tools<|sep|>`
-//!   `<|open|>call tool="NAME" index="1"<|sep|><|open|>json type="object"<|sep|>ARGS`
-//!   `<|close|>json<|sep|><|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>`:
-//!   the arguments as one `json` tag, the form the release renders for
-//!   arguments it cannot type (its usual form, one typed `argument` tag per
-//!   key, is not built for forced calls); no reasoning and no text before
-//!   the call
+//!   `<|open|>call tool="NAME" index="1"<|sep|>ARGS<|close|>call<|sep|><|close|>tools<|sep|><|close|>message<|sep|>`,
+//!   ARGS one typed `argument` tag per property as the release writes them
+//!   ([`super::k3_arguments`]), or, for a schema that form cannot state,
+//!   one `<|open|>json type="object"<|sep|>...<|close|>json<|sep|>` tag
+//!   (the release's form for arguments it cannot type); no reasoning and no
+//!   text before the call
 //!
 //! A marker that is one special token of the tokenizer is named by its id
 //! (`<[ID]>`, llguidance's syntax: grammar text never matches a special
@@ -41,6 +41,9 @@ enum Piece {
     Index,
     /// The arguments (`%json` of the tool's parameters).
     Arguments,
+    /// Kimi K3's arguments: typed `argument` tags when the schema allows
+    /// ([`super::k3_arguments`]), else one `json` tag holding `%json`.
+    K3Arguments,
 }
 
 /// The pieces of `family`'s call to `name`: opening, the call, closing
@@ -64,9 +67,8 @@ fn call_pieces(family: ToolFamily, name: &str, opened_think: bool) -> Vec<Piece>
             tag(CLOSE, "response".into());
             tag(OPEN, "tools".into());
             tag(OPEN, format!("call tool=\"{name}\" index=\"1\""));
-            tag(OPEN, "json type=\"object\"".into());
-            pieces.push(Arguments);
-            for closing in ["json", "call", "tools", "message"] {
+            pieces.push(K3Arguments);
+            for closing in ["call", "tools", "message"] {
                 pieces.push(Marker(CLOSE));
                 pieces.push(Text(closing.into()));
                 pieces.push(Marker(SEP));
@@ -131,23 +133,43 @@ impl GrammarSpec {
         let branches: Vec<String> = (0..tools.len()).map(|i| format!("call_{i}")).collect();
         lark.push_str(&branches.join(" | "));
         lark.push('\n');
+        let marker = |m: &str| match special_id(m) {
+            Some(id) => format!("<[{id}]>"),
+            None => quoted(m),
+        };
         for (i, tool) in tools.iter().enumerate() {
+            let parameters = tool.parameters.clone().unwrap_or_else(|| serde_json::json!({"type": "object"}));
             let mut rule = format!("call_{i}:");
+            let mut json_arguments = false;
             for piece in call_pieces(family, &tool.name, opened_think) {
                 rule.push(' ');
                 match piece {
-                    Piece::Marker(m) => match special_id(m) {
-                        Some(id) => rule.push_str(&format!("<[{id}]>")),
-                        None => rule.push_str(&quoted(m)),
-                    },
+                    Piece::Marker(m) => rule.push_str(&marker(m)),
                     Piece::Text(t) => rule.push_str(&quoted(&t)),
                     Piece::Index => rule.push_str("/[0-9]{1,4}/"),
-                    Piece::Arguments => rule.push_str(&format!("args_{i}")),
+                    Piece::Arguments => {
+                        rule.push_str(&format!("args_{i}"));
+                        json_arguments = true;
+                    }
+                    Piece::K3Arguments => match super::k3_arguments::typed_arguments(i, &parameters, strict, &marker)? {
+                        Some((expression, rules)) => {
+                            rule.push_str(&expression);
+                            lark.push_str(&rules);
+                        }
+                        None => {
+                            use crate::kimi_k3_chat::{CLOSE, OPEN, SEP};
+                            let (open, close, sep) = (marker(OPEN), marker(CLOSE), marker(SEP));
+                            let tag = quoted("json type=\"object\"");
+                            rule.push_str(&format!("{open} {tag} {sep} args_{i} {close} \"json\" {sep}"));
+                            json_arguments = true;
+                        }
+                    },
                 }
             }
-            let parameters = tool.parameters.clone().unwrap_or_else(|| serde_json::json!({"type": "object"}));
-            let schema = with_options(parameters, strict)?;
-            lark.push_str(&format!("{rule}\nargs_{i}: %json {schema}\n"));
+            lark.push_str(&format!("{rule}\n"));
+            if json_arguments {
+                lark.push_str(&format!("args_{i}: %json {}\n", with_options(parameters, strict)?));
+            }
         }
         Ok(GrammarSpec::Lark(lark))
     }
