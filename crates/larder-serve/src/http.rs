@@ -436,14 +436,35 @@ fn deltas(reader: &mut Option<ChatStream>, t: &str, new_id: &mut dyn FnMut() -> 
     }
 }
 
-/// Adds a delta's fields to `into` (text fields joined).
+/// Adds a delta's fields to `into` (text fields joined, lists of calls
+/// concatenated).
 fn merge(into: &mut Value, delta: Value) {
     let Value::Object(fields) = delta else { return };
     for (k, v) in fields {
-        match (into.get_mut(&k), &v) {
-            (Some(Value::String(have)), Value::String(more)) => have.push_str(more),
-            _ => into[&k] = v,
+        match (into.get_mut(&k), v) {
+            (Some(Value::String(have)), Value::String(more)) => have.push_str(&more),
+            (Some(Value::Array(have)), Value::Array(more)) => have.extend(more),
+            (_, v) => into[&k] = v,
         }
+    }
+}
+
+#[cfg(test)]
+mod merge_tests {
+    use super::merge;
+    use serde_json::json;
+
+    #[test]
+    fn deltas_of_one_token_merge_into_one() {
+        let mut d = json!({"content": ""});
+        merge(&mut d, json!({"content": "a"}));
+        merge(&mut d, json!({"tool_calls": [{"index": 0}]}));
+        merge(&mut d, json!({"tool_calls": [{"index": 1}]}));
+        merge(&mut d, json!({"reasoning_content": "r"}));
+        assert_eq!(
+            d,
+            json!({"content": "a", "tool_calls": [{"index": 0}, {"index": 1}], "reasoning_content": "r"})
+        );
     }
 }
 
