@@ -25,7 +25,8 @@
 //! Not built: Kimi-VL's `◁think▷` (no MoE checkpoint larder runs writes it).
 
 use crate::constraint::{ConstraintError, TokenConstraint};
-use crate::kimi_k3_chat::{CLOSE, END_OF_MSG, OPEN, SEP};
+use crate::kimi_k3_chat::{CLOSE, OPEN, SEP};
+use crate::tool_calls::kimi_k3::K3Response;
 use crate::tool_calls::{held_back, OutputParser, ParsedOutput, ToolFamily};
 
 /// Where a checkpoint's output puts its reasoning.
@@ -140,64 +141,6 @@ impl ThinkSplit {
 }
 
 impl OutputParser for ThinkSplit {
-    fn parse(&self, text: &str) -> ParsedOutput {
-        self.read(text, true)
-    }
-
-    fn parse_partial(&self, text: &str) -> ParsedOutput {
-        self.read(text, false)
-    }
-}
-
-/// Kimi K3's `response` tag around the content (opened by the output, or
-/// by the prompt when thinking is off), then, when `calls`, its `tools`
-/// tag ([`crate::tool_calls::kimi_k3`]), then the close of the message;
-/// text not in that form is content as written.
-pub struct K3Response {
-    pub opened: bool,
-    /// Read tool calls after the response.
-    pub calls: bool,
-}
-
-impl K3Response {
-    fn read(&self, text: &str, finished: bool) -> ParsedOutput {
-        let open = format!("{OPEN}response{SEP}");
-        let close = format!("{CLOSE}response{SEP}");
-        let body = if self.opened {
-            text
-        } else if let Some(after) = text.strip_prefix(open.as_str()) {
-            after
-        } else if !finished && open.starts_with(text) {
-            return ParsedOutput::default();
-        } else {
-            return ParsedOutput::content(text);
-        };
-        if let Some((content, tail)) = body.split_once(close.as_str()) {
-            if !finished {
-                return ParsedOutput::content(content);
-            }
-            let message_end = format!("{CLOSE}message{SEP}");
-            let rest = tail.strip_suffix(END_OF_MSG).unwrap_or(tail).trim_end();
-            let rest = rest.strip_suffix(message_end.as_str()).unwrap_or(rest).trim_end();
-            if rest.is_empty() {
-                return ParsedOutput::content(content);
-            }
-            return match crate::tool_calls::kimi_k3::parse_section(rest).filter(|_| self.calls) {
-                Some(tool_calls) => ParsedOutput {
-                    content: content.to_string(),
-                    tool_calls,
-                    ..Default::default()
-                },
-                // Text after the closed response (not K3's form) is content too.
-                None => ParsedOutput::content(&format!("{content}{tail}")),
-            };
-        }
-        let keep = if finished { 0 } else { held_back(body, &[&close]) };
-        ParsedOutput::content(&body[..body.len() - keep])
-    }
-}
-
-impl OutputParser for K3Response {
     fn parse(&self, text: &str) -> ParsedOutput {
         self.read(text, true)
     }

@@ -8,7 +8,7 @@
 use larder_engine::{ChatMessage, FunctionCall, ToolCall};
 use serde_json::{Map, Value};
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 
 /// Parses `messages` (a non-empty list).
 pub fn parse_messages(v: Option<&Value>) -> Result<Vec<ChatMessage>, ApiError> {

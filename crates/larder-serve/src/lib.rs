@@ -4,7 +4,9 @@
 //! `GET /health`, `GET /metrics`), which also speaks Anthropic's Messages
 //! API (`POST /v1/messages`, `POST /v1/messages/count_tokens`).
 //!
-//! - [`api`] validates requests into generation jobs and shapes errors;
+//! - [`api`] validates requests into generation jobs ([`chat_messages`]
+//!   parses a chat's messages, [`tools`] its tools and the answer's tool
+//!   calls and reasoning); [`error`] shapes errors;
 //! - [`messages`] (Anthropic Messages) and [`responses`] (OpenAI
 //!   Responses, with its conversation store) parse their bodies into the
 //!   same jobs and shape their answers; [`agent`] is what they share (the
@@ -37,6 +39,7 @@ pub mod api;
 pub mod chat_messages;
 pub mod cors;
 pub mod defaults;
+pub mod error;
 pub mod exchange;
 #[doc(hidden)]
 pub mod fuzzing;

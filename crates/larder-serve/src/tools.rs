@@ -22,7 +22,7 @@ use larder_engine::tool_calls::{Delta, OutputParser, ParsedOutput, ParsedToolCal
 use larder_engine::{ToolSchema, MAX_GRAMMAR_BYTES};
 use serde_json::{json, Map, Value};
 
-use crate::api::ApiError;
+use crate::error::ApiError;
 
 /// Most tools one request may declare (OpenAI's limit).
 pub const MAX_TOOLS: usize = 128;

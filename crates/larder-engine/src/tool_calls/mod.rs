@@ -294,7 +294,7 @@ impl ToolFamily {
             ToolFamily::KimiK2 => Box::new(Sectioned(kimi_k2::KimiK2)),
             ToolFamily::Harmony => Box::new(harmony::Harmony),
             // The content after any reasoning: the response tag, then calls.
-            ToolFamily::KimiK3 => Box::new(crate::reasoning::K3Response {
+            ToolFamily::KimiK3 => Box::new(kimi_k3::K3Response {
                 opened: false,
                 calls: true,
             }),
