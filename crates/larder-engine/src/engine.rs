@@ -400,9 +400,24 @@ impl Engine {
 
     /// [`Engine::encode_chat`] with tools and template kwargs.
     pub fn encode_chat_with(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<Vec<u32>, EngineError> {
+        Ok(self.chat_prompt(messages, options)?.1)
+    }
+
+    /// A chat rendered once, as text ([`Engine::render_chat_with`]) and as
+    /// ids ([`Engine::encode_chat_with`]): what a server needs to read the
+    /// output against the prompt and to generate from it.
+    pub fn chat_prompt(&self, messages: &[ChatMessage], options: &RenderOptions) -> Result<(String, Vec<u32>), EngineError> {
         match self.chat_format()? {
-            ChatFormat::Template(t) => self.tokenizer()?.encode(&t.render_with(messages, options)?, false),
-            ChatFormat::KimiK3 => crate::kimi_k3_chat::encode(self.tokenizer()?, &kimi_k3_segments(messages, options)?),
+            ChatFormat::Template(t) => {
+                let text = t.render_with(messages, options)?;
+                let ids = self.tokenizer()?.encode(&text, false)?;
+                Ok((text, ids))
+            }
+            ChatFormat::KimiK3 => {
+                let segments = kimi_k3_segments(messages, options)?;
+                let ids = crate::kimi_k3_chat::encode(self.tokenizer()?, &segments)?;
+                Ok((crate::kimi_k3_chat::render(&segments), ids))
+            }
         }
     }
 

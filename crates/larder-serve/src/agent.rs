@@ -18,7 +18,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
 use larder_engine::tool_calls::{Delta, OutputParser, StreamParser};
-use larder_engine::{ChatMessage, ToolSchema, MAX_GRAMMAR_BYTES};
+use larder_engine::{ChatMessage, ToolSchema};
 use serde_json::{json, Map, Value};
 use tokio::sync::{mpsc, watch};
 
@@ -232,13 +232,7 @@ fn tools(conversation: &Conversation, choice: ToolChoice, param: &str) -> Result
                 format!("two tools are named {:?}", t.name),
             ));
         }
-        let size = t.parameters.to_string().len();
-        if size > MAX_GRAMMAR_BYTES {
-            return Err(ApiError::invalid(
-                &format!("{param}[{i}]"),
-                format!("the tool's schema is {size} bytes, over the limit of {MAX_GRAMMAR_BYTES} bytes"),
-            ));
-        }
+        crate::tools::check_schema_size(&t.parameters, &format!("{param}[{i}]"), "the tool's schema")?;
         let mut function = json!({"name": t.name});
         if let Some(d) = &t.description {
             function["description"] = json!(d);
@@ -550,39 +544,6 @@ pub fn join(param: &str, k: &str) -> String {
         k.to_string()
     } else {
         format!("{param}.{k}")
-    }
-}
-
-/// A number field within `lo..=hi` (`None` when absent or null).
-pub fn opt_number(obj: &Map<String, Value>, k: &str, lo: f64, hi: f64) -> Result<Option<f32>, ApiError> {
-    match obj.get(k) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_f64()
-            .filter(|x| x.is_finite() && (lo..=hi).contains(x))
-            .map(|x| Some(x as f32))
-            .ok_or_else(|| ApiError::invalid(k, format!("{k} must be a number between {lo} and {hi}"))),
-    }
-}
-
-/// A positive integer field (`None` when absent or null).
-pub fn opt_positive(obj: &Map<String, Value>, k: &str) -> Result<Option<usize>, ApiError> {
-    match obj.get(k) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_u64()
-            .filter(|&n| n >= 1 && n <= u32::MAX as u64)
-            .map(|n| Some(n as usize))
-            .ok_or_else(|| ApiError::invalid(k, format!("{k} must be a positive integer"))),
-    }
-}
-
-/// A boolean field (`false` when absent or null).
-pub fn opt_flag(obj: &Map<String, Value>, k: &str) -> Result<bool, ApiError> {
-    match obj.get(k) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::invalid(k, format!("{k} must be a boolean"))),
     }
 }
 

@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use larder_engine::ChatMessage;
 use serde_json::{json, Map, Value};
 
+use crate::fields::{opt_flag, opt_number, positive};
 use crate::tools::Tools;
 
 pub use crate::error::ApiError;
@@ -157,19 +158,9 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
         (_, Some(v)) if !v.is_null() => Some(positive(v, "max_tokens")?),
         _ => None,
     };
-    let temperature = number(obj, "temperature", 0.0, 2.0)?;
-    let top_p = number(obj, "top_p", 0.0, 1.0)?;
-    if top_p.is_some_and(|p| p <= 0.0) {
-        return Err(ApiError::invalid("top_p", "top_p must be greater than 0"));
-    }
-    let top_k = match obj.get("top_k") {
-        None | Some(Value::Null) => None,
-        Some(v) => Some(
-            v.as_u64()
-                .filter(|&k| k <= u32::MAX as u64)
-                .ok_or_else(|| ApiError::invalid("top_k", "top_k must be a non-negative integer"))? as usize,
-        ),
-    };
+    let temperature = opt_number(obj, "temperature", 0.0, 2.0)?;
+    let top_p = crate::fields::top_p(obj)?;
+    let top_k = crate::fields::top_k(obj)?;
     let seed = match obj.get("seed") {
         None | Some(Value::Null) => None,
         Some(v) => match (v.as_u64(), v.as_i64()) {
@@ -191,8 +182,8 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
     if stop.len() > 4 || stop.iter().any(|s| s.is_empty()) {
         return Err(ApiError::invalid("stop", "stop takes up to 4 non-empty strings"));
     }
-    let stream = flag(obj, "stream")?;
-    let ignore_eos = flag(obj, "ignore_eos")?;
+    let stream = opt_flag(obj, "stream")?;
+    let ignore_eos = opt_flag(obj, "ignore_eos")?;
     let include_usage = match obj.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(Value::Object(o)) => {
@@ -208,8 +199,8 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8], model_id: &str) -> Result<
         Some(_) => return Err(ApiError::invalid("stream_options", "stream_options must be an object")),
     };
     let logit_bias = logit_bias(obj.get("logit_bias"))?;
-    let frequency_penalty = number(obj, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0);
-    let presence_penalty = number(obj, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0);
+    let frequency_penalty = opt_number(obj, "frequency_penalty", -2.0, 2.0)?.unwrap_or(0.0);
+    let presence_penalty = opt_number(obj, "presence_penalty", -2.0, 2.0)?.unwrap_or(0.0);
     let logprobs = match endpoint {
         Endpoint::Chat => chat_logprobs(obj)?,
         Endpoint::Completion => match obj.get("logprobs") {
@@ -318,7 +309,7 @@ fn logit_bias(v: Option<&Value>) -> Result<BTreeMap<u32, f32>, ApiError> {
 
 /// A chat request's `logprobs` (a boolean) and `top_logprobs` (0..=20, only with `logprobs: true`).
 fn chat_logprobs(obj: &Map<String, Value>) -> Result<Option<usize>, ApiError> {
-    let on = flag(obj, "logprobs")?;
+    let on = opt_flag(obj, "logprobs")?;
     let top = match obj.get("top_logprobs") {
         None | Some(Value::Null) => None,
         Some(v) => Some(v.as_u64().filter(|&n| n <= MAX_CHAT_TOP_LOGPROBS).ok_or_else(|| {
@@ -414,32 +405,6 @@ fn completion_prompt(v: Option<&Value>) -> Result<Prompt, ApiError> {
             "prompt",
             "prompt must be a string, a list of one string, or a list of token ids",
         )),
-    }
-}
-
-fn positive(v: &Value, param: &str) -> Result<usize, ApiError> {
-    v.as_u64()
-        .filter(|&n| n >= 1 && n <= u32::MAX as u64)
-        .map(|n| n as usize)
-        .ok_or_else(|| ApiError::invalid(param, format!("{param} must be a positive integer")))
-}
-
-fn number(obj: &Map<String, Value>, k: &str, lo: f32, hi: f32) -> Result<Option<f32>, ApiError> {
-    match obj.get(k) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v
-            .as_f64()
-            .filter(|x| x.is_finite() && (lo as f64..=hi as f64).contains(x))
-            .map(|x| Some(x as f32))
-            .ok_or_else(|| ApiError::invalid(k, format!("{k} must be a number between {lo} and {hi}"))),
-    }
-}
-
-fn flag(obj: &Map<String, Value>, k: &str) -> Result<bool, ApiError> {
-    match obj.get(k) {
-        None | Some(Value::Null) => Ok(false),
-        Some(Value::Bool(b)) => Ok(*b),
-        Some(_) => Err(ApiError::invalid(k, format!("{k} must be a boolean"))),
     }
 }
 

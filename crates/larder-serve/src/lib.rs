@@ -6,7 +6,8 @@
 //!
 //! - [`api`] validates requests into generation jobs ([`chat_messages`]
 //!   parses a chat's messages, [`tools`] its tools and the answer's tool
-//!   calls and reasoning); [`error`] shapes errors;
+//!   calls and reasoning; [`fields`] reads scalar fields, for the agent
+//!   APIs too); [`error`] shapes errors;
 //! - [`messages`] (Anthropic Messages) and [`responses`] (OpenAI
 //!   Responses, with its conversation store) parse their bodies into the
 //!   same jobs and shape their answers; [`agent`] is what they share (the
@@ -41,6 +42,7 @@ pub mod cors;
 pub mod defaults;
 pub mod error;
 pub mod exchange;
+pub mod fields;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod http;

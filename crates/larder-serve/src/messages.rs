@@ -38,6 +38,7 @@ use tokio::sync::mpsc;
 use crate::agent::{self, opt_str, req_str, Conversation, Finish, Limits, StreamShape, ToolCall, ToolSpec, Turn};
 use crate::api::ApiError;
 use crate::exchange::{json_reply, ReplyBody};
+use crate::fields;
 use crate::state::State;
 use crate::worker::Worker;
 
@@ -135,27 +136,17 @@ pub fn parse(body: &[u8], model_id: &str, count: bool) -> Result<Conversation, A
     let limits = if count {
         Limits::default()
     } else {
-        let max_tokens = agent::opt_positive(&obj, "max_tokens")?
+        let max_tokens = fields::opt_positive(&obj, "max_tokens")?
             .ok_or_else(|| ApiError::invalid("max_tokens", "max_tokens is required (a positive integer)"))?;
-        let top_p = agent::opt_number(&obj, "top_p", 0.0, 1.0)?;
-        if top_p.is_some_and(|p| p <= 0.0) {
-            return Err(ApiError::invalid("top_p", "top_p must be greater than 0"));
-        }
-        let top_k = match obj.get("top_k") {
-            None | Some(Value::Null) => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .filter(|&k| k <= u32::MAX as u64)
-                    .ok_or_else(|| ApiError::invalid("top_k", "top_k must be a non-negative integer"))? as usize,
-            ),
-        };
+        let top_p = fields::top_p(&obj)?;
+        let top_k = fields::top_k(&obj)?;
         Limits {
             max_tokens: Some(max_tokens),
-            temperature: agent::opt_number(&obj, "temperature", 0.0, 1.0)?,
+            temperature: fields::opt_number(&obj, "temperature", 0.0, 1.0)?,
             top_p,
             top_k,
             stop: stop_sequences(obj.get("stop_sequences"))?,
-            stream: agent::opt_flag(&obj, "stream")?,
+            stream: fields::opt_flag(&obj, "stream")?,
         }
     };
     let mut conversation = Conversation::new(turns, tools(obj.get("tools"))?, limits);

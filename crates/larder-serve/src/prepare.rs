@@ -334,14 +334,14 @@ fn encode_chat(engine: &Engine, request: &GenerationRequest, messages: &[larder_
                 .into(),
         });
     }
-    let rendered = engine.render_chat_with(messages, &options)?;
+    let (rendered, ids) = engine.chat_prompt(messages, &options)?;
     let reader = engine.output_reader(&rendered, request.tools.is_some())?;
     let budget = match request.max_reasoning_tokens {
         Some(max) => Some(engine.reasoning_budget(&rendered, max)?),
         None => None,
     };
     Ok(ChatPrompt {
-        ids: engine.encode_chat_with(messages, &options)?,
+        ids,
         rendered,
         reader,
         budget,

@@ -39,6 +39,7 @@ use tokio::sync::mpsc;
 use crate::agent::{self, opt_str, req_str, Conversation, Finish, Limits, StreamShape, ToolCall, ToolSpec, Turn};
 use crate::api::ApiError;
 use crate::exchange::{error_reply, json_reply, ReplyBody};
+use crate::fields;
 use crate::state::State;
 use crate::worker::Worker;
 
@@ -101,17 +102,14 @@ pub fn parse(body: &[u8], model_id: &str) -> Result<Parsed, ApiError> {
         Some(Value::Bool(b)) => *b,
         Some(_) => return Err(ApiError::invalid("store", "store must be a boolean")),
     };
-    let top_p = agent::opt_number(&obj, "top_p", 0.0, 1.0)?;
-    if top_p.is_some_and(|p| p <= 0.0) {
-        return Err(ApiError::invalid("top_p", "top_p must be greater than 0"));
-    }
+    let top_p = fields::top_p(&obj)?;
     let limits = Limits {
-        max_tokens: agent::opt_positive(&obj, "max_output_tokens")?,
-        temperature: agent::opt_number(&obj, "temperature", 0.0, 2.0)?,
+        max_tokens: fields::opt_positive(&obj, "max_output_tokens")?,
+        temperature: fields::opt_number(&obj, "temperature", 0.0, 2.0)?,
         top_p,
         top_k: None,
         stop: Vec::new(),
-        stream: agent::opt_flag(&obj, "stream")?,
+        stream: fields::opt_flag(&obj, "stream")?,
     };
     let mut echo = Map::new();
     for k in [

@@ -181,13 +181,7 @@ fn tool_schema(tool: &Value, param: &str) -> Result<(ToolSchema, bool), ApiError
     let parameters = match f.get("parameters") {
         None | Some(Value::Null) => None,
         Some(p @ Value::Object(_)) => {
-            let size = p.to_string().len();
-            if size > MAX_GRAMMAR_BYTES {
-                return Err(bad(
-                    ".function.parameters",
-                    format!("the parameters schema is {size} bytes, over the limit of {MAX_GRAMMAR_BYTES} bytes"),
-                ));
-            }
+            check_schema_size(p, &format!("{param}.function.parameters"), "the parameters schema")?;
             Some(p.clone())
         }
         Some(_) => return Err(bad(".function.parameters", "parameters must be a JSON schema object".into())),
@@ -204,6 +198,19 @@ fn tool_schema(tool: &Value, param: &str) -> Result<(ToolSchema, bool), ApiError
         },
         strict,
     ))
+}
+
+/// Refuses a tool's schema (`what`, at field `param`) over the grammar
+/// engine's limit, before anything is compiled.
+pub fn check_schema_size(schema: &Value, param: &str, what: &str) -> Result<(), ApiError> {
+    let size = schema.to_string().len();
+    if size > MAX_GRAMMAR_BYTES {
+        return Err(ApiError::invalid(
+            param,
+            format!("{what} is {size} bytes, over the limit of {MAX_GRAMMAR_BYTES} bytes"),
+        ));
+    }
+    Ok(())
 }
 
 /// The model's output reader for one request (larder-engine's
